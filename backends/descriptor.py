@@ -1,0 +1,36 @@
+"""What the gateway knows about one upstream SGLang server, independent of how it talks to it."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class Strategy(str, enum.Enum):
+    """Decoding strategy a backend runs. `ar` is plain autoregressive decoding (no speculation)."""
+
+    AR = "ar"
+    EAGLE3 = "eagle3"
+    DFLASH = "dflash"
+    DDTREE = "ddtree"
+
+    @property
+    def speculative(self) -> bool:
+        return self is not Strategy.AR
+
+
+class BackendSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A configured upstream: where it is, which served model it answers for, how it decodes."""
+
+    name: str
+    url: str
+    model: str
+    strategy: Strategy = Strategy.AR
+    # The name the upstream itself serves (SGLang's --served-model-name); defaults to `model`.
+    served_name: str | None = None
+    api_key: str | None = None
+
+    @property
+    def upstream_model(self) -> str:
+        return self.served_name or self.model
