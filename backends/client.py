@@ -1,0 +1,49 @@
+"""The HTTP client for one SGLang server: one pooled keep-alive aiohttp session per backend."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import aiohttp
+import msgspec
+
+from backends.descriptor import BackendSpec
+
+_decoder = msgspec.json.Decoder()
+
+
+class SGLangClient:
+    """Talks to one upstream. The session is created lazily inside the running event loop."""
+
+    def __init__(self, spec: BackendSpec, *, connections: int = 512, connect_timeout_s: float = 5.0) -> None:
+        self.spec = spec
+        self._connections = connections
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._auth = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=60, ttl_dns_cache=300)
+            # auto_decompress off: bytes are relayed as they come; skip_auto_headers keeps requests small.
+            self._session = aiohttp.ClientSession(
+                base_url=self.spec.url, connector=connector, timeout=self._timeout,
+                auto_decompress=False, skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
+        """Send a JSON body; the caller owns the response and must release it."""
+        merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
+        return await self.session.post(path, data=body, headers=merged)
+
+    async def get_json(self, path: str, timeout_s: float = 5.0) -> Any:
+        async with self.session.get(path, headers=self._auth, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            r.raise_for_status()
+            return _decoder.decode(await r.read())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

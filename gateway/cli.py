@@ -1,0 +1,57 @@
+"""`specroute` command line: serve, sim, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gateway.config import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specroute", description="Speculative-decoding-aware LLM gateway.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the gateway (embedded twin backends when no --config)")
+    s.add_argument("--config", help="TOML config file; without it the seed systems run as twins")
+    s.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8000 or the config's gateway.listen)")
+    s.add_argument("--sim-time-scale", type=float, default=None,
+                   help="embedded twins only: multiply simulated time (e.g. 0.05 for fast tests)")
+    sub.add_parser("sim", help="run one SGLang-compatible twin server (see `specroute sim --help`)",
+                   add_help=False)
+    d = sub.add_parser("demo", help="start twins + gateway, sweep through both, print the table")
+    d.add_argument("--concurrency", default="1,4,32")
+    d.add_argument("--max-tokens", type=int, default=128)
+    d.add_argument("--sim-time-scale", type=float, default=None)
+    d.add_argument("--output", default=None, help="directory for loadgen outputs (default: a temp dir)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sim":  # the twin owns its own argument parser
+        from backends.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            from gateway.serve import serve
+
+            return serve(args.config, args.listen, args.sim_time_scale)
+        if args.command == "demo":
+            from gateway.demo import demo
+
+            return demo(args.concurrency, args.max_tokens, args.sim_time_scale, args.output)
+    except ConfigError as e:
+        print(f"specroute: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except (RuntimeError, TimeoutError, OSError) as e:
+        print(f"specroute: {e}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

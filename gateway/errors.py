@@ -1,0 +1,72 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`, never a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Response
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """Raised anywhere in request handling; rendered by the app's exception handler."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> Response[bytes]:
+        return Response(self.body(), status_code=self.status, media_type="application/json", headers=self.headers)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: Any = None) -> bytes:
+    return msgspec.json.encode({"error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+def sse_error_event(message: str, type: str = "upstream_error", code: Any = None) -> bytes:
+    """What a client sees when a stream fails after its first byte: an error event, then [DONE]."""
+    return b"data: " + error_body(message, type, None, code) + b"\n\ndata: [DONE]\n\n"
+
+
+def translate_upstream_error(status: int, raw: bytes, backend: str) -> ApiError:
+    """SGLang answers flat `{"object":"error","message",...}` (or `{"error": "..."}` on /generate);
+    clients expect OpenAI's nested shape. The status is kept."""
+    message, type_, param, code = f"upstream {backend} answered HTTP {status}", None, None, None
+    try:
+        data = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        data = None
+    if isinstance(data, dict):
+        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        if isinstance(inner.get("message"), str):
+            message = inner["message"]
+        elif isinstance(data.get("error"), str):
+            message = data["error"]
+        elif isinstance(data.get("detail"), str):
+            message = data["detail"]
+        type_ = inner.get("type") if isinstance(inner.get("type"), str) else None
+        param = inner.get("param") if isinstance(inner.get("param"), str) else None
+        code = inner.get("code")
+    return ApiError(status, message, param=param, code=code if code is not None else status, type=type_)

@@ -1,0 +1,101 @@
+"""Validation of incoming OpenAI request bodies: only what routing needs; the rest passes through.
+
+The body is decoded once (msgspec) into a dict so that unknown fields, SGLang extras included,
+reach the upstream untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from gateway.errors import ApiError
+
+Kind = Literal["chat", "completion"]
+_decoder = msgspec.json.Decoder()
+
+
+class ParsedRequest(msgspec.Struct, kw_only=True):
+    kind: Kind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    prompt_text: str
+    max_tokens: int | None
+    client_wants_usage: bool
+    client_wants_spec: bool
+
+
+def parse(raw: bytes, kind: Kind) -> ParsedRequest:
+    if not raw.strip():
+        raise ApiError(400, "request body is empty; expected a JSON object")
+    try:
+        body = _decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+
+    model = _field(body, "model", str, required=True)
+    if not model:
+        raise ApiError(400, "'model' must not be empty", param="model")
+    if kind == "chat":
+        messages = _field(body, "messages", list, required=True)
+        if not messages:
+            raise ApiError(400, "'messages' must be a non-empty array", param="messages")
+        prompt_text = _messages_text(messages)
+    else:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise ApiError(400, "missing required field 'prompt'", param="prompt")
+        if isinstance(prompt, str):
+            prompt_text = prompt
+        elif isinstance(prompt, list) and prompt:
+            prompt_text = " ".join(p for p in prompt if isinstance(p, str))
+        else:
+            raise ApiError(400, "'prompt' must be a string or a non-empty array", param="prompt")
+
+    stream = _field(body, "stream", bool) or False
+    max_tokens = _field(body, "max_completion_tokens", int) if kind == "chat" else None
+    if max_tokens is None:
+        max_tokens = _field(body, "max_tokens", int)
+    if max_tokens is not None and max_tokens < 0:
+        raise ApiError(400, "'max_tokens' must be >= 0", param="max_tokens")
+    stream_options = _field(body, "stream_options", dict)
+    if stream_options is not None and not stream:
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    wants_usage = bool(stream_options and stream_options.get("include_usage") is True)
+    wants_spec = _field(body, "return_spec_tokens_details", bool) or False
+    return ParsedRequest(kind=kind, body=body, model=model, stream=stream, prompt_text=prompt_text,
+                         max_tokens=max_tokens, client_wants_usage=wants_usage, client_wants_spec=wants_spec)
+
+
+_TYPE_NAMES = {str: "a string", list: "an array", dict: "an object", bool: "a boolean", int: "an integer"}
+
+
+def _field(body: dict[str, Any], name: str, typ: type, required: bool = False) -> Any:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise ApiError(400, f"missing required field '{name}'", param=name)
+        return None
+    # bool is a subclass of int: `max_tokens: true` is a type error, not 1.
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ApiError(400, f"'{name}' must be {_TYPE_NAMES[typ]}, got {type(value).__name__}", param=name)
+    return value
+
+
+def _messages_text(messages: list[Any]) -> str:
+    parts: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
+        if not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}].role must be a string", param=f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):  # content parts: keep the text ones
+            parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "\n".join(parts)

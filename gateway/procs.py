@@ -1,0 +1,101 @@
+"""Child processes the gateway or the demo starts: twins, the gateway itself, loadgen.
+
+Every child gets PR_SET_PDEATHSIG so that it dies with its parent even on SIGKILL, and a group
+that `stop_all` terminates (SIGTERM, then SIGKILL): no orphan servers holding ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Sequence
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def specroute_cmd(*args: str) -> list[str]:
+    """Run our own CLI with this interpreter: works without the console script on PATH."""
+    return [sys.executable, "-m", "gateway.cli", *args]
+
+
+class ProcessGroup:
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, cmd: Sequence[str], *, quiet: bool = True, new_session: bool = False) -> subprocess.Popen:
+        out = subprocess.DEVNULL if quiet else None
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=None if not quiet else subprocess.DEVNULL,
+                                preexec_fn=None if new_session else _die_with_parent,
+                                start_new_session=new_session)
+        self.procs[name] = proc
+        return proc
+
+    def wait_ready(self, urls: dict[str, str], timeout_s: float = 60.0) -> None:
+        """Poll each `name -> url` until it answers 200; raise if a process died or time ran out."""
+        deadline = time.monotonic() + timeout_s
+        pending = dict(urls)
+        while pending:
+            for name, url in list(pending.items()):
+                proc = self.procs.get(name)
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up")
+                with contextlib.suppress(urllib.error.URLError, OSError):
+                    with urllib.request.urlopen(url, timeout=2) as r:
+                        if r.status == 200:
+                            del pending[name]
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(pending)}")
+                time.sleep(0.1)
+
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait(5)
+        self.procs.clear()
+
+    def __enter__(self) -> "ProcessGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+def start_twins(group: ProcessGroup, profiles: Sequence[str], *, time_scale: float | None = None,
+                extra: Sequence[str] = ()) -> dict[str, int]:
+    """Start one twin per profile on a free port; wait until all answer /ready. Returns name -> port."""
+    ports = {p: free_port() for p in profiles}
+    for profile, port in ports.items():
+        cmd = specroute_cmd("sim", "--profile", profile, "--port", str(port), *extra)
+        if time_scale is not None:
+            cmd += ["--time-scale", str(time_scale)]
+        group.start(profile, cmd)
+    group.wait_ready({p: f"http://127.0.0.1:{port}/ready" for p, port in ports.items()})
+    return ports

@@ -1,0 +1,44 @@
+"""`specroute serve`: run the gateway (uvicorn, uvloop, httptools), with the embedded twins if no config."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import Config, load_config, parse_listen
+from gateway.procs import ProcessGroup, start_twins
+from gateway.topology import SEED_SYSTEMS, embedded_config
+
+
+def serve(config_path: str | None, listen: str | None, sim_time_scale: float | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with ProcessGroup() as twins:
+        if config_path:
+            config = load_config(config_path)
+        else:
+            # The embedded default: one twin per seed system, stopped when the gateway stops.
+            ports = start_twins(twins, [s.name for s in SEED_SYSTEMS], time_scale=sim_time_scale)
+            config = embedded_config(ports, listen or "127.0.0.1:8000")
+            for s in SEED_SYSTEMS:
+                print(f"twin {s.name:<20} {s.model:<12} {s.strategy:<7} http://127.0.0.1:{ports[s.name]}",
+                      file=sys.stderr)
+        if listen:
+            config.gateway.listen = listen
+        host, port = parse_listen(config.gateway.listen)
+        run(config, host, port)
+    return 0
+
+
+def run(config: Config, host: str, port: int) -> None:
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
+        log_level="warning", access_log=False, timeout_keep_alive=30, backlog=2048,
+    ))
+    print(f"specroute gateway on http://{host}:{port} "
+          f"({len(config.backends)} backends, models: {sorted({b.model for b in config.backends})})",
+          file=sys.stderr, flush=True)
+    server.run()

@@ -1,0 +1,81 @@
+"""Helpers for tests that run real processes on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll `url` until it answers 200; fail early if `proc` died."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as e:
+            last = e
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+
+
+@contextlib.contextmanager
+def running(cmd: Sequence[str], ready_url: str | None = None, timeout: float = 30.0,
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """Run `cmd` in its own process group; wait for `ready_url`; kill the whole group afterwards."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(list(cmd), cwd=REPO, env=full_env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        if ready_url:
+            try:
+                wait_http_ok(ready_url, timeout, proc)
+            except Exception:
+                _stop(proc)
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                raise RuntimeError(f"{' '.join(cmd)} failed to start:\n{out[-4000:]}")
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def specroute(*args: str) -> list[str]:
+    return [str(BIN / "specroute"), *args]
+
+
+def loadgen(*args: str) -> list[str]:
+    return [str(BIN / "loadgen"), *args]
