@@ -38,10 +38,16 @@ class SGLangClient:
         merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
         return await self.session.post(path, data=body, headers=merged)
 
-    async def get_json(self, path: str, timeout_s: float = 5.0) -> Any:
+    async def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+        """A small GET for probes and polling: (status, body); network errors propagate."""
         async with self.session.get(path, headers=self._auth, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            r.raise_for_status()
-            return _decoder.decode(await r.read())
+            return r.status, await r.read()
+
+    async def get_json(self, path: str, timeout_s: float = 5.0) -> Any:
+        status, body = await self.get(path, timeout_s)
+        if status != 200:
+            raise aiohttp.ClientResponseError(None, (), status=status, message=f"GET {path} -> {status}")  # type: ignore[arg-type]
+        return _decoder.decode(body)
 
     async def close(self) -> None:
         if self._session is not None:

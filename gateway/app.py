@@ -12,6 +12,7 @@ from litestar.exceptions import HTTPException
 from backends.client import SGLangClient
 from gateway.config import Config
 from gateway.errors import ApiError
+from gateway.poller import Poller
 from gateway.pool import Backend, Pools
 from gateway.proxy import Proxy
 from policies import make_policy
@@ -40,6 +41,7 @@ def build_policies(config: Config, pools: Pools) -> dict:
 def create_app(config: Config) -> Litestar:
     pools = build_pools(config)
     proxy = Proxy(pools, build_policies(config, pools))
+    poller = Poller(pools, interval_s=config.gateway.poll_interval_s)
     created = int(time.time())
 
     def _json(obj: object, status: int = 200) -> Response[bytes]:
@@ -66,24 +68,34 @@ def create_app(config: Config) -> Litestar:
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
-        return _json({"backends": [
-            {"name": b.name, "url": b.spec.url, "model": b.spec.model, "strategy": b.spec.strategy.value,
-             "healthy": b.view.healthy, "inflight": b.inflight}
-            for b in pools.by_name.values()
-        ]})
+        return _json({"backends": [_backend_state(b, poller) for b in pools.by_name.values()]})
+
+    async def on_startup() -> None:
+        poller.start()
 
     async def on_shutdown() -> None:
+        await poller.stop()
         await pools.close()
 
     return Litestar(
         route_handlers=[chat_completions, completions, models, health, admin_backends],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         request_max_body_size=config.gateway.max_body_bytes,
+        on_startup=[on_startup],
         on_shutdown=[on_shutdown],
         openapi_config=None,
         logging_config=None,
         debug=False,
     )
+
+
+def _backend_state(b: Backend, poller: Poller) -> dict:
+    state: dict = {"name": b.name, "url": b.spec.url, "model": b.spec.model, "strategy": b.spec.strategy.value,
+                   "healthy": b.view.healthy, "inflight": b.inflight}
+    state["reported_load"] = msgspec.to_builtins(b.load) if b.load else None
+    state["server_info"] = msgspec.to_builtins(b.info) if b.info else None
+    state["load_source"] = poller.pollers[b.name].load_source
+    return state
 
 
 def _api_error(_: Request, exc: ApiError) -> Response:

@@ -29,6 +29,8 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # aiohttp connection pool size per backend (keep-alive connections).
     upstream_connections: int = 512
     connect_timeout_s: float = 5.0
+    # Background polling of /ready and /v1/loads per backend.
+    poll_interval_s: float = 1.0
 
 
 class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -6,18 +6,21 @@ from typing import Iterable
 
 from backends import BackendSpec
 from backends.client import SGLangClient
+from backends.loads import LoadReport, ServerInfo
 from policies import BackendView
 
 
 class Backend:
     """One upstream as the gateway runs it: client, live view for policies, in-flight counter."""
 
-    __slots__ = ("spec", "client", "view")
+    __slots__ = ("spec", "client", "view", "info", "load")
 
     def __init__(self, spec: BackendSpec, client: SGLangClient) -> None:
         self.spec = spec
         self.client = client
         self.view = BackendView(spec=spec)
+        self.info: ServerInfo | None = None  # from /server_info, once
+        self.load: LoadReport | None = None  # latest backend-reported load
 
     @property
     def name(self) -> str:

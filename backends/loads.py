@@ -1,0 +1,111 @@
+"""Parsing what an SGLang server reports about itself: `/server_info`, `/v1/loads` and fallbacks.
+
+SGLang 0.5.23 serves `GET /v1/loads` (per-DP-rank `num_running_reqs`, `num_waiting_reqs`,
+`max_running_requests`, `speculative.accept_length`). Older 0.5.x releases only have `/get_load`
+(`{"load": <tokens>}`, no request counts) and, under `--enable-metrics`, Prometheus gauges named
+`sglang:num_running_reqs` (some builds `sglang_num_running_reqs`). All parsers here are total:
+malformed input gives None, never an exception.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+
+class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
+    running: int | None = None
+    waiting: int | None = None
+    max_running: int | None = None
+    accept_length: float | None = None
+    token_load: int | None = None  # /get_load on older servers: tokens in use + queued prompt tokens
+    source: str = "v1/loads"
+
+
+class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    speculative_algorithm: str | None = None
+    max_running_requests: int | None = None
+    served_model_name: str | None = None
+    avg_spec_accept_length: float | None = None
+    version: str | None = None
+
+
+def _num(value: Any, typ: type = int) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return typ(value)
+
+
+def parse_loads(data: Any) -> LoadReport | None:
+    """`GET /v1/loads`: sums over DP ranks; accept length averaged over ranks that report one."""
+    loads = data.get("loads") if isinstance(data, dict) else None
+    if not isinstance(loads, list) or not loads:
+        return None
+    running = waiting = cap = 0
+    accepts: list[float] = []
+    for rank in loads:
+        if not isinstance(rank, dict):
+            return None
+        r, w = _num(rank.get("num_running_reqs")), _num(rank.get("num_waiting_reqs"))
+        if r is None or w is None:
+            return None
+        running, waiting = running + r, waiting + w
+        cap += _num(rank.get("max_running_requests")) or 0
+        spec = rank.get("speculative")
+        if isinstance(spec, dict) and (a := _num(spec.get("accept_length"), float)):
+            accepts.append(a)
+    return LoadReport(running=running, waiting=waiting, max_running=cap or None,
+                      accept_length=sum(accepts) / len(accepts) if accepts else None)
+
+
+def parse_get_load(data: Any) -> LoadReport | None:
+    """`GET /get_load` of older releases: `{"load": N}` or a list of such per DP rank."""
+    items = data if isinstance(data, list) else [data]
+    total = 0
+    for item in items:
+        load = _num(item.get("load")) if isinstance(item, dict) else None
+        if load is None:
+            return None
+        total += load
+    return LoadReport(token_load=total, source="get_load")
+
+
+_METRIC_LINE = re.compile(r"^sglang[:_](num_running_reqs|num_queue_reqs|spec_accept_length)(\{[^}]*\})?\s+(\S+)",
+                          re.MULTILINE)
+
+
+def parse_metrics(text: str) -> LoadReport | None:
+    """Prometheus text of `/metrics` (needs `--enable-metrics`); gauges summed over label sets."""
+    values: dict[str, list[float]] = {}
+    for name, _labels, value in _METRIC_LINE.findall(text):
+        try:
+            values.setdefault(name, []).append(float(value))
+        except ValueError:
+            continue
+    if "num_running_reqs" not in values:
+        return None
+    accept = values.get("spec_accept_length")
+    return LoadReport(
+        running=int(sum(values["num_running_reqs"])),
+        waiting=int(sum(values.get("num_queue_reqs", [0.0]))),
+        accept_length=(sum(accept) / len(accept)) if accept else None,
+        source="metrics",
+    )
+
+
+def parse_server_info(data: Any) -> ServerInfo | None:
+    if not isinstance(data, dict):
+        return None
+    states = data.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    algo = data.get("speculative_algorithm")
+    served = data.get("served_model_name")
+    return ServerInfo(
+        speculative_algorithm=algo if isinstance(algo, str) and algo else None,
+        max_running_requests=_num(data.get("max_running_requests")),
+        served_model_name=served if isinstance(served, str) else None,
+        avg_spec_accept_length=_num(first.get("avg_spec_accept_length"), float),
+        version=data.get("version") if isinstance(data.get("version"), str) else None,
+    )

@@ -1,0 +1,141 @@
+"""Background polling of every backend, off the request path.
+
+- `/server_info` (fallback `/get_server_info`) until it answers once: algorithm, cap, served name.
+- `/v1/loads` every `poll_interval_s`; on 404 it falls back to `/get_load`, then `/metrics`, and
+  remembers which one works, so older SGLang 0.5.x releases are served too.
+- `/ready` (fallback `/health`) for readiness: `unhealthy_after` consecutive failures take a backend
+  out of the pool, `healthy_after` consecutive successes bring it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+import msgspec
+
+from backends.loads import LoadReport, ServerInfo, parse_get_load, parse_loads, parse_metrics, parse_server_info
+from gateway.pool import Backend, Pools
+
+log = logging.getLogger("specroute.poller")
+_decoder = msgspec.json.Decoder()
+_NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class BackendPoller:
+    def __init__(self, backend: Backend, *, interval_s: float = 1.0, unhealthy_after: int = 2,
+                 healthy_after: int = 1) -> None:
+        self.backend = backend
+        self.interval_s = interval_s
+        self.unhealthy_after = unhealthy_after
+        self.healthy_after = healthy_after
+        self._load_path: str | None = "/v1/loads?include=core,spec"
+        self._ready_path = "/ready"
+        self._fails = 0
+        self._successes = 0
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    async def poll_once(self) -> None:
+        await self._check_ready()
+        if self.backend.info is None:
+            self.backend.info = await self._server_info()
+            if self.backend.info is not None:
+                self._apply_info(self.backend.info)
+        if self.backend.view.healthy:
+            report = await self._load()
+            if report is not None:
+                self.backend.load = report
+
+    async def _check_ready(self) -> None:
+        ok = False
+        try:
+            status, _ = await self.backend.client.get(self._ready_path, timeout_s=max(1.0, self.interval_s * 2))
+            if status == 404 and self._ready_path == "/ready":
+                self._ready_path = "/health"  # very old servers: no /ready
+                status, _ = await self.backend.client.get(self._ready_path, timeout_s=5.0)
+            ok = status == 200
+        except _NET_ERRORS:
+            ok = False
+        view = self.backend.view
+        if ok:
+            self._fails, self._successes = 0, self._successes + 1
+            if not view.healthy and self._successes >= self.healthy_after:
+                log.warning("backend %s is ready again", self.backend.name)
+                view.healthy = True
+        else:
+            self._successes, self._fails = 0, self._fails + 1
+            if view.healthy and self._fails >= self.unhealthy_after:
+                log.warning("backend %s failed %d readiness checks: out of the pool", self.backend.name, self._fails)
+                view.healthy = False
+
+    async def _server_info(self) -> ServerInfo | None:
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                status, body = await self.backend.client.get(path)
+            except _NET_ERRORS:
+                return None
+            if status == 200:
+                with contextlib.suppress(msgspec.DecodeError):
+                    return parse_server_info(_decoder.decode(body))
+                return None
+        return None
+
+    def _apply_info(self, info: ServerInfo) -> None:
+        spec = self.backend.spec
+        if spec.strategy.speculative != (info.speculative_algorithm is not None):
+            log.warning("backend %s is configured as %s but reports speculative_algorithm=%s",
+                        spec.name, spec.strategy.value, info.speculative_algorithm)
+
+    async def _load(self) -> LoadReport | None:
+        while self._load_path is not None:
+            try:
+                status, body = await self.backend.client.get(self._load_path)
+            except _NET_ERRORS:
+                return None
+            if status == 404:
+                self._load_path = _NEXT_LOAD_PATH.get(self._load_path.split("?")[0])
+                if self._load_path:
+                    log.info("backend %s: falling back to %s for load", self.backend.name, self._load_path)
+                continue
+            if status != 200:
+                return None
+            try:
+                if self._load_path.startswith("/metrics"):
+                    return parse_metrics(body.decode("utf-8", "replace"))
+                data = _decoder.decode(body)
+            except msgspec.DecodeError:
+                return None
+            return parse_loads(data) if self._load_path.startswith("/v1/loads") else parse_get_load(data)
+        return None
+
+    @property
+    def load_source(self) -> str | None:
+        return self._load_path
+
+
+_NEXT_LOAD_PATH = {"/v1/loads": "/get_load", "/get_load": "/metrics", "/metrics": None}
+
+
+class Poller:
+    """One polling task per backend, started and stopped with the app."""
+
+    def __init__(self, pools: Pools, interval_s: float = 1.0) -> None:
+        self.pollers = {name: BackendPoller(b, interval_s=interval_s) for name, b in pools.by_name.items()}
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(p.run(), name=f"poll-{n}") for n, p in self.pollers.items()]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
