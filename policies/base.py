@@ -27,15 +27,52 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BackendView(msgspec.Struct, kw_only=True):
-    """A policy's read-only view of one candidate backend at decision time."""
+    """A policy's read-only view of one candidate backend at decision time.
+
+    The `reported_*` fields come from the backend itself (SGLang `/v1/loads`, polled in the
+    background) and are None until a poll succeeded. They matter with several gateway replicas:
+    each replica only counts its own in-flight requests, the backend sees them all.
+    `max_running` is SGLang's `max_running_requests` (`/server_info`): beyond it requests queue.
+    """
 
     spec: BackendSpec
     inflight: int = 0  # counted by this gateway, dispatch to stream end
     healthy: bool = True
+    reported_running: int | None = None
+    reported_waiting: int | None = None
+    max_running: int | None = None
+    reported_accept_length: float | None = None  # windowed tokens per verify pass; None/0 for AR
+    # This gateway's own `inflight` when the report was taken: separates other replicas' load
+    # from ours, so that a report older than our last dispatches or completions is not misread.
+    reported_inflight: int | None = None
+
+    @property
+    def load(self) -> int:
+        """Requests on the backend now, ours and (from its report) other gateways'."""
+        return view_load(self)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+def view_load(v: BackendView) -> int:
+    """Our in-flight count plus what the backend reported beyond ours at its last report.
+
+    Without `reported_inflight` the best guess is the larger of the two counts; a polled
+    report lags (a request that just finished still counts), which is why the gateway should
+    fill `reported_inflight` when it stores a report.
+    """
+    local = v.inflight
+    running = v.reported_running
+    if running is None:
+        return local
+    reported = running + (v.reported_waiting or 0)
+    at = v.reported_inflight
+    if at is None:
+        return local if local >= reported else reported
+    others = reported - at
+    return local + others if others > 0 else local
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,11 +84,18 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
-    """Telemetry record of one finished request, fed back to the policy."""
+    """Telemetry record of one finished request, fed back to the policy.
+
+    `inflight_at_dispatch` counts this request too (the lease is taken first). `mean_inflight`,
+    when the caller can give it, is the time-weighted mean load of the backend over the request's
+    life: under a changing load it says which batch size the decode speed was measured at better
+    than the count at dispatch does.
+    """
 
     backend: str
     domain: Domain
     inflight_at_dispatch: int
+    mean_inflight: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft_s: float | None = None

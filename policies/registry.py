@@ -1,20 +1,53 @@
-"""Policy construction by name, as written in the config."""
+"""Policy construction by name, as written in the config.
+
+Options are keyword arguments (`objective`, `threshold`, `seed`, ...); an option a policy does
+not take is refused by name, so a typo in config fails at startup instead of being ignored.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from policies.base import Policy
+from policies.goodput import Goodput
 from policies.simple import LeastInflight, Pinned, RoundRobin
+from policies.threshold import Threshold
 
-POLICY_NAMES = ("pinned", "round_robin", "least_inflight")
+POLICY_NAMES = ("pinned", "round_robin", "least_inflight", "threshold", "goodput")
+DEFAULT_POLICY = "goodput"
+
+_OPTIONS: dict[str, frozenset[str]] = {
+    "pinned": frozenset({"pinned_backend"}),
+    "round_robin": frozenset(),
+    "least_inflight": frozenset({"seed"}),
+    "threshold": frozenset({"threshold", "seed"}),
+    "goodput": frozenset({"objective", "seed", "epsilon", "bonus", "hysteresis", "backends"}),
+}
 
 
-def make_policy(name: str, *, pinned_backend: str | None = None) -> Policy:
+def make_policy(name: str, **options: Any) -> Policy:
+    """Build policy `name`. Options set to None count as not given (config leaves them unset).
+
+    pinned: pinned_backend (required). least_inflight: seed. threshold: threshold (default 16),
+    seed. goodput: objective ("latency" | "throughput"), seed, epsilon, bonus, hysteresis,
+    backends (BackendSpecs to seed estimates before the first request).
+    """
+    if name not in _OPTIONS:
+        raise ValueError(f"unknown policy {name!r}, expected one of {list(POLICY_NAMES)}")
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(given) - _OPTIONS[name])
+    if unknown:
+        raise ValueError(f"policy {name!r} does not take option(s) {unknown}; "
+                         f"it takes {sorted(_OPTIONS[name])}")
     if name == "least_inflight":
-        return LeastInflight()
+        import random
+        return LeastInflight(random.Random(given["seed"]) if "seed" in given else None)
     if name == "round_robin":
         return RoundRobin()
     if name == "pinned":
-        if not pinned_backend:
+        if not given.get("pinned_backend"):
             raise ValueError("policy 'pinned' needs pinned_backend")
-        return Pinned(pinned_backend)
-    raise ValueError(f"unknown policy {name!r}, expected one of {list(POLICY_NAMES)}")
+        return Pinned(given["pinned_backend"])
+    if name == "threshold":
+        return Threshold(**given)
+    return Goodput(**given)

@@ -1,0 +1,7 @@
+"""`python -m backends.sim ...` = `specroute sim ...` (used to spawn twins without the console script)."""
+
+import sys
+
+from backends.sim.cli import main
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,142 @@
+"""`specroute sim`: run one twin server, list profiles, print curves, calibrate.
+
+    specroute sim --profile NAME [--port P] [--seed S] [--time-scale F] ...
+    specroute sim --list
+    specroute sim curves [--profile NAME ...]
+    specroute sim calibrate [--quick]
+
+Argument errors are one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from backends.sim.profile import ProfileError, list_profiles, load_profile
+
+__all__ = ["main"]
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting (one-line errors)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise _ArgError(message)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    return v
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}: {text}")
+        return v
+    return parse
+
+
+def _fraction(text: str) -> float:
+    v = _positive_float(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1]: {text}")
+    return v
+
+
+def _server_parser() -> _Parser:
+    p = _Parser(prog="specroute sim", description="SGLang-compatible simulated server (the twin)")
+    p.add_argument("--list", action="store_true", help="list the profiles and exit")
+    p.add_argument("--profile", help="profile name (see --list) or path to a profile .toml")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=_int_at_least(0), default=30000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
+    p.add_argument("--time-scale", type=_positive_float, default=1.0,
+                   help="multiply every simulated duration (0.02 = 50x faster)")
+    p.add_argument("--max-running-requests", type=_int_at_least(1))
+    p.add_argument("--max-queued-requests", type=_int_at_least(0))
+    p.add_argument("--served-model-name")
+    p.add_argument("--ddtree-budget", "--speculative-ddtree-budget", dest="ddtree_budget",
+                   type=_int_at_least(1), help="DDTree node budget (DDTree profiles only)")
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="native /generate streams deltas instead of cumulative text")
+    p.add_argument("--compat", choices=["0.5.9"],
+                   help="imitate an older SGLang 0.5.x (no spec details, /get_load)")
+    f = p.add_argument_group("fault knobs")
+    f.add_argument("--fault-latency-ms", type=_positive_float, default=0.0)
+    f.add_argument("--fault-error-rate", type=_fraction, default=0.0)
+    f.add_argument("--fault-crash-after-tokens", type=_int_at_least(1))
+    f.add_argument("--fault-hang-after-tokens", type=_int_at_least(1))
+    f.add_argument("--fault-slow-ready", type=_positive_float, default=0.0, metavar="S")
+    f.add_argument("--fault-accept-drop-at", type=_positive_float, metavar="S")
+    f.add_argument("--fault-accept-drop-to", type=_fraction, default=0.5, metavar="F")
+    return p
+
+
+def _print_list() -> int:
+    for prof in list_profiles():
+        print(f"{prof.name:<20} {prof.strategy.value:<7} {prof.served_model_name:<13} "
+              f"{prof.description}")
+    return 0
+
+
+def _run_server(args: argparse.Namespace) -> int:
+    from backends.sim.server import serve
+    from backends.sim.options import FaultOptions, ServerOptions
+
+    if not args.profile:
+        raise _ArgError("--profile is required (see --list)")
+    try:
+        profile = load_profile(args.profile)
+        if args.ddtree_budget is not None:
+            profile = profile.with_budget(args.ddtree_budget)
+    except ProfileError as e:
+        raise _ArgError(str(e)) from None
+    faults = FaultOptions(
+        latency_ms=args.fault_latency_ms, error_rate=args.fault_error_rate,
+        crash_after_tokens=args.fault_crash_after_tokens,
+        hang_after_tokens=args.fault_hang_after_tokens, slow_ready_s=args.fault_slow_ready,
+        accept_drop_at_s=args.fault_accept_drop_at, accept_drop_to=args.fault_accept_drop_to)
+    options = ServerOptions(
+        host=args.host, port=args.port, seed=args.seed, time_scale=args.time_scale,
+        max_running_requests=args.max_running_requests,
+        max_queued_requests=args.max_queued_requests,
+        served_model_name=args.served_model_name, enable_metrics=args.enable_metrics,
+        compat=args.compat, incremental_streaming_output=args.incremental_streaming_output,
+        faults=faults)
+    return serve(profile, options)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `specroute sim`; returns the exit code."""
+    try:
+        if argv and argv[0] == "curves":
+            from backends.sim.curves import main as curves_main
+            return curves_main(argv[1:])
+        if argv and argv[0] == "calibrate":
+            from backends.sim.calibrate import main as calibrate_main
+            return calibrate_main(argv[1:])
+        args = _server_parser().parse_args(argv)
+        if args.list:
+            return _print_list()
+        return _run_server(args)
+    except _ArgError as e:
+        print(f"specroute sim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0

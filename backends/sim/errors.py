@@ -1,0 +1,49 @@
+"""SGLang's error bodies, so the gateway's translation is tested against the real shapes.
+
+OpenAI routes answer FLAT bodies `{"object":"error","message","type","param","code"}` with the
+HTTP status (validation is 400, not 422); native routes answer `{"error": "<text>"}`; errors after
+a stream started arrive as `data: {"error": {...}}` then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+__all__ = ["ApiError", "flat_error", "native_error", "stream_error_frame"]
+
+_PHRASE = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+           503: "ServiceUnavailableError"}
+
+
+class ApiError(Exception):
+    """Raised by request handling; rendered by the route in the route family's shape."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+
+
+def _body(err: ApiError) -> dict:
+    return {"object": "error", "message": err.message,
+            "type": _PHRASE.get(err.status, "BadRequestError"), "param": err.param,
+            "code": err.status}
+
+
+def flat_error(err: ApiError) -> web.Response:
+    """OpenAI-route error response in SGLang's flat shape."""
+    return web.Response(status=err.status, body=msgspec.json.encode(_body(err)),
+                        content_type="application/json")
+
+
+def native_error(err: ApiError) -> web.Response:
+    """Native-route (`/generate`) error response: `{"error": "<text>"}`."""
+    return web.Response(status=err.status, body=msgspec.json.encode({"error": err.message}),
+                        content_type="application/json")
+
+
+def stream_error_frame(err: ApiError) -> bytes:
+    """The SSE frame SGLang sends for an error after the stream started."""
+    return b"data: " + msgspec.json.encode({"error": _body(err)}) + b"\n\n"

@@ -1,0 +1,118 @@
+"""Native SGLang routes: `/generate` (with `meta_info`), `/abort_request`, `/metrics`.
+
+`/generate` streams are cumulative by default (each chunk carries all text and ids so far);
+`--incremental-streaming-output` switches them to deltas, as in SGLang. Telemetry fallbacks of
+the gateway for older servers read `meta_info` from here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from backends.sim.errors import ApiError, native_error
+from backends.sim.generation import admit
+from backends.sim.openai_api import decode_body
+from backends.sim.protocol import GENERATE_DEFAULT_MAX_NEW_TOKENS, GenerateRequest
+from backends.sim.state import STATE_KEY
+from backends.sim.text import count_prompt_tokens, detokenize
+
+__all__ = ["routes"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _prompt(body: GenerateRequest) -> tuple[str, int]:
+    if (body.text is None) == (body.input_ids is None):
+        raise ApiError("Either text or input_ids should be provided.")
+    if body.text is not None:
+        return body.text, count_prompt_tokens(body.text)
+    ids = body.input_ids or []
+    if not ids:
+        raise ApiError("input_ids must not be empty")
+    return " ".join(map(str, ids)), len(ids)
+
+
+def _max_new_tokens(params: dict) -> int:
+    value = params.get("max_new_tokens", GENERATE_DEFAULT_MAX_NEW_TOKENS)
+    if value is None:
+        return GENERATE_DEFAULT_MAX_NEW_TOKENS
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(f"max_new_tokens must be an integer, got {value!r}")
+    return value
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    try:
+        body: GenerateRequest = await decode_body(request, GenerateRequest)
+        text, ntok = _prompt(body)
+        gen = await admit(state, body.rid, text, ntok, _max_new_tokens(body.sampling_params))
+    except ApiError as e:
+        return native_error(e)
+    try:
+        if not body.stream:
+            ids: list[int] = []
+            async for n in gen.steps():
+                ids.extend(gen.tokens.take_ids(n))
+            return web.Response(body=_encode({"text": detokenize(ids), "output_ids": ids,
+                                              "meta_info": gen.meta_info(finished=True)}),
+                                content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        incremental = state.options.incremental_streaming_output
+        all_ids: list[int] = []
+        try:
+            final_ids: list[int] = []
+            async for n in gen.steps():
+                ids = gen.tokens.take_ids(n)
+                all_ids.extend(ids)
+                if gen.finish_reason is None:
+                    meta = gen.meta_info(False, completion_tokens=len(all_ids))
+                    await resp.write(_chunk(ids, all_ids, incremental, meta))
+                else:  # the last step's tokens travel with the finished meta_info
+                    final_ids = ids
+            await resp.write(_chunk(final_ids, all_ids, incremental, gen.meta_info(True))
+                             + b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            state.runtime.abort(gen.rid)
+        return resp
+    finally:
+        gen.release()
+
+
+def _chunk(new_ids: list[int], all_ids: list[int], incremental: bool, meta: dict) -> bytes:
+    ids = new_ids if incremental else list(all_ids)
+    obj = {"text": detokenize(ids), "output_ids": ids, "meta_info": meta, "index": 0}
+    return b"data: " + _encode(obj) + b"\n\n"
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    """`POST /abort_request {"rid": ..., "abort_all": false}`: 200 whether or not rid existed."""
+    state = request.app[STATE_KEY]
+    try:
+        body = msgspec.json.decode(await request.read() or b"{}", type=dict)
+    except msgspec.DecodeError:
+        return native_error(ApiError("JSON decode error"))
+    if body.get("abort_all"):
+        for rid in list(state.runtime.in_flight()):
+            state.runtime.abort(rid)
+    elif isinstance(body.get("rid"), str):
+        state.runtime.abort(body["rid"])
+    return web.Response(status=200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.metrics is None:
+        raise web.HTTPNotFound()
+    text = state.metrics.render(state.engine.stats(), state.profile.is_speculative)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
+
+
+def routes() -> list[web.RouteDef]:
+    return [web.post("/generate", generate), web.post("/abort_request", abort_request),
+            web.get("/metrics", metrics)]

@@ -1,0 +1,192 @@
+"""Twin profiles: the parameters of one simulated SGLang server, loaded from `profiles/*.toml`.
+
+A profile is data, not code, so that every number can carry its provenance (a study figure
+R1..R8 of STUDIES.md, a public figure, or an explicit assumption) next to it and be reviewed
+without reading the engine. `load_profile` refuses a profile whose numeric parameters lack a
+provenance entry: calibration is only as trustworthy as the sources it can name.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import msgspec
+
+from backends.descriptor import Strategy
+
+__all__ = [
+    "AcceptanceModel",
+    "ProfileError",
+    "Profile",
+    "SpecConfig",
+    "StepModel",
+    "Strategy",
+    "list_profiles",
+    "load_profile",
+    "numeric_parameters",
+    "profile_names",
+]
+
+
+class ProfileError(ValueError):
+    """A profile is missing, malformed, or has a parameter without provenance."""
+
+
+class StepModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Cost of one engine step, in milliseconds.
+
+    decode/verify: t(B, w) = t0 + k*(B*w - 1) + k_compute*max(0, B*w - knee) + draft(B)
+    with draft(B) = draft_ms + draft_ms_per_seq*(B - 1) + tree_ms_per_node*B*(w - 1)
+    (draft terms only on speculative profiles). Prefill: prefill_ms_base + per-token cost.
+    """
+
+    t0_ms: float
+    k_ms: float
+    knee_tokens: int
+    k_compute_ms: float
+    prefill_ms_base: float
+    prefill_ms_per_token: float
+    draft_ms: float = 0.0
+    draft_ms_per_seq: float = 0.0
+    tree_ms_per_node: float = 0.0
+
+
+class AcceptanceModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Per-position probability that the next draft token is accepted, per prompt domain.
+
+    Accepted drafts per verify step follow a truncated geometric law: P(a >= j) = p**j, capped
+    at the strategy's maximum depth. `prompt_spread` is the per-prompt variation: each prompt's
+    miss rate (1 - p) is scaled by exp(s) with s uniform in [-spread, +spread].
+    """
+
+    math: float
+    code: float
+    chat: float
+    prompt_spread: float = 0.0
+
+
+class SpecConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Speculative settings as SGLang would report them, plus the DDTree tree model."""
+
+    algorithm: str  # EAGLE3 | DFLASH | DDTREE (the resolved `speculative_algorithm`)
+    draft_model_path: str
+    num_steps: int
+    eagle_topk: int
+    num_draft_tokens: int
+    dflash_block_size: int | None = None
+    ddtree_budget: int | None = None
+    # DDTree: extra nodes beyond the chain shrink the per-depth miss rate by (depth/budget)**gamma.
+    tree_gamma: float = 0.5
+    # Hybrid (Mamba/GDN) targets: budgets above this lose acceptance (sibling state corruption).
+    exact_budget: int | None = None
+    collapse_per_node: float = 0.0
+
+
+class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One simulated server: identity (what /server_info reports), costs and acceptance."""
+
+    name: str
+    description: str
+    strategy: Strategy
+    served_model_name: str
+    model_path: str
+    context_length: int
+    max_running_requests: int
+    max_total_num_tokens: int
+    tp_size: int
+    attention_backend: str
+    step: StepModel
+    speculative: SpecConfig | None = None
+    acceptance: AcceptanceModel | None = None
+    provenance: dict[str, str] = {}
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.speculative is not None
+
+    @property
+    def verify_width(self) -> int:
+        """Tokens each running sequence verifies per step (1 for AR)."""
+        spec = self.speculative
+        if spec is None:
+            return 1
+        if spec.algorithm == "DDTREE":
+            return (spec.ddtree_budget or 0) + 1
+        return spec.num_draft_tokens
+
+    @property
+    def max_accept_drafts(self) -> int:
+        """Deepest accepted draft run per step: block-1 (DFlash), steps (EAGLE), tree depth."""
+        spec = self.speculative
+        if spec is None:
+            return 0
+        if spec.algorithm == "DDTREE":
+            depth = (spec.dflash_block_size or spec.num_draft_tokens) - 1
+            return min(spec.ddtree_budget or 0, depth)
+        if spec.algorithm == "DFLASH":
+            return (spec.dflash_block_size or spec.num_draft_tokens) - 1
+        return spec.num_steps
+
+    def with_budget(self, budget: int) -> "Profile":
+        """The same profile with another DDTree node budget (verify width budget+1)."""
+        if self.speculative is None or self.speculative.algorithm != "DDTREE":
+            raise ProfileError(f"profile {self.name} is not a DDTree profile")
+        spec = msgspec.structs.replace(self.speculative, ddtree_budget=budget,
+                                       num_draft_tokens=budget + 1)
+        return msgspec.structs.replace(self, speculative=spec)
+
+
+def _profiles_dir() -> Path:
+    return Path(str(resources.files("backends.sim") / "profiles"))
+
+
+def profile_names() -> list[str]:
+    """Names of the bundled profiles, sorted."""
+    return sorted(p.stem for p in _profiles_dir().glob("*.toml"))
+
+
+def numeric_parameters(raw: dict) -> list[str]:
+    """Dotted names of the numeric parameters a profile file sets (the ones needing provenance).
+
+    Defaults that a file does not set are not listed: a parameter the file does not state is
+    not a claim that needs a source.
+    """
+    out: list[str] = []
+
+    def walk(prefix: str, table: dict) -> None:
+        for key, val in table.items():
+            if prefix == "" and key == "provenance":
+                continue
+            if isinstance(val, dict):
+                walk(f"{prefix}{key}.", val)
+            elif isinstance(val, (int, float)) and not isinstance(val, bool):
+                out.append(f"{prefix}{key}")
+
+    walk("", raw)
+    return out
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load a bundled profile by name, or a profile file by path."""
+    path = Path(name_or_path)
+    if not path.suffix == ".toml":
+        path = _profiles_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(profile_names())
+        raise ProfileError(f"unknown profile {name_or_path!r} (known: {known})")
+    try:
+        raw = tomllib.loads(path.read_text())
+        profile = msgspec.convert(raw, Profile)
+    except (tomllib.TOMLDecodeError, msgspec.ValidationError) as e:
+        raise ProfileError(f"{path.name}: {e}") from None
+    missing = [k for k in numeric_parameters(raw) if k not in profile.provenance]
+    if missing:
+        raise ProfileError(f"{path.name}: parameters without provenance: {', '.join(missing)}")
+    return profile
+
+
+def list_profiles() -> list[Profile]:
+    """All bundled profiles."""
+    return [load_profile(n) for n in profile_names()]

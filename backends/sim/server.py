@@ -1,0 +1,106 @@
+"""The twin's HTTP server: an aiohttp app over one engine driven by the wall-clock runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from backends.sim import info_api, native_api, openai_api
+from backends.sim.engine import Engine
+from backends.sim.errors import ApiError, flat_error, native_error
+from backends.sim.profile import Profile
+from backends.sim.runtime import Runtime
+from backends.sim.options import ServerOptions
+from backends.sim.state import STATE_KEY, SimState
+
+__all__ = ["build_app", "serve"]
+
+log = logging.getLogger("backends.sim")
+
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+
+
+@web.middleware
+async def _guard(request: web.Request, handler) -> web.StreamResponse:
+    """No traceback ever reaches a client; generation routes are 503 until ready."""
+    state = request.app[STATE_KEY]
+    if request.path in _GENERATION_PATHS and not state.ready:
+        err = ApiError("The server is not ready yet.", status=503)
+        return native_error(err) if request.path == "/generate" else flat_error(err)
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status == 404:
+            return web.Response(status=404, body=b'{"detail":"Not Found"}',
+                                content_type="application/json")
+        if e.status == 405:
+            return web.Response(status=405, body=b'{"detail":"Method Not Allowed"}',
+                                content_type="application/json")
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as e:  # noqa: BLE001 - last line of defence
+        log.exception("unhandled error on %s", request.path)
+        return flat_error(ApiError(f"internal error: {type(e).__name__}", status=500))
+
+
+def build_app(profile: Profile, options: ServerOptions) -> web.Application:
+    """The aiohttp application; the step loop starts with the app and stops with it."""
+    engine = Engine(profile, seed=options.seed, max_running=options.max_running_requests,
+                    max_queued=options.max_queued_requests)
+    runtime = Runtime(engine, options.time_scale)
+    state = SimState(profile, options, runtime)
+    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024 * 1024)
+    app[STATE_KEY] = state
+    app.add_routes(openai_api.routes())
+    app.add_routes(info_api.routes())
+    app.add_routes(native_api.routes())
+
+    async def lifecycle(app: web.Application):
+        runtime.start()
+        state.faults.install()
+        delay = options.faults.slow_ready_s
+        ready_task = asyncio.get_running_loop().call_later(
+            delay, lambda: setattr(state, "ready", True)) if delay > 0 else None
+        if ready_task is None:
+            state.ready = True
+        yield
+        if ready_task is not None:
+            ready_task.cancel()
+        state.faults.uninstall()
+        await runtime.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+async def _run(app: web.Application, host: str, port: int) -> int:
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await runner.cleanup()
+        print(f"specroute sim: cannot listen on {host}:{port}: {e.strerror or e}",
+              file=sys.stderr)
+        return 1
+    state = app[STATE_KEY]
+    print(f"specroute sim: profile {state.profile.name} serving {state.served_model_name} on "
+          f"http://{host}:{port}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+def serve(profile: Profile, options: ServerOptions) -> int:
+    """Run the twin until SIGTERM/SIGINT; returns the process exit code."""
+    app = build_app(profile, options)
+    return asyncio.run(_run(app, options.host, options.port))

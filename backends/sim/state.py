@@ -1,0 +1,51 @@
+"""Server-wide state shared by the twin's routes: options, resolved profile, runtime, readiness."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+
+from backends.sim.faults import Faults
+from backends.sim.metrics import Metrics
+from backends.sim.options import FaultOptions, ServerOptions
+from backends.sim.profile import Profile
+from backends.sim.runtime import Runtime
+
+__all__ = ["FaultOptions", "ServerOptions", "SimState", "STATE_KEY", "new_rid"]  # options re-exported
+
+SGLANG_VERSION = "0.5.23"
+
+
+class SimState:
+    """What every handler needs; stored on the app under STATE_KEY."""
+
+    def __init__(self, profile: Profile, options: ServerOptions, runtime: Runtime) -> None:
+        self.profile = profile
+        self.options = options
+        self.runtime = runtime
+        self.served_model_name = options.served_model_name or profile.served_model_name
+        self.version = options.compat or SGLANG_VERSION
+        self.legacy = options.compat is not None
+        self.ready = False
+        self.created = int(time.time())
+        self.rng_seed = options.seed
+        self.faults = Faults(options.faults, runtime, options.seed)
+        self.metrics = Metrics(self.served_model_name) if options.enable_metrics else None
+
+    @property
+    def engine(self):
+        return self.runtime.engine
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.runtime.engine.max_running
+
+
+STATE_KEY: web.AppKey[SimState] = web.AppKey("sim_state", SimState)
+
+
+def new_rid() -> str:
+    """SGLang's request id: 32 hex characters, no prefix."""
+    return uuid.uuid4().hex

@@ -1,0 +1,261 @@
+"""`loadgen` command line.
+
+    loadgen --target gateway --concurrency 32
+    loadgen --target gateway,k26-ar,http://127.0.0.1:30000 --concurrency 1,4,32 \\
+            --max-tokens 256 --num-prompts 64 --dataset mixed --output out/sweep
+    loadgen --target gateway --request-rate 4 --concurrency 32 --duration 60
+    loadgen compare A/summary.json B/summary.json
+
+Bad input (unreachable target, wrong key, unknown dataset, malformed file) ends with one line
+on stderr and a non-zero exit, never a traceback; finished levels are already on disk.
+Exit codes: 0 all targets ran, 1 a target failed, 2 bad command line or dataset, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+
+from loadgen.client import RequestOptions
+from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
+from loadgen.driver import LevelSpec
+from loadgen.report import make_console
+from loadgen.runner import Plan, execute
+
+DEFAULT_GATEWAY = "http://127.0.0.1:8000"
+
+
+class UsageError(Exception):
+    """A command-line value is wrong; one line for the user."""
+
+
+def _concurrency_list(text: str) -> list[int | None]:
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part in ("inf", "0", "none"):
+            out.append(None)
+            continue
+        try:
+            c = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a concurrency: {part!r}") from None
+        if c < 1:
+            raise argparse.ArgumentTypeError(f"concurrency must be >= 1: {c}")
+        out.append(c)
+    return out
+
+
+def _rate_list(text: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a request rate: {part!r}") from None
+        if not r > 0:
+            raise argparse.ArgumentTypeError(f"request rate must be > 0: {part}")
+        out.append(r)
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    v = int(text) if text.lstrip("-").isdigit() else -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0: {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="loadgen",
+        description="Load generator for OpenAI-compatible targets (specroute gateway, SGLang "
+                    "servers). Subcommands: 'loadgen compare A B'.")
+    p.add_argument("--target", default="gateway",
+                   help="comma-separated: 'gateway', a backend name of the gateway's topology, "
+                        "or a URL; run one after the other (default: gateway)")
+    p.add_argument("--gateway-url", default=os.environ.get("SPECROUTE_GATEWAY_URL",
+                                                           DEFAULT_GATEWAY),
+                   help=f"gateway base URL (default {DEFAULT_GATEWAY})")
+    p.add_argument("--concurrency", type=_concurrency_list, default=[1],
+                   help="comma-separated levels, e.g. 1,4,32: requests in flight (closed loop), "
+                        "or the cap with --request-rate ('inf' = uncapped) (default 1)")
+    p.add_argument("--request-rate", type=_rate_list, default=None,
+                   help="open loop: Poisson arrivals per second (comma-separated list allowed)")
+    p.add_argument("--dataset", default="mixed", help=f"{DATASET_HELP} (default mixed)")
+    p.add_argument("--max-tokens", type=_positive_int, default=256,
+                   help="output tokens per request (default 256)")
+    p.add_argument("--num-prompts", type=_positive_int, default=None,
+                   help="requests per level (default 2 x concurrency, 64 when uncapped)")
+    p.add_argument("--duration", type=_positive_float, default=None,
+                   help="seconds per level: issue requests until then instead of --num-prompts")
+    p.add_argument("--warmup", type=_nonneg_int, default=0,
+                   help="requests per level sent first at the level's concurrency, not measured")
+    p.add_argument("--seed", type=int, default=0, help="seed of arrivals and random prompts")
+    p.add_argument("--model", default=None,
+                   help="model name to request (default: the backend's, else /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token (default $OPENAI_API_KEY)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="directory for summary.json, summary.csv, requests.jsonl, plots")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="stream responses (default on)")
+    p.add_argument("--spec-details", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask for sglext spec_tokens_details to measure accept length "
+                        "(default on)")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="generate exactly max-tokens like bench_serving (default on)")
+    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                   help="OpenAI route to load (default chat)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--timeout", type=_positive_float, default=600.0,
+                   help="seconds without data before a request counts as timed out")
+    p.add_argument("--random-input-len", type=_positive_int, default=256)
+    p.add_argument("--random-output-len", type=_positive_int, default=256)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="live progress (default: when stderr is a terminal)")
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
+                   help="write PNG plots into --output (needs matplotlib)")
+    return p
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """Validate combinations argparse cannot see and build the plan."""
+    rates: list[float | None] = list(args.request_rate) if args.request_rate else [None]
+    if args.request_rate is None and None in args.concurrency:
+        raise UsageError("--concurrency inf needs --request-rate (closed loop needs a number)")
+    if args.duration is not None and any(math.isinf(r) for r in rates if r is not None):
+        raise UsageError("--duration needs a finite --request-rate")
+    targets = [t.strip() for t in args.target.split(",") if t.strip()]
+    if not targets:
+        raise UsageError("--target is empty")
+    random_spec = RandomSpec(args.random_input_len, args.random_output_len,
+                             args.random_range_ratio,
+                             max(args.num_prompts or 0,
+                                 2 * max((c or 32) for c in args.concurrency)))
+    dataset = load_dataset(args.dataset, seed=args.seed, random_spec=random_spec)
+    levels = [LevelSpec(concurrency=c, request_rate=r,
+                        num_prompts=args.num_prompts or (2 * c if c else 64),
+                        duration=args.duration, warmup=args.warmup)
+              for c in args.concurrency for r in rates]
+    opts = RequestOptions(max_tokens=args.max_tokens, endpoint=args.endpoint, stream=args.stream,
+                          spec_details=args.spec_details, ignore_eos=args.ignore_eos,
+                          temperature=args.temperature, api_key=args.api_key,
+                          timeout=args.timeout)
+    return Plan(targets=targets, gateway_url=args.gateway_url, model=args.model,
+                dataset=dataset, levels=levels, opts=opts, seed=args.seed, output=args.output,
+                progress=args.progress)
+
+
+def _err(msg: str) -> None:
+    print(f"loadgen: error: {msg}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "compare":
+            return _compare(argv[1:])
+        if argv and argv[0] == "study":
+            _err("'loadgen study' is not implemented yet")
+            return 2
+        return _run(argv)
+    except KeyboardInterrupt:
+        _err("interrupted; finished levels are in the output directory, if any")
+        return 130
+    except Exception as e:  # the promise is no traceback; LOADGEN_DEBUG=1 shows it
+        if os.environ.get("LOADGEN_DEBUG"):
+            raise
+        _err(f"internal error: {type(e).__name__}: {e}")
+        return 1
+
+
+def _run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        plan = plan_from_args(args)
+    except (UsageError, DatasetError) as e:
+        _err(str(e))
+        return 2
+    console = make_console()
+    summary, errors = _run_loop(plan, console)
+    if summary.runs and any(r.levels for r in summary.runs):
+        from loadgen.report import print_table
+
+        console.print()
+        print_table(summary, console)
+    if plan.output is not None and args.plots and any(r.levels for r in summary.runs):
+        _plots(summary, plan.output)
+    for e in errors:
+        _err(e)
+    return 1 if errors else 0
+
+
+def _run_loop(plan: Plan, console: Console):
+    try:
+        import uvloop  # optional: a faster event loop (installed with uvicorn[standard])
+    except ImportError:
+        return asyncio.run(execute(plan, console))
+    return uvloop.run(execute(plan, console))
+
+
+def _plots(summary, output: Path) -> None:
+    try:
+        from loadgen.plots import write_plots
+    except ImportError as e:
+        print(f"loadgen: plots skipped ({e})", file=sys.stderr)
+        return
+    write_plots(summary, output)
+
+
+def _compare(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="loadgen compare",
+                                description="Print B / A ratios of two summary.json files.")
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+    args = p.parse_args(argv)
+    from loadgen.report import compare
+    from loadgen.summary import load_summary
+
+    try:
+        a, b = load_summary(args.a), load_summary(args.b)
+    except (OSError, ValueError, msgspec.DecodeError) as e:
+        _err(f"cannot read summary: {e}")
+        return 2
+    rows = compare(a, b)
+    if not rows:
+        _err("no common target and level in the two summaries")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Metric definitions: what one request measured, and what a level of requests adds up to.
+
+Definitions (the README repeats them; names match SGLang's bench_serving where meanings match):
+
+- TTFT: send -> arrival of the first chunk with non-empty content (`delta.content`,
+  `delta.reasoning_content`, or completions `text`); the empty role chunk does not count.
+  Non-streamed requests: TTFT = E2E (the whole answer is the first content).
+- E2E latency: send -> end of the response body.
+- Output tokens n: the server's `usage.completion_tokens`; the client-side count (content
+  chunks, each of which holds at least one token) is the fallback and the cross-check.
+- TPOT = (E2E - TTFT) / (n - 1), for n > 1 and streamed requests.
+- ITL per token: tokens per chunk are the server's (cumulative `usage` on each chunk when the
+  server sends continuous usage; otherwise the server's n split over the content chunks, at least
+  one token each, otherwise in proportion to the chunk's text length, largest remainder). A chunk
+  carrying k tokens after a gap g since the previous content chunk contributes k samples of g/k.
+  Tokens that arrive with the first token add no sample (they are part of TTFT), so ITL samples
+  sum to (last - first content arrival). Raw chunk gaps would overstate ITL by the accept length
+  under speculation. Level percentiles pool the samples of all successful requests.
+- Single-request output tok/s = n / E2E per request; `mean_request_output_throughput` is its mean.
+- Decode tok/s = (n - 1) / (last - first content arrival), as in DESIGN.md.
+- Aggregate output tok/s = total output tokens of successful requests / level wall time, the
+  wall time running from the first send to the last response end of the level.
+- Accept length = n / spec_verify_ct from `sglext.spec_tokens_details` (per request); per level,
+  sum(n) / sum(spec_verify_ct) over requests that reported it; null when none did.
+- Percentiles interpolate linearly between order statistics (numpy's default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Iterable, Sequence
+
+from loadgen.stream import ContentChunk, StreamParser
+from loadgen.summary import Level, RequestRecord
+
+Gap = tuple[float, int]  # (per-token gap in seconds, number of tokens it stands for)
+
+
+def apportion(total: int, weights: Sequence[int]) -> list[int]:
+    """Split `total` tokens over chunks in proportion to `weights` (text lengths), at least one
+    token per chunk; rounding by largest remainder, ties to the earlier chunk. With fewer tokens
+    than chunks each chunk gets one: the caller reports that as a count mismatch."""
+    m = len(weights)
+    if m == 0:
+        return []
+    if total <= m:
+        return [1] * m
+    ws = list(weights) if any(w > 0 for w in weights) else [1] * m
+    wsum = sum(ws)
+    ideal = [total * w / wsum for w in ws]
+    out = [max(1, int(x)) for x in ideal]
+    diff = total - sum(out)
+    while diff > 0:  # hand out the rounding left-over, largest remainder first
+        for i in sorted(range(m), key=lambda i: (out[i] - ideal[i], i))[:diff]:
+            out[i] += 1
+        diff = total - sum(out)
+    while diff < 0:  # the one-token minimum overshot: take back from the most over-allocated
+        for i in sorted((i for i in range(m) if out[i] > 1),
+                        key=lambda i: (ideal[i] - out[i], i))[:-diff]:
+            out[i] -= 1
+        diff = total - sum(out)
+    return out
+
+
+def chunk_tokens(chunks: Sequence[ContentChunk], server_tokens: int | None) -> list[int]:
+    """Tokens carried by each content chunk, by the rule of the module docstring."""
+    if chunks and all(c.cum_tokens is not None for c in chunks):
+        out, prev = [], 0
+        for c in chunks:
+            cum = c.cum_tokens or 0
+            out.append(max(0, cum - prev))
+            prev = max(prev, cum)
+        return out
+    total = server_tokens if server_tokens is not None else len(chunks)
+    return apportion(total, [c.chars for c in chunks])
+
+
+def token_gaps(chunks: Sequence[ContentChunk], tokens: Sequence[int]) -> list[Gap]:
+    """ITL samples of one request as (gap per token, count) pairs."""
+    out: list[Gap] = []
+    prev: float | None = None
+    for c, k in zip(chunks, tokens):
+        if k <= 0:
+            continue
+        if prev is not None:
+            out.append(((c.time - prev) / k, k))
+        prev = c.time
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """q in [0, 100]; linear interpolation between closest ranks."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def weighted_percentile(pairs: Iterable[Gap], q: float) -> float | None:
+    """`percentile` of the sample in which each (value, count) pair stands for `count` copies of
+    `value`, computed without expanding it (a long run pools millions of token gaps)."""
+    s = sorted(p for p in pairs if p[1] > 0)
+    n = sum(c for _, c in s)
+    if n == 0:
+        return None
+    pos = (n - 1) * q / 100.0
+    lo = math.floor(pos)
+    lo_v = hi_v = None
+    seen = 0
+    for v, c in s:
+        if lo_v is None and lo < seen + c:
+            lo_v = v
+        if lo + 1 < seen + c:
+            hi_v = v
+            break
+        seen += c
+    hi_v = s[-1][0] if hi_v is None else hi_v
+    return lo_v + (hi_v - lo_v) * (pos - lo)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool,
+            record: RequestRecord) -> list[Gap]:
+    """Fill the timing and token fields of `record` from a finished exchange; return its ITL
+    samples. Called for failed requests too (their partial figures help debugging)."""
+    chunks = parser.chunks
+    usage_n = parser.usage.completion_tokens if parser.usage is not None else None
+    record.client_chunks = len(chunks)
+    record.input_tokens = parser.usage.prompt_tokens if parser.usage is not None else None
+    record.finish_reason = parser.finish_reason
+    if usage_n is None:
+        n = len(chunks)
+        record.output_tokens_source = "client"
+        if record.ok:
+            record.token_mismatch = "server sent no usage"
+    else:
+        n = usage_n
+        record.output_tokens_source = "usage"
+        if record.ok:
+            record.token_mismatch = _mismatch(chunks, usage_n)
+    record.output_tokens = n
+    e2e = t_end - t_send
+    record.e2e_ms = e2e * 1000
+    if e2e > 0:
+        record.output_throughput = n / e2e
+    if chunks:
+        first, last = chunks[0].time, chunks[-1].time
+        record.ttft_ms = (first - t_send) * 1000 if streamed else e2e * 1000
+        if streamed and n > 1:
+            record.tpot_ms = (e2e - (first - t_send)) / (n - 1) * 1000
+            if last > first:
+                record.decode_throughput = (n - 1) / (last - first)
+    spec = parser.spec
+    if spec is not None and spec.spec_verify_ct:
+        record.spec_verify_ct = spec.spec_verify_ct
+        record.accept_length = n / spec.spec_verify_ct
+    if not streamed:
+        return []
+    gaps = token_gaps(chunks, chunk_tokens(chunks, usage_n))
+    if gaps:
+        count = sum(k for _, k in gaps)
+        record.itl_mean_ms = sum(g * k for g, k in gaps) / count * 1000
+        record.itl_max_ms = max(g for g, _ in gaps) * 1000
+    return gaps
+
+
+def _mismatch(chunks: Sequence[ContentChunk], server_n: int) -> str | None:
+    """The client-side checks a server count must pass: every content chunk holds at least one
+    token, content implies tokens, and per-chunk cumulative usage ends at the final count."""
+    m = len(chunks)
+    if server_n < m:
+        return f"server counted {server_n} tokens in {m} content chunks"
+    if server_n > 0 and m == 0:
+        return f"server counted {server_n} tokens but sent no content"
+    cums = [c.cum_tokens for c in chunks if c.cum_tokens is not None]
+    if cums and cums[-1] != server_n:
+        return f"per-chunk usage ends at {cums[-1]}, final usage says {server_n}"
+    return None
+
+
+def summarize(records: Sequence[RequestRecord], gaps: Iterable[Gap], *, duration: float,
+              max_concurrency: int | None, request_rate: float | None, mode: str) -> Level:
+    """Aggregate one level; only successful requests enter latencies and throughputs."""
+    ok = [r for r in records if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    tpot = [r.tpot_ms for r in ok if r.tpot_ms is not None]
+    e2e = [r.e2e_ms for r in ok if r.e2e_ms is not None]
+    single = [r.output_throughput for r in ok if r.output_throughput is not None]
+    decode = [r.decode_throughput for r in ok if r.decode_throughput is not None]
+    gap_list = gaps if isinstance(gaps, list) else list(gaps)  # seconds; scaled to ms below
+    itl_n = sum(k for _, k in gap_list)
+    spec = [r for r in ok if r.spec_verify_ct]
+    verify = sum(r.spec_verify_ct or 0 for r in spec)
+    chunks = sum(r.client_chunks for r in ok)
+    return Level(
+        max_concurrency=max_concurrency,
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        duration=duration,
+        total_output_tokens=out_tokens,
+        output_throughput=out_tokens / duration if duration > 0 else 0.0,
+        request_throughput=len(ok) / duration if duration > 0 else 0.0,
+        mean_request_output_throughput=_mean(single),
+        median_ttft_ms=percentile(ttft, 50),
+        p99_ttft_ms=percentile(ttft, 99),
+        mean_tpot_ms=_mean(tpot),
+        median_itl_ms=_ms(weighted_percentile(gap_list, 50)),
+        mean_e2e_latency_ms=_mean(e2e),
+        accept_length=sum(r.output_tokens for r in spec) / verify if verify else None,
+        backends=dict(Counter(r.backend for r in records if r.backend)),
+        mode=mode,
+        request_rate=request_rate,
+        total_input_tokens=sum(r.input_tokens or 0 for r in ok),
+        median_request_output_throughput=percentile(single, 50),
+        mean_decode_throughput=_mean(decode),
+        mean_ttft_ms=_mean(ttft),
+        p90_ttft_ms=percentile(ttft, 90),
+        median_tpot_ms=percentile(tpot, 50),
+        p90_tpot_ms=percentile(tpot, 90),
+        p99_tpot_ms=percentile(tpot, 99),
+        mean_itl_ms=sum(g * k for g, k in gap_list) / itl_n * 1000 if itl_n else None,
+        p90_itl_ms=_ms(weighted_percentile(gap_list, 90)),
+        p99_itl_ms=_ms(weighted_percentile(gap_list, 99)),
+        median_e2e_latency_ms=percentile(e2e, 50),
+        p90_e2e_latency_ms=percentile(e2e, 90),
+        p99_e2e_latency_ms=percentile(e2e, 99),
+        errors=dict(Counter(r.error for r in records if r.error)),
+        token_count_mismatches=sum(1 for r in ok if r.token_mismatch),
+        mean_tokens_per_chunk=out_tokens / chunks if chunks else None,
+        domains=dict(Counter(r.domain for r in records)),
+    )

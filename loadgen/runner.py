@@ -1,0 +1,120 @@
+"""One invocation: every target, one after the other, through every level; results saved as
+they are measured.
+
+A target that cannot be resolved, or a level in which every request failed, stops that target
+with a one-line reason kept in its run (`Run.error`); the other targets still run, and the
+invocation reports failure at the end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Awaitable, Callable, Sequence
+
+import aiohttp
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loadgen import report
+from loadgen.client import RequestOptions
+from loadgen.datasets import Dataset
+from loadgen.driver import LevelResult, LevelSpec, OnRecord, run_level
+from loadgen.outputs import OutputDir
+from loadgen.summary import RequestRecord, Run, Summary
+from loadgen.targets import TargetError, resolve
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    """Everything the command line decided."""
+
+    targets: Sequence[str]
+    gateway_url: str
+    model: str | None
+    dataset: Dataset
+    levels: Sequence[LevelSpec]
+    opts: RequestOptions
+    seed: int = 0
+    output: Path | None = None
+    progress: bool | None = None  # None: only when stderr is a terminal
+
+
+def connection_limit(levels: Sequence[LevelSpec]) -> int:
+    """aiohttp pool size: at least the largest concurrency; 0 (unbounded) for uncapped levels."""
+    if any(lv.concurrency is None for lv in levels):
+        return 0
+    return max(lv.concurrency or 1 for lv in levels)
+
+
+async def execute(plan: Plan, console: Console | None = None,
+                  err_console: Console | None = None) -> tuple[Summary, list[str]]:
+    """Run the plan; return the summary and the one-line errors (empty when all went well)."""
+    console = console or report.make_console()
+    err_console = err_console or Console(stderr=True)
+    out = OutputDir(plan.output) if plan.output is not None else None
+    summary = Summary()
+    errors: list[str] = []
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=plan.opts.timeout)
+    connector = aiohttp.TCPConnector(limit=connection_limit(plan.levels), limit_per_host=0,
+                                     ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                     auto_decompress=False) as session:
+        for word in plan.targets:
+            run = Run(target=word, url="", dataset=plan.dataset.name)
+            summary.runs.append(run)
+            try:
+                target = await resolve(session, word, gateway_url=plan.gateway_url,
+                                       model=plan.model, api_key=plan.opts.api_key)
+            except TargetError as e:
+                run.error = str(e)
+                errors.append(str(e))
+                if out:
+                    out.write_summary(summary)
+                continue
+            run.url, run.model = target.url, target.model
+            for spec in plan.levels:
+                result = await _with_progress(
+                    plan, spec, word, err_console,
+                    lambda cb: run_level(session, target, plan.dataset, spec, plan.opts,
+                                         seed=plan.seed, on_record=cb))
+                run.levels.append(result.level)
+                if out:
+                    out.add_requests(result.records)
+                    out.write_summary(summary)
+                report.print_level(run, result.level, console)
+                if result.level.completed == 0 and result.level.failed > 0:
+                    first = next(r for r in result.records if r.error)
+                    run.error = (f"target {word!r}: all {result.level.failed} requests failed at "
+                                 f"C={spec.concurrency} ({first.error}: {first.error_detail})")
+                    errors.append(run.error)
+                    if out:
+                        out.write_summary(summary)
+                    break
+    return summary, errors
+
+
+async def _with_progress(plan: Plan, spec: LevelSpec, word: str, console: Console,
+                         start: Callable[[OnRecord | None], Awaitable[LevelResult]],
+                         ) -> LevelResult:
+    """Run `start(on_record)` under a live progress bar when stderr is a terminal."""
+    show = console.is_terminal if plan.progress is None else plan.progress
+    if not show:
+        return await start(None)
+    total = None if spec.duration is not None else spec.num_prompts
+    label = f"{word} C={spec.concurrency or 'inf'}"
+    if spec.request_rate is not None:
+        label += f" @{spec.request_rate:g}/s"
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[tok]:,} tok  {task.fields[fail]} failed"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task(label, total=total, tok=0, fail=0)
+        counts = {"tok": 0, "fail": 0}
+
+        def on_record(rec: RequestRecord) -> None:
+            if rec.ok:
+                counts["tok"] += rec.output_tokens
+            else:
+                counts["fail"] += 1
+            progress.update(task, advance=1, **counts)
+
+        return await start(on_record)

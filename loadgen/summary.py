@@ -1,0 +1,118 @@
+"""The result schema: one line per request (`RequestRecord`) and `summary.json` (`Summary`).
+
+`summary.json` follows DESIGN.md; the fields it lists come first and keep their names (SGLang's
+`bench_serving` names where the meaning is the same). Fields after them are additions: readers
+of the DESIGN schema can ignore them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+
+class RequestRecord(msgspec.Struct, kw_only=True):
+    """One request as `requests.jsonl` stores it. Times in ms unless named otherwise."""
+
+    index: int
+    target: str
+    max_concurrency: int | None
+    request_rate: float | None
+    domain: str
+    start_s: float  # when it was sent, seconds after the level started
+    ok: bool
+    error: str | None = None  # kind: http_<status> | timeout | connect | stream_error | broken_stream | bad_response
+    error_detail: str | None = None
+    status: int | None = None
+    backend: str | None = None  # x-specroute-backend response header
+    finish_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int = 0  # the server's usage.completion_tokens; the client count without usage
+    output_tokens_source: str = "usage"  # usage | client
+    client_chunks: int = 0  # content-bearing chunks the client received (each holds >= 1 token)
+    token_mismatch: str | None = None  # why client and server counts disagree, when they do
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_mean_ms: float | None = None
+    itl_max_ms: float | None = None
+    output_throughput: float | None = None  # output_tokens / e2e (tok/s)
+    decode_throughput: float | None = None  # (output_tokens - 1) / (last - first content) (tok/s)
+    spec_verify_ct: int | None = None
+    accept_length: float | None = None  # output_tokens / spec_verify_ct
+
+
+class Level(msgspec.Struct, kw_only=True):
+    """One load level of one target. Latencies in ms, throughputs in tok/s or req/s."""
+
+    max_concurrency: int | None
+    completed: int
+    failed: int
+    duration: float
+    total_output_tokens: int
+    output_throughput: float
+    request_throughput: float
+    mean_request_output_throughput: float | None
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    mean_tpot_ms: float | None
+    median_itl_ms: float | None
+    mean_e2e_latency_ms: float | None
+    accept_length: float | None
+    backends: dict[str, int]
+    # --- additions to the DESIGN schema ---
+    mode: str = "closed"  # closed | open
+    request_rate: float | None = None
+    total_input_tokens: int = 0
+    median_request_output_throughput: float | None = None
+    mean_decode_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    median_e2e_latency_ms: float | None = None
+    p90_e2e_latency_ms: float | None = None
+    p99_e2e_latency_ms: float | None = None
+    errors: dict[str, int] = {}
+    token_count_mismatches: int = 0
+    mean_tokens_per_chunk: float | None = None
+    domains: dict[str, int] = {}
+
+
+class Run(msgspec.Struct, kw_only=True):
+    """All levels of one target."""
+
+    target: str
+    url: str
+    dataset: str
+    levels: list[Level] = []
+    model: str | None = None
+    error: str | None = None  # why the run stopped early, if it did
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    runs: list[Run] = []
+
+
+_summary_decoder = msgspec.json.Decoder(Summary)
+
+
+def load_summary(source: Summary | dict | str | Path) -> Summary:
+    """Accept a Summary, its dict form, or a path to summary.json (or to its directory)."""
+    if isinstance(source, Summary):
+        return source
+    if isinstance(source, dict):
+        return msgspec.convert(source, Summary)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "summary.json"
+    return _summary_decoder.decode(path.read_bytes())
+
+
+def to_builtins(summary: Summary) -> dict:
+    return msgspec.to_builtins(summary)

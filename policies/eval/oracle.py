@@ -1,0 +1,108 @@
+"""The clairvoyant reference: the goodput decision rule fed with the twin's true parameters.
+
+It answers the same questions as `policies.estimates.BackendEstimate` (request tok/s and
+aggregate tok/s of a backend at a load) from the engine itself: its step-time function and its
+per-domain acceptance, including a live fault scale. Comparing the goodput policy with it
+measures learning quality only, since both share the decision rule.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from backends import BackendSpec, Strategy
+from backends.sim.engine import Engine
+from policies.base import Outcome
+from policies.priors import DOMAINS
+
+__all__ = ["OracleEstimates", "OracleModel", "true_accept_length"]
+
+
+def true_accept_length(engine: Engine, domain: str) -> float:
+    """Expected tokens per verify pass (accepted drafts + bonus) for a typical prompt of `domain`:
+    1 + sum_{j=1..m} p^j for the truncated geometric law of the engine, p scaled by the fault knob."""
+    m = engine.profile.max_accept_drafts
+    if not m:
+        return 1.0
+    p = engine.accept_prob(domain) * getattr(engine, "accept_scale", 1.0)
+    p = min(max(p, 0.0), 0.999)
+    return 1.0 + sum(p ** j for j in range(1, m + 1))
+
+
+class OracleModel:
+    """Duck-types BackendEstimate's lookups with the engine's truth."""
+
+    __slots__ = ("name", "engine", "max_running", "seen", "last_chosen", "accept_n", "last_report",
+                 "_scale", "_accept", "_steps")
+
+    def __init__(self, name: str, engine: Engine) -> None:
+        self.name = name
+        self.engine = engine
+        self.max_running = engine.max_running
+        self.seen = [1 << 20] * len(DOMAINS)  # fully known: no exploration bonus
+        self.accept_n = [0.0] * len(DOMAINS)
+        self.last_chosen = 0
+        self.last_report: float | None = None
+        self._scale: float | None = None
+        self._accept = [1.0] * len(DOMAINS)
+        cap = engine.max_running
+        self._steps = [engine.step_time(max(1, min(n, cap))) for n in range(0, 1025)]
+
+    def note_dispatch(self, d: int) -> None:
+        pass
+
+    def note_idle(self) -> None:
+        pass
+
+    def note_report(self, reported_accept: float) -> None:
+        self.last_report = reported_accept
+
+    def _accepts(self) -> list[float]:
+        scale = getattr(self.engine, "accept_scale", 1.0)
+        if scale != self._scale:
+            self._scale = scale
+            self._accept = [true_accept_length(self.engine, d.value) for d in DOMAINS]
+        return self._accept
+
+    def step_s(self, load: int) -> float:
+        return self._steps[load if load < 1024 else 1024]
+
+    def rate(self, d: int, load: int) -> float:
+        r = self._accepts()[d] / self.step_s(load)
+        cap = self.max_running
+        return r * cap / load if load > cap else r
+
+    def throughput(self, d: int, load: int) -> float:
+        if load <= 0:
+            return 0.0
+        cap = self.max_running
+        return self._accepts()[d] * (load if load < cap else cap) / self.step_s(load)
+
+    def describe(self) -> dict:
+        return {"accept_length": {d.value: round(a, 3) for d, a in zip(DOMAINS, self._accepts())},
+                "step_ms": {str(b): round(self.step_s(b) * 1000, 2) for b in (1, 2, 4, 8, 16, 32, 64, 128)}}
+
+
+class OracleEstimates:
+    """Stands in for `policies.estimates.Estimates`: knows every engine, learns nothing."""
+
+    def __init__(self, engines: dict[str, Engine]) -> None:
+        self.backends = {name: OracleModel(name, e) for name, e in engines.items()}
+        self.used = 0
+        self.skipped: dict[str, int] = {}
+
+    def register(self, name: str, strategy: Strategy | str, max_running: int | None = None
+                 ) -> OracleModel:
+        try:
+            return self.backends[name]
+        except KeyError:
+            raise KeyError(f"clairvoyant reference has no engine for backend {name!r}") from None
+
+    def register_all(self, specs: Iterable[BackendSpec]) -> None:
+        pass
+
+    def observe(self, outcome: Outcome) -> bool:
+        return True
+
+    def describe(self) -> dict[str, dict]:
+        return {name: m.describe() for name, m in self.backends.items()}

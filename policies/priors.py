@@ -1,0 +1,81 @@
+"""What a policy believes about a backend before it has measured it: one prior per strategy.
+
+The gateway knows a backend's strategy from config and nothing else about its speed, so the
+goodput policy starts from these numbers and corrects them with live telemetry. They are the
+calibration figures of STUDIES.md (Kimi K2.6, TP8, PCIe) where the studies state them and labelled
+assumptions elsewhere; on another model or machine they are only a starting point, which is why
+the estimates learn multiplicative corrections on top of them rather than trusting them.
+
+Step time follows the linear model STUDIES.md derives from R1, R2 and R7:
+
+    t(B, w) = t0 + k*(B*w - 1) + draft0 + draft1*(B - 1)
+
+with B sequences in the batch (capped at `max_running`: beyond it requests queue) each verifying
+w tokens. The prior deliberately has no compute knee (the studies give no figure for it): the
+estimates must learn where a strategy stops paying from what the backend does.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import msgspec
+
+from backends import Strategy
+from policies.base import Domain
+
+__all__ = ["DEFAULT_PRIORS", "DOMAINS", "DOMAIN_INDEX", "StepPrior", "StrategyPrior", "prior_for"]
+
+DOMAINS: tuple[Domain, ...] = (Domain.MATH, Domain.CODE, Domain.CHAT)
+DOMAIN_INDEX: dict[Domain, int] = {d: i for i, d in enumerate(DOMAINS)}
+
+
+class StepPrior(msgspec.Struct, frozen=True, kw_only=True):
+    """Prior step time of one decode/verify pass, seconds, as a function of the batch size."""
+
+    t0_s: float = 0.038  # R1: 1000/26.3 ms at batch 1
+    k_s: float = 0.052e-3  # R1/R2: extra seconds per verified token in the batch
+    width: int = 1  # tokens verified per sequence per step (1 = autoregressive)
+    draft0_s: float = 0.0  # drafter cost at batch 1
+    draft1_s: float = 0.0  # drafter cost per extra sequence
+
+    def step_s(self, batch: int) -> float:
+        b = batch if batch > 1 else 1
+        return self.t0_s + self.k_s * (b * self.width - 1) + self.draft0_s + self.draft1_s * (b - 1)
+
+
+class StrategyPrior(msgspec.Struct, frozen=True, kw_only=True):
+    """Prior acceptance (tokens per verify pass, bonus token included) per domain, step time, cap."""
+
+    accept: tuple[float, float, float]  # math, code, chat (order of DOMAINS)
+    step: StepPrior
+    max_running: int
+
+
+DEFAULT_PRIORS: Mapping[Strategy, StrategyPrior] = {
+    # R1-R3: ~26 tok/s per request, flat to C=32. max_running: assumption (AR servers admit many).
+    Strategy.AR: StrategyPrior(accept=(1.0, 1.0, 1.0), step=StepPrior(), max_running=256),
+    # Assumption: EAGLE-3 with 3 steps, topk 1 (4 verified tokens); public EAGLE-3 runs accept
+    # about 3 tokens per pass on math, fewer on chat; the 3-step draft head costs a few ms.
+    Strategy.EAGLE3: StrategyPrior(
+        accept=(3.2, 3.0, 2.6), step=StepPrior(width=4, draft0_s=0.006, draft1_s=0.03e-3),
+        max_running=48),
+    # R7/R8: DFlash block 8 accepts 3.6-4.9 per dataset; the 3B drafter costs ~9.5 ms at batch 32.
+    Strategy.DFLASH: StrategyPrior(
+        accept=(4.9, 4.2, 3.6), step=StepPrior(width=8, draft0_s=0.003, draft1_s=0.2e-3),
+        max_running=48),
+    # Assumption: DDTree over the DFlash drafter, budget 32 (33 verified tokens), accepting about
+    # 1.3x DFlash (DDTree paper: 8.22x vs 6.09x speedup); the tree adds little drafting cost.
+    Strategy.DDTREE: StrategyPrior(
+        accept=(6.4, 5.5, 4.7), step=StepPrior(width=33, draft0_s=0.003, draft1_s=0.25e-3),
+        max_running=48),
+}
+
+
+def prior_for(strategy: Strategy | str,
+              priors: Mapping[Strategy, StrategyPrior] = DEFAULT_PRIORS) -> StrategyPrior:
+    """The prior of a strategy; an unknown strategy is treated as autoregressive (no gain assumed)."""
+    try:
+        return priors[Strategy(strategy)]
+    except (ValueError, KeyError):
+        return priors[Strategy.AR]
