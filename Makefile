@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install install-dev clean
+.PHONY: demo test install install-dev clean bench-loadgen
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: install
 
 test: install-dev
 	$(BIN)/python -m pytest
+
+bench-loadgen: install
+	$(BIN)/python -m loadgen.bench_self
 
 clean:
 	rm -rf $(VENV) build *.egg-info
