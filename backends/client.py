@@ -33,10 +33,13 @@ class SGLangClient:
             )
         return self._session
 
-    async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
-        """Send a JSON body; the caller owns the response and must release it."""
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None,
+                   timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
+        """Send a JSON body; the caller owns the response and must release (or close) it."""
         merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
-        return await self.session.post(path, data=body, headers=merged)
+        if timeout is None:
+            return await self.session.post(path, data=body, headers=merged)
+        return await self.session.post(path, data=body, headers=merged, timeout=timeout)
 
     async def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         """A small GET for probes and polling: (status, body); network errors propagate."""

@@ -1,35 +1,44 @@
-"""The litestar application: OpenAI routes, health, admin view; every error in OpenAI's shape."""
+"""The litestar application: OpenAI routes, probes, admin; every error in OpenAI's shape."""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
+
 from litestar.exceptions import HTTPException
 
 from backends.client import SGLangClient
+from gateway.admission import Admission
+from gateway.auth import AuthGate
+from gateway.circuit import CircuitBreaker
 from gateway.config import Config
 from gateway.errors import ApiError
 from gateway.poller import Poller
 from gateway.pool import Backend, Pools
 from gateway.proxy import Proxy
-from policies import make_policy
+from policies import Policy, make_policy
 
 log = logging.getLogger("specroute.app")
 _encoder = msgspec.json.Encoder()
 
 
 def build_pools(config: Config) -> Pools:
+    health = config.health
     return Pools(
-        Backend(spec, SGLangClient(spec, connections=config.gateway.upstream_connections,
-                                   connect_timeout_s=config.gateway.connect_timeout_s))
+        Backend(spec,
+                SGLangClient(spec, connections=config.gateway.upstream_connections,
+                             connect_timeout_s=config.timeouts.connect_s),
+                CircuitBreaker(health.circuit_failures, health.circuit_cooldown_s),
+                cap=config.admission.backend_max_inflight)
         for spec in config.backend_specs()
     )
 
 
-def build_policies(config: Config, pools: Pools) -> dict:
+def build_policies(config: Config, pools: Pools) -> dict[str, Policy]:
     policies = {}
     for model in pools.models():
         section = config.models.get(model)
@@ -40,12 +49,20 @@ def build_policies(config: Config, pools: Pools) -> dict:
 
 def create_app(config: Config) -> Litestar:
     pools = build_pools(config)
-    proxy = Proxy(pools, build_policies(config, pools))
-    poller = Poller(pools, interval_s=config.gateway.poll_interval_s)
+    a = config.admission
+    admission = Admission(pools, max_inflight=a.max_inflight, max_queue=a.max_queue, queue_timeout_s=a.queue_timeout_s)
+    proxy = Proxy(pools, admission, build_policies(config, pools), config)
+    poller = Poller(pools, config.health, on_change=admission.kick)
     created = int(time.time())
 
     def _json(obj: object, status: int = 200) -> Response[bytes]:
         return Response(_encoder.encode(obj), status_code=status, media_type="application/json")
+
+    def _backend(name: str) -> Backend:
+        backend = pools.by_name.get(name)
+        if backend is None:
+            raise ApiError(404, f"no backend named {name!r}", code="backend_not_found")
+        return backend
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response:
@@ -64,11 +81,32 @@ def create_app(config: Config) -> Litestar:
 
     @get("/health")
     async def health() -> Response[bytes]:
-        return _json({"status": "ok", "backends": len(pools.by_name)})
+        return _json({"status": "ok"})
+
+    @get("/ready")
+    async def ready() -> Response[bytes]:
+        """200 when every served model has at least one backend up; 503 otherwise."""
+        down = [m for m, bs in pools.by_model.items() if not any(b.up for b in bs)]
+        return _json({"ready": not down, "models_without_backend": down}, 503 if down else 200)
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
-        return _json({"backends": [_backend_state(b, poller) for b in pools.by_name.values()]})
+        return _json({"inflight": admission.inflight, "waiting": admission.waiting, "rejected": admission.rejected,
+                      "retries": proxy.retries,
+                      "backends": [_backend_state(b, poller) for b in pools.by_name.values()]})
+
+    @post("/admin/backends/{name:str}/drain", status_code=200)
+    async def drain(name: str) -> Response[bytes]:
+        backend = _backend(name)
+        backend.draining = True
+        return _json(_backend_state(backend, poller))
+
+    @post("/admin/backends/{name:str}/undrain", status_code=200)
+    async def undrain(name: str) -> Response[bytes]:
+        backend = _backend(name)
+        backend.draining = False
+        admission.kick()
+        return _json(_backend_state(backend, poller))
 
     async def on_startup() -> None:
         poller.start()
@@ -78,7 +116,7 @@ def create_app(config: Config) -> Litestar:
         await pools.close()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, models, health, admin_backends],
+        route_handlers=[chat_completions, completions, models, health, ready, admin_backends, drain, undrain],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         request_max_body_size=config.gateway.max_body_bytes,
         on_startup=[on_startup],
@@ -89,13 +127,20 @@ def create_app(config: Config) -> Litestar:
     )
 
 
+def create_asgi(config: Config) -> Any:
+    """The app as served: API-key gate outside the router, so unknown routes need a key too."""
+    return AuthGate(create_app(config), config.auth)
+
+
 def _backend_state(b: Backend, poller: Poller) -> dict:
-    state: dict = {"name": b.name, "url": b.spec.url, "model": b.spec.model, "strategy": b.spec.strategy.value,
-                   "healthy": b.view.healthy, "inflight": b.inflight}
-    state["reported_load"] = msgspec.to_builtins(b.load) if b.load else None
-    state["server_info"] = msgspec.to_builtins(b.info) if b.info else None
-    state["load_source"] = poller.pollers[b.name].load_source
-    return state
+    return {
+        "name": b.name, "url": b.spec.url, "model": b.spec.model, "strategy": b.spec.strategy.value,
+        "up": b.up, "ready": b.ready, "draining": b.draining, "circuit": b.circuit.state.value,
+        "inflight": b.inflight, "cap": b.cap,
+        "reported_load": msgspec.to_builtins(b.load) if b.load else None,
+        "server_info": msgspec.to_builtins(b.info) if b.info else None,
+        "load_source": poller.pollers[b.name].load_source,
+    }
 
 
 def _api_error(_: Request, exc: ApiError) -> Response:

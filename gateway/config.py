@@ -28,9 +28,52 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_body_bytes: int = 4 * 1024 * 1024
     # aiohttp connection pool size per backend (keep-alive connections).
     upstream_connections: int = 512
-    connect_timeout_s: float = 5.0
-    # Background polling of /ready and /v1/loads per backend.
-    poll_interval_s: float = 1.0
+
+
+class TimeoutsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    connect_s: float = 5.0
+    # Streams: until the upstream's response headers (SGLang sends them before the first token).
+    first_byte_s: float = 60.0
+    # Streams: the longest silence between two upstream chunks before the stream is cut.
+    idle_stream_s: float = 60.0
+    # Non-streaming requests: the whole upstream response.
+    request_s: float = 900.0
+
+
+class RetrySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Retries happen only before the first byte reaches the client, on another backend when possible."""
+
+    attempts: int = 3
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 1.0
+    deadline_s: float = 15.0
+
+
+class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    interval_s: float = 1.0          # /ready and /v1/loads polling period per backend
+    unhealthy_after: int = 2         # consecutive failed readiness checks -> out of the pool
+    healthy_after: int = 1           # consecutive good checks -> back in
+    circuit_failures: int = 3        # consecutive failed requests -> circuit open
+    circuit_cooldown_s: float = 5.0  # open -> half-open (one probe request) after this
+
+
+class AdmissionSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    max_inflight: int = 4096         # gateway-wide requests in flight
+    # Per backend; 0 = the backend's own max_running_requests from /server_info (unlimited until known).
+    backend_max_inflight: int = 0
+    max_queue: int = 1024            # requests waiting for capacity; beyond it 429 at once
+    queue_timeout_s: float = 30.0    # a waiting request gets 429 after this
+
+
+class AuthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    api_keys_env: str = "SPECROUTE_API_KEYS"  # comma-separated, added to api_keys
+    admin_key: str | None = None
+    admin_key_env: str = "SPECROUTE_ADMIN_KEY"
+    # Routes that answer without a key even when keys are configured.
+    public_paths: list[str] = msgspec.field(default_factory=lambda: ["/health", "/ready", "/metrics"])
+    rate_limit_rps: float = 0.0      # per API key; 0 = off
+    rate_limit_burst: int = 0        # bucket size; 0 = max(1, rps)
 
 
 class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -51,6 +94,11 @@ class BackendEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+    timeouts: TimeoutsSection = msgspec.field(default_factory=TimeoutsSection)
+    retry: RetrySection = msgspec.field(default_factory=RetrySection)
+    health: HealthSection = msgspec.field(default_factory=HealthSection)
+    admission: AdmissionSection = msgspec.field(default_factory=AdmissionSection)
+    auth: AuthSection = msgspec.field(default_factory=AuthSection)
     backends: list[BackendEntry] = msgspec.field(default_factory=list)
     models: dict[str, ModelSection] = msgspec.field(default_factory=dict)
 
@@ -107,6 +155,7 @@ def _humanize(message: str) -> str:
 
 def _check(config: Config, source: str) -> None:
     parse_listen(config.gateway.listen)
+    _check_positive(config, source)
     strategies = {s.value for s in Strategy}
     seen: set[str] = set()
     for i, b in enumerate(config.backends):
@@ -131,3 +180,23 @@ def _check(config: Config, source: str) -> None:
             raise ConfigError(f"{source}: models.{model}: no backend serves model {model!r}")
         if section.pinned_backend and section.pinned_backend not in seen:
             raise ConfigError(f"{source}: models.{model}.pinned_backend: unknown backend {section.pinned_backend!r}")
+
+
+def _check_positive(config: Config, source: str) -> None:
+    checks = {
+        "gateway.max_body_bytes": config.gateway.max_body_bytes, "gateway.upstream_connections":
+        config.gateway.upstream_connections, "timeouts.connect_s": config.timeouts.connect_s,
+        "timeouts.first_byte_s": config.timeouts.first_byte_s, "timeouts.idle_stream_s": config.timeouts.idle_stream_s,
+        "timeouts.request_s": config.timeouts.request_s, "retry.attempts": config.retry.attempts,
+        "health.interval_s": config.health.interval_s, "health.unhealthy_after": config.health.unhealthy_after,
+        "health.healthy_after": config.health.healthy_after, "health.circuit_failures": config.health.circuit_failures,
+        "admission.max_inflight": config.admission.max_inflight,
+    }
+    for key, value in checks.items():
+        if value <= 0:
+            raise ConfigError(f"{source}: {key}: expected a value > 0, got {value}")
+    for key, value in {"admission.max_queue": config.admission.max_queue,
+                       "admission.backend_max_inflight": config.admission.backend_max_inflight,
+                       "auth.rate_limit_rps": config.auth.rate_limit_rps}.items():
+        if value < 0:
+            raise ConfigError(f"{source}: {key}: expected a value >= 0, got {value}")

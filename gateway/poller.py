@@ -1,7 +1,7 @@
 """Background polling of every backend, off the request path.
 
 - `/server_info` (fallback `/get_server_info`) until it answers once: algorithm, cap, served name.
-- `/v1/loads` every `poll_interval_s`; on 404 it falls back to `/get_load`, then `/metrics`, and
+- `/v1/loads` every `health.interval_s`; on 404 it falls back to `/get_load`, then `/metrics`, and
   remembers which one works, so older SGLang 0.5.x releases are served too.
 - `/ready` (fallback `/health`) for readiness: `unhealthy_after` consecutive failures take a backend
   out of the pool, `healthy_after` consecutive successes bring it back.
@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Callable
 
 import aiohttp
 import msgspec
 
 from backends.loads import LoadReport, ServerInfo, parse_get_load, parse_loads, parse_metrics, parse_server_info
+from gateway.config import HealthSection
 from gateway.pool import Backend, Pools
 
 log = logging.getLogger("specroute.poller")
@@ -26,8 +28,9 @@ _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 class BackendPoller:
     def __init__(self, backend: Backend, *, interval_s: float = 1.0, unhealthy_after: int = 2,
-                 healthy_after: int = 1) -> None:
+                 healthy_after: int = 1, on_change: Callable[[], None] | None = None) -> None:
         self.backend = backend
+        self.on_change = on_change
         self.interval_s = interval_s
         self.unhealthy_after = unhealthy_after
         self.healthy_after = healthy_after
@@ -47,7 +50,7 @@ class BackendPoller:
             self.backend.info = await self._server_info()
             if self.backend.info is not None:
                 self._apply_info(self.backend.info)
-        if self.backend.view.healthy:
+        if self.backend.ready:
             report = await self._load()
             if report is not None:
                 self.backend.load = report
@@ -62,17 +65,21 @@ class BackendPoller:
             ok = status == 200
         except _NET_ERRORS:
             ok = False
-        view = self.backend.view
+        backend = self.backend
+        was_up = backend.up
         if ok:
             self._fails, self._successes = 0, self._successes + 1
-            if not view.healthy and self._successes >= self.healthy_after:
-                log.warning("backend %s is ready again", self.backend.name)
-                view.healthy = True
+            backend.circuit.record_ready()
+            if not backend.ready and self._successes >= self.healthy_after:
+                log.warning("backend %s is ready again", backend.name)
+                backend.ready = True
         else:
             self._successes, self._fails = 0, self._fails + 1
-            if view.healthy and self._fails >= self.unhealthy_after:
-                log.warning("backend %s failed %d readiness checks: out of the pool", self.backend.name, self._fails)
-                view.healthy = False
+            if backend.ready and self._fails >= self.unhealthy_after:
+                log.warning("backend %s failed %d readiness checks: out of the pool", backend.name, self._fails)
+                backend.ready = False
+        if backend.up != was_up and self.on_change is not None:
+            self.on_change()
 
     async def _server_info(self) -> ServerInfo | None:
         for path in ("/server_info", "/get_server_info"):
@@ -125,8 +132,12 @@ _NEXT_LOAD_PATH = {"/v1/loads": "/get_load", "/get_load": "/metrics", "/metrics"
 class Poller:
     """One polling task per backend, started and stopped with the app."""
 
-    def __init__(self, pools: Pools, interval_s: float = 1.0) -> None:
-        self.pollers = {name: BackendPoller(b, interval_s=interval_s) for name, b in pools.by_name.items()}
+    def __init__(self, pools: Pools, health: HealthSection, on_change: Callable[[], None] | None = None) -> None:
+        self.pollers = {
+            name: BackendPoller(b, interval_s=health.interval_s, unhealthy_after=health.unhealthy_after,
+                                healthy_after=health.healthy_after, on_change=on_change)
+            for name, b in pools.by_name.items()
+        }
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:

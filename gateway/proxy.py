@@ -1,4 +1,9 @@
-"""The request path: validate, pick a backend, forward, relay, record telemetry."""
+"""The request path: validate, admit, pick a backend, forward, relay, record telemetry.
+
+Failures before the first byte reaches the client (connect error, timeout, 429/5xx, a non-streaming
+answer cut short) are retried with tenacity on another member of the pool when one exists. After
+the first byte nothing is replayed: a broken stream ends with an OpenAI-shaped error event.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ import aiohttp
 import msgspec
 from litestar import Response
 from litestar.response import Stream
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
-from backends.telemetry import spec_stats, usage
+from backends.telemetry import SpecStats, spec_stats, usage
+from gateway.admission import Admission
+from gateway.config import Config
 from gateway.errors import ApiError, sse_error_event, translate_upstream_error
 from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Lease, Pools
@@ -26,16 +34,31 @@ _decoder = msgspec.json.Decoder()
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 BACKEND_HEADER = "x-specroute-backend"
-# Statuses worth another backend: the request never started there.
+# Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
 _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 _FORWARDED_HEADERS = ("x-request-id", "traceparent", "tracestate")
+_NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class UpstreamFailure(Exception):
+    """A failure before anything reached the client: safe to try another backend."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class Proxy:
-    def __init__(self, pools: Pools, policies: Mapping[str, Policy], max_attempts: int = 3) -> None:
+    def __init__(self, pools: Pools, admission: Admission, policies: Mapping[str, Policy], config: Config) -> None:
         self.pools = pools
+        self.admission = admission
         self.policies = dict(policies)
-        self.max_attempts = max_attempts
+        self.retry = config.retry
+        t = config.timeouts
+        self.first_byte_s = t.first_byte_s
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.idle_stream_s)
+        self._request_timeout = aiohttp.ClientTimeout(total=t.request_s, sock_connect=t.connect_s)
+        self.retries = 0  # attempts beyond the first, for metrics
 
     async def handle(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Response:
         parsed = parse(raw, kind)
@@ -46,47 +69,68 @@ class Proxy:
         )
         policy: Policy = Pinned(pin) if pin else self.policies[model]
         upstream_headers = {h: headers[h] for h in _FORWARDED_HEADERS if h in headers}
-        tried: set[str] = set()
-        last_error: ApiError | None = None
+        tried: list[str] = []
         # A pinned request never moves to another backend: failing loudly beats a silent reroute.
-        attempts = 1 if pin else self.max_attempts
-        for _ in range(attempts):
-            candidates = [v for v in self.pools.views[model] if v.name not in tried]
-            if not candidates:
-                break
-            try:
-                decision = policy.choose(features, candidates)
-            except NoCandidate as e:
-                raise ApiError(503, f"no backend available for model {model!r}: {e}") from None
-            backend = self.pools.by_name[decision.backend.name]
-            tried.add(backend.name)
-            lease = backend.lease()
-            dispatched_at = time.perf_counter()
-            inflight_at_dispatch = backend.inflight
-            try:
-                resp = await backend.client.post(PATHS[kind], self._upstream_body(parsed, backend), upstream_headers)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                lease.release()
-                last_error = ApiError(502, f"backend {backend.name} unreachable: {type(e).__name__}")
-                continue
-            except BaseException:
-                lease.release()
-                raise
-            if resp.status != 200:
-                body = await _read_quietly(resp)
-                lease.release()
-                last_error = translate_upstream_error(resp.status, body, backend.name)
-                if resp.status in _RETRYABLE:
-                    continue
-                raise last_error
-            ctx = _Context(backend, lease, decision, features, parsed, dispatched_at, inflight_at_dispatch, policy)
+        attempts = 1 if pin else self.retry.attempts
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(attempts) | stop_after_delay(self.retry.deadline_s),
+            wait=wait_exponential_jitter(initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s),
+            retry=retry_if_exception_type(UpstreamFailure), reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if tried:
+                        self.retries += 1
+                    return await self._attempt(parsed, kind, model, pin, features, policy, tried, upstream_headers)
+        except UpstreamFailure as failure:
+            raise failure.error from None
+        raise ApiError(503, f"no backend available for model {model!r}")  # unreachable: reraise=True
+
+    async def _attempt(self, parsed: ParsedRequest, kind: Kind, model: str, pin: str | None,
+                       features: RequestFeatures, policy: Policy, tried: list[str],
+                       upstream_headers: dict[str, str]) -> Response:
+        candidates = await self.admission.candidates(model, pin, exclude=tried)
+        for b in candidates:
+            b.refresh_view()
+        try:
+            decision = policy.choose(features, [b.view for b in candidates])
+        except NoCandidate as e:
+            raise ApiError(503, f"no backend available for model {model!r}: {e}", headers={"Retry-After": "1"}) from None
+        backend = self.pools.by_name[decision.backend.name]
+        tried.append(backend.name)
+        lease = self.admission.lease(backend)
+        ctx = _Context(backend, lease, decision, features, parsed, time.perf_counter(), backend.inflight, policy)
+        body = self._upstream_body(parsed, backend)
+        try:
             if parsed.stream:
-                return Stream(
-                    self._relay(resp, ctx), media_type="text/event-stream",
-                    headers={BACKEND_HEADER: backend.name, "cache-control": "no-cache"},
-                )
-            return await self._complete(resp, ctx)
-        raise last_error or ApiError(503, f"no backend available for model {model!r}")
+                resp = await asyncio.wait_for(
+                    backend.client.post(PATHS[kind], body, upstream_headers, self._stream_timeout), self.first_byte_s)
+            else:
+                resp = await backend.client.post(PATHS[kind], body, upstream_headers, self._request_timeout)
+        except _NET_ERRORS as e:
+            lease.release()
+            backend.circuit.record_failure()
+            timeout = isinstance(e, asyncio.TimeoutError)
+            raise UpstreamFailure(ApiError(504 if timeout else 502, f"backend {backend.name} "
+                                           f"{'timed out before answering' if timeout else 'unreachable'}: "
+                                           f"{type(e).__name__}")) from None
+        except BaseException:
+            lease.release()
+            raise
+        if resp.status != 200:
+            raw = await _read_quietly(resp)
+            lease.release()
+            error = translate_upstream_error(resp.status, raw, backend.name)
+            if resp.status >= 500 and resp.status != 503:  # 503/429 = busy, not broken
+                backend.circuit.record_failure()
+            if resp.status in _RETRYABLE:
+                raise UpstreamFailure(error)
+            raise error
+        if parsed.stream:
+            return Stream(self._relay(resp, ctx), media_type="text/event-stream",
+                          headers={BACKEND_HEADER: backend.name, "cache-control": "no-cache"})
+        return await self._complete(resp, ctx)
 
     def _resolve_target(self, model: str, pin_header: str | None) -> tuple[str, str | None]:
         """`kimi-k2.6@k26-eagle3` or header `x-specroute-backend` pins a backend of that model's pool."""
@@ -116,20 +160,26 @@ class Proxy:
     async def _relay(self, resp: aiohttp.ClientResponse, ctx: "_Context") -> AsyncIterator[bytes]:
         relay = SseRelay(keep_usage=ctx.parsed.client_wants_usage, keep_spec=ctx.parsed.client_wants_spec)
         error: str | None = None
+        finished = False
         try:
             try:
                 async for chunk in resp.content.iter_any():
                     out = relay.feed(chunk)
                     if out:
                         yield out
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            except _NET_ERRORS as e:
                 error = f"upstream stream broke: {type(e).__name__}"
             if error is None and not relay.telemetry.done:
                 error = "upstream stream ended without [DONE]"
             if error is not None:
+                ctx.backend.circuit.record_failure()
                 yield sse_error_event(f"backend {ctx.backend.name}: {error}")
+            else:
+                ctx.backend.circuit.record_success()
+            finished = True
         finally:
-            resp.release()
+            # On a client disconnect (finished is False) closing the connection makes SGLang abort.
+            resp.release() if finished else resp.close()
             ctx.lease.release()
             relay.finish_spec()
             t = relay.telemetry
@@ -137,32 +187,37 @@ class Proxy:
                 completion_tokens=t.usage.completion_tokens if t.usage else 0,
                 prompt_tokens=t.usage.prompt_tokens if t.usage else 0,
                 t_first=t.t_first, t_last=t.t_last, spec=t.spec, finish_reason=t.finish_reason,
-                error=error or t.error,
+                error=error or t.error or (None if finished else "client_disconnected"),
             )
 
     async def _complete(self, resp: aiohttp.ClientResponse, ctx: "_Context") -> Response:
         try:
             raw = await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except _NET_ERRORS as e:
+            ctx.backend.circuit.record_failure()
             ctx.record(error=type(e).__name__)
-            raise ApiError(502, f"backend {ctx.backend.name} failed while answering: {type(e).__name__}") from None
+            # Nothing reached the client yet: another backend may still answer.
+            raise UpstreamFailure(ApiError(502, f"backend {ctx.backend.name} failed while answering: "
+                                                f"{type(e).__name__}")) from None
         finally:
             resp.release()
             ctx.lease.release()
-        t_done = time.perf_counter()
         try:
             obj = _decoder.decode(raw)
         except msgspec.DecodeError:
             ctx.record(error="invalid_json")
             raise ApiError(502, f"backend {ctx.backend.name} returned invalid JSON") from None
-        use = usage(obj.get("usage")) if isinstance(obj, dict) else None
+        ctx.backend.circuit.record_success()
+        if not isinstance(obj, dict):
+            ctx.record(error="invalid_response")
+            raise ApiError(502, f"backend {ctx.backend.name} returned a non-object response")
+        use = usage(obj.get("usage"))
         completion_tokens = use.completion_tokens if use else 0
-        spec = spec_stats(obj.get("sglext"), completion_tokens) if isinstance(obj, dict) else None
-        choices = obj.get("choices") if isinstance(obj, dict) else None
-        finish = choices[0].get("finish_reason") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        choices = obj.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
         ctx.record(completion_tokens=completion_tokens, prompt_tokens=use.prompt_tokens if use else 0,
-                   t_done=t_done, spec=spec, finish_reason=finish)
-        if isinstance(obj, dict) and "sglext" in obj and not ctx.parsed.client_wants_spec:
+                   spec=spec_stats(obj.get("sglext"), completion_tokens), finish_reason=first.get("finish_reason"))
+        if "sglext" in obj and not ctx.parsed.client_wants_spec:
             del obj["sglext"]
             raw = _encoder.encode(obj)
         return Response(raw, media_type="application/json", headers={BACKEND_HEADER: ctx.backend.name})
@@ -185,8 +240,8 @@ class _Context:
         self.policy = policy
 
     def record(self, *, completion_tokens: int = 0, prompt_tokens: int = 0, t_first: float | None = None,
-               t_last: float | None = None, t_done: float | None = None, spec=None,
-               finish_reason: str | None = None, error: str | None = None) -> None:
+               t_last: float | None = None, spec: SpecStats | None = None, finish_reason: str | None = None,
+               error: str | None = None) -> None:
         outcome = Outcome(
             backend=self.backend.name, domain=self.features.domain, inflight_at_dispatch=self.inflight,
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
@@ -204,7 +259,7 @@ class _Context:
 async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
     try:
         return await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except _NET_ERRORS:
         return b""
     finally:
         resp.release()

@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import create_asgi
 from gateway.config import Config, load_config, parse_listen
 from gateway.procs import ProcessGroup, start_twins
 from gateway.topology import SEED_SYSTEMS, embedded_config
@@ -33,7 +33,7 @@ def serve(config_path: str | None, listen: str | None, sim_time_scale: float | N
 
 
 def run(config: Config, host: str, port: int) -> None:
-    app = create_app(config)
+    app = create_asgi(config)
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
         log_level="warning", access_log=False, timeout_keep_alive=30, backlog=2048,

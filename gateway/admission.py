@@ -1,0 +1,113 @@
+"""Admission control: a gateway-wide in-flight cap, per-backend caps, a bounded wait queue.
+
+A request that finds no backend with room waits in its model's FIFO queue until a slot frees or
+`queue_timeout_s` passes; if the queue already holds `max_queue` requests it is refused at once.
+Both refusals are 429 with `Retry-After`, so memory stays bounded under any load. When no backend
+of the model is up at all, waiting is pointless: 503 at once.
+
+Wake-ups are targeted: a released slot wakes the first waiter of that backend's model (and, when the
+gateway-wide cap was the limit, the first waiter of every other model), never the whole queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from typing import Collection
+
+from gateway.errors import ApiError
+from gateway.pool import Backend, Lease, Pools
+
+
+class Admission:
+    def __init__(self, pools: Pools, *, max_inflight: int, max_queue: int, queue_timeout_s: float) -> None:
+        self.pools = pools
+        self.max_inflight = max_inflight
+        self.max_queue = max_queue
+        self.queue_timeout_s = queue_timeout_s
+        self.inflight = 0
+        self.waiting = 0
+        self.rejected = 0
+        self._queues: dict[str, collections.deque[asyncio.Future]] = {m: collections.deque() for m in pools.models()}
+        pools.on_release(self._released)
+
+    async def candidates(self, model: str, pin: str | None = None, exclude: Collection[str] = ()) -> list[Backend]:
+        """Backends of `model` that can take a request now, waiting for room if needed.
+
+        Untried backends (not in `exclude`) are preferred; tried ones are used only when nothing else
+        is left, so a retry goes to another member of the pool whenever one exists.
+        """
+        deadline: float | None = None
+        front = False
+        while True:
+            up = [b for b in self.pools.by_model[model] if b.up and (pin is None or b.name == pin)]
+            if not up:
+                what = f"backend {pin!r}" if pin else f"no backend of model {model!r}"
+                raise ApiError(503, f"{what} is available (down, draining or circuit open)",
+                               headers={"Retry-After": "1"})
+            if self.inflight < self.max_inflight:
+                room = [b for b in up if b.has_room]
+                if room:
+                    return [b for b in room if b.name not in exclude] or room
+            if deadline is None:
+                deadline = time.monotonic() + self.queue_timeout_s
+            await self._wait(model, deadline, front)
+            front = True  # woken but beaten to the slot: keep our place at the head of the queue
+
+    def lease(self, backend: Backend) -> Lease:
+        self.inflight += 1
+        return backend.lease()
+
+    def kick(self) -> None:
+        """Capacity may have appeared (a backend became ready): wake one waiter per model."""
+        for model in self._queues:
+            self._wake(model)
+
+    async def _wait(self, model: str, deadline: float, front: bool) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self.rejected += 1
+            raise ApiError(429, f"all backends of {model!r} are at capacity; timed out after "
+                                f"{self.queue_timeout_s:g}s in the queue", headers={"Retry-After": "1"})
+        if self.waiting >= self.max_queue:
+            self.rejected += 1
+            raise ApiError(429, f"gateway queue is full ({self.max_queue} waiting)", headers={"Retry-After": "1"})
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        queue = self._queues[model]
+        queue.appendleft(fut) if front else queue.append(fut)
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(fut, remaining)
+        except asyncio.TimeoutError:
+            self.rejected += 1
+            raise ApiError(429, f"all backends of {model!r} are at capacity; timed out after "
+                                f"{self.queue_timeout_s:g}s in the queue", headers={"Retry-After": "1"}) from None
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self._wake(model)  # woken but leaving (client gone): pass the slot on
+            raise
+        finally:
+            self.waiting -= 1
+            if not fut.done():  # timed out or cancelled: take it out so the deque stays bounded
+                fut.cancel()
+                with contextlib.suppress(ValueError):
+                    queue.remove(fut)
+
+    def _released(self, backend: Backend) -> None:
+        was_full = self.inflight >= self.max_inflight
+        self.inflight -= 1
+        self._wake(backend.spec.model)
+        if was_full:
+            for model in self._queues:
+                if model != backend.spec.model:
+                    self._wake(model)
+
+    def _wake(self, model: str) -> None:
+        queue = self._queues[model]
+        while queue:
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return

@@ -1,0 +1,106 @@
+"""API keys, the admin key and per-key rate limits, as an ASGI layer around the whole app.
+
+It sits outside the router so that with keys configured *no* route answers without one, unknown
+routes included, except the configured public probes. Keys are compared in constant time
+(hmac.compare_digest against every configured key, no early exit) and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import time
+from typing import Any, Awaitable, Callable
+
+from gateway.config import AuthSection
+from gateway.errors import error_body
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+def configured_keys(auth: AuthSection) -> tuple[list[str], str | None]:
+    keys = list(auth.api_keys)
+    keys += [k.strip() for k in os.environ.get(auth.api_keys_env, "").split(",") if k.strip()]
+    admin = auth.admin_key or os.environ.get(auth.admin_key_env) or None
+    return keys, admin
+
+
+class TokenBucket:
+    __slots__ = ("rate", "burst", "tokens", "stamp")
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst, self.tokens, self.stamp = rate, burst, burst, time.monotonic()
+
+    def take(self) -> float:
+        """0 if a request may go now, else the seconds until it may."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+class AuthGate:
+    def __init__(self, app: ASGIApp, auth: AuthSection) -> None:
+        self.app = app
+        keys, admin = configured_keys(auth)
+        self.keys = [k.encode() for k in keys]
+        self.admin_key = admin.encode() if admin else None
+        self.public = frozenset(auth.public_paths)
+        burst = auth.rate_limit_burst or max(1, int(auth.rate_limit_rps))
+        self.buckets = [TokenBucket(auth.rate_limit_rps, burst) for _ in keys] if auth.rate_limit_rps > 0 else None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys or self.admin_key)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self.enabled or scope["path"] in self.public:
+            return await self.app(scope, receive, send)
+        token = _bearer(scope["headers"])
+        if scope["path"].startswith("/admin"):
+            # The admin key when one is set; otherwise any API key may administer.
+            allowed = [self.admin_key] if self.admin_key else self.keys
+            if token is None or _match(token, allowed) < 0:
+                return await _reject(send, 401 if token is None else 403, "a valid admin key is required")
+            return await self.app(scope, receive, send)
+        index = _match(token, self.keys) if token is not None else -1
+        if index < 0:
+            if not self.keys:  # only an admin key is configured: the API itself is open
+                return await self.app(scope, receive, send)
+            message = "missing API key (Authorization: Bearer ...)" if token is None else "invalid API key"
+            return await _reject(send, 401, message)
+        if self.buckets is not None and (wait := self.buckets[index].take()) > 0:
+            return await _reject(send, 429, "rate limit exceeded for this API key",
+                                 [(b"retry-after", str(max(1, round(wait + 0.5))).encode())])
+        return await self.app(scope, receive, send)
+
+
+def _bearer(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" and token.strip() else None
+    return None
+
+
+def _match(token: bytes, keys: list[bytes | None]) -> int:
+    found = -1
+    for i, key in enumerate(keys):  # no early exit: time does not depend on which key matched
+        if key is not None and hmac.compare_digest(token, key) and found < 0:
+            found = i
+    return found
+
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+
+async def _reject(send: Any, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = error_body(message, _TYPES[status], None, None)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
