@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install install-dev clean bench-loadgen
+.PHONY: demo test install install-dev clean bench-loadgen soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: install
 
 test: install-dev
 	$(BIN)/python -m pytest
+
+soak: install-dev
+	$(BIN)/python -m pytest -m soak -s
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self

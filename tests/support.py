@@ -79,3 +79,40 @@ def specroute(*args: str) -> list[str]:
 
 def loadgen(*args: str) -> list[str]:
     return [str(BIN / "loadgen"), *args]
+
+
+def gateway_config(port: int, backends: list[dict], extra: str = "") -> str:
+    """TOML for a gateway on `port` with `backends` ({name, url, model, strategy}); `extra` appended."""
+    lines = [f'[gateway]\nlisten = "127.0.0.1:{port}"\n']
+    for b in backends:
+        lines.append("[[backends]]\n" + "".join(f'{k} = "{v}"\n' for k, v in b.items()))
+    return "\n".join(lines) + "\n" + extra
+
+
+@contextlib.contextmanager
+def gateway(tmp_path: Path, backends: list[dict], extra: str = "", env: dict[str, str] | None = None) -> Iterator[str]:
+    """`specroute serve --config` over `backends`; yields its base URL."""
+    port = free_port()
+    path = tmp_path / f"gateway-{port}.toml"
+    path.write_text(gateway_config(port, backends, extra))
+    with running(specroute("serve", "--config", str(path)), ready_url=f"http://127.0.0.1:{port}/health",
+                 env=env):
+        yield f"http://127.0.0.1:{port}"
+
+
+def get_json(url: str, headers: dict[str, str] | None = None) -> dict:
+    import json
+
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05) -> bool:
+    """Poll `predicate` until true; the test then asserts on the state, not on elapsed time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

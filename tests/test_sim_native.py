@@ -82,7 +82,8 @@ def test_generate_incremental_streaming_output():
 def test_generate_errors_are_native_shape(url):
     status, body = post(f"{url}/generate", {"sampling_params": {"max_new_tokens": 3}})
     assert status == 400 and isinstance(body["error"], str)
-    status, body = post(f"{url}/generate", {"text": "x", "sampling_params": {"max_new_tokens": "a"}})
+    status, body = post(f"{url}/generate",
+                        {"text": "x", "sampling_params": {"max_new_tokens": "a"}})
     assert status == 400 and "max_new_tokens" in body["error"]
 
 

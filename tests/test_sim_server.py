@@ -93,7 +93,8 @@ def test_list_prints_every_profile():
 
 
 @pytest.mark.parametrize("args", [["--profile", "nope"], ["--port", "x", "--profile", "k26-ar"],
-                                  ["--bogus"], []])
+                                  ["--bogus"], [], ["--profile", "k26-ar", "--ddtree-budget", "8"],
+                                  ["--profile", "k26-ar", "--time-scale", "-1"]])
 def test_bad_arguments_exit_2_with_one_line(args):
     out = subprocess.run(specroute("sim", *args), capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
@@ -341,3 +342,13 @@ def test_queue_cap_answers_503_and_disconnect_frees_slot():
         _wait_for(lambda: get(f"{url}/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0)
         status, body = post(f"{url}/v1/chat/completions", {**CHAT, "max_tokens": 3})
         assert status == 200 and body["usage"]["completion_tokens"] == 3
+
+
+def test_ddtree_budget_override_is_reported():
+    for url in _start("k26-ddtree", "--ddtree-budget", "16", "--served-model-name", "k2"):
+        _, info = get(f"{url}/server_info")
+        assert info["speculative_algorithm"] == "DDTREE"
+        assert info["speculative_ddtree_budget"] == 16
+        assert info["speculative_num_draft_tokens"] == 17
+        assert info["served_model_name"] == "k2"
+        assert get(f"{url}/v1/models")[1]["data"][0]["id"] == "k2"

@@ -1,0 +1,231 @@
+"""Failure behaviour over real processes: failover, circuit, chaos, overload, drain, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import aiohttp
+import pytest
+
+from tests.conftest import TEST_TIME_SCALE
+from tests.support import free_port, gateway, get_json, specroute, wait_http_ok, wait_until
+
+MSG = [{"role": "user", "content": "Tell me about the history of Rome."}]
+
+
+class Twin:
+    """A twin we can kill and restart on the same port."""
+
+    def __init__(self, profile: str = "k26-ar", *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = specroute("sim", "--profile", profile, "--port", str(self.port), "--time-scale", TEST_TIME_SCALE,
+                             *extra)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Twin":
+        self.proc = subprocess.Popen(self.cmd, start_new_session=True, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        wait_http_ok(f"{self.url}/ready", 30, self.proc)
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def entry(self, name: str, model: str = "kimi-k2.6", strategy: str = "ar") -> dict:
+        return {"name": name, "url": self.url, "model": model, "strategy": strategy}
+
+
+@pytest.fixture
+def twins():
+    started: list[Twin] = []
+
+    def make(profile: str = "k26-ar", *extra: str) -> Twin:
+        twin = Twin(profile, *extra).start()
+        started.append(twin)
+        return twin
+    yield make
+    for t in started:
+        t.kill()
+
+
+async def _chat(session: aiohttp.ClientSession, url: str, *, stream: bool, max_tokens: int, model: str = "kimi-k2.6",
+                headers: dict | None = None) -> dict:
+    body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}) as r:
+        raw = await r.read()
+        result = {"status": r.status, "backend": r.headers.get("x-specroute-backend"),
+                  "retry_after": r.headers.get("retry-after"), "raw": raw}
+    if stream and result["status"] == 200:
+        events = [e[6:] for e in raw.decode().split("\n\n") if e.startswith("data: ")]
+        result["done"] = events[-1] == "[DONE]" if events else False
+        parsed = [json.loads(e) for e in events if e != "[DONE]"]
+        result["error"] = next((p["error"] for p in parsed if "error" in p), None)
+        result["words"] = sum(len((p["choices"][0]["delta"].get("content") or "").split())
+                              for p in parsed if p.get("choices"))
+        result["usage"] = next((p["usage"] for p in parsed if p.get("usage")), None)
+    elif result["status"] != 200:
+        result["error"] = json.loads(raw)["error"]
+    return result
+
+
+def test_failing_backend_costs_no_request_and_opens_its_circuit(tmp_path, twins):
+    good = twins("k26-ar")
+    bad = twins("k26-ar", "--fault-error-rate", "1.0")
+    dead_port = free_port()
+    backends = [good.entry("good"), bad.entry("bad"),
+                {"name": "dead", "url": f"http://127.0.0.1:{dead_port}", "model": "kimi-k2.6", "strategy": "ar"}]
+    with gateway(tmp_path, backends, "[health]\ncircuit_failures = 2\ncircuit_cooldown_s = 60\n") as url:
+        async def run() -> list[dict]:
+            async with aiohttp.ClientSession() as s:
+                return await asyncio.gather(*(_chat(s, url, stream=i % 2 == 0, max_tokens=8) for i in range(40)))
+        results = asyncio.run(run())
+        state = get_json(f"{url}/admin/backends")
+    assert [r["status"] for r in results] == [200] * 40
+    assert {r["backend"] for r in results} == {"good"}
+    assert state["retries"] >= 1
+    by_name = {b["name"]: b for b in state["backends"]}
+    assert by_name["bad"]["circuit"] == "open"
+    assert by_name["dead"]["circuit"] == "open" or not by_name["dead"]["ready"]
+    assert state["inflight"] == 0
+
+
+def test_pinned_backend_that_is_down_is_503_not_rerouted(tmp_path, twins):
+    good = twins("k26-ar")
+    dead_port = free_port()
+    backends = [good.entry("good"),
+                {"name": "dead", "url": f"http://127.0.0.1:{dead_port}", "model": "kimi-k2.6", "strategy": "ar"}]
+    with gateway(tmp_path, backends, "[health]\ninterval_s = 0.1\n") as url:
+        assert wait_until(lambda: not {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
+                          ["dead"]["ready"])
+        async def run() -> dict:
+            async with aiohttp.ClientSession() as s:
+                return await _chat(s, url, stream=False, max_tokens=4, model="kimi-k2.6@dead")
+        result = asyncio.run(run())
+    assert result["status"] == 503 and "dead" in result["error"]["message"]
+
+
+def test_chaos_kill_and_restart_a_backend_under_load(tmp_path, twins):
+    a, b = twins("k26-ar"), twins("k26-ar")
+    extra = "[health]\ninterval_s = 0.2\nunhealthy_after = 1\ncircuit_failures = 1\ncircuit_cooldown_s = 0.5\n"
+    with gateway(tmp_path, [a.entry("a"), b.entry("b")], extra) as url:
+        async def run() -> list[dict]:
+            async with aiohttp.ClientSession() as s:
+                results: list[dict] = []
+                stop_at = 160
+
+                async def worker(i: int) -> None:
+                    while len(results) < stop_at:
+                        results.append(await _chat(s, url, stream=i % 2 == 0, max_tokens=300))
+
+                async def killer() -> None:
+                    # kill `a` once it has streams in flight, not after a fixed time
+                    while not any(x["name"] == "a" and x["inflight"] >= 4
+                                  for x in (await (await s.get(f"{url}/admin/backends")).json())["backends"]):
+                        await asyncio.sleep(0.02)
+                    a.kill()
+                await asyncio.gather(killer(), *(worker(i) for i in range(32)))
+                return results
+        results = asyncio.run(run())
+        non_stream = [r for r in results if "done" not in r]
+        streams = [r for r in results if "done" in r]
+        assert all(r["status"] == 200 for r in results), {r["status"] for r in results}
+        # zero failed non-streaming requests: they were retried on b before anything reached the client
+        assert non_stream and all(json.loads(r["raw"])["usage"]["completion_tokens"] == 300 for r in non_stream)
+        broken = [r for r in streams if r["error"]]
+        assert broken, "the kill should have cut some streams"
+        for r in broken:  # only streams on the killed backend, each ended properly, nothing duplicated
+            assert r["backend"] == "a" and r["done"] and r["words"] < 300
+        for r in streams:
+            if not r["error"]:
+                assert r["usage"]["completion_tokens"] == 300 and r["words"] == 300 and r["done"]
+        # restart on the same port: traffic comes back within the health interval
+        a.start()
+        assert wait_until(lambda: {x["name"]: x for x in get_json(f"{url}/admin/backends")["backends"]}["a"]["up"])
+
+        async def after() -> list[dict]:
+            async with aiohttp.ClientSession() as s:
+                return await asyncio.gather(*(_chat(s, url, stream=False, max_tokens=4) for _ in range(20)))
+        assert "a" in {r["backend"] for r in asyncio.run(after())}
+        assert wait_until(lambda: get_json(f"{url}/admin/backends")["inflight"] == 0)
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+
+def _gateway_pid(port: int) -> int:
+    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return int(out.split("pid=")[1].split(",")[0])
+
+
+def test_overload_gets_only_200_or_429_with_retry_after(tmp_path, twins):
+    a, b = twins("k26-ar"), twins("k26-ar")
+    extra = "[admission]\nmax_inflight = 64\nmax_queue = 64\nqueue_timeout_s = 0.3\n"
+    with gateway(tmp_path, [a.entry("a"), b.entry("b")], extra) as url:
+        async def burst() -> list[dict]:
+            connector = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as s:
+                return await asyncio.gather(*(_chat(s, url, stream=i % 3 == 0, max_tokens=40) for i in range(500)))
+        pid = _gateway_pid(int(url.rsplit(":", 1)[1]))
+        first = asyncio.run(burst())
+        rss_after_first = _rss_kb(pid)
+        second = asyncio.run(burst())
+        rss_after_second = _rss_kb(pid)
+        state = get_json(f"{url}/admin/backends")
+    for results in (first, second):
+        statuses = [r["status"] for r in results]
+        assert set(statuses) <= {200, 429}
+        assert statuses.count(200) >= 64 and statuses.count(429) >= 1
+        for r in results:
+            if r["status"] == 429:
+                assert r["retry_after"] and r["error"]["type"] == "rate_limit_error"
+    assert state["inflight"] == 0 and state["waiting"] == 0
+    assert rss_after_second < rss_after_first * 1.10, (rss_after_first, rss_after_second)
+
+
+def test_drain_stops_new_requests_and_lets_inflight_finish(tmp_path, twins):
+    a, b = twins("k26-ar"), twins("k26-ar")
+    with gateway(tmp_path, [a.entry("a"), b.entry("b")]) as url:
+        async def run() -> tuple[dict, list[dict]]:
+            async with aiohttp.ClientSession() as s:
+                long_stream = asyncio.create_task(_chat(s, url, stream=True, max_tokens=600, model="kimi-k2.6@a"))
+                while not any(x["name"] == "a" and x["inflight"] == 1
+                              for x in (await (await s.get(f"{url}/admin/backends")).json())["backends"]):
+                    await asyncio.sleep(0.01)
+                async with s.post(f"{url}/admin/backends/a/drain") as r:
+                    assert r.status == 200 and (await r.json())["draining"]
+                others = await asyncio.gather(*(_chat(s, url, stream=False, max_tokens=4) for _ in range(20)))
+                return await long_stream, others
+        finished, others = asyncio.run(run())
+    assert finished["status"] == 200 and not finished["error"] and finished["usage"]["completion_tokens"] == 600
+    assert {r["backend"] for r in others} == {"b"}
+
+
+def test_client_disconnect_aborts_the_upstream_request(tmp_path, twins):
+    a = twins("k26-ar")
+    with gateway(tmp_path, [a.entry("a")]) as url:
+        body = json.dumps({"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}).encode()
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            received = b""
+            while received.count(b"data: ") < 3:
+                received += sock.recv(65536)
+            running = lambda: get_json(f"{a.url}/v1/loads")["loads"][0]["num_running_reqs"]
+            assert running() == 1
+        # the twin, like SGLang, aborts a request whose connection closed
+        assert wait_until(lambda: running() == 0)
+        assert get_json(f"{url}/admin/backends")["inflight"] == 0
