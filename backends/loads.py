@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 serves `GET /v1/loads` (per-DP-rank `num_running_reqs`, `num_waiting_reqs`,
 `max_running_requests`, `speculative.accept_length`). Older 0.5.x releases only have `/get_load`
-(`{"load": <tokens>}`, no request counts) and, under `--enable-metrics`, Prometheus gauges named
+(request counts in 0.5.9, only a token load in 0.5.2) and, under `--enable-metrics`, Prometheus gauges named
 `sglang:num_running_reqs` (some builds `sglang_num_running_reqs`). All parsers here are total:
 malformed input gives None, never an exception.
 """
@@ -61,15 +61,29 @@ def parse_loads(data: Any) -> LoadReport | None:
 
 
 def parse_get_load(data: Any) -> LoadReport | None:
-    """`GET /get_load` of older releases: `{"load": N}` or a list of such per DP rank."""
+    """`GET /get_load` of older releases, in both shapes seen in 0.5.x:
+
+    - 0.5.9-style: a list per DP rank of `{dp_rank, num_reqs, num_waiting_reqs, num_tokens, ts_tic}`,
+      where `num_reqs` counts running *and* waiting requests;
+    - 0.5.2-style: `{"load": N}` (tokens in use plus queued prompt tokens, no request counts).
+    """
     items = data if isinstance(data, list) else [data]
-    total = 0
+    if not items:
+        return None
+    if all(isinstance(i, dict) and "num_reqs" in i for i in items):
+        total = [_num(i.get("num_reqs")) for i in items]
+        waiting = [_num(i.get("num_waiting_reqs")) or 0 for i in items]
+        if any(t is None for t in total):
+            return None
+        return LoadReport(running=sum(total) - sum(waiting), waiting=sum(waiting),
+                          token_load=sum(_num(i.get("num_tokens")) or 0 for i in items), source="get_load")
+    tokens = 0
     for item in items:
         load = _num(item.get("load")) if isinstance(item, dict) else None
         if load is None:
             return None
-        total += load
-    return LoadReport(token_load=total, source="get_load")
+        tokens += load
+    return LoadReport(token_load=tokens, source="get_load")
 
 
 _METRIC_LINE = re.compile(r"^sglang[:_](num_running_reqs|num_queue_reqs|spec_accept_length)(\{[^}]*\})?\s+(\S+)",

@@ -218,8 +218,9 @@ def test_model_is_rewritten_to_the_backends_served_name(twin_factory, tmp_path):
 def test_unreachable_backend_is_502_in_openai_shape(tmp_path):
     port, dead = free_port(), free_port()
     config = tmp_path / "c.toml"
+    # slow health checks: the request reaches the dead backend before the poller takes it out
     config.write_text(f'[gateway]\nlisten = "127.0.0.1:{port}"\n[[backends]]\nname = "dead"\n'
-                      f'url = "http://127.0.0.1:{dead}"\nmodel = "m"\n')
+                      f'url = "http://127.0.0.1:{dead}"\nmodel = "m"\n[health]\ninterval_s = 60\n')
     with running(specroute("serve", "--config", str(config)), ready_url=f"http://127.0.0.1:{port}/health"):
         status, data = _post_raw(f"http://127.0.0.1:{port}/v1/chat/completions",
                                  json.dumps({"model": "m", "messages": MSG}).encode())

@@ -30,7 +30,11 @@ def test_malformed_loads_give_none():
 
 
 def test_get_load_of_older_releases():
-    assert parse_get_load({"load": 1234}).token_load == 1234
+    # sglang 0.5.9 io_struct.GetLoadReqOutput: num_reqs = running + waiting
+    r = parse_get_load([{"dp_rank": 0, "num_reqs": 9, "num_waiting_reqs": 2, "num_tokens": 500, "ts_tic": 1.0}])
+    assert (r.running, r.waiting, r.token_load) == (7, 2, 500)
+    assert parse_get_load({"load": 1234}).token_load == 1234  # 0.5.2
+    assert parse_get_load({"load": 1234}).running is None
     assert parse_get_load([{"load": 1}, {"load": 2}]).token_load == 3
     assert parse_get_load({"nope": 1}) is None
 

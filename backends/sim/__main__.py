@@ -1,4 +1,4 @@
-"""`python -m backends.sim ...` = `specroute sim ...` (used to spawn twins without the console script)."""
+"""`python -m backends.sim ...` = `specroute sim ...` (spawns twins without the console script)."""
 
 import sys
 

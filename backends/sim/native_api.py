@@ -12,8 +12,7 @@ from aiohttp import web
 
 from backends.sim.errors import ApiError, native_error
 from backends.sim.generation import admit
-from backends.sim.openai_api import decode_body
-from backends.sim.protocol import GENERATE_DEFAULT_MAX_NEW_TOKENS, GenerateRequest
+from backends.sim.protocol import GENERATE_DEFAULT_MAX_NEW_TOKENS, GenerateRequest, decode_body
 from backends.sim.state import STATE_KEY
 from backends.sim.text import count_prompt_tokens, detokenize
 

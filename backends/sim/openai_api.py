@@ -15,11 +15,11 @@ from aiohttp import web
 
 from backends.sim.errors import ApiError, flat_error
 from backends.sim.generation import Generation, admit
-from backends.sim.protocol import ChatRequest, CompletionRequest, message_text
+from backends.sim.protocol import ChatRequest, CompletionRequest, decode_body, message_text
 from backends.sim.state import STATE_KEY, SimState
 from backends.sim.text import count_prompt_tokens, render_chat
 
-__all__ = ["routes", "decode_body"]
+__all__ = ["routes"]
 
 _encode = msgspec.json.Encoder().encode
 _DONE = b"data: [DONE]\n\n"
@@ -29,31 +29,11 @@ def _frame(obj: Any) -> bytes:
     return b"data: " + _encode(obj) + b"\n\n"
 
 
-async def decode_body(request: web.Request, typ: type) -> Any:
-    """Parse a JSON body into `typ`; non-JSON content type, bad JSON or bad fields -> 400."""
-    if request.content_type != "application/json":
-        raise ApiError("Unsupported Media Type: Only 'application/json' is allowed")
-    raw = await request.read()
-    try:
-        return msgspec.json.decode(raw, type=typ)
-    except msgspec.ValidationError as e:
-        param = None
-        msg = str(e)
-        if "at `$." in msg:
-            param = msg.rsplit("at `$.", 1)[1].rstrip("`").split("[")[0].split(".")[0]
-        elif "missing required field" in msg:
-            param = msg.rsplit("`", 2)[-2]
-        raise ApiError(f"1 validation error: {msg}", param=param) from None
-    except msgspec.DecodeError as e:
-        raise ApiError(f"JSON decode error: {e}") from None
-
-
 class _Format:
     """Chunk and response shapes of one OpenAI route."""
 
     chunk_object = ""
     object = ""
-    chat = False
 
     def __init__(self, gen: Generation, model: str) -> None:
         self.id = gen.rid
@@ -89,7 +69,6 @@ class _Format:
 class _ChatFormat(_Format):
     chunk_object = "chat.completion.chunk"
     object = "chat.completion"
-    chat = True
 
     @staticmethod
     def _delta(role: str | None, content: str | None) -> dict:

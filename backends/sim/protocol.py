@@ -12,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from aiohttp import web
+
+from backends.sim.errors import ApiError
 
 __all__ = [
     "ChatMessage",
@@ -22,6 +25,7 @@ __all__ = [
     "CHAT_DEFAULT_MAX_TOKENS",
     "COMPLETION_DEFAULT_MAX_TOKENS",
     "GENERATE_DEFAULT_MAX_NEW_TOKENS",
+    "decode_body",
     "message_text",
 ]
 
@@ -96,3 +100,22 @@ def message_text(msg: ChatMessage) -> str:
     if isinstance(content, str):
         return content
     return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+
+
+async def decode_body(request: web.Request, typ: type) -> Any:
+    """Parse a JSON body into `typ`; non-JSON content type, bad JSON or bad fields -> 400."""
+    if request.content_type != "application/json":
+        raise ApiError("Unsupported Media Type: Only 'application/json' is allowed")
+    raw = await request.read()
+    try:
+        return msgspec.json.decode(raw, type=typ)
+    except msgspec.ValidationError as e:
+        param = None
+        msg = str(e)
+        if "at `$." in msg:
+            param = msg.rsplit("at `$.", 1)[1].rstrip("`").split("[")[0].split(".")[0]
+        elif "missing required field" in msg:
+            param = msg.rsplit("`", 2)[-2]
+        raise ApiError(f"1 validation error: {msg}", param=param) from None
+    except msgspec.DecodeError as e:
+        raise ApiError(f"JSON decode error: {e}") from None

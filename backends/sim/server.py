@@ -21,6 +21,8 @@ __all__ = ["build_app", "serve"]
 
 log = logging.getLogger("backends.sim")
 
+_SHUTDOWN_GRACE_S = 1.0  # in-flight requests are aborted at shutdown; this bounds the rest
+
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
 
 
@@ -74,12 +76,20 @@ def build_app(profile: Profile, options: ServerOptions) -> web.Application:
         state.faults.uninstall()
         await runtime.stop()
 
+    async def abort_in_flight(app: web.Application) -> None:
+        # On SIGTERM, end every open stream cleanly (finish_reason "abort") instead of letting
+        # the server wait for generations that may take minutes, or forever under a hang fault.
+        for rid in runtime.in_flight():
+            runtime.abort(rid)
+
     app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(abort_in_flight)
     return app
 
 
 async def _run(app: web.Application, host: str, port: int) -> int:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=_SHUTDOWN_GRACE_S)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -9,11 +9,11 @@ from aiohttp import web
 
 from backends.sim.faults import Faults
 from backends.sim.metrics import Metrics
-from backends.sim.options import FaultOptions, ServerOptions
+from backends.sim.options import ServerOptions
 from backends.sim.profile import Profile
 from backends.sim.runtime import Runtime
 
-__all__ = ["FaultOptions", "ServerOptions", "SimState", "STATE_KEY", "new_rid"]  # options re-exported
+__all__ = ["SimState", "STATE_KEY", "new_rid"]
 
 SGLANG_VERSION = "0.5.23"
 
