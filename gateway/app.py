@@ -16,10 +16,13 @@ from gateway.admission import Admission
 from gateway.auth import AuthGate
 from gateway.circuit import CircuitBreaker
 from gateway.config import Config
+from gateway.access_log import AccessLog
 from gateway.errors import ApiError
+from gateway.metrics import GatewayMetrics
 from gateway.poller import Poller
 from gateway.pool import Backend, Pools
 from gateway.proxy import Proxy
+from gateway.tracing import Tracing
 from policies import Policy, make_policy
 
 log = logging.getLogger("specroute.app")
@@ -47,11 +50,15 @@ def build_policies(config: Config, pools: Pools) -> dict[str, Policy]:
     return policies
 
 
-def create_app(config: Config) -> Litestar:
+def create_app(config: Config, *, tracing: Tracing | None = None, access_log: AccessLog | None = None) -> Litestar:
     pools = build_pools(config)
     a = config.admission
     admission = Admission(pools, max_inflight=a.max_inflight, max_queue=a.max_queue, queue_timeout_s=a.queue_timeout_s)
-    proxy = Proxy(pools, admission, build_policies(config, pools), config)
+    metrics = GatewayMetrics()
+    metrics.watch(pools, admission)
+    tracing = tracing or Tracing(config.tracing)
+    proxy = Proxy(pools, admission, build_policies(config, pools), config, metrics=metrics, tracing=tracing,
+                  access_log=access_log)
     poller = Poller(pools, config.health, on_change=admission.kick)
     created = int(time.time())
 
@@ -89,6 +96,20 @@ def create_app(config: Config) -> Litestar:
         down = [m for m, bs in pools.by_model.items() if not any(b.up for b in bs)]
         return _json({"ready": not down, "models_without_backend": down}, 503 if down else 200)
 
+    @get("/metrics")
+    async def prometheus() -> Response[bytes]:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @get("/server_info")
+    async def server_info() -> Response[bytes]:
+        """What SGLang's bench_serving reads, aggregated over the pool, so users' scripts work here too."""
+        accepts = [b.load.accept_length for b in pools.by_name.values()
+                   if b.load is not None and b.load.accept_length]
+        avg = sum(accepts) / len(accepts) if accepts else None
+        return _json({"served_model_names": pools.models(), "gateway": "specroute",
+                      "max_running_requests": sum(b.cap for b in pools.by_name.values()) or None,
+                      "internal_states": [{"avg_spec_accept_length": avg}]})
+
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
         return _json({"inflight": admission.inflight, "waiting": admission.waiting, "rejected": admission.rejected,
@@ -114,9 +135,12 @@ def create_app(config: Config) -> Litestar:
     async def on_shutdown() -> None:
         await poller.stop()
         await pools.close()
+        tracing.shutdown()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, models, health, ready, admin_backends, drain, undrain],
+        route_handlers=[chat_completions, completions, models, health, ready, prometheus, server_info,
+                        admin_backends, drain, undrain],
+        plugins=[tracing.litestar_plugin()] if tracing.enabled else [],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         request_max_body_size=config.gateway.max_body_bytes,
         on_startup=[on_startup],

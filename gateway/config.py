@@ -92,6 +92,22 @@ class BackendEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     api_key: str | None = None
 
 
+class TracingSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenTelemetry traces. The standard OTEL_* environment variables override these values."""
+
+    exporter: str = "none"                   # none | otlp | console  (env OTEL_TRACES_EXPORTER)
+    endpoint: str | None = None              # OTLP base URL, e.g. http://jaeger:4318 (env OTEL_EXPORTER_OTLP_ENDPOINT)
+    protocol: str = "http/protobuf"          # or grpc with the [grpc] extra (env OTEL_EXPORTER_OTLP_PROTOCOL)
+    service_name: str = "specroute"          # env OTEL_SERVICE_NAME
+    sample_ratio: float | None = None        # parent-based ratio sampler; env OTEL_TRACES_SAMPLER wins
+
+
+class LoggingSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    access_log: bool = True                  # one JSON line per request on stderr
+    include_prompts: bool = False            # prompt text in the access log (off: may be sensitive)
+    level: str = "WARNING"
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
     timeouts: TimeoutsSection = msgspec.field(default_factory=TimeoutsSection)
@@ -99,6 +115,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     health: HealthSection = msgspec.field(default_factory=HealthSection)
     admission: AdmissionSection = msgspec.field(default_factory=AdmissionSection)
     auth: AuthSection = msgspec.field(default_factory=AuthSection)
+    tracing: TracingSection = msgspec.field(default_factory=TracingSection)
+    logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
     backends: list[BackendEntry] = msgspec.field(default_factory=list)
     models: dict[str, ModelSection] = msgspec.field(default_factory=dict)
 
@@ -156,6 +174,11 @@ def _humanize(message: str) -> str:
 def _check(config: Config, source: str) -> None:
     parse_listen(config.gateway.listen)
     _check_positive(config, source)
+    if config.tracing.exporter not in ("none", "otlp", "console"):
+        raise ConfigError(f"{source}: tracing.exporter: expected one of ['none', 'otlp', 'console'], "
+                          f"got {config.tracing.exporter!r}")
+    if config.tracing.protocol not in ("http/protobuf", "grpc"):
+        raise ConfigError(f"{source}: tracing.protocol: expected 'http/protobuf' or 'grpc', got {config.tracing.protocol!r}")
     strategies = {s.value for s in Strategy}
     seen: set[str] = set()
     for i, b in enumerate(config.backends):

@@ -51,9 +51,10 @@ class BackendPoller:
             if self.backend.info is not None:
                 self._apply_info(self.backend.info)
         if self.backend.ready:
+            inflight_before = self.backend.inflight
             report = await self._load()
             if report is not None:
-                self.backend.load = report
+                self._apply_load(report, inflight_before)
 
     async def _check_ready(self) -> None:
         ok = False
@@ -93,7 +94,22 @@ class BackendPoller:
                 return None
         return None
 
+    def _apply_load(self, report: LoadReport, inflight_before: int) -> None:
+        """Publish a report to the policies' view, with our own in-flight at the time it was taken,
+        so that the load of other gateway replicas can be told apart from ours."""
+        backend = self.backend
+        backend.load = report
+        view = backend.view
+        view.reported_running = report.running
+        view.reported_waiting = report.waiting
+        view.reported_accept_length = report.accept_length
+        # the report was taken somewhere between sending the poll and its answer
+        view.reported_inflight = (inflight_before + backend.inflight) // 2 if report.running is not None else None
+        if report.max_running and view.max_running is None:
+            view.max_running = report.max_running
+
     def _apply_info(self, info: ServerInfo) -> None:
+        self.backend.view.max_running = info.max_running_requests or self.backend.view.max_running
         spec = self.backend.spec
         if spec.strategy.speculative != (info.speculative_algorithm is not None):
             log.warning("backend %s is configured as %s but reports speculative_algorithm=%s",

@@ -3,28 +3,38 @@
 Failures before the first byte reaches the client (connect error, timeout, 429/5xx, a non-streaming
 answer cut short) are retried with tenacity on another member of the pool when one exists. After
 the first byte nothing is replayed: a broken stream ends with an OpenAI-shaped error event.
+
+Every request ends in exactly one `RequestRecord` (`_Request.finish`), which feeds the policy,
+Prometheus, the CLIENT span and the access log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Callable, Mapping
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 from litestar import Response
 from litestar.response import Stream
+from opentelemetry.trace import Span
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
 from backends.telemetry import SpecStats, spec_stats, usage
+from gateway.access_log import AccessLog
 from gateway.admission import Admission
 from gateway.config import Config
 from gateway.errors import ApiError, sse_error_event, translate_upstream_error
+from gateway.metrics import GatewayMetrics
 from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Lease, Pools
+from gateway.records import RequestRecord
 from gateway.relay import SseRelay
+from gateway.tracing import Tracing
 from policies import Decision, NoCandidate, Outcome, Policy, RequestFeatures, classify
 from policies.simple import Pinned
 
@@ -34,10 +44,14 @@ _decoder = msgspec.json.Decoder()
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 BACKEND_HEADER = "x-specroute-backend"
+REQUEST_ID_HEADER = "x-request-id"
+TRACE_ID_HEADER = "x-specroute-trace-id"
 # Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
 _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
-_FORWARDED_HEADERS = ("x-request-id", "traceparent", "tracestate")
 _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+# (model, domain, load) -> the AR decode tok/s a request would get at that load, or None
+Baseline = Callable[[str, str, int], "float | None"]
 
 
 class UpstreamFailure(Exception):
@@ -49,88 +63,117 @@ class UpstreamFailure(Exception):
 
 
 class Proxy:
-    def __init__(self, pools: Pools, admission: Admission, policies: Mapping[str, Policy], config: Config) -> None:
+    def __init__(self, pools: Pools, admission: Admission, policies: Mapping[str, Policy], config: Config, *,
+                 metrics: GatewayMetrics | None = None, tracing: Tracing | None = None,
+                 access_log: AccessLog | None = None, baseline: Baseline | None = None) -> None:
         self.pools = pools
         self.admission = admission
         self.policies = dict(policies)
         self.retry = config.retry
+        self.include_prompts = config.logging.include_prompts
         t = config.timeouts
         self.first_byte_s = t.first_byte_s
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.idle_stream_s)
         self._request_timeout = aiohttp.ClientTimeout(total=t.request_s, sock_connect=t.connect_s)
-        self.retries = 0  # attempts beyond the first, for metrics
+        self.metrics = metrics or GatewayMetrics()
+        self.tracing = tracing or Tracing(config.tracing)
+        self.access_log = access_log or AccessLog(config.logging.access_log)
+        self.baseline = baseline
+        self.retries = 0  # attempts beyond the first
+        self._addresses = {name: _address(b.spec.url) for name, b in pools.by_name.items()}
 
     async def handle(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Response:
-        parsed = parse(raw, kind)
-        model, pin = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
-        features = RequestFeatures(
-            model=model, domain=classify(parsed.prompt_text), prompt_tokens=len(parsed.prompt_text) // 4,
-            max_tokens=parsed.max_tokens, stream=parsed.stream,
-        )
-        policy: Policy = Pinned(pin) if pin else self.policies[model]
-        upstream_headers = {h: headers[h] for h in _FORWARDED_HEADERS if h in headers}
-        tried: list[str] = []
-        # A pinned request never moves to another backend: failing loudly beats a silent reroute.
-        attempts = 1 if pin else self.retry.attempts
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(attempts) | stop_after_delay(self.retry.deadline_s),
-            wait=wait_exponential_jitter(initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s),
-            retry=retry_if_exception_type(UpstreamFailure), reraise=True,
-        )
+        req = _Request(self, kind, headers)
         try:
-            async for attempt in retrying:
-                with attempt:
-                    if tried:
-                        self.retries += 1
-                    return await self._attempt(parsed, kind, model, pin, features, policy, tried, upstream_headers)
-        except UpstreamFailure as failure:
-            raise failure.error from None
-        raise ApiError(503, f"no backend available for model {model!r}")  # unreachable: reraise=True
+            parsed = parse(raw, kind)
+            req.parsed = parsed
+            req.model = parsed.model
+            model, pin = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
+            req.model = model
+            req.features = RequestFeatures(
+                model=model, domain=classify(parsed.prompt_text), prompt_tokens=len(parsed.prompt_text) // 4,
+                max_tokens=parsed.max_tokens, stream=parsed.stream,
+            )
+            policy: Policy = Pinned(pin) if pin else self.policies[model]
+            req.policy = policy
+            # A pinned request never moves to another backend: failing loudly beats a silent reroute.
+            attempts = 1 if pin else self.retry.attempts
+            retrying = AsyncRetrying(
+                stop=stop_after_attempt(attempts) | stop_after_delay(self.retry.deadline_s),
+                wait=wait_exponential_jitter(initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s),
+                retry=retry_if_exception_type(UpstreamFailure), reraise=True,
+            )
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        return await self._attempt(req, pin)
+            except UpstreamFailure as failure:
+                raise failure.error from None
+            raise ApiError(503, f"no backend available for model {model!r}")  # unreachable: reraise=True
+        except ApiError as e:
+            req.finish(status=e.status, error=e.message, error_type=e.type)
+            e.headers.setdefault(REQUEST_ID_HEADER, req.request_id)
+            raise
 
-    async def _attempt(self, parsed: ParsedRequest, kind: Kind, model: str, pin: str | None,
-                       features: RequestFeatures, policy: Policy, tried: list[str],
-                       upstream_headers: dict[str, str]) -> Response:
-        candidates = await self.admission.candidates(model, pin, exclude=tried)
+    async def _attempt(self, req: "_Request", pin: str | None) -> Response:
+        parsed, model = req.parsed, req.model
+        if req.tried:
+            self.retries += 1
+            self.metrics.retries.labels(model).inc()
+        t_wait = time.perf_counter()
+        candidates = await self.admission.candidates(model, pin, exclude=req.tried)
+        req.queue_s += time.perf_counter() - t_wait
         for b in candidates:
             b.refresh_view()
         try:
-            decision = policy.choose(features, [b.view for b in candidates])
+            decision = req.policy.choose(req.features, [b.view for b in candidates])
         except NoCandidate as e:
             raise ApiError(503, f"no backend available for model {model!r}: {e}", headers={"Retry-After": "1"}) from None
         backend = self.pools.by_name[decision.backend.name]
-        tried.append(backend.name)
+        req.tried.append(backend.name)
+        self.metrics.decisions.labels(model, req.policy.name, backend.name).inc()
         lease = self.admission.lease(backend)
-        ctx = _Context(backend, lease, decision, features, parsed, time.perf_counter(), backend.inflight, policy)
+        req.dispatch(backend, lease, decision)
+        host, port = self._addresses[backend.name]
+        span = self.tracing.start_client_span(req.kind, model, host, port, parsed.body, len(req.tried))
+        req.span = span
+        upstream_headers = {REQUEST_ID_HEADER: req.request_id}
+        for h in ("traceparent", "tracestate"):
+            if h in req.headers:
+                upstream_headers[h] = req.headers[h]
+        Tracing.inject(span, upstream_headers)
         body = self._upstream_body(parsed, backend)
         try:
             if parsed.stream:
-                resp = await asyncio.wait_for(
-                    backend.client.post(PATHS[kind], body, upstream_headers, self._stream_timeout), self.first_byte_s)
+                resp = await asyncio.wait_for(backend.client.post(
+                    PATHS[req.kind], body, upstream_headers, self._stream_timeout), self.first_byte_s)
             else:
-                resp = await backend.client.post(PATHS[kind], body, upstream_headers, self._request_timeout)
+                resp = await backend.client.post(PATHS[req.kind], body, upstream_headers, self._request_timeout)
         except _NET_ERRORS as e:
-            lease.release()
-            backend.circuit.record_failure()
             timeout = isinstance(e, asyncio.TimeoutError)
-            raise UpstreamFailure(ApiError(504 if timeout else 502, f"backend {backend.name} "
-                                           f"{'timed out before answering' if timeout else 'unreachable'}: "
-                                           f"{type(e).__name__}")) from None
+            kind = "timeout" if timeout else "connect"
+            raise req.upstream_failed(kind, ApiError(
+                504 if timeout else 502,
+                f"backend {backend.name} {'timed out before answering' if timeout else 'unreachable'}: "
+                f"{type(e).__name__}")) from None
         except BaseException:
-            lease.release()
+            req.abandon("cancelled")
             raise
         if resp.status != 200:
             raw = await _read_quietly(resp)
-            lease.release()
             error = translate_upstream_error(resp.status, raw, backend.name)
-            if resp.status >= 500 and resp.status != 503:  # 503/429 = busy, not broken
-                backend.circuit.record_failure()
             if resp.status in _RETRYABLE:
-                raise UpstreamFailure(error)
+                # 503/429 mean busy, not broken: they do not count against the circuit
+                raise req.upstream_failed(f"http_{resp.status}", error, health=resp.status not in (429, 503))
+            req.abandon(f"http_{resp.status}", status=resp.status)
             raise error
+        headers = {BACKEND_HEADER: backend.name, REQUEST_ID_HEADER: req.request_id}
+        if req.trace_id:
+            headers[TRACE_ID_HEADER] = req.trace_id
         if parsed.stream:
-            return Stream(self._relay(resp, ctx), media_type="text/event-stream",
-                          headers={BACKEND_HEADER: backend.name, "cache-control": "no-cache"})
-        return await self._complete(resp, ctx)
+            headers["cache-control"] = "no-cache"
+            return Stream(self._relay(resp, req), media_type="text/event-stream", headers=headers)
+        return await self._complete(resp, req, headers)
 
     def _resolve_target(self, model: str, pin_header: str | None) -> tuple[str, str | None]:
         """`kimi-k2.6@k26-eagle3` or header `x-specroute-backend` pins a backend of that model's pool."""
@@ -157,8 +200,8 @@ class Proxy:
             body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}
         return _encoder.encode(body)
 
-    async def _relay(self, resp: aiohttp.ClientResponse, ctx: "_Context") -> AsyncIterator[bytes]:
-        relay = SseRelay(keep_usage=ctx.parsed.client_wants_usage, keep_spec=ctx.parsed.client_wants_spec)
+    async def _relay(self, resp: aiohttp.ClientResponse, req: "_Request") -> AsyncIterator[bytes]:
+        relay = SseRelay(keep_usage=req.parsed.client_wants_usage, keep_spec=req.parsed.client_wants_spec)
         error: str | None = None
         finished = False
         try:
@@ -172,88 +215,186 @@ class Proxy:
             if error is None and not relay.telemetry.done:
                 error = "upstream stream ended without [DONE]"
             if error is not None:
-                ctx.backend.circuit.record_failure()
-                yield sse_error_event(f"backend {ctx.backend.name}: {error}")
+                req.backend.circuit.record_failure()
+                self.metrics.upstream_errors.labels(req.backend.name, "broken_stream").inc()
+                yield sse_error_event(f"backend {req.backend.name}: {error}")
             else:
-                ctx.backend.circuit.record_success()
+                req.backend.circuit.record_success()
             finished = True
         finally:
             # On a client disconnect (finished is False) closing the connection makes SGLang abort.
             resp.release() if finished else resp.close()
-            ctx.lease.release()
             relay.finish_spec()
             t = relay.telemetry
-            ctx.record(
-                completion_tokens=t.usage.completion_tokens if t.usage else 0,
-                prompt_tokens=t.usage.prompt_tokens if t.usage else 0,
-                t_first=t.t_first, t_last=t.t_last, spec=t.spec, finish_reason=t.finish_reason,
-                error=error or t.error or (None if finished else "client_disconnected"),
+            req.finish(
+                status=200, usage_=t.usage, t_first=t.t_first, t_last=t.t_last, spec=t.spec,
+                finish_reason=t.finish_reason, response_id=t.response_id, response_model=t.response_model,
+                error=error or t.error or (None if finished else "client disconnected"),
+                error_type="broken_stream" if error else ("upstream_error" if t.error else
+                                                          (None if finished else "client_disconnected")),
+                telemetry_expected=req.backend.spec.strategy.speculative and t.sglext is None,
             )
 
-    async def _complete(self, resp: aiohttp.ClientResponse, ctx: "_Context") -> Response:
+    async def _complete(self, resp: aiohttp.ClientResponse, req: "_Request", headers: dict[str, str]) -> Response:
         try:
             raw = await resp.read()
         except _NET_ERRORS as e:
-            ctx.backend.circuit.record_failure()
-            ctx.record(error=type(e).__name__)
             # Nothing reached the client yet: another backend may still answer.
-            raise UpstreamFailure(ApiError(502, f"backend {ctx.backend.name} failed while answering: "
-                                                f"{type(e).__name__}")) from None
+            raise req.upstream_failed("broken_response", ApiError(
+                502, f"backend {req.backend.name} failed while answering: {type(e).__name__}")) from None
         finally:
             resp.release()
-            ctx.lease.release()
         try:
             obj = _decoder.decode(raw)
         except msgspec.DecodeError:
-            ctx.record(error="invalid_json")
-            raise ApiError(502, f"backend {ctx.backend.name} returned invalid JSON") from None
-        ctx.backend.circuit.record_success()
+            obj = None
         if not isinstance(obj, dict):
-            ctx.record(error="invalid_response")
-            raise ApiError(502, f"backend {ctx.backend.name} returned a non-object response")
+            req.abandon("bad_response", status=502)
+            raise ApiError(502, f"backend {req.backend.name} returned an invalid response")
+        req.backend.circuit.record_success()
         use = usage(obj.get("usage"))
-        completion_tokens = use.completion_tokens if use else 0
         choices = obj.get("choices")
         first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-        ctx.record(completion_tokens=completion_tokens, prompt_tokens=use.prompt_tokens if use else 0,
-                   spec=spec_stats(obj.get("sglext"), completion_tokens), finish_reason=first.get("finish_reason"))
-        if "sglext" in obj and not ctx.parsed.client_wants_spec:
+        sglext = obj.get("sglext")
+        req.finish(status=200, usage_=use, spec=spec_stats(sglext, use.completion_tokens) if use else None,
+                   finish_reason=first.get("finish_reason"),
+                   response_id=obj.get("id") if isinstance(obj.get("id"), str) else None,
+                   response_model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+                   telemetry_expected=req.backend.spec.strategy.speculative and sglext is None)
+        if "sglext" in obj and not req.parsed.client_wants_spec:
             del obj["sglext"]
             raw = _encoder.encode(obj)
-        return Response(raw, media_type="application/json", headers={BACKEND_HEADER: ctx.backend.name})
+        return Response(raw, media_type="application/json", headers=headers)
 
 
-class _Context:
-    """Everything needed to turn one finished request into a telemetry record."""
+class _Request:
+    """One client request from arrival to its single record. `finish` runs exactly once."""
 
-    __slots__ = ("backend", "lease", "decision", "features", "parsed", "dispatched_at", "inflight", "policy")
+    __slots__ = ("proxy", "kind", "headers", "t_received", "request_id", "trace_id", "parsed", "model", "features",
+                 "policy", "tried", "queue_s", "backend", "lease", "decision", "inflight", "t_dispatch", "span",
+                 "_done")
 
-    def __init__(self, backend: Backend, lease: Lease, decision: Decision, features: RequestFeatures,
-                 parsed: ParsedRequest, dispatched_at: float, inflight: int, policy: Policy) -> None:
-        self.backend = backend
-        self.lease = lease
-        self.decision = decision
-        self.features = features
-        self.parsed = parsed
-        self.dispatched_at = dispatched_at
-        self.inflight = inflight
-        self.policy = policy
+    def __init__(self, proxy: Proxy, kind: Kind, headers: Mapping[str, str]) -> None:
+        self.proxy = proxy
+        self.kind = kind
+        self.headers = headers
+        self.t_received = time.perf_counter()
+        rid = headers.get(REQUEST_ID_HEADER)
+        self.request_id = rid if rid and len(rid) <= 128 and rid.isprintable() else os.urandom(16).hex()
+        self.trace_id = proxy.tracing.trace_id()
+        self.parsed: ParsedRequest = None  # type: ignore[assignment]
+        self.model = ""
+        self.features: RequestFeatures = None  # type: ignore[assignment]
+        self.policy: Policy = None  # type: ignore[assignment]
+        self.tried: list[str] = []
+        self.queue_s = 0.0
+        self.backend: Backend | None = None
+        self.lease: Lease | None = None
+        self.decision: Decision | None = None
+        self.inflight = 0
+        self.t_dispatch = 0.0
+        self.span: Span | None = None
+        self._done = False
 
-    def record(self, *, completion_tokens: int = 0, prompt_tokens: int = 0, t_first: float | None = None,
-               t_last: float | None = None, spec: SpecStats | None = None, finish_reason: str | None = None,
-               error: str | None = None) -> None:
-        outcome = Outcome(
-            backend=self.backend.name, domain=self.features.domain, inflight_at_dispatch=self.inflight,
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-            ttft_s=(t_first - self.dispatched_at) if t_first is not None else None,
-            decode_s=(t_last - t_first) if t_first is not None and t_last is not None else None,
-            verify_ct=spec.verify_ct if spec else None, accept_length=spec.accept_length if spec else None,
-            finish_reason=finish_reason, error=error,
-        )
+    def dispatch(self, backend: Backend, lease: Lease, decision: Decision) -> None:
+        self.backend, self.lease, self.decision = backend, lease, decision
+        self.inflight = backend.inflight
+        self.t_dispatch = time.perf_counter()
+
+    def upstream_failed(self, kind: str, error: ApiError, health: bool = True) -> UpstreamFailure:
+        """An attempt failed before the first byte: release it, tell the policy, allow a retry."""
+        backend = self.backend
+        assert backend is not None and self.lease is not None
+        self.lease.release()
+        if health:
+            backend.circuit.record_failure()
+        self.proxy.metrics.upstream_errors.labels(backend.name, kind).inc()
+        self._observe(Outcome(backend=backend.name, domain=self.features.domain, inflight_at_dispatch=self.inflight,
+                              error=kind))
+        if self.span is not None:
+            self.proxy.tracing.end_client_span(self.span, self._record(error.status, error=error.message,
+                                                                       error_type=kind))
+            self.span = None
+        return UpstreamFailure(error)
+
+    def abandon(self, kind: str, status: int = 499) -> None:
+        """The attempt ends without a usable answer and without a retry (the error is raised after)."""
+        if self.lease is not None:
+            self.lease.release()
+        if self.span is not None and self.backend is not None:
+            self.proxy.tracing.end_client_span(self.span, self._record(status, error=kind, error_type=kind))
+            self.span = None
+
+    def finish(self, *, status: int, usage_=None, t_first: float | None = None, t_last: float | None = None,
+               spec: SpecStats | None = None, finish_reason: str | None = None, response_id: str | None = None,
+               response_model: str | None = None, error: str | None = None, error_type: str | None = None,
+               telemetry_expected: bool = False) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self.lease is not None:
+            self.lease.release()
+        rec = self._record(status, usage_=usage_, t_first=t_first, t_last=t_last, spec=spec,
+                           finish_reason=finish_reason, response_id=response_id, response_model=response_model,
+                           error=error, error_type=error_type)
+        proxy = self.proxy
+        if self.backend is not None and status == 200:
+            self._observe(Outcome(
+                backend=self.backend.name, domain=self.features.domain, inflight_at_dispatch=self.inflight,
+                prompt_tokens=rec.prompt_tokens, completion_tokens=rec.completion_tokens,
+                ttft_s=(t_first - self.t_dispatch) if t_first is not None else None, decode_s=rec.decode_s,
+                verify_ct=rec.verify_ct, accept_length=rec.accept_length, finish_reason=finish_reason,
+                error=error_type if error else None,
+            ))
+            if telemetry_expected:
+                proxy.metrics.telemetry_skipped.labels(self.backend.name).inc()
+        proxy.metrics.observe(rec)
+        if self.span is not None:
+            proxy.tracing.end_client_span(self.span, rec)
+            self.span = None
+        proxy.access_log.write(rec)
+
+    def _observe(self, outcome: Outcome) -> None:
         try:
             self.policy.observe(outcome)
         except Exception:  # telemetry must never fail a request
             log.exception("policy.observe failed")
+
+    def _record(self, status: int, *, usage_=None, t_first: float | None = None, t_last: float | None = None,
+                spec: SpecStats | None = None, finish_reason: str | None = None, response_id: str | None = None,
+                response_model: str | None = None, error: str | None = None,
+                error_type: str | None = None) -> RequestRecord:
+        now = time.perf_counter()
+        backend, decision = self.backend, self.decision
+        n = usage_.completion_tokens if usage_ else 0
+        ttft = (t_first - self.t_received) if t_first is not None else None
+        decode_s = (t_last - t_first) if t_first is not None and t_last is not None else None
+        decode_tok_s = (n - 1) / decode_s if decode_s and n > 1 else None
+        tpot = (now - t_first) / (n - 1) if t_first is not None and n > 1 else None
+        domain = self.features.domain.value if self.features else None
+        baseline = speedup = None
+        if decode_tok_s is not None and self.proxy.baseline is not None and domain is not None:
+            baseline = self.proxy.baseline(self.model, domain, max(1, self.inflight))
+            speedup = decode_tok_s / baseline if baseline else None
+        return RequestRecord(
+            request_id=self.request_id, trace_id=self.trace_id, model=self.model, kind=self.kind,
+            stream=bool(self.parsed and self.parsed.stream), status=status, duration_s=now - self.t_received,
+            backend=backend.name if backend else None, strategy=backend.spec.strategy.value if backend else None,
+            policy=self.policy.name if self.policy else None, reason=decision.reason if decision else None,
+            score=decision.score if decision else None, domain=domain, inflight=self.inflight,
+            attempt=len(self.tried) or 1, queue_s=self.queue_s,
+            prompt_tokens=usage_.prompt_tokens if usage_ else 0, completion_tokens=n, ttft_s=ttft, decode_s=decode_s,
+            decode_tok_s=decode_tok_s, tpot_s=tpot, accept_length=spec.accept_length if spec else None,
+            verify_ct=spec.verify_ct if spec else None, baseline_tok_s=baseline, speedup=speedup,
+            finish_reason=finish_reason, response_id=response_id, response_model=response_model,
+            error=error, error_type=error_type,
+            prompt=self.parsed.prompt_text if self.proxy.include_prompts and self.parsed else None,
+        )
+
+
+def _address(url: str) -> tuple[str, int | None]:
+    parts = urlsplit(url)
+    return parts.hostname or url, parts.port
 
 
 async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:

@@ -35,6 +35,8 @@ class StreamTelemetry(msgspec.Struct, kw_only=True):
     sglext: Any = None
     done: bool = False
     error: str | None = None
+    response_id: str | None = None
+    response_model: str | None = None
 
 
 class SseRelay:
@@ -115,6 +117,8 @@ class SseRelay:
                 if isinstance(c, dict):
                     if c.get("finish_reason"):
                         t.finish_reason = c["finish_reason"]
+                        t.response_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+                        t.response_model = obj.get("model") if isinstance(obj.get("model"), str) else None
                     delta = c.get("delta")
                     text = delta.get("content") if isinstance(delta, dict) else c.get("text")
                     if isinstance(text, str) and text:

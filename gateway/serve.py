@@ -14,7 +14,6 @@ from gateway.topology import SEED_SYSTEMS, embedded_config
 
 
 def serve(config_path: str | None, listen: str | None, sim_time_scale: float | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with ProcessGroup() as twins:
         if config_path:
             config = load_config(config_path)
@@ -27,6 +26,8 @@ def serve(config_path: str | None, listen: str | None, sim_time_scale: float | N
                       file=sys.stderr)
         if listen:
             config.gateway.listen = listen
+        logging.basicConfig(level=getattr(logging, config.logging.level.upper(), logging.WARNING),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         host, port = parse_listen(config.gateway.listen)
         run(config, host, port)
     return 0

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -46,19 +47,29 @@ def running(cmd: Sequence[str], ready_url: str | None = None, timeout: float = 3
             env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """Run `cmd` in its own process group; wait for `ready_url`; kill the whole group afterwards."""
     full_env = {**os.environ, **(env or {})}
+    # Output goes to a file, never an undrained pipe: a full pipe would block the child's writes.
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(list(cmd), cwd=REPO, env=full_env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log  # type: ignore[attr-defined]
     try:
         if ready_url:
             try:
                 wait_http_ok(ready_url, timeout, proc)
             except Exception:
                 _stop(proc)
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                raise RuntimeError(f"{' '.join(cmd)} failed to start:\n{out[-4000:]}")
+                raise RuntimeError(f"{' '.join(cmd)} failed to start:\n{output(proc)[-4000:]}")
         yield proc
     finally:
         _stop(proc)
+        log.close()
+
+
+def output(proc: subprocess.Popen) -> str:
+    """What a process started by `running` has printed so far."""
+    log = proc.log  # type: ignore[attr-defined]
+    log.seek(0)
+    return log.read().decode(errors="replace")
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -1,0 +1,141 @@
+"""Prometheus metrics at `/metrics`, with prometheus-client.
+
+Why prometheus-client rather than the OpenTelemetry Prometheus exporter: it is the reference
+implementation of the text format, its histogram observe is a lock and an add (no SDK metric
+pipeline on the request path), and it needs no collection thread. Label sets are bounded: model,
+backend, domain, status, policy and error kind only; never a per-request label.
+
+Gauges that describe state (in-flight, health, circuit, queue) are read at scrape time by a
+custom collector, so the request path does not maintain them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.records import RequestRecord
+
+if TYPE_CHECKING:
+    from gateway.admission import Admission
+    from gateway.pool import Pools
+
+# Bucket boundaries from the OpenTelemetry GenAI semantic conventions.
+GENAI_DURATION = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GENAI_TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+GENAI_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+GENAI_TPOT = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+QUEUE = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+DECODE_TOK_S = (5, 10, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000)
+ACCEPT = (1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7, 8, 10, 12, 16)
+SPEEDUP = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("specroute_requests", "Requests answered, by model, backend and HTTP status.",
+                                ["model", "backend", "status"], registry=r)
+        self.queue = Histogram("specroute_queue_seconds", "Time spent waiting for capacity (admission).",
+                               ["model"], buckets=QUEUE, registry=r)
+        self.ttft = Histogram("specroute_ttft_seconds", "Time to first token through the gateway.",
+                              ["backend"], buckets=GENAI_TTFT, registry=r)
+        self.duration = Histogram("specroute_request_duration_seconds", "End-to-end request duration.",
+                                  ["backend"], buckets=GENAI_DURATION, registry=r)
+        self.tpot = Histogram("specroute_time_per_output_token_seconds", "(e2e - ttft) / (output tokens - 1).",
+                              ["backend"], buckets=GENAI_TPOT, registry=r)
+        self.decode = Histogram("specroute_decode_tokens_per_second", "Per-request decode speed.",
+                                ["backend", "domain"], buckets=DECODE_TOK_S, registry=r)
+        self.accept = Histogram("specroute_accept_length", "Per-request speculative acceptance length.",
+                                ["backend", "domain"], buckets=ACCEPT, registry=r)
+        self.speedup = Histogram("specroute_speedup", "Per-request decode speed over the AR baseline.",
+                                 ["backend", "domain"], buckets=SPEEDUP, registry=r)
+        self.upstream_errors = Counter("specroute_upstream_errors", "Upstream failures, by kind.",
+                                       ["backend", "kind"], registry=r)
+        self.retries = Counter("specroute_retries", "Attempts beyond the first (before the first byte).",
+                               ["model"], registry=r)
+        self.decisions = Counter("specroute_policy_decisions", "Routing decisions, by chosen backend.",
+                                 ["model", "policy", "backend"], registry=r)
+        self.telemetry_skipped = Counter("specroute_telemetry_skipped", "Finished requests whose upstream "
+                                         "telemetry was missing or malformed.", ["backend"], registry=r)
+        self.genai_duration = Histogram("gen_ai_client_operation_duration_seconds", "GenAI operation duration.",
+                                        ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_provider_name"],
+                                        buckets=GENAI_DURATION, registry=r)
+        self.genai_tokens = Histogram("gen_ai_client_token_usage", "GenAI tokens used, by type.",
+                                      ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"],
+                                      buckets=GENAI_TOKENS, registry=r)
+        self.genai_ttft = Histogram("gen_ai_server_time_to_first_token_seconds", "GenAI time to first token.",
+                                    ["gen_ai_operation_name", "gen_ai_request_model"], buckets=GENAI_TTFT, registry=r)
+        self.genai_tpot = Histogram("gen_ai_server_time_per_output_token_seconds", "GenAI time per output token.",
+                                    ["gen_ai_operation_name", "gen_ai_request_model"], buckets=GENAI_TPOT, registry=r)
+
+    def watch(self, pools: "Pools", admission: "Admission") -> None:
+        self.registry.register(_StateCollector(pools, admission))
+
+    def observe(self, rec: RequestRecord) -> None:
+        backend = rec.backend or "none"
+        self.requests.labels(rec.model, backend, str(rec.status)).inc()
+        if rec.queue_s:
+            self.queue.labels(rec.model).observe(rec.queue_s)
+        if rec.backend is None or rec.status != 200:
+            return
+        op = "chat" if rec.kind == "chat" else "text_completion"
+        self.duration.labels(backend).observe(rec.duration_s)
+        self.genai_duration.labels(op, rec.model, "sglang").observe(rec.duration_s)
+        self.genai_tokens.labels(op, rec.model, "input").observe(rec.prompt_tokens)
+        self.genai_tokens.labels(op, rec.model, "output").observe(rec.completion_tokens)
+        if rec.ttft_s is not None:
+            self.ttft.labels(backend).observe(rec.ttft_s)
+            self.genai_ttft.labels(op, rec.model).observe(rec.ttft_s)
+        if rec.tpot_s is not None:
+            self.tpot.labels(backend).observe(rec.tpot_s)
+            self.genai_tpot.labels(op, rec.model).observe(rec.tpot_s)
+        domain = rec.domain or "chat"
+        if rec.decode_tok_s is not None:
+            self.decode.labels(backend, domain).observe(rec.decode_tok_s)
+        if rec.accept_length is not None:
+            self.accept.labels(backend, domain).observe(rec.accept_length)
+        if rec.speedup is not None:
+            self.speedup.labels(backend, domain).observe(rec.speedup)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, pools: "Pools", admission: "Admission") -> None:
+        self.pools = pools
+        self.admission = admission
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        inflight = GaugeMetricFamily("specroute_inflight", "Requests in flight per backend (this gateway).",
+                                     labels=["backend"])
+        up = GaugeMetricFamily("specroute_backend_up", "1 when the backend takes new requests.", labels=["backend"])
+        ready = GaugeMetricFamily("specroute_backend_ready", "Readiness as seen by the health checks.",
+                                  labels=["backend"])
+        circuit = GaugeMetricFamily("specroute_circuit_state", "1 for the current circuit state.",
+                                    labels=["backend", "state"])
+        reported = GaugeMetricFamily("specroute_backend_reported_running", "Running requests the backend reports.",
+                                     labels=["backend"])
+        for b in self.pools.by_name.values():
+            inflight.add_metric([b.name], b.inflight)
+            up.add_metric([b.name], 1.0 if b.up else 0.0)
+            ready.add_metric([b.name], 1.0 if b.ready else 0.0)
+            state = b.circuit.state.value
+            for s in ("closed", "open", "half_open"):
+                circuit.add_metric([b.name, s], 1.0 if s == state else 0.0)
+            if b.load is not None and b.load.running is not None:
+                reported.add_metric([b.name], b.load.running)
+        yield inflight
+        yield up
+        yield ready
+        yield circuit
+        yield reported
+        yield GaugeMetricFamily("specroute_queue_waiting", "Requests waiting for capacity.", value=self.admission.waiting)
+        yield GaugeMetricFamily("specroute_gateway_inflight", "Requests in flight, all backends.",
+                                value=self.admission.inflight)
+        yield CounterMetricFamily("specroute_admission_rejected", "Requests refused with 429 by admission.",
+                                  value=self.admission.rejected)
