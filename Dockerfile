@@ -1,22 +1,49 @@
-# specroute gateway image: multi-stage, pinned base, non-root, healthcheck on /health.
-# Build: docker build -t specroute .   Run: docker run -p 8000:8000 -v $PWD/specroute.toml:/etc/specroute.toml specroute
+# specroute image: the gateway (`specroute serve`) and the twin (`specroute sim`) in one image.
+# Multi-stage (build tools stay in the first stage), pinned base, non-root, healthcheck on /ready.
+#
+#   docker build -t specroute:0.1.0 .
+#   docker run -p 8000:8000 -v "$PWD/specroute.toml:/etc/specroute/specroute.toml:ro" specroute:0.1.0
+#   docker run specroute:0.1.0 sim --profile k26-dflash --host 0.0.0.0 --port 30000   # a twin backend
+#
+# The config is read from a directory mount (/etc/specroute), not a single-file mount, so that a
+# Kubernetes ConfigMap update reaches the running container. deploy/ has compose and Kubernetes files.
+
+# Both stages use the same pinned base (a venv is copied between them). Pin by digest as well
+# (python:3.11.7-slim-bookworm@sha256:...) where the registry is reachable to look it up.
 FROM python:3.11.7-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
 COPY policies ./policies
 COPY loadgen ./loadgen
+# A venv at its final path: copied as is into the runtime stage (same base image, same Python).
+# The smoke checks fail the build if data files (launch profiles) were left out of the package
+# (-I: the installed package, not the sources in /src).
 RUN python -m venv /opt/specroute \
- && /opt/specroute/bin/pip install --no-cache-dir --disable-pip-version-check .
+ && /opt/specroute/bin/pip install --no-cache-dir . \
+ && /opt/specroute/bin/specroute --help > /dev/null \
+ && /opt/specroute/bin/python -I -c "from backends.launch import list_profiles; list_profiles()"
 
 FROM python:3.11.7-slim-bookworm
-RUN useradd --system --uid 10001 --no-create-home specroute
+LABEL org.opencontainers.image.title="specroute" \
+      org.opencontainers.image.description="Speculative-decoding-aware OpenAI-compatible gateway for SGLang" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 specroute \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin specroute
+# Root-owned and read-only for the service user: the code cannot be changed at run time.
 COPY --from=build /opt/specroute /opt/specroute
-ENV PATH=/opt/specroute/bin:$PATH PYTHONUNBUFFERED=1
-USER 10001
+ENV PATH=/opt/specroute/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    MPLCONFIGDIR=/tmp/matplotlib
+WORKDIR /tmp
+USER 10001:10001
 EXPOSE 8000
+# /ready is cheap (no upstream call) and is 200 only when every served model has a backend up.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2).status == 200 else 1)"]
-ENTRYPOINT ["specroute", "serve", "--listen", "0.0.0.0:8000"]
-CMD ["--config", "/etc/specroute.toml"]
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2).status == 200 else 1)"]
+ENTRYPOINT ["specroute"]
+CMD ["serve", "--listen", "0.0.0.0:8000", "--config", "/etc/specroute/specroute.toml"]

@@ -18,6 +18,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="embedded twins only: multiply simulated time (e.g. 0.05 for fast tests)")
     sub.add_parser("sim", help="run one SGLang-compatible twin server (see `specroute sim --help`)",
                    add_help=False)
+    sub.add_parser("backends", help="launch profiles of the real SGLang servers: list/show/launch/systemd/check",
+                   add_help=False)
+    sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)",
+                   add_help=False)
     d = sub.add_parser("demo", help="start twins + gateway, sweep through both, print the table")
     d.add_argument("--concurrency", default="1,4,32")
     d.add_argument("--max-tokens", type=int, default=128)
@@ -32,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from backends.sim.cli import main as sim_main
 
         return sim_main(argv[1:])
+    if argv and argv[0] in ("backends", "config"):
+        from gateway import cli_backends, cli_config
+
+        return (cli_backends if argv[0] == "backends" else cli_config).main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":

@@ -27,7 +27,9 @@ def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output
         if sim_time_scale is not None:
             cmd += ["--sim-time-scale", str(sim_time_scale)]
         print(f"starting the gateway and {len(SEED_SYSTEMS)} twin backends ...", flush=True)
-        group.start("gateway", cmd, quiet=False)
+        log_path = out_dir / "gateway.log"  # the access log and twins' output, kept off the table
+        out_dir.mkdir(parents=True, exist_ok=True)
+        group.start("gateway", cmd, log_file=log_path)
         group.wait_ready({"gateway": f"{gateway_url}/health"}, timeout_s=90)
         targets = ",".join(["gateway", *(s.name for s in SEED_SYSTEMS)])
         print(f"ready in {time.monotonic() - started:.1f}s; sweeping C={concurrency} on {targets}", flush=True)
@@ -35,5 +37,5 @@ def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output
                    "--concurrency", concurrency, "--max-tokens", str(max_tokens), "--dataset", "mixed",
                    "--output", str(out_dir)]
         code = subprocess.call(loadgen)
-    print(f"demo finished in {time.monotonic() - started:.0f}s; outputs in {out_dir}", flush=True)
+    print(f"demo finished in {time.monotonic() - started:.0f}s; outputs and gateway.log in {out_dir}", flush=True)
     return code

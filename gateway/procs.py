@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Sequence
 
 _PR_SET_PDEATHSIG = 1
@@ -40,11 +41,16 @@ class ProcessGroup:
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, cmd: Sequence[str], *, quiet: bool = True, new_session: bool = False) -> subprocess.Popen:
-        out = subprocess.DEVNULL if quiet else None
-        proc = subprocess.Popen(list(cmd), stdout=out, stderr=None if not quiet else subprocess.DEVNULL,
-                                preexec_fn=None if new_session else _die_with_parent,
-                                start_new_session=new_session)
+    def start(self, name: str, cmd: Sequence[str], *, quiet: bool = True, log_file: Path | None = None
+              ) -> subprocess.Popen:
+        """Start a child; its output goes to `log_file`, or nowhere when `quiet`, else to our terminal."""
+        out = open(log_file, "ab") if log_file else (subprocess.DEVNULL if quiet else None)
+        try:
+            proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT if log_file else out,
+                                    preexec_fn=_die_with_parent)
+        finally:
+            if log_file:
+                out.close()  # type: ignore[union-attr]
         self.procs[name] = proc
         return proc
 

@@ -1,0 +1,143 @@
+"""`specroute backends check URL` against the twin (0.5.23 and `--compat 0.5.9`) and an old-server stub."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from backends.launch.probe import probe, render
+from gateway.cli_backends import main as backends_main
+
+
+@pytest.fixture(scope="module")
+def dflash_url(twin_factory):
+    return twin_factory("k26-dflash")
+
+
+def _check_json(capsys, *argv: str) -> tuple[int, dict]:
+    code = backends_main(["check", *argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_check_current_server(dflash_url, capsys):
+    code, report = _check_json(capsys, dflash_url, "--profile", "k26-dflash")
+    assert code == 0, report["problems"]
+    assert report["version"] == "0.5.23" and report["server_info_path"] == "/server_info"
+    assert (report["algorithm"], report["strategy"]) == ("DFLASH", "dflash")
+    assert report["served_model_name"] == "kimi-k2.6"
+    assert report["max_running_requests"] == 48 and report["verify_width"] == 8
+    assert report["load_path"] == "/v1/loads" and report["load"]["max_running"] == 48
+    gen = report["generation"]
+    assert gen["route"] == "/v1/chat/completions" and gen["source"] == "sglext.spec_tokens_details"
+    assert gen["completion_tokens"] == 32 and gen["spec_verify_ct"] >= 1
+    assert gen["accept_length"] == pytest.approx(gen["completion_tokens"] / gen["spec_verify_ct"], abs=1e-3)
+    assert 1.0 <= gen["accept_length"] <= 8.0  # at most the block size
+    assert report["gateway_per_request_accept"] is True and report["fallbacks"] == []
+
+    assert backends_main(["check", dflash_url]) == 0
+    text = capsys.readouterr().out
+    assert "DFLASH   -> strategy dflash" in text and "max_running_requests 48" in text
+    assert "completion_tokens / spec_verify_ct" in text and "fallbacks           none" in text
+
+
+def test_check_against_the_wrong_profile_fails(dflash_url, capsys):
+    code, report = _check_json(capsys, dflash_url, "--profile", "k26-eagle3")
+    assert code == 1
+    assert any("algorithm" in p and "EAGLE3" in p for p in report["problems"])
+    assert any("draft_model_path" in p for p in report["problems"])
+
+
+def test_check_old_server_uses_fallbacks(twin_factory, capsys):
+    url = twin_factory("k26-dflash", "--compat", "0.5.9")
+    code, report = _check_json(capsys, url)
+    assert code == 0, report["problems"]
+    assert report["version"] == "0.5.9"
+    assert report["load_path"] == "/get_load" and report["load"]["source"] == "get_load"
+    gen = report["generation"]
+    assert gen["route"] == "/generate" and gen["source"] == "meta_info"
+    assert gen["accept_length"] == pytest.approx(gen["completion_tokens"] / gen["spec_verify_ct"], abs=1e-3)
+    assert report["gateway_per_request_accept"] is False
+    assert any("/get_load" in f for f in report["fallbacks"])
+    assert any("/generate" in f for f in report["fallbacks"])
+
+
+def test_check_autoregressive_server(twin_factory):
+    report = probe(twin_factory("qwen36-ar"))
+    assert report.ok and report.problems == []
+    assert report.algorithm is None and report.strategy == "ar" and report.verify_width == 1
+    assert report.generation is not None and report.generation.spec_verify_ct is None
+    assert "none (autoregressive)" in render(report)
+
+
+class _OldServer(BaseHTTPRequestHandler):
+    """An SGLang 0.5.2-like server: /get_server_info, no /ready, /metrics only, no spec details on OpenAI routes."""
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802
+        if self.path == "/get_server_info":
+            self._send(200, json.dumps({"speculative_algorithm": "EAGLE", "max_running_requests": 32,
+                                        "served_model_name": "old", "version": "0.5.2",
+                                        "speculative_num_draft_tokens": 4}).encode())
+        elif self.path == "/health":
+            self._send(200)
+        elif self.path == "/metrics":
+            self._send(200, b'sglang_num_running_reqs{tp="0"} 3\nsglang_num_queue_reqs 1\n'
+                            b"sglang_spec_accept_length 2.5\n", "text/plain")
+        else:
+            self._send(404, b'{"detail":"Not Found"}')
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/v1/chat/completions":
+            self._send(200, json.dumps({"choices": [{"message": {"content": "1, 2"}}],
+                                        "usage": {"prompt_tokens": 9, "completion_tokens": 20}}).encode())
+        elif self.path == "/generate":
+            self._send(200, json.dumps({"text": "1, 2", "meta_info": {"completion_tokens": 20,
+                                                                      "spec_verify_ct": 8}}).encode())
+        else:
+            self._send(404)
+
+
+@contextlib.contextmanager
+def _old_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OldServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_check_very_old_server_every_fallback():
+    with _old_server() as url:
+        report = probe(url)
+    assert report.ok and report.problems == []
+    assert report.server_info_path == "/get_server_info" and report.ready_path == "/health"
+    assert (report.algorithm, report.strategy, report.max_running_requests) == ("EAGLE", "eagle3", 32)
+    assert report.load_path == "/metrics" and report.load is not None
+    assert (report.load.running, report.load.waiting, report.load.accept_length) == (3, 1, 2.5)
+    assert report.generation is not None and report.generation.accept_length == 2.5
+    assert len(report.fallbacks) == 4
+    assert "uses the accept length /metrics reports" in render(report)
+
+
+def test_check_unreachable_exits_1(capsys):
+    with _old_server() as url:
+        pass  # closed: nothing listens there any more
+    assert backends_main(["check", url, "--timeout", "2"]) == 1
+    assert "unreachable" in capsys.readouterr().out
