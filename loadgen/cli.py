@@ -5,6 +5,7 @@
             --max-tokens 256 --num-prompts 64 --dataset mixed --output out/sweep
     loadgen --target gateway --request-rate 4 --concurrency 32 --duration 60
     loadgen compare A/summary.json B/summary.json
+    loadgen study k26-ar-sweep [--output DIR] [--quick | --time-scale F] [--target URL,...]
 
 Bad input (unreachable target, wrong key, unknown dataset, malformed file) ends with one line
 on stderr and a non-zero exit, never a traceback; finished levels are already on disk.
@@ -97,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loadgen",
         description="Load generator for OpenAI-compatible targets (specroute gateway, SGLang "
-                    "servers). Subcommands: 'loadgen compare A B'.")
+                    "servers). Subcommands: 'loadgen compare A B', 'loadgen study NAME' "
+                    "(see 'loadgen study --help').")
     p.add_argument("--target", default="gateway",
                    help="comma-separated: 'gateway', a backend name of the gateway's topology, "
                         "or a URL; run one after the other (default: gateway)")
@@ -185,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "compare":
             return _compare(argv[1:])
         if argv and argv[0] == "study":
-            _err("'loadgen study' is not implemented yet")
-            return 2
+            from loadgen.study import main as study_main
+
+            return study_main(argv[1:])
         return _run(argv)
     except KeyboardInterrupt:
         _err("interrupted; finished levels are in the output directory, if any")

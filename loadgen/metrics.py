@@ -21,7 +21,8 @@ Definitions (the README repeats them; names match SGLang's bench_serving where m
 - Aggregate output tok/s = total output tokens of successful requests / level wall time, the
   wall time running from the first send to the last response end of the level.
 - Accept length = n / spec_verify_ct from `sglext.spec_tokens_details` (per request); per level,
-  sum(n) / sum(spec_verify_ct) over requests that reported it; null when none did.
+  sum(n) / sum(spec_verify_ct) over requests that reported it; null when none did. The same
+  ratio per prompt domain is `accept_length_by_domain`.
 - Percentiles interpolate linearly between order statistics (numpy's default).
 """
 
@@ -240,4 +241,15 @@ def summarize(records: Sequence[RequestRecord], gaps: Iterable[Gap], *, duration
         token_count_mismatches=sum(1 for r in ok if r.token_mismatch),
         mean_tokens_per_chunk=out_tokens / chunks if chunks else None,
         domains=dict(Counter(r.domain for r in records)),
+        accept_length_by_domain=_accept_by_domain(spec),
     )
+
+
+def _accept_by_domain(spec: Sequence[RequestRecord]) -> dict[str, float]:
+    """sum(n) / sum(verify) per prompt domain, over requests that reported speculation."""
+    tokens: Counter[str] = Counter()
+    verify: Counter[str] = Counter()
+    for r in spec:
+        tokens[r.domain] += r.output_tokens
+        verify[r.domain] += r.spec_verify_ct or 0
+    return {d: tokens[d] / verify[d] for d in sorted(verify) if verify[d]}

@@ -17,7 +17,7 @@ from loadgen.summary import Level, RequestRecord, Summary
 _encoder = msgspec.json.Encoder()
 
 CSV_RUN_FIELDS = ("target", "url", "model", "dataset")
-_DICT_FIELDS = ("backends", "errors", "domains")
+_DICT_FIELDS = ("backends", "errors", "domains", "accept_length_by_domain")
 
 
 class OutputDir:
@@ -33,6 +33,11 @@ class OutputDir:
         with self._requests.open("ab") as f:
             for r in records:
                 f.write(_encoder.encode(r) + b"\n")
+
+    def write_json(self, name: str, obj: object) -> None:
+        """Any msgspec-encodable object as indented JSON (e.g. a study's `study.json`)."""
+        _atomic_write(self.path / name, msgspec.json.format(_encoder.encode(obj), indent=2)
+                      + b"\n")
 
     def write_summary(self, summary: Summary) -> None:
         data = msgspec.json.format(_encoder.encode(summary), indent=2)
@@ -54,7 +59,8 @@ def summary_csv(summary: Summary) -> str:
             for name in level_fields:
                 v = getattr(lv, name)
                 if name in _DICT_FIELDS:
-                    v = ";".join(f"{k}={n}" for k, n in sorted(v.items()))
+                    v = ";".join(f"{k}={n:.4g}" if isinstance(n, float) else f"{k}={n}"
+                                 for k, n in sorted(v.items()))
                 row.append("" if v is None else v)
             w.writerow(row)
     return buf.getvalue()

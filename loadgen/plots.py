@@ -48,8 +48,14 @@ def _finish(fig, ax, path: Path, xs: set[int]) -> None:
     plt.close(fig)
 
 
-def write_plots(source: Summary | dict | str | Path, out_dir: Path) -> list[Path]:
-    """Write the PNGs into `out_dir`; return their paths."""
+# A reference figure drawn on a plot: (concurrency, value, label), keyed by the plotted field.
+RefPoints = dict[str, list[tuple[int, float, str]]]
+
+
+def write_plots(source: Summary | dict | str | Path, out_dir: Path,
+                references: RefPoints | None = None) -> list[Path]:
+    """Write the PNGs into `out_dir`; return their paths. `references` (a study's) are drawn
+    as black crosses on the throughput plots."""
     summary = load_summary(source)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -61,6 +67,10 @@ def write_plots(source: Summary | dict | str | Path, out_dir: Path) -> list[Path
             if x:
                 ax.plot(x, y, marker="o", label=run.target)
                 xs.update(x)
+        for c, v, text in (references or {}).get(field, []):
+            ax.plot([c], [v], marker="x", markersize=10, color="black", linestyle="none",
+                    label=text)
+            xs.add(c)
         _finish(fig, ax, out_dir / name, xs)
         written.append(out_dir / name)
     fig, ax = _axes("TTFT vs concurrency", "TTFT (ms)")

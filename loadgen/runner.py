@@ -9,14 +9,14 @@ invocation reports failure at the end.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadgen import report
+from loadgen import report, timescale
 from loadgen.client import RequestOptions
 from loadgen.datasets import Dataset
 from loadgen.driver import LevelResult, LevelSpec, OnRecord, run_level
@@ -37,6 +37,11 @@ class Plan(msgspec.Struct, kw_only=True):
     seed: int = 0
     output: Path | None = None
     progress: bool | None = None  # None: only when stderr is a terminal
+    # Display name per target word (a study shows its twins' URLs as profile names).
+    labels: Mapping[str, str] = {}
+    # Targets run `time_scale` x faster than real time (twins started with --time-scale):
+    # results are converted back to simulated time before they are shown or saved.
+    time_scale: float = 1.0
 
 
 def connection_limit(levels: Sequence[LevelSpec]) -> int:
@@ -47,12 +52,17 @@ def connection_limit(levels: Sequence[LevelSpec]) -> int:
 
 
 async def execute(plan: Plan, console: Console | None = None,
-                  err_console: Console | None = None) -> tuple[Summary, list[str]]:
-    """Run the plan; return the summary and the one-line errors (empty when all went well)."""
+                  err_console: Console | None = None, *, summary: Summary | None = None,
+                  out: OutputDir | None = None) -> tuple[Summary, list[str]]:
+    """Run the plan; return the summary and the one-line errors (empty when all went well).
+
+    `summary` and `out` let several plans (the legs of a study) add their runs to one summary
+    and one output directory; by default each call starts its own."""
     console = console or report.make_console()
     err_console = err_console or Console(stderr=True)
-    out = OutputDir(plan.output) if plan.output is not None else None
-    summary = Summary()
+    if out is None and plan.output is not None:
+        out = OutputDir(plan.output)
+    summary = Summary() if summary is None else summary
     errors: list[str] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=plan.opts.timeout)
     connector = aiohttp.TCPConnector(limit=connection_limit(plan.levels), limit_per_host=0,
@@ -60,7 +70,9 @@ async def execute(plan: Plan, console: Console | None = None,
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      auto_decompress=False) as session:
         for word in plan.targets:
-            run = Run(target=word, url="", dataset=plan.dataset.name)
+            label = plan.labels.get(word, word)
+            run = Run(target=label, url="", dataset=plan.dataset.name,
+                      time_scale=None if plan.time_scale == 1.0 else plan.time_scale)
             summary.runs.append(run)
             try:
                 target = await resolve(session, word, gateway_url=plan.gateway_url,
@@ -71,12 +83,16 @@ async def execute(plan: Plan, console: Console | None = None,
                 if out:
                     out.write_summary(summary)
                 continue
+            if label != word:
+                target = msgspec.structs.replace(target, label=label)
             run.url, run.model = target.url, target.model
             for spec in plan.levels:
                 result = await _with_progress(
-                    plan, spec, word, err_console,
+                    plan, spec, label, err_console,
                     lambda cb: run_level(session, target, plan.dataset, spec, plan.opts,
                                          seed=plan.seed, on_record=cb))
+                if plan.time_scale != 1.0:
+                    result = timescale.to_simulated(result, plan.time_scale)
                 run.levels.append(result.level)
                 if out:
                     out.add_requests(result.records)
@@ -84,7 +100,7 @@ async def execute(plan: Plan, console: Console | None = None,
                 report.print_level(run, result.level, console)
                 if result.level.completed == 0 and result.level.failed > 0:
                     first = next(r for r in result.records if r.error)
-                    run.error = (f"target {word!r}: all {result.level.failed} requests failed at "
+                    run.error = (f"target {label!r}: all {result.level.failed} requests failed at "
                                  f"C={spec.concurrency} ({first.error}: {first.error_detail})")
                     errors.append(run.error)
                     if out:

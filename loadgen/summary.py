@@ -82,6 +82,7 @@ class Level(msgspec.Struct, kw_only=True):
     token_count_mismatches: int = 0
     mean_tokens_per_chunk: float | None = None
     domains: dict[str, int] = {}
+    accept_length_by_domain: dict[str, float] = {}  # as accept_length, per prompt domain
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -93,6 +94,9 @@ class Run(msgspec.Struct, kw_only=True):
     levels: list[Level] = []
     model: str | None = None
     error: str | None = None  # why the run stopped early, if it did
+    # Set when the target ran time_scale x real time (twins with --time-scale): every figure of
+    # the run is already converted back to simulated time (see timescale.py).
+    time_scale: float | None = None
 
 
 class Summary(msgspec.Struct, kw_only=True):

@@ -1,0 +1,91 @@
+"""Converting results measured against time-scaled twins back to simulated (real-hardware) time.
+
+A twin started with `--time-scale F` multiplies every simulated duration by F: a 19.6 s batch
+takes 19.6 x F seconds of wall time. Figures measured on the wall clock are converted back with
+one rule per kind of unit, and every field of the result schema is classified here explicitly:
+
+- durations (s, ms): simulated = measured / F      (`TIME_FIELDS`)
+- rates (tok/s, req/s): simulated = measured x F   (`RATE_FIELDS`)
+- counts and ratios (tokens, requests, accept length, tokens per chunk): unchanged
+  (`UNSCALED_FIELDS`)
+
+A field missing from all three sets is an error (a test checks it), so a field added to the
+schema later cannot silently keep wall-clock units. Client-side overhead (HTTP, event loop) is
+divided by F as well: the smaller F, the more it weighs in the simulated figures.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+
+from loadgen.summary import Level, RequestRecord
+
+LEVEL_TIME_FIELDS = frozenset({
+    "duration", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms",
+    "mean_e2e_latency_ms", "mean_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
+    "p99_tpot_ms", "mean_itl_ms", "p90_itl_ms", "p99_itl_ms", "median_e2e_latency_ms",
+    "p90_e2e_latency_ms", "p99_e2e_latency_ms",
+})
+LEVEL_RATE_FIELDS = frozenset({
+    "output_throughput", "request_throughput", "mean_request_output_throughput",
+    "median_request_output_throughput", "mean_decode_throughput",
+    "request_rate",  # arrivals per second of an open-loop level
+})
+LEVEL_UNSCALED_FIELDS = frozenset({
+    "max_concurrency", "completed", "failed", "total_output_tokens", "accept_length", "backends",
+    "mode", "total_input_tokens", "errors", "token_count_mismatches", "mean_tokens_per_chunk",
+    "domains", "accept_length_by_domain",
+})
+
+RECORD_TIME_FIELDS = frozenset({
+    "start_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "itl_max_ms",
+})
+RECORD_RATE_FIELDS = frozenset({"output_throughput", "decode_throughput", "request_rate"})
+RECORD_UNSCALED_FIELDS = frozenset({
+    "index", "target", "max_concurrency", "domain", "ok", "error", "error_detail", "status",
+    "backend", "finish_reason", "input_tokens", "output_tokens", "output_tokens_source",
+    "client_chunks", "token_mismatch", "spec_verify_ct", "accept_length",
+})
+
+_CLASSES = {
+    Level: (LEVEL_TIME_FIELDS, LEVEL_RATE_FIELDS, LEVEL_UNSCALED_FIELDS),
+    RequestRecord: (RECORD_TIME_FIELDS, RECORD_RATE_FIELDS, RECORD_UNSCALED_FIELDS),
+}
+
+T = TypeVar("T", Level, RequestRecord)
+
+
+def unclassified(cls: type) -> set[str]:
+    """Fields of `cls` in none of its three sets, or in more than one (must be empty)."""
+    time_f, rate_f, same_f = _CLASSES[cls]
+    fields = set(cls.__struct_fields__)
+    counts = {f: (f in time_f) + (f in rate_f) + (f in same_f) for f in fields}
+    stale = (time_f | rate_f | same_f) - fields
+    return {f for f, n in counts.items() if n != 1} | stale
+
+
+def rescale(obj: T, time_scale: float) -> T:
+    """`obj` with wall-clock figures converted to simulated time (see the module docstring)."""
+    if time_scale == 1.0:
+        return obj
+    if not time_scale > 0:
+        raise ValueError(f"time scale must be > 0: {time_scale}")
+    time_f, rate_f, _ = _CLASSES[type(obj)]
+    changes = {}
+    for name in time_f:
+        v = getattr(obj, name)
+        if v is not None:
+            changes[name] = v / time_scale
+    for name in rate_f:
+        v = getattr(obj, name)
+        if v is not None:
+            changes[name] = v * time_scale
+    return msgspec.structs.replace(obj, **changes)
+
+
+def to_simulated(result, time_scale: float):
+    """A driver `LevelResult` (level + records) converted to simulated time."""
+    return type(result)(rescale(result.level, time_scale),
+                        [rescale(r, time_scale) for r in result.records])
