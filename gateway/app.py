@@ -10,6 +10,7 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 
 from litestar.exceptions import HTTPException
+from litestar.params import FromPath
 
 from backends.client import SGLangClient
 from gateway.admission import Admission
@@ -117,13 +118,13 @@ def create_app(config: Config, *, tracing: Tracing | None = None, access_log: Ac
                       "backends": [_backend_state(b, poller) for b in pools.by_name.values()]})
 
     @post("/admin/backends/{name:str}/drain", status_code=200)
-    async def drain(name: str) -> Response[bytes]:
+    async def drain(name: FromPath[str]) -> Response[bytes]:
         backend = _backend(name)
         backend.draining = True
         return _json(_backend_state(backend, poller))
 
     @post("/admin/backends/{name:str}/undrain", status_code=200)
-    async def undrain(name: str) -> Response[bytes]:
+    async def undrain(name: FromPath[str]) -> Response[bytes]:
         backend = _backend(name)
         backend.draining = False
         admission.kick()
@@ -151,9 +152,9 @@ def create_app(config: Config, *, tracing: Tracing | None = None, access_log: Ac
     )
 
 
-def create_asgi(config: Config) -> Any:
+def create_asgi(config: Config, **kwargs: Any) -> Any:
     """The app as served: API-key gate outside the router, so unknown routes need a key too."""
-    return AuthGate(create_app(config), config.auth)
+    return AuthGate(create_app(config, **kwargs), config.auth)
 
 
 def _backend_state(b: Backend, poller: Poller) -> dict:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import AsyncIterator, Callable, Mapping
+from typing import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -27,6 +27,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from backends.telemetry import SpecStats, spec_stats, usage
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
+from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
 from gateway.errors import ApiError, sse_error_event, translate_upstream_error
 from gateway.metrics import GatewayMetrics
@@ -50,8 +51,6 @@ TRACE_ID_HEADER = "x-specroute-trace-id"
 _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
-# (model, domain, load) -> the AR decode tok/s a request would get at that load, or None
-Baseline = Callable[[str, str, int], "float | None"]
 
 
 class UpstreamFailure(Exception):
@@ -65,7 +64,7 @@ class UpstreamFailure(Exception):
 class Proxy:
     def __init__(self, pools: Pools, admission: Admission, policies: Mapping[str, Policy], config: Config, *,
                  metrics: GatewayMetrics | None = None, tracing: Tracing | None = None,
-                 access_log: AccessLog | None = None, baseline: Baseline | None = None) -> None:
+                 access_log: AccessLog | None = None) -> None:
         self.pools = pools
         self.admission = admission
         self.policies = dict(policies)
@@ -78,7 +77,7 @@ class Proxy:
         self.metrics = metrics or GatewayMetrics()
         self.tracing = tracing or Tracing(config.tracing)
         self.access_log = access_log or AccessLog(config.logging.access_log)
-        self.baseline = baseline
+        self.baseline = SpeedupBaseline(pools)
         self.retries = 0  # attempts beyond the first
         self._addresses = {name: _address(b.spec.url) for name, b in pools.by_name.items()}
 
@@ -100,7 +99,8 @@ class Proxy:
             attempts = 1 if pin else self.retry.attempts
             retrying = AsyncRetrying(
                 stop=stop_after_attempt(attempts) | stop_after_delay(self.retry.deadline_s),
-                wait=wait_exponential_jitter(initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s),
+                wait=wait_exponential_jitter(multiplier=self.retry.backoff_initial_s, max=self.retry.backoff_max_s,
+                                             jitter=self.retry.backoff_initial_s),
                 retry=retry_if_exception_type(UpstreamFailure), reraise=True,
             )
             try:
@@ -356,6 +356,7 @@ class _Request:
 
     def _observe(self, outcome: Outcome) -> None:
         try:
+            self.proxy.baseline.observe(outcome)
             self.policy.observe(outcome)
         except Exception:  # telemetry must never fail a request
             log.exception("policy.observe failed")
@@ -373,7 +374,7 @@ class _Request:
         tpot = (now - t_first) / (n - 1) if t_first is not None and n > 1 else None
         domain = self.features.domain.value if self.features else None
         baseline = speedup = None
-        if decode_tok_s is not None and self.proxy.baseline is not None and domain is not None:
+        if decode_tok_s is not None and domain is not None:
             baseline = self.proxy.baseline(self.model, domain, max(1, self.inflight))
             speedup = decode_tok_s / baseline if baseline else None
         return RequestRecord(

@@ -1,0 +1,29 @@
+"""Run the gateway in this process (uvicorn in a thread), to inspect spans with an in-memory exporter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any, Iterator
+
+import uvicorn
+
+from gateway.app import create_asgi
+from gateway.config import Config
+from tests.support import free_port, wait_http_ok
+
+
+@contextlib.contextmanager
+def serve_in_thread(config: Config, **kwargs: Any) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_asgi(config, **kwargs), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health", 30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -1,0 +1,208 @@
+"""Traces, metrics and the access log, checked on what the gateway really emits."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.access_log import AccessLog
+from gateway.config import config_from_dict
+from gateway.tracing import Tracing
+from gateway.config import TracingSection
+from tests.inprocess import serve_in_thread
+from tests.support import free_port, gateway, get_json, output, running, specroute, wait_until
+
+MATH = [{"role": "user", "content": "A shop sells 12 apples at $3 each. How much do 5 apples cost in total?"}]
+
+
+def _config(twins: dict[str, tuple[str, str]], **sections) -> "Config":
+    backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in twins.items()]
+    return config_from_dict({"backends": backends, **sections})
+
+
+@pytest.fixture(scope="module")
+def k26(twin_factory):
+    return {"k26-ar": (twin_factory("k26-ar"), "ar"), "k26-dflash": (twin_factory("k26-dflash"), "dflash")}
+
+
+def test_spans_names_parentage_and_attributes(k26):
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    with serve_in_thread(_config(k26), tracing=tracing, access_log=AccessLog(False)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        for _ in range(3):  # AR requests teach the gateway the baseline the speedup is measured against
+            list(client.chat.completions.create(model="kimi-k2.6@k26-ar", messages=MATH, max_tokens=40, stream=True))
+        raw = client.chat.completions.with_raw_response.create(
+            model="kimi-k2.6@k26-dflash", messages=MATH, max_tokens=40, stream=True, temperature=0.5,
+            extra_headers={"traceparent": traceparent, "x-request-id": "req-123"})
+        chunks = list(raw.parse())
+        headers = raw.headers
+        tracing.provider.force_flush()
+    spans = exporter.get_finished_spans()
+    clients = [s for s in spans if s.kind is SpanKind.CLIENT]
+    servers = {s.context.span_id: s for s in spans if s.kind is SpanKind.SERVER}
+    assert len(clients) == 4 and not any("send" in s.name or "receive" in s.name for s in spans)
+    last = clients[-1]
+    parent = servers[last.parent.span_id]  # CLIENT span is the child of the request's SERVER span
+    assert parent.name.startswith("POST /v1/chat/completions")
+    assert format(last.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"  # incoming traceparent honoured
+    assert headers["x-request-id"] == "req-123" and headers["x-specroute-trace-id"] == "0af7651916cd43dd8448eb211c80319c"
+    a = dict(last.attributes)
+    assert last.name == "chat kimi-k2.6"
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "sglang"
+    assert a["gen_ai.request.model"] == "kimi-k2.6" and a["gen_ai.request.max_tokens"] == 40
+    assert a["gen_ai.request.temperature"] == 0.5 and a["gen_ai.request.stream"] is True
+    assert a["gen_ai.response.finish_reasons"] == ("length",) and len(a["gen_ai.response.id"]) == 32
+    assert a["gen_ai.response.model"] == "kimi-k2.6" and a["gen_ai.usage.output_tokens"] == 40
+    assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.response.time_to_first_chunk"] > 0
+    assert a["server.address"] == "127.0.0.1" and isinstance(a["server.port"], int)
+    assert a["specroute.backend"] == "k26-dflash" and a["specroute.strategy"] == "dflash"
+    assert a["specroute.policy"] == "pinned" and a["specroute.domain"] == "math"
+    assert a["specroute.inflight_at_dispatch"] == 1 and a["specroute.verify_count"] > 0
+    assert a["specroute.accept_length"] == pytest.approx(40 / a["specroute.verify_count"])
+    assert a["specroute.decode_tok_s"] > 0 and a["specroute.baseline_tok_s"] > 0
+    assert a["specroute.speedup"] == pytest.approx(a["specroute.decode_tok_s"] / a["specroute.baseline_tok_s"])
+    # the twin's DFlash on math is several times faster than its AR: the speedup says so
+    ar_speed = [dict(s.attributes)["specroute.decode_tok_s"] for s in clients[:3]]
+    assert 2.0 < a["specroute.speedup"] < 8.0
+    assert a["specroute.baseline_tok_s"] == pytest.approx(sum(ar_speed) / 3, rel=0.5)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_failed_attempt_is_an_error_span_and_the_retry_its_sibling(twin_factory):
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    good = twin_factory("k26-ar")
+    bad = twin_factory("k26-ar", "--fault-error-rate", "1.0")
+    twins = {"good": (good, "ar"), "bad": (bad, "ar")}
+    with serve_in_thread(_config(twins), tracing=tracing, access_log=AccessLog(False)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        for _ in range(8):
+            client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=4)
+        tracing.provider.force_flush()
+    spans = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    failed = [s for s in spans if not s.status.is_ok]
+    assert failed, "the faulty backend must have been tried at least once"
+    for f in failed:
+        a = dict(f.attributes)
+        assert a["specroute.backend"] == "bad" and a["error.type"].startswith("http_5")
+        siblings = [s for s in spans if s.parent.span_id == f.parent.span_id and s is not f]
+        assert any(dict(s.attributes)["specroute.attempt"] == a["specroute.attempt"] + 1 for s in siblings)
+
+
+class _OtlpReceiver(BaseHTTPRequestHandler):
+    received: list[ExportTraceServiceRequest] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        type(self).received.append(request)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_otlp_http_export_over_the_wire(tmp_path, k26):
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpReceiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",
+           "OTEL_SERVICE_NAME": "specroute-test", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in k26.items()]
+    try:
+        with gateway(tmp_path, backends, env=env) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+            for _ in range(3):
+                list(client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=8, stream=True))
+            assert wait_until(lambda: sum(1 for r in _OtlpReceiver.received for rs in r.resource_spans
+                                          for ss in rs.scope_spans for s in ss.spans if s.kind == 3) >= 3)
+    finally:
+        receiver.shutdown()
+    spans = [(rs, s) for r in _OtlpReceiver.received for rs in r.resource_spans for ss in rs.scope_spans
+             for s in ss.spans]
+    service = {a.value.string_value for rs, _ in spans for a in rs.resource.attributes if a.key == "service.name"}
+    assert service == {"specroute-test"}
+    client_spans = [s for _, s in spans if s.kind == 3]  # SPAN_KIND_CLIENT
+    assert {s.name for s in client_spans} == {"chat kimi-k2.6"}
+    keys = {a.key for s in client_spans for a in s.attributes}
+    assert {"gen_ai.usage.output_tokens", "specroute.backend", "specroute.decode_tok_s"} <= keys
+
+
+def test_unreachable_collector_costs_nothing_but_a_warning(tmp_path, k26):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in k26.items()]
+    with gateway(tmp_path, backends, env=env) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        results = [client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=4) for _ in range(10)]
+    assert all(r.usage.completion_tokens == 4 for r in results)
+
+
+def test_metrics_are_consistent_with_the_requests_sent(tmp_path, k26):
+    backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in k26.items()]
+    with gateway(tmp_path, backends) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        for i in range(12):
+            list(client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=10, stream=i % 2 == 0))
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="nope", messages=MATH)
+        text = __import__("urllib.request").request.urlopen(f"{url}/metrics").read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    requests = {(s.labels["backend"], s.labels["status"]): s.value for s in families["specroute_requests"].samples
+                if s.name == "specroute_requests_total"}
+    assert sum(v for (b, st), v in requests.items() if st == "200") == 12
+    assert requests[("none", "404")] == 1
+    count = lambda family: sum(s.value for s in families[family].samples if s.name.endswith("_count"))
+    assert count("specroute_request_duration_seconds") == 12
+    assert count("specroute_ttft_seconds") == 6  # only streams show a first token
+    assert count("gen_ai_client_token_usage") == 24  # input and output per request
+    decisions = sum(s.value for s in families["specroute_policy_decisions"].samples if s.name.endswith("_total"))
+    assert decisions == 12
+    accept = [s for s in families["specroute_accept_length"].samples if s.name.endswith("_count")]
+    assert {s.labels["backend"] for s in accept if s.value} <= {"k26-dflash"}
+    inflight = {s.labels["backend"]: s.value for s in families["specroute_inflight"].samples}
+    assert inflight == {"k26-ar": 0, "k26-dflash": 0}
+    buckets = [s.labels["le"] for s in families["gen_ai_server_time_to_first_token_seconds"].samples
+               if s.name.endswith("_bucket")]
+    assert buckets[:3] == ["0.001", "0.005", "0.01"]  # the GenAI conventions' boundaries
+    assert all(set(s.labels) <= {"model", "backend", "status", "domain", "policy", "kind", "state", "le",
+                                 "gen_ai_operation_name", "gen_ai_request_model", "gen_ai_provider_name",
+                                 "gen_ai_token_type"} for f in families.values() for s in f.samples)
+
+
+def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_path, k26):
+    backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in k26.items()]
+    port = free_port()
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[gateway]\nlisten = "127.0.0.1:{port}"\n[auth]\napi_keys = ["sk-secret-key"]\n' +
+                   "".join(f'[[backends]]\nname = "{b["name"]}"\nurl = "{b["url"]}"\nmodel = "{b["model"]}"\n'
+                           f'strategy = "{b["strategy"]}"\n' for b in backends))
+    with running(specroute("serve", "--config", str(cfg)), ready_url=f"http://127.0.0.1:{port}/health") as proc:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-secret-key", max_retries=0)
+        ids = []
+        for i in range(4):
+            raw = client.chat.completions.with_raw_response.create(model="kimi-k2.6", messages=MATH, max_tokens=6,
+                                                                   stream=bool(i % 2))
+            ids.append(raw.headers["x-request-id"])
+            raw.parse() if i % 2 == 0 else list(raw.parse())
+        lines = lambda: [json.loads(l) for l in output(proc).splitlines() if l.startswith('{"ts"')]
+        assert wait_until(lambda: len(lines()) == 4)
+        log = lines()
+        text = output(proc)
+    assert [l["request_id"] for l in log] == ids
+    assert all(l["status"] == 200 and l["model"] == "kimi-k2.6" and l["completion_tokens"] == 6 for l in log)
+    assert all(l["backend"] in k26 and l["policy"] and "duration_s" in l for l in log)
+    assert "sk-secret-key" not in text and "apples" not in text  # no key, no prompt text by default
