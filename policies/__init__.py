@@ -1,10 +1,17 @@
-"""Routing decisions: the policy contract, the policies, the prompt-domain classifier."""
+"""Routing decisions: the policy contract, live estimates, the policies, the prompt-domain
+classifier. The evaluation harness lives in `policies.eval` (imported on demand: it pulls in the
+twin's engine, which the gateway's request path does not need)."""
 
-from policies.base import BackendView, Decision, Domain, NoCandidate, Outcome, Policy, RequestFeatures
+from policies.base import (BackendView, Decision, Domain, NoCandidate, Outcome, Policy,
+                           RequestFeatures, view_load)
 from policies.domain import classify
-from policies.registry import POLICY_NAMES, make_policy
+from policies.estimates import BackendEstimate, Estimates
+from policies.goodput import OBJECTIVES, Goodput
+from policies.registry import DEFAULT_POLICY, POLICY_NAMES, make_policy
+from policies.threshold import Threshold
 
 __all__ = [
-    "BackendView", "Decision", "Domain", "NoCandidate", "Outcome", "Policy", "RequestFeatures",
-    "classify", "make_policy", "POLICY_NAMES",
+    "BackendEstimate", "BackendView", "DEFAULT_POLICY", "Decision", "Domain", "Estimates", "Goodput",
+    "NoCandidate", "OBJECTIVES", "Outcome", "POLICY_NAMES", "Policy", "RequestFeatures", "Threshold",
+    "classify", "make_policy", "view_load",
 ]

@@ -13,12 +13,16 @@ Objectives:
   by taking another sequence, an AR backend gains ~one sequence's worth).
 
 Three guards keep the learning honest and the traffic stable:
-- exploration: with probability `epsilon` (seeded rng) the request goes to the candidate chosen
-  least recently, so an unchosen backend is re-measured and a recovered one is noticed; plus an
-  optimism bonus `bonus / sqrt(1 + samples)` that decays as a (backend, domain) gets measured,
-  so a backend never measured is tried early while the bonus costs nothing later;
+- exploration: an optimism bonus `bonus / sqrt(1 + samples)` that decays as a (backend, domain)
+  gets measured, so a backend never measured is tried early while the bonus costs nothing
+  later; and with probability `epsilon` (seeded rng) the request goes to the candidate chosen
+  least recently, if it was not chosen for `explore_gap` decisions and is predicted within
+  `explore_floor` of the best, so an unchosen backend is re-measured and a recovered one is
+  noticed, at a bounded cost (a backend predicted 5x slower is not worth a request);
 - hysteresis: the backend that won last time for this domain keeps winning unless a challenger
-  beats it by more than `hysteresis` (relative): near-equal candidates do not flap;
+  beats it by more than `hysteresis` (relative), so near-equal candidates do not flap on the
+  noise of their estimates; a challenger that is ahead because it holds fewer requests than the
+  incumbent needs no margin (that is load balancing: two identical backends share the load);
 - random tie-break among exactly equal scores (identical backends must share traffic).
 """
 
@@ -46,16 +50,17 @@ class Goodput:
 
     def __init__(self, objective: str = "latency", *, seed: int | None = None,
                  epsilon: float = 0.05, explore_gap: int = 100, explore_floor: float = 0.5,
-                 bonus: float = 0.1,
-                 hysteresis: float = 0.05,
+                 bonus: float = 0.1, hysteresis: float = 0.05,
                  estimates: Estimates | None = None, backends: Iterable[BackendSpec] = (),
                  rng: random.Random | None = None) -> None:
+        """`estimates` may be any object with the interface of `Estimates` (the evaluator's
+        clairvoyant reference passes one that knows the twin's true parameters)."""
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}, expected one of {list(OBJECTIVES)}")
         if not 0.0 <= epsilon < 1.0:
             raise ValueError(f"epsilon must be in [0, 1), got {epsilon}")
-        if hysteresis < 0 or bonus < 0:
-            raise ValueError("hysteresis and bonus must be >= 0")
+        if hysteresis < 0 or bonus < 0 or explore_gap < 0 or not 0.0 <= explore_floor <= 1.0:
+            raise ValueError("hysteresis, bonus and explore_gap must be >= 0, explore_floor in [0, 1]")
         self.objective = objective
         self.epsilon = epsilon
         self.explore_floor = explore_floor
@@ -69,7 +74,6 @@ class Goodput:
         self._bonus = [1.0 + bonus / math.sqrt(1.0 + k) for k in range(_BONUS_TABLE)]
         self._incumbent: list[str | None] = [None] * len(DOMAINS)
         self._tick = 0
-        self._loads: dict[str, int] = {}
 
     # ---------------------------------------------------------------------- decide
 
@@ -82,6 +86,7 @@ class Goodput:
         incumbent = self._incumbent[d]
         inc_view = inc_est = None
         inc_score = 0.0
+        inc_load = 0
         best_view = best_est = None
         best_score = -math.inf
         best_load = 0
@@ -105,23 +110,27 @@ class Goodput:
                     load += rep - at
             mr = v.max_running
             if mr and mr != est.max_running and mr > 0:
-                est.max_running = mr
+                est.set_max_running(mr)
             if not load:
                 est.note_idle()
             acc = v.reported_accept_length
             if acc is not None and acc != est.last_report:
-                est.note_report(acc)
+                est.note_report(acc, v.reported_running)
+            # an unmeasured backend is predicted like its measured same-strategy peers
+            guess = est if est.observed else self.estimates.stand_in(est)
             if latency:
-                score = est.rate(d, load + 1)
+                score = guess.rate(d, load + 1)
             else:
-                score = est.throughput(d, load + 1) - est.throughput(d, load)
+                score = guess.throughput(d, load + 1) - guess.throughput(d, load)
             k = est.seen[d]
             score += (score if score > 0 else -score) * (bonus_table[k if k < top else top] - 1.0)
             if name == incumbent:
-                inc_view, inc_est, inc_score = v, est, score
-            if score > best_score * (1.0 + 1e-9) if best_score > 0 else score > best_score + 1e-12:
+                inc_view, inc_est, inc_score, inc_load = v, est, score, load
+            # Scores equal within 1e-9 (relative) are ties: identical backends at equal load.
+            tol = 1e-9 * (best_score if best_score > 0 else -best_score) + 1e-12
+            if best_view is None or score > best_score + tol:
                 best_view, best_est, best_score, best_load, ties = v, est, score, load, 1
-            elif score >= best_score * (1.0 - 1e-9) if best_score > 0 else score >= best_score - 1e-12:
+            elif score >= best_score - tol:
                 ties += 1  # reservoir sampling: every tied candidate equally likely
                 if self._rng.random() * ties < 1.0:
                     best_view, best_est, best_score, best_load = v, est, score, load
@@ -134,9 +143,12 @@ class Goodput:
         if explore is not None and explore[0] is not best_view:
             best_view, best_est = explore
             reason = "explore"
-        elif inc_view is not None and inc_view is not best_view:
-            margin = self.hysteresis * (inc_score if inc_score > 0 else -inc_score)
-            if best_score <= inc_score + margin:
+        elif inc_view is not None and inc_view is not best_view and inc_load <= best_load:
+            # Only a challenger that wins on estimates (not because the incumbent holds more
+            # requests) must clear the margin: load balancing is not flapping.
+            # An exact tie stays with the random tie-break: identical backends share traffic.
+            size = inc_score if inc_score > 0 else -inc_score
+            if inc_score + 1e-9 * size + 1e-12 < best_score <= inc_score + self.hysteresis * size:
                 best_view, best_est, reason = inc_view, inc_est, "hold"
         assert best_view is not None and best_est is not None
         if reason == "best":
@@ -169,6 +181,8 @@ class Goodput:
 
     def _score(self, est: BackendEstimate, d: int, load: int) -> float:
         """The objective's score before the exploration bonus (the hot loop inlines this)."""
+        if not est.observed:
+            est = self.estimates.stand_in(est)
         if self._latency:
             return est.rate(d, load + 1)
         return est.throughput(d, load + 1) - est.throughput(d, load)

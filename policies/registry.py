@@ -16,12 +16,13 @@ from policies.threshold import Threshold
 POLICY_NAMES = ("pinned", "round_robin", "least_inflight", "threshold", "goodput")
 DEFAULT_POLICY = "goodput"
 
-_OPTIONS: dict[str, frozenset[str]] = {
+POLICY_OPTIONS: dict[str, frozenset[str]] = {
     "pinned": frozenset({"pinned_backend"}),
     "round_robin": frozenset(),
     "least_inflight": frozenset({"seed"}),
     "threshold": frozenset({"threshold", "seed"}),
-    "goodput": frozenset({"objective", "seed", "epsilon", "bonus", "hysteresis", "backends"}),
+    "goodput": frozenset({"objective", "seed", "epsilon", "explore_gap", "explore_floor", "bonus",
+                          "hysteresis", "backends"}),
 }
 
 
@@ -29,16 +30,17 @@ def make_policy(name: str, **options: Any) -> Policy:
     """Build policy `name`. Options set to None count as not given (config leaves them unset).
 
     pinned: pinned_backend (required). least_inflight: seed. threshold: threshold (default 16),
-    seed. goodput: objective ("latency" | "throughput"), seed, epsilon, bonus, hysteresis,
-    backends (BackendSpecs to seed estimates before the first request).
+    seed. goodput: objective ("latency" | "throughput"), seed, epsilon, explore_gap,
+    explore_floor, bonus, hysteresis (see `policies.goodput`), backends (BackendSpecs to seed
+    estimates before the first request).
     """
-    if name not in _OPTIONS:
+    if name not in POLICY_OPTIONS:
         raise ValueError(f"unknown policy {name!r}, expected one of {list(POLICY_NAMES)}")
     given = {k: v for k, v in options.items() if v is not None}
-    unknown = sorted(set(given) - _OPTIONS[name])
+    unknown = sorted(set(given) - POLICY_OPTIONS[name])
     if unknown:
         raise ValueError(f"policy {name!r} does not take option(s) {unknown}; "
-                         f"it takes {sorted(_OPTIONS[name])}")
+                         f"it takes {sorted(POLICY_OPTIONS[name])}")
     if name == "least_inflight":
         import random
         return LeastInflight(random.Random(given["seed"]) if "seed" in given else None)

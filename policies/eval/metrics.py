@@ -6,6 +6,12 @@
   DESIGN.md; its mean and median over the requests that finished in the phase;
 - TTFT p99 over the requests that finished in the phase (queueing shows up here);
 - backend share: fraction of the requests *sent* during the phase that went to each backend.
+
+Every phase but the first is measured from `SETTLE_S` after its start: in a closed loop the
+requests of the previous phase drain during the first seconds of the next one (at a drop from 8
+to 1 client, seven requests finish in the first seconds of the 1-client phase and would count
+for ~10% of its tokens), and how much is left to drain depends on the previous phase's routing,
+not on this one's. The first phase is measured from t=0: its cold start is part of the result.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import msgspec
 from policies.eval.scenarios import Scenario
 from policies.eval.sim import RunResult
 
-__all__ = ["PhaseMetrics", "metric_of", "percentile", "phase_metrics", "window_series"]
+__all__ = ["SETTLE_S", "PhaseMetrics", "metric_of", "percentile", "phase_metrics", "window_series"]
+
+SETTLE_S = 10.0
 
 
 class PhaseMetrics(msgspec.Struct, kw_only=True):
@@ -48,32 +56,45 @@ def metric_of(m: PhaseMetrics, objective: str) -> float:
     return m.mean_request_tok_s if objective == "latency" else m.aggregate_tok_s
 
 
-def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str]) -> list[PhaseMetrics]:
-    bounds: list[float] = []
+def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
+                  settle_s: float = SETTLE_S) -> list[PhaseMetrics]:
+    starts: list[float] = []  # measured window of each phase: [start, end)
+    ends: list[float] = []
     t = 0.0
-    for ph in scenario.phases:
+    for i, ph in enumerate(scenario.phases):
+        starts.append(t + (min(settle_s, ph.duration_s / 2) if i else 0.0))
         t += ph.duration_s
-        bounds.append(t)
-    n = len(bounds)
+        ends.append(t)
+    n = len(ends)
+
+    def index(when: float) -> int | None:
+        """Phase whose measured window holds `when`, or None in a settling stretch."""
+        i = min(bisect.bisect_right(ends, when), n - 1)
+        return i if when >= starts[i] else None
+
     tokens = [0] * n
     for when, k in run.tokens_at:
-        tokens[min(bisect.bisect_left(bounds, when), n - 1)] += k
+        i = index(when)
+        if i is not None:
+            tokens[i] += k
     rates: list[list[float]] = [[] for _ in range(n)]
     ttfts: list[list[float]] = [[] for _ in range(n)]
     sent: list[dict[str, int]] = [{name: 0 for name in pool} for _ in range(n)]
     for r in run.records:
-        i = min(bisect.bisect_left(bounds, r.t_last), n - 1)
-        tps = r.decode_tok_s
-        if tps is not None:
-            rates[i].append(tps)
-        ttfts[i].append((r.t_first - r.t_send) * 1000.0)
-        j = min(bisect.bisect_right(bounds, r.t_send), n - 1)
+        i = index(r.t_last)
+        if i is not None:
+            tps = r.decode_tok_s
+            if tps is not None:
+                rates[i].append(tps)
+            ttfts[i].append((r.t_first - r.t_send) * 1000.0)
+        j = min(bisect.bisect_right(ends, r.t_send), n - 1)
         sent[j][r.backend] = sent[j].get(r.backend, 0) + 1
     out = []
-    for i, ph in enumerate(scenario.phases):
+    for i in range(n):
         total = sum(sent[i].values())
+        span = ends[i] - starts[i]
         out.append(PhaseMetrics(
-            aggregate_tok_s=tokens[i] / ph.duration_s,
+            aggregate_tok_s=tokens[i] / span if span > 0 else 0.0,
             mean_request_tok_s=sum(rates[i]) / len(rates[i]) if rates[i] else 0.0,
             p50_request_tok_s=percentile(rates[i], 50),
             p99_ttft_ms=percentile(ttfts[i], 99),

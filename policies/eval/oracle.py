@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from backends import BackendSpec, Strategy
+from backends.sim.domain import prompt_key
 from backends.sim.engine import Engine
 from policies.base import Outcome
 from policies.priors import DOMAINS
@@ -18,15 +19,24 @@ from policies.priors import DOMAINS
 __all__ = ["OracleEstimates", "OracleModel", "true_accept_length"]
 
 
+_PROMPTS = 256
+_KEYS = [prompt_key(f"clairvoyant-{i}") for i in range(_PROMPTS)]
+
+
 def true_accept_length(engine: Engine, domain: str) -> float:
-    """Expected tokens per verify pass (accepted drafts + bonus) for a typical prompt of `domain`:
-    1 + sum_{j=1..m} p^j for the truncated geometric law of the engine, p scaled by the fault knob."""
+    """Expected tokens per verify pass (accepted drafts + bonus) of a prompt of `domain`:
+    1 + sum_{j=1..m} p^j for the engine's truncated geometric law, averaged over the engine's
+    per-prompt acceptance (`accept_prob` on 256 fixed prompt keys, so whatever variation model
+    the twin uses is followed), p scaled by the fault knob."""
     m = engine.profile.max_accept_drafts
     if not m:
         return 1.0
-    p = engine.accept_prob(domain) * getattr(engine, "accept_scale", 1.0)
-    p = min(max(p, 0.0), 0.999)
-    return 1.0 + sum(p ** j for j in range(1, m + 1))
+    scale = getattr(engine, "accept_scale", 1.0)
+    total = 0.0
+    for key in _KEYS:
+        p = min(max(engine.accept_prob(domain, key) * scale, 0.0), 0.999)
+        total += 1.0 + (p * (1.0 - p ** m) / (1.0 - p) if p < 1.0 else float(m))
+    return total / _PROMPTS
 
 
 class OracleModel:
@@ -34,6 +44,7 @@ class OracleModel:
 
     __slots__ = ("name", "engine", "max_running", "seen", "last_chosen", "accept_n", "last_report",
                  "_scale", "_accept", "_steps")
+    observed = 1 << 20  # the truth is fully measured: never stood in for by a peer
 
     def __init__(self, name: str, engine: Engine) -> None:
         self.name = name
@@ -48,13 +59,16 @@ class OracleModel:
         cap = engine.max_running
         self._steps = [engine.step_time(max(1, min(n, cap))) for n in range(0, 1025)]
 
+    def set_max_running(self, max_running: int) -> None:
+        pass
+
     def note_dispatch(self, d: int) -> None:
         pass
 
     def note_idle(self) -> None:
         pass
 
-    def note_report(self, reported_accept: float) -> None:
+    def note_report(self, reported_accept: float, running: int | None) -> None:
         self.last_report = reported_accept
 
     def _accepts(self) -> list[float]:

@@ -50,11 +50,17 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True):
         return sum(p.duration_s for p in self.phases)
 
 
-def _steady(c: int, seconds: float) -> Scenario:
+def _seconds(c: int) -> float:
+    """Phase length: at least ~30 requests at low concurrency, where one request is a large
+    share of a phase and a single exploratory choice would otherwise swing the phase's mean."""
+    return 120.0 if c <= 2 else 60.0
+
+
+def _steady(c: int) -> Scenario:
     return Scenario(
         name=f"steady-{c}", description=f"{c} clients, one domain per phase (math, code, chat)",
         pool=K26_POOL,
-        phases=tuple(Phase(name=d, duration_s=seconds, concurrency=c, domains={d: 1.0})
+        phases=tuple(Phase(name=d, duration_s=_seconds(c), concurrency=c, domains={d: 1.0})
                      for d in ("math", "code", "chat")))
 
 
@@ -62,7 +68,7 @@ def _ramp() -> Scenario:
     levels = (1, 2, 4, 8, 16, 32, 64, 32, 16, 8, 4, 2, 1)
     return Scenario(
         name="ramp", description="concurrency 1 -> 64 -> 1, mixed domains", pool=K26_POOL,
-        phases=tuple(Phase(name=f"{i:02d}-c{c}", duration_s=60.0, concurrency=c, domains=ALL)
+        phases=tuple(Phase(name=f"{i:02d}-c{c}", duration_s=_seconds(c), concurrency=c, domains=ALL)
                      for i, c in enumerate(levels)))
 
 
@@ -79,7 +85,7 @@ def _mixed() -> Scenario:
     )
     return Scenario(
         name="mixed", description="domains and concurrency changing by phase", pool=K26_POOL,
-        phases=tuple(Phase(name=n, duration_s=60.0, concurrency=c, domains=d) for n, c, d in spec))
+        phases=tuple(Phase(name=n, duration_s=_seconds(c), concurrency=c, domains=d) for n, c, d in spec))
 
 
 def _degrade() -> Scenario:
@@ -96,13 +102,13 @@ def _qwen() -> Scenario:
     return Scenario(
         name="qwen", description="Qwen3.6-27B pool (AR, DDTree budgets 15 and 64), ramp, mixed domains",
         pool=QWEN_POOL,
-        phases=tuple(Phase(name=f"{i:02d}-c{c}", duration_s=60.0, concurrency=c, domains=ALL)
+        phases=tuple(Phase(name=f"{i:02d}-c{c}", duration_s=_seconds(c), concurrency=c, domains=ALL)
                      for i, c in enumerate(levels)))
 
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s for s in (
-        *(_steady(c, 60.0) for c in (1, 4, 16, 32, 64)),
+        *(_steady(c) for c in (1, 4, 16, 32, 64)),
         _ramp(), _mixed(), _degrade(), _qwen(),
     )
 }

@@ -40,6 +40,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     tokens: int = 0
     verify_ct: int = 0
     reason: str = ""
+    client: int = 0
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -83,7 +84,6 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
     backends = [_Backend(s.name, engines[s.name], BackendView(spec=s)) for s in specs]
     by_name = {b.name: b for b in backends}
     views = [b.view for b in backends]
-    rng = random.Random(f"{seed}:{scenario.name}:requests")  # same request stream for every policy
     heap: list[tuple[float, int, int, object]] = []
     seq = 0
 
@@ -103,7 +103,10 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
 
     now = 0.0
     target = 0
-    active = 0
+    phase = 0
+    idle_clients: list[int] = []  # client ids without a request in flight, smallest first
+    next_client = 0
+    sent_by: dict[tuple[int, int], int] = {}  # (phase, client) -> requests sent
     domains: list[str] = ["chat"]
     weights: list[float] = [1.0]
     inflight: dict[str, tuple[RequestRecord, _Backend, int, float, SimRequest]] = {}
@@ -122,10 +125,18 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         b.busy = True
         push(now + res.duration_s, _STEP, (b, res))
 
-    def send() -> None:
-        nonlocal next_rid, active
+    def send(client: int) -> None:
+        """Client `client` sends its next request. What it asks (domain, lengths, and the prompt
+        text the engine seeds acceptance from) depends only on (phase, client, k-th request), so
+        every contestant faces the same requests: common random numbers shrink the noise of
+        per-phase ratios."""
+        nonlocal next_rid
         rid = next_rid
         next_rid += 1
+        k = sent_by.get((phase, client), 0)
+        sent_by[(phase, client)] = k + 1
+        tag = f"{seed}:{scenario.name}:{phase}:{client}:{k}"
+        rng = random.Random(tag)
         dom = rng.choices(domains, weights)[0]
         max_tokens = rng.randint(scenario.min_tokens, scenario.max_tokens)
         prompt_tokens = rng.randint(50, 400)
@@ -135,10 +146,10 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         b = by_name[decision.backend.spec.name]
         touch(b)
         b.view.inflight += 1
-        sim_req = b.engine.submit(str(rid), prompt_tokens, max_tokens, f"{seed}:{rid}", domain=dom)
-        rec = RequestRecord(rid=rid, backend=b.name, domain=dom, t_send=now, reason=decision.reason)
+        sim_req = b.engine.submit(str(rid), prompt_tokens, max_tokens, tag, domain=dom)
+        rec = RequestRecord(rid=rid, backend=b.name, domain=dom, t_send=now, reason=decision.reason,
+                            client=client)
         inflight[str(rid)] = (rec, b, b.view.inflight, b.integral, sim_req)
-        active += 1
         kick(b)
 
     while heap:
@@ -165,7 +176,6 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
                     touch(b)
                     mean_load = (b.integral - entry[3]) / (now - rec.t_send) if now > rec.t_send else None
                     b.view.inflight -= 1
-                    active -= 1
                     verify_ct = entry[4].verify_ct or None  # SGLang reports it on speculative servers
                     rec.verify_ct = verify_ct or 0
                     policy.observe(Outcome(
@@ -176,8 +186,10 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
                         accept_length=rec.tokens / verify_ct if verify_ct else None,
                         finish_reason=em.finish_reason))
                     finished.append(rec)
-                    if active < target:
-                        send()
+                    if rec.client < target:
+                        send(rec.client)
+                    else:
+                        heapq.heappush(idle_clients, rec.client)
             tokens_at.append((now, total))
             kick(b)
         elif kind == _PHASE:
@@ -185,8 +197,12 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             domains = list(ph.domains)
             weights = [ph.domains[d] for d in domains]
             target = ph.concurrency
-            while active < target:
-                send()
+            phase = payload  # type: ignore[assignment]
+            while next_client < target:
+                heapq.heappush(idle_clients, next_client)
+                next_client += 1
+            while idle_clients and idle_clients[0] < target:
+                send(heapq.heappop(idle_clients))
         elif kind == _POLL:
             for b in backends:
                 st = b.engine.stats()

@@ -1,0 +1,110 @@
+"""Step time of one backend as a function of its load, learned online over a prior curve.
+
+Seconds per decode/verify pass grow with the batch, and how fast they grow is what decides when
+speculation stops paying. The curve is the strategy's prior (`policies.priors.StepPrior`) times a
+correction learned per load bucket (in flight 1, 2, 4, ..., 128+), linearly interpolated in
+between. A bucket never observed borrows the correction of the nearest observed one (the mean of
+both neighbours at equal distance), so one measurement at low load already rescales the whole
+curve while the shape beyond it stays the prior's until measured. Step times are nearly
+deterministic, so an observation is trusted at once (no shrinkage towards the prior).
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.priors import StepPrior
+
+__all__ = ["BUCKETS", "StepCurve"]
+
+BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+_TOP = len(BUCKETS) - 1
+
+
+def _position(load: float) -> tuple[int, float]:
+    """Bucket index and fraction towards the next bucket (linear within an octave)."""
+    if load <= 1.0:
+        return 0, 0.0
+    if load >= BUCKETS[_TOP]:
+        return _TOP, 0.0
+    i = int(math.log2(load))
+    return i, load / (1 << i) - 1.0
+
+
+class StepCurve:
+    """Predicted seconds per step at a load; O(1) lookup, O(buckets) = O(1) update."""
+
+    __slots__ = ("prior", "max_running", "ratio", "samples", "eff", "_alpha")
+
+    def __init__(self, prior: StepPrior, max_running: int, alpha: float = 0.2) -> None:
+        self.prior = prior
+        self.max_running = max_running
+        self.ratio = [1.0] * len(BUCKETS)  # observed / prior, per bucket
+        self.samples = [0.0] * len(BUCKETS)
+        self.eff = [1.0] * (len(BUCKETS) + 1)  # with borrowing; spare slot for i+1 at the top
+        self._alpha = alpha
+
+    def prior_s(self, load: float) -> float:
+        b = min(max(load, 1.0), float(self.max_running))
+        return self.prior.step_s(b)  # type: ignore[arg-type]
+
+    def step_s(self, load: int) -> float:
+        """Seconds per pass with `load` requests in flight (beyond max_running they queue and
+        the batch stays at max_running)."""
+        cap = self.max_running
+        p = self.prior
+        b = load if load < cap else cap
+        if b < 1:
+            b = 1
+        base = p.t0_s + p.k_s * (b * p.width - 1) + p.draft0_s + p.draft1_s * (b - 1)
+        e = self.eff
+        if load <= 1:
+            return base * e[0]
+        if load >= 128:
+            return base * e[_TOP]
+        i = load.bit_length() - 1
+        f = load / (1 << i) - 1.0
+        return base * (e[i] + (e[i + 1] - e[i]) * f)
+
+    def observe(self, load: float, step_s: float) -> None:
+        """A request that saw about `load` in flight measured `step_s` seconds per pass."""
+        x = step_s / self.prior_s(load)
+        i, f = _position(load)
+        for j, w in ((i, 1.0 - f), (i + 1, f)):
+            if w <= 0.0 or j > _TOP:
+                continue
+            base = self.ratio[j] if self.samples[j] > 0 else self.eff[j]
+            self.samples[j] += w
+            a = max(self._alpha * w, w / self.samples[j])
+            self.ratio[j] = base + a * (x - base)
+        self._borrow()
+
+    def _borrow(self) -> None:
+        n, r, eff = self.samples, self.ratio, self.eff
+        size = len(BUCKETS)
+        left: list[tuple[int, float] | None] = [None] * size
+        last: tuple[int, float] | None = None
+        for j in range(size):
+            if n[j] > 0:
+                last = (j, r[j])
+            left[j] = last
+        last = None
+        for j in range(size - 1, -1, -1):
+            if n[j] > 0:
+                last = (j, r[j])
+            lo, hi = left[j], last
+            if lo is None and hi is None:
+                eff[j] = 1.0
+            elif hi is None or (lo is not None and j - lo[0] < hi[0] - j):
+                eff[j] = lo[1]  # type: ignore[index]
+            elif lo is None or hi[0] - j < j - lo[0]:
+                eff[j] = hi[1]
+            else:
+                eff[j] = 0.5 * (lo[1] + hi[1])
+        eff[size] = eff[_TOP]
+
+    def describe(self) -> dict:
+        return {
+            "step_ms": {str(b): round(self.step_s(b) * 1000, 2) for b in BUCKETS},
+            "step_samples": {str(b): round(self.samples[k], 1) for k, b in enumerate(BUCKETS)},
+        }

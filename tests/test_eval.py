@@ -1,0 +1,102 @@
+"""The policy evaluation harness: virtual clock, eval.json schema, determinism, the oracle."""
+
+import json
+
+import pytest
+
+from backends.sim.engine import Engine
+from backends.sim.profile import load_profile
+from policies.eval.cli import main
+from policies.eval.metrics import SETTLE_S
+from policies.eval.oracle import true_accept_length
+from policies.eval.runner import run_scenario
+from policies.eval.scenarios import SCENARIOS, Degrade, Phase, Scenario
+
+TINY = Scenario(
+    name="tiny", description="two backends, two short phases", pool=("k26-ar", "k26-dflash"),
+    phases=(Phase(name="low", duration_s=20.0, concurrency=2, domains={"math": 1.0}),
+            Phase(name="high", duration_s=20.0, concurrency=6, domains={"chat": 1.0, "code": 1.0})),
+    min_tokens=64, max_tokens=128,
+)
+FIELDS = {"aggregate_tok_s", "mean_request_tok_s", "p50_request_tok_s", "p99_ttft_ms",
+          "backend_share", "clairvoyant_ratio"}
+
+
+def test_tiny_scenario_runs_every_contestant_with_sane_figures():
+    res = run_scenario(TINY, seed=0)
+    keys = set(res.phases[0].policies)
+    assert keys == {"least_inflight", "round_robin", "threshold", "goodput/latency", "goodput/throughput",
+                    "clairvoyant/latency", "clairvoyant/throughput", "static/k26-ar", "static/k26-dflash"}
+    for ph in res.phases:
+        for key, m in ph.policies.items():
+            assert m.requests > 0 and m.aggregate_tok_s > 0, key
+            assert sum(m.backend_share.values()) == pytest.approx(1.0), key
+        assert ph.policies["clairvoyant/latency"].clairvoyant_ratio == pytest.approx(1.0)
+        assert ph.policies["static/k26-ar"].backend_share["k26-ar"] == 1.0
+        # AR decodes ~26 tok/s per request (STUDIES R1): the virtual clock keeps real time units
+        assert ph.policies["static/k26-ar"].mean_request_tok_s == pytest.approx(26, rel=0.1)
+    assert res.wall_s < 5
+
+
+def test_cli_writes_eval_json_with_the_schema(tmp_path, capsys):
+    assert main(["--scenario", "steady-1", "--output", str(tmp_path), "--objective", "latency"]) == 0
+    out = capsys.readouterr().out
+    assert "goodput/latency" in out and "== targets" in out
+    doc = json.loads((tmp_path / "eval.json").read_text())
+    assert (tmp_path / "eval.md").read_text().startswith("Evaluation on the virtual clock")
+    assert doc["objectives"] == ["latency"] and doc["seed"] == 0
+    phases = doc["scenarios"]["steady-1"]["phases"]
+    assert list(phases) == ["math", "code", "chat"]
+    for phase in phases.values():
+        assert phase["concurrency"] == 1
+        assert {"least_inflight", "threshold", "goodput/latency", "clairvoyant/latency",
+                "static/k26-ar"} <= set(phase["policies"])
+        for entry in phase["policies"].values():
+            assert FIELDS <= set(entry)
+    assert {t["name"].split(" ")[0] for t in doc["targets"]} >= {"goodput/latency"}
+
+
+def test_cli_refuses_an_unknown_scenario(tmp_path, capsys):
+    assert main(["--scenario", "nope", "--output", str(tmp_path)]) == 2
+    assert "unknown scenario" in capsys.readouterr().err
+    assert main(["--output", str(tmp_path), "--objective", "fastest"]) == 2
+
+
+def test_same_seed_same_results_other_seed_other_results():
+    a = run_scenario(TINY, seed=4, objectives=("latency",))
+    b = run_scenario(TINY, seed=4, objectives=("latency",))
+    c = run_scenario(TINY, seed=5, objectives=("latency",))
+    assert [p.policies for p in a.phases] == [p.policies for p in b.phases]
+    assert [p.policies for p in a.phases] != [p.policies for p in c.phases]
+
+
+def test_degrade_is_noticed_and_measured():
+    scenario = Scenario(
+        name="degrade-tiny", description="", pool=("k26-eagle3", "k26-dflash"),
+        phases=(Phase(name="before", duration_s=30.0, concurrency=2, domains={"math": 1.0}),
+                Phase(name="after", duration_s=40.0, concurrency=2, domains={"math": 1.0})),
+        degrade=Degrade(backend="k26-dflash", at_s=30.0, scale=0.2), min_tokens=64, max_tokens=128)
+    res = run_scenario(scenario, objectives=("latency",), only=("goodput/latency", "static/k26-dflash"))
+    before, after = (p.policies for p in res.phases)
+    assert after["static/k26-dflash"].mean_request_tok_s < 0.6 * before["static/k26-dflash"].mean_request_tok_s
+    assert before["goodput/latency"].backend_share["k26-dflash"] > 0.5
+    assert after["goodput/latency"].backend_share["k26-eagle3"] > 0.5  # away from the broken drafter
+    assert res.recovery["latency"]["recovery_s"] is not None
+
+
+def test_clairvoyant_acceptance_matches_what_the_engine_produces():
+    engine = Engine(load_profile("k26-dflash"), seed=0)
+    reqs = [engine.submit(str(i), 50, 2000, f"oracle-check-{i}", domain="code") for i in range(60)]
+    while not engine.idle:
+        engine.step()
+    measured = sum((r.completion_tokens - 1) / r.verify_ct for r in reqs) / len(reqs)
+    assert true_accept_length(engine, "code") == pytest.approx(measured, rel=0.05)
+
+
+def test_named_scenarios_cover_the_issue():
+    assert {"steady-1", "steady-4", "steady-16", "steady-32", "steady-64", "ramp", "mixed", "degrade",
+            "qwen"} <= set(SCENARIOS)
+    ramp = [p.concurrency for p in SCENARIOS["ramp"].phases]
+    assert ramp[0] == 1 and max(ramp) == 64 and ramp[-1] == 1
+    assert SCENARIOS["qwen"].pool == ("qwen36-ar", "qwen36-ddtree-b15", "qwen36-ddtree-b64")
+    assert all(p.duration_s > 2 * SETTLE_S for s in SCENARIOS.values() for p in s.phases)
