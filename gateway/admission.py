@@ -30,7 +30,9 @@ class Admission:
         self.inflight = 0
         self.waiting = 0
         self.rejected = 0
-        self._queues: dict[str, collections.deque[asyncio.Future]] = {m: collections.deque() for m in pools.models()}
+        # one FIFO per served model, created on first use (models can appear with a reload)
+        self._queues: collections.defaultdict[str, collections.deque[asyncio.Future]] = \
+            collections.defaultdict(collections.deque)
         pools.on_release(self._released)
 
     async def candidates(self, model: str, pin: str | None = None, exclude: Collection[str] = ()) -> list[Backend]:
@@ -42,7 +44,7 @@ class Admission:
         deadline: float | None = None
         front = False
         while True:
-            up = [b for b in self.pools.by_model[model] if b.up and (pin is None or b.name == pin)]
+            up = [b for b in self.pools.by_model.get(model, ()) if b.up and (pin is None or b.name == pin)]
             if not up:
                 what = f"backend {pin!r}" if pin else f"no backend of model {model!r}"
                 raise ApiError(503, f"{what} is available (down, draining or circuit open)",
@@ -62,7 +64,7 @@ class Admission:
 
     def kick(self) -> None:
         """Capacity may have appeared (a backend became ready): wake one waiter per model."""
-        for model in self._queues:
+        for model in list(self._queues):
             self._wake(model)
 
     async def _wait(self, model: str, deadline: float, front: bool) -> None:
@@ -100,12 +102,14 @@ class Admission:
         self.inflight -= 1
         self._wake(backend.spec.model)
         if was_full:
-            for model in self._queues:
+            for model in list(self._queues):
                 if model != backend.spec.model:
                     self._wake(model)
 
     def _wake(self, model: str) -> None:
-        queue = self._queues[model]
+        queue = self._queues.get(model)
+        if queue is None:
+            return
         while queue:
             fut = queue.popleft()
             if not fut.done():

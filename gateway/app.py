@@ -1,90 +1,70 @@
-"""The litestar application: OpenAI routes, probes, admin; every error in OpenAI's shape."""
+"""The litestar application: OpenAI routes, probes, admin API; every error in OpenAI's shape."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
-
+from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 
-from backends.client import SGLangClient
-from gateway.admission import Admission
-from gateway.auth import AuthGate
-from gateway.circuit import CircuitBreaker
-from gateway.config import Config
 from gateway.access_log import AccessLog
+from gateway.auth import AuthGate
+from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError
-from gateway.metrics import GatewayMetrics
-from gateway.poller import Poller
-from gateway.pool import Backend, Pools
-from gateway.proxy import Proxy
+from gateway.pool import Backend
+from gateway.runtime import Runtime
 from gateway.tracing import Tracing
-from policies import Policy, make_policy
 
 log = logging.getLogger("specroute.app")
 _encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
 
 
-def build_pools(config: Config) -> Pools:
-    health = config.health
-    return Pools(
-        Backend(spec,
-                SGLangClient(spec, connections=config.gateway.upstream_connections,
-                             connect_timeout_s=config.timeouts.connect_s),
-                CircuitBreaker(health.circuit_failures, health.circuit_cooldown_s),
-                cap=config.admission.backend_max_inflight)
-        for spec in config.backend_specs()
-    )
-
-
-def build_policies(config: Config, pools: Pools) -> dict[str, Policy]:
-    policies = {}
-    for model in pools.models():
-        section = config.models.get(model)
-        policies[model] = make_policy(config.policy_for(model),
-                                      pinned_backend=section.pinned_backend if section else None)
-    return policies
-
-
-def create_app(config: Config, *, tracing: Tracing | None = None, access_log: AccessLog | None = None) -> Litestar:
-    pools = build_pools(config)
-    a = config.admission
-    admission = Admission(pools, max_inflight=a.max_inflight, max_queue=a.max_queue, queue_timeout_s=a.queue_timeout_s)
-    metrics = GatewayMetrics()
-    metrics.watch(pools, admission)
-    tracing = tracing or Tracing(config.tracing)
-    proxy = Proxy(pools, admission, build_policies(config, pools), config, metrics=metrics, tracing=tracing,
-                  access_log=access_log)
-    poller = Poller(pools, config.health, on_change=admission.kick)
+def create_app(config: Config, *, config_path: str | Path | None = None, tracing: Tracing | None = None,
+               access_log: AccessLog | None = None) -> Litestar:
+    rt = Runtime(config, tracing=tracing, access_log=access_log)
     created = int(time.time())
+    reload_lock = asyncio.Lock()
 
     def _json(obj: object, status: int = 200) -> Response[bytes]:
         return Response(_encoder.encode(obj), status_code=status, media_type="application/json")
 
     def _backend(name: str) -> Backend:
-        backend = pools.by_name.get(name)
+        backend = rt.pools.by_name.get(name)
         if backend is None:
             raise ApiError(404, f"no backend named {name!r}", code="backend_not_found")
         return backend
 
+    async def _reload() -> dict[str, Any]:
+        if config_path is None:
+            raise ApiError(409, "this gateway runs the embedded topology, not a config file: nothing to reload")
+        async with reload_lock:
+            try:
+                new = load_config(config_path)
+            except ConfigError as e:  # the old config stays
+                raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
+            return await rt.reload(new)
+
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response:
-        return await proxy.handle(await request.body(), "chat", request.headers)
+        return await rt.proxy.handle(await request.body(), "chat", request.headers)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response:
-        return await proxy.handle(await request.body(), "completion", request.headers)
+        return await rt.proxy.handle(await request.body(), "completion", request.headers)
 
     @get("/v1/models")
     async def models() -> Response[bytes]:
         # One entry per served model, not per backend: clients choose a model, the gateway a backend.
         data = [{"id": m, "object": "model", "created": created, "owned_by": "specroute",
-                 "root": m, "backends": [b.name for b in pools.by_model[m]]} for m in pools.models()]
+                 "root": m, "backends": [b.name for b in rt.pools.by_model[m]]} for m in rt.pools.models()]
         return _json({"object": "list", "data": data})
 
     @get("/health")
@@ -93,78 +73,133 @@ def create_app(config: Config, *, tracing: Tracing | None = None, access_log: Ac
 
     @get("/ready")
     async def ready() -> Response[bytes]:
-        """200 when every served model has at least one backend up; 503 otherwise."""
-        down = [m for m, bs in pools.by_model.items() if not any(b.up for b in bs)]
-        return _json({"ready": not down, "models_without_backend": down}, 503 if down else 200)
+        """200 when every served model has a backend up, as seen by at least one readiness check."""
+        pending = [b.name for b in rt.pools.by_name.values() if not rt.poller.checked(b.name)]
+        down = [m for m, bs in rt.pools.by_model.items() if not any(b.up for b in bs)]
+        ok = not down and not pending
+        return _json({"ready": ok, "models_without_backend": down, "not_yet_checked": pending}, 200 if ok else 503)
 
     @get("/metrics")
     async def prometheus() -> Response[bytes]:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @get("/server_info")
     async def server_info() -> Response[bytes]:
         """What SGLang's bench_serving reads, aggregated over the pool, so users' scripts work here too."""
-        accepts = [b.load.accept_length for b in pools.by_name.values()
+        accepts = [b.load.accept_length for b in rt.pools.by_name.values()
                    if b.load is not None and b.load.accept_length]
         avg = sum(accepts) / len(accepts) if accepts else None
-        return _json({"served_model_names": pools.models(), "gateway": "specroute",
-                      "max_running_requests": sum(b.cap for b in pools.by_name.values()) or None,
+        return _json({"served_model_names": rt.pools.models(), "gateway": "specroute",
+                      "max_running_requests": sum(b.cap for b in rt.pools.by_name.values()) or None,
                       "internal_states": [{"avg_spec_accept_length": avg}]})
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
-        return _json({"inflight": admission.inflight, "waiting": admission.waiting, "rejected": admission.rejected,
-                      "retries": proxy.retries,
-                      "backends": [_backend_state(b, poller) for b in pools.by_name.values()]})
+        return _json({"inflight": rt.admission.inflight, "waiting": rt.admission.waiting,
+                      "rejected": rt.admission.rejected, "retries": rt.proxy.retries,
+                      "policies": _policies(rt),
+                      "backends": [_backend_state(b, rt) for b in rt.pools.by_name.values()],
+                      "retiring": [_backend_state(b, rt) for b in rt.retiring.values()]})
+
+    @post("/admin/backends", status_code=201)
+    async def add_backend(request: Request) -> Response[bytes]:
+        try:
+            data = _decoder.decode(await request.body())
+        except msgspec.DecodeError as e:
+            raise ApiError(400, f"request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "expected a JSON object with name, url, model, strategy")
+        if data.get("name") in rt.pools.by_name:
+            raise ApiError(409, f"backend {data['name']!r} exists already", code="backend_exists")
+        try:
+            backend = await rt.add_backend(data)
+        except ConfigError as e:
+            raise ApiError(400, str(e), code="invalid_backend") from None
+        return _json(_backend_state(backend, rt), 201)
+
+    @delete("/admin/backends/{name:str}", status_code=200)
+    async def remove_backend(name: FromPath[str]) -> Response[bytes]:
+        backend = _backend(name)
+        await rt.remove_backend(name)
+        return _json({"removed": name, "inflight_finishing": backend.inflight})
 
     @post("/admin/backends/{name:str}/drain", status_code=200)
     async def drain(name: FromPath[str]) -> Response[bytes]:
         backend = _backend(name)
         backend.draining = True
-        return _json(_backend_state(backend, poller))
+        return _json(_backend_state(backend, rt))
 
     @post("/admin/backends/{name:str}/undrain", status_code=200)
     async def undrain(name: FromPath[str]) -> Response[bytes]:
         backend = _backend(name)
         backend.draining = False
-        admission.kick()
-        return _json(_backend_state(backend, poller))
+        rt.admission.kick()
+        return _json(_backend_state(backend, rt))
+
+    @post("/admin/reload", status_code=200)
+    async def reload() -> Response[bytes]:
+        return _json(await _reload())
 
     async def on_startup() -> None:
-        poller.start()
+        await rt.start()
+        if config_path is not None:
+            loop = asyncio.get_running_loop()
+
+            def on_sighup() -> None:
+                async def run() -> None:
+                    try:
+                        await _reload()
+                    except ApiError as e:
+                        log.error("SIGHUP reload: %s", e.message)
+                asyncio.ensure_future(run())
+            try:
+                loop.add_signal_handler(signal.SIGHUP, on_sighup)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests) or no signals
+                pass
 
     async def on_shutdown() -> None:
-        await poller.stop()
-        await pools.close()
-        tracing.shutdown()
+        await rt.stop()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[chat_completions, completions, models, health, ready, prometheus, server_info,
-                        admin_backends, drain, undrain],
-        plugins=[tracing.litestar_plugin()] if tracing.enabled else [],
+                        admin_backends, add_backend, remove_backend, drain, undrain, reload],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         request_max_body_size=config.gateway.max_body_bytes,
+        plugins=[rt.tracing.litestar_plugin()] if rt.tracing.enabled else [],
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
         openapi_config=None,
         logging_config=None,
         debug=False,
     )
+    app.state.runtime = rt
+    return app
 
 
 def create_asgi(config: Config, **kwargs: Any) -> Any:
     """The app as served: API-key gate outside the router, so unknown routes need a key too."""
-    return AuthGate(create_app(config, **kwargs), config.auth)
+    app = create_app(config, **kwargs)
+    return AuthGate(app, config.auth, lambda: app.state.runtime.config.auth)
 
 
-def _backend_state(b: Backend, poller: Poller) -> dict:
+def _policies(rt: Runtime) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for model, policy in rt.policies.items():
+        describe = getattr(policy, "describe", None)
+        views = [b.view for b in rt.pools.by_model.get(model, [])]
+        out[model] = {"name": policy.name, **(describe(views) if describe else {})}
+    return out
+
+
+def _backend_state(b: Backend, rt: Runtime) -> dict:
+    poller = rt.poller.pollers.get(b.name)
     return {
         "name": b.name, "url": b.spec.url, "model": b.spec.model, "strategy": b.spec.strategy.value,
         "up": b.up, "ready": b.ready, "draining": b.draining, "circuit": b.circuit.state.value,
         "inflight": b.inflight, "cap": b.cap,
         "reported_load": msgspec.to_builtins(b.load) if b.load else None,
         "server_info": msgspec.to_builtins(b.info) if b.info else None,
-        "load_source": poller.pollers[b.name].load_source,
+        "load_source": poller.load_source if poller else None,
     }
 
 

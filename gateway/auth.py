@@ -43,8 +43,14 @@ class TokenBucket:
 
 
 class AuthGate:
-    def __init__(self, app: ASGIApp, auth: AuthSection) -> None:
+    def __init__(self, app: ASGIApp, auth: AuthSection, current: "Callable[[], AuthSection] | None" = None) -> None:
         self.app = app
+        self._current = current  # where a reloaded config's [auth] is found
+        self._section = auth
+        self._configure(auth)
+
+    def _configure(self, auth: AuthSection) -> None:
+        self._section = auth
         keys, admin = configured_keys(auth)
         self.keys = [k.encode() for k in keys]
         self.admin_key = admin.encode() if admin else None
@@ -57,6 +63,8 @@ class AuthGate:
         return bool(self.keys or self.admin_key)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if self._current is not None and (section := self._current()) is not self._section:
+            self._configure(section)  # keys changed by a reload
         if scope["type"] != "http" or not self.enabled or scope["path"] in self.public:
             return await self.app(scope, receive, send)
         token = _bearer(scope["headers"])

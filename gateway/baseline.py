@@ -10,7 +10,7 @@ estimates, so the yardstick does not depend on which policy is configured.
 from __future__ import annotations
 
 from backends import Strategy
-from gateway.pool import Pools
+from gateway.pool import Backend, Pools
 from policies import Domain, Outcome
 from policies.estimates import Estimates
 from policies.priors import DOMAIN_INDEX
@@ -21,13 +21,21 @@ class SpeedupBaseline:
         self.estimates = Estimates()
         self._reference: dict[str, str] = {}  # model -> name of the estimate used as its AR baseline
         self._ar_backends: set[str] = set()
-        for model, backends in pools.by_model.items():
-            ar = [b.name for b in backends if b.spec.strategy is Strategy.AR]
-            self._ar_backends.update(ar)
-            reference = ar[0] if ar else f"ar-prior:{model}"
-            for name in ar or [reference]:
-                self.estimates.register(name, Strategy.AR)
-            self._reference[model] = reference
+        for backends in pools.by_model.values():
+            for b in backends:
+                self.register(b)
+
+    def register(self, backend: Backend) -> None:
+        """A backend joined its pool: the first AR backend of a model becomes that model's yardstick."""
+        model = backend.spec.model
+        if backend.spec.strategy is Strategy.AR:
+            self._ar_backends.add(backend.name)
+            self.estimates.register(backend.name, Strategy.AR)
+            if self._reference.get(model, "ar-prior:").startswith("ar-prior:"):
+                self._reference[model] = backend.name
+        elif model not in self._reference:
+            self._reference[model] = f"ar-prior:{model}"
+            self.estimates.register(self._reference[model], Strategy.AR)
 
     def observe(self, outcome: Outcome) -> None:
         if outcome.backend in self._ar_backends:

@@ -18,6 +18,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="embedded twins only: multiply simulated time (e.g. 0.05 for fast tests)")
     sub.add_parser("sim", help="run one SGLang-compatible twin server (see `specroute sim --help`)",
                    add_help=False)
+    sub.add_parser("eval", help="evaluate the policies on the twin's engine, virtual clock (--scenario all)",
+                   add_help=False)
     sub.add_parser("backends", help="launch profiles of the real SGLang servers: list/show/launch/systemd/check",
                    add_help=False)
     sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)",
@@ -36,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from backends.sim.cli import main as sim_main
 
         return sim_main(argv[1:])
+    if argv and argv[0] == "eval":
+        from policies.eval.cli import main as eval_main
+
+        return eval_main(argv[1:])
     if argv and argv[0] in ("backends", "config"):
         from gateway import cli_backends, cli_config
 

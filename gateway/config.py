@@ -15,6 +15,7 @@ import msgspec
 from backends import BackendSpec, Strategy
 
 from policies import POLICY_NAMES as KNOWN_POLICIES
+from policies.registry import POLICY_OPTIONS, make_policy
 
 
 class ConfigError(Exception):
@@ -23,7 +24,12 @@ class ConfigError(Exception):
 
 class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     listen: str = "127.0.0.1:8000"
-    policy: str = "least_inflight"
+    policy: str = "goodput"
+    objective: str = "latency"       # goodput: latency (fastest for this request) | throughput (pool total)
+    # Let clients choose a policy per request with the `x-specroute-policy` header.
+    allow_policy_header: bool = False
+    # SIGTERM: stop accepting, let streams finish for up to this long.
+    shutdown_grace_s: float = 30.0
     # Request bodies above this size are refused with 413 before they are parsed.
     max_body_bytes: int = 4 * 1024 * 1024
     # aiohttp connection pool size per backend (keep-alive connections).
@@ -81,6 +87,11 @@ class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     policy: str | None = None
     pinned_backend: str | None = None
+    objective: str | None = None     # goodput
+    threshold: int | None = None     # threshold: speculative backends below this many in flight
+    epsilon: float | None = None     # goodput exploration probability
+    hysteresis: float | None = None  # goodput: margin a challenger needs over the incumbent
+    seed: int | None = None
 
 
 class BackendEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -130,6 +141,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def policy_for(self, model: str) -> str:
         section = self.models.get(model)
         return (section.policy if section and section.policy else None) or self.gateway.policy
+
+    def policy_options(self, model: str, policy: str) -> dict[str, Any]:
+        """Options for `make_policy`: only those the named policy takes, model section over gateway."""
+        section = self.models.get(model) or ModelSection()
+        options: dict[str, Any] = {"pinned_backend": section.pinned_backend, "threshold": section.threshold,
+                                   "epsilon": section.epsilon, "hysteresis": section.hysteresis,
+                                   "seed": section.seed, "objective": section.objective or self.gateway.objective}
+        return {k: v for k, v in options.items() if v is not None and k in POLICY_OPTIONS.get(policy, ())}
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -203,6 +222,13 @@ def _check(config: Config, source: str) -> None:
             raise ConfigError(f"{source}: models.{model}: no backend serves model {model!r}")
         if section.pinned_backend and section.pinned_backend not in seen:
             raise ConfigError(f"{source}: models.{model}.pinned_backend: unknown backend {section.pinned_backend!r}")
+    for model in models:  # build each policy once: its own checks (objective, options) name the key
+        policy = config.policy_for(model)
+        key = f"models.{model}" if model in config.models else "gateway"
+        try:
+            make_policy(policy, **config.policy_options(model, policy))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{source}: {key}: policy {policy!r}: {e}") from None
 
 
 def _check_positive(config: Config, source: str) -> None:

@@ -19,7 +19,7 @@ import msgspec
 
 from backends.loads import LoadReport, ServerInfo, parse_get_load, parse_loads, parse_metrics, parse_server_info
 from gateway.config import HealthSection
-from gateway.pool import Backend, Pools
+from gateway.pool import Backend
 
 log = logging.getLogger("specroute.poller")
 _decoder = msgspec.json.Decoder()
@@ -38,6 +38,7 @@ class BackendPoller:
         self._ready_path = "/ready"
         self._fails = 0
         self._successes = 0
+        self.checks = 0  # readiness checks done; /ready waits for the first
 
     async def run(self) -> None:
         while True:
@@ -67,6 +68,7 @@ class BackendPoller:
         except _NET_ERRORS:
             ok = False
         backend = self.backend
+        self.checks += 1
         was_up = backend.up
         if ok:
             self._fails, self._successes = 0, self._successes + 1
@@ -146,23 +148,43 @@ _NEXT_LOAD_PATH = {"/v1/loads": "/get_load", "/get_load": "/metrics", "/metrics"
 
 
 class Poller:
-    """One polling task per backend, started and stopped with the app."""
+    """One polling task per backend, started with the app; backends can come and go at runtime."""
 
-    def __init__(self, pools: Pools, health: HealthSection, on_change: Callable[[], None] | None = None) -> None:
-        self.pollers = {
-            name: BackendPoller(b, interval_s=health.interval_s, unhealthy_after=health.unhealthy_after,
-                                healthy_after=health.healthy_after, on_change=on_change)
-            for name, b in pools.by_name.items()
-        }
-        self._tasks: list[asyncio.Task] = []
+    def __init__(self, health: HealthSection, on_change: Callable[[], None] | None = None) -> None:
+        self.health = health
+        self.on_change = on_change
+        self.pollers: dict[str, BackendPoller] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._running = False
+
+    def add(self, backend: Backend) -> None:
+        h = self.health
+        self.pollers[backend.name] = BackendPoller(backend, interval_s=h.interval_s, unhealthy_after=h.unhealthy_after,
+                                                   healthy_after=h.healthy_after, on_change=self.on_change)
+        if self._running:
+            self._start(backend.name)
+
+    async def remove(self, name: str) -> None:
+        self.pollers.pop(name, None)
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def checked(self, name: str) -> bool:
+        poller = self.pollers.get(name)
+        return poller is None or poller.checks > 0
+
+    def _start(self, name: str) -> None:
+        self._tasks[name] = asyncio.create_task(self.pollers[name].run(), name=f"poll-{name}")
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(p.run(), name=f"poll-{n}") for n, p in self.pollers.items()]
+        self._running = True
+        for name in self.pollers:
+            self._start(name)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks = []
+        self._running = False
+        for name in list(self._tasks):
+            await self.remove(name)

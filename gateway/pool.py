@@ -7,7 +7,9 @@ error or disconnect by a `Lease` that releases exactly once.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable
+from urllib.parse import urlsplit
 
 from backends import BackendSpec
 from backends.client import SGLangClient
@@ -20,7 +22,7 @@ class Backend:
     """One upstream as the gateway runs it: client, live view for policies, health, in-flight."""
 
     __slots__ = ("spec", "client", "view", "info", "load", "circuit", "ready", "draining", "cap_override",
-                 "_on_release")
+                 "address", "_on_release", "_area", "_area_t")
 
     def __init__(self, spec: BackendSpec, client: SGLangClient, circuit: CircuitBreaker | None = None,
                  cap: int = 0) -> None:
@@ -33,7 +35,12 @@ class Backend:
         self.ready = True          # optimistic until the first readiness check says otherwise
         self.draining = False      # no new requests; in-flight ones finish
         self.cap_override = cap    # 0: use the backend's own max_running_requests once known
+        parts = urlsplit(spec.url)
+        self.address: tuple[str, int | None] = (parts.hostname or spec.url, parts.port)
         self._on_release: Callable[["Backend"], None] | None = None
+        # in-flight integrated over time, for each request's time-weighted mean load
+        self._area = 0.0
+        self._area_t = time.perf_counter()
 
     @property
     def name(self) -> str:
@@ -64,8 +71,18 @@ class Backend:
         """Policies read `view.healthy`; keep it the single flag they need."""
         self.view.healthy = self.up
 
+    def inflight_area(self, now: float) -> float:
+        """Integral of in-flight over time up to `now` (request-seconds)."""
+        return self._area + self.view.inflight * (now - self._area_t)
+
+    def _advance(self) -> None:
+        now = time.perf_counter()
+        self._area = self.inflight_area(now)
+        self._area_t = now
+
     def lease(self) -> "Lease":
         """Count one request in flight until the lease is released (exactly once)."""
+        self._advance()
         self.view.inflight += 1
         self.circuit.on_dispatch()
         return Lease(self)
@@ -82,6 +99,7 @@ class Lease:
     def release(self) -> None:
         backend, self._backend = self._backend, None
         if backend is not None:
+            backend._advance()
             backend.view.inflight -= 1
             if backend._on_release is not None:
                 backend._on_release(backend)
@@ -92,25 +110,39 @@ class Lease:
 
 
 class Pools:
-    """All backends by name and by served model."""
+    """All backends by name and by served model. Backends can be added and removed at runtime
+    (hot reload, admin API): a removed backend leaves the pools at once, so it gets no new
+    request, while leases it already handed out still release against it."""
 
-    def __init__(self, backends: Iterable[Backend]) -> None:
+    def __init__(self, backends: Iterable[Backend] = ()) -> None:
         self.by_name: dict[str, Backend] = {}
         self.by_model: dict[str, list[Backend]] = {}
+        self._on_release: Callable[[Backend], None] | None = None
         for b in backends:
-            self.by_name[b.name] = b
-            self.by_model.setdefault(b.spec.model, []).append(b)
+            self.add(b)
 
     def models(self) -> list[str]:
         return list(self.by_model)
 
+    def add(self, backend: Backend) -> None:
+        if backend.name in self.by_name:
+            raise ValueError(f"backend {backend.name!r} exists already")
+        backend._on_release = self._on_release
+        self.by_name[backend.name] = backend
+        self.by_model.setdefault(backend.spec.model, []).append(backend)
+
+    def remove(self, name: str) -> Backend:
+        backend = self.by_name.pop(name)
+        members = self.by_model[backend.spec.model]
+        members.remove(backend)
+        if not members:
+            del self.by_model[backend.spec.model]
+        return backend
+
     def on_release(self, callback: Callable[[Backend], None]) -> None:
+        self._on_release = callback
         for b in self.by_name.values():
             b._on_release = callback
-
-    @property
-    def total_inflight(self) -> int:
-        return sum(b.inflight for b in self.by_name.values())
 
     async def close(self) -> None:
         for b in self.by_name.values():

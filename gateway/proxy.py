@@ -15,7 +15,6 @@ import logging
 import os
 import time
 from typing import AsyncIterator, Mapping
-from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -36,7 +35,7 @@ from gateway.pool import Backend, Lease, Pools
 from gateway.records import RequestRecord
 from gateway.relay import SseRelay
 from gateway.tracing import Tracing
-from policies import Decision, NoCandidate, Outcome, Policy, RequestFeatures, classify
+from policies import POLICY_NAMES, Decision, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
 from policies.simple import Pinned
 
 log = logging.getLogger("specroute.proxy")
@@ -47,6 +46,7 @@ PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/com
 BACKEND_HEADER = "x-specroute-backend"
 REQUEST_ID_HEADER = "x-request-id"
 TRACE_ID_HEADER = "x-specroute-trace-id"
+POLICY_HEADER = "x-specroute-policy"
 # Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
 _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
@@ -67,19 +67,43 @@ class Proxy:
                  access_log: AccessLog | None = None) -> None:
         self.pools = pools
         self.admission = admission
-        self.policies = dict(policies)
-        self.retry = config.retry
-        self.include_prompts = config.logging.include_prompts
-        t = config.timeouts
-        self.first_byte_s = t.first_byte_s
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.idle_stream_s)
-        self._request_timeout = aiohttp.ClientTimeout(total=t.request_s, sock_connect=t.connect_s)
+        self.policies = policies  # shared with the runtime: a reload swaps policies in place
+        self.configure(config)
         self.metrics = metrics or GatewayMetrics()
         self.tracing = tracing or Tracing(config.tracing)
         self.access_log = access_log or AccessLog(config.logging.access_log)
         self.baseline = SpeedupBaseline(pools)
         self.retries = 0  # attempts beyond the first
-        self._addresses = {name: _address(b.spec.url) for name, b in pools.by_name.items()}
+
+    def configure(self, config: Config) -> None:
+        """(Re)read the settings the request path uses; called again on reload."""
+        self.retry = config.retry
+        self.include_prompts = config.logging.include_prompts
+        self.allow_policy_header = config.gateway.allow_policy_header
+        self._config = config
+        t = config.timeouts
+        self.first_byte_s = t.first_byte_s
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.idle_stream_s)
+        self._request_timeout = aiohttp.ClientTimeout(total=t.request_s, sock_connect=t.connect_s)
+        self._header_policies: dict[tuple[str, str], Policy] = {}
+
+    def _policy_for(self, model: str, pin: str | None, requested: str | None) -> Policy:
+        if pin:
+            return Pinned(pin)
+        if requested and requested != self.policies[model].name:
+            if not self.allow_policy_header:
+                raise ApiError(403, "choosing a policy per request (x-specroute-policy) is not enabled on this "
+                                    "gateway (gateway.allow_policy_header)", param=POLICY_HEADER)
+            key = (model, requested)
+            policy = self._header_policies.get(key)
+            if policy is None:  # one instance per (model, policy): it keeps learning across requests
+                if requested not in POLICY_NAMES or requested == "pinned":
+                    raise ApiError(400, f"unknown policy {requested!r} in {POLICY_HEADER}; expected one of "
+                                        f"{[p for p in POLICY_NAMES if p != 'pinned']}", param=POLICY_HEADER)
+                policy = make_policy(requested, **self._config.policy_options(model, requested))
+                self._header_policies[key] = policy
+            return policy
+        return self.policies[model]
 
     async def handle(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Response:
         req = _Request(self, kind, headers)
@@ -93,8 +117,7 @@ class Proxy:
                 model=model, domain=classify(parsed.prompt_text), prompt_tokens=len(parsed.prompt_text) // 4,
                 max_tokens=parsed.max_tokens, stream=parsed.stream,
             )
-            policy: Policy = Pinned(pin) if pin else self.policies[model]
-            req.policy = policy
+            req.policy = self._policy_for(model, pin, headers.get(POLICY_HEADER))
             # A pinned request never moves to another backend: failing loudly beats a silent reroute.
             attempts = 1 if pin else self.retry.attempts
             retrying = AsyncRetrying(
@@ -134,7 +157,7 @@ class Proxy:
         self.metrics.decisions.labels(model, req.policy.name, backend.name).inc()
         lease = self.admission.lease(backend)
         req.dispatch(backend, lease, decision)
-        host, port = self._addresses[backend.name]
+        host, port = backend.address
         span = self.tracing.start_client_span(req.kind, model, host, port, parsed.body, len(req.tried))
         req.span = span
         upstream_headers = {REQUEST_ID_HEADER: req.request_id}
@@ -272,7 +295,7 @@ class _Request:
 
     __slots__ = ("proxy", "kind", "headers", "t_received", "request_id", "trace_id", "parsed", "model", "features",
                  "policy", "tried", "queue_s", "backend", "lease", "decision", "inflight", "t_dispatch", "span",
-                 "_done")
+                 "area0", "_done")
 
     def __init__(self, proxy: Proxy, kind: Kind, headers: Mapping[str, str]) -> None:
         self.proxy = proxy
@@ -294,12 +317,22 @@ class _Request:
         self.inflight = 0
         self.t_dispatch = 0.0
         self.span: Span | None = None
+        self.area0 = 0.0
         self._done = False
 
     def dispatch(self, backend: Backend, lease: Lease, decision: Decision) -> None:
         self.backend, self.lease, self.decision = backend, lease, decision
         self.inflight = backend.inflight
         self.t_dispatch = time.perf_counter()
+        self.area0 = backend.inflight_area(self.t_dispatch)
+
+    def mean_inflight(self) -> float | None:
+        """Time-weighted in-flight on the chosen backend over this request's life (itself included)."""
+        if self.backend is None:
+            return None
+        now = time.perf_counter()
+        span = now - self.t_dispatch
+        return (self.backend.inflight_area(now) - self.area0) / span if span > 0 else float(self.inflight)
 
     def upstream_failed(self, kind: str, error: ApiError, health: bool = True) -> UpstreamFailure:
         """An attempt failed before the first byte: release it, tell the policy, allow a retry."""
@@ -332,6 +365,7 @@ class _Request:
         if self._done:
             return
         self._done = True
+        mean_inflight = self.mean_inflight()
         if self.lease is not None:
             self.lease.release()
         rec = self._record(status, usage_=usage_, t_first=t_first, t_last=t_last, spec=spec,
@@ -342,9 +376,13 @@ class _Request:
             self._observe(Outcome(
                 backend=self.backend.name, domain=self.features.domain, inflight_at_dispatch=self.inflight,
                 prompt_tokens=rec.prompt_tokens, completion_tokens=rec.completion_tokens,
-                ttft_s=(t_first - self.t_dispatch) if t_first is not None else None, decode_s=rec.decode_s,
+                ttft_s=(t_first - self.t_dispatch) if t_first is not None else None,
+                # Without chunk timing (non-streaming) the upstream's whole answer time stands in for
+                # decode time: it includes prefill and queueing, so it slightly understates decode speed.
+                decode_s=rec.decode_s if rec.decode_s is not None else (
+                    time.perf_counter() - self.t_dispatch if not rec.stream else None),
                 verify_ct=rec.verify_ct, accept_length=rec.accept_length, finish_reason=finish_reason,
-                error=error_type if error else None,
+                error=error_type if error else None, mean_inflight=mean_inflight,
             ))
             if telemetry_expected:
                 proxy.metrics.telemetry_skipped.labels(self.backend.name).inc()
@@ -358,6 +396,10 @@ class _Request:
         try:
             self.proxy.baseline.observe(outcome)
             self.policy.observe(outcome)
+            # Pinned and header-chosen requests teach the model's configured policy too.
+            model_policy = self.proxy.policies.get(self.model)
+            if model_policy is not None and model_policy is not self.policy:
+                model_policy.observe(outcome)
         except Exception:  # telemetry must never fail a request
             log.exception("policy.observe failed")
 
@@ -391,11 +433,6 @@ class _Request:
             error=error, error_type=error_type,
             prompt=self.parsed.prompt_text if self.proxy.include_prompts and self.parsed else None,
         )
-
-
-def _address(url: str) -> tuple[str, int | None]:
-    parts = urlsplit(url)
-    return parts.hostname or url, parts.port
 
 
 async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:

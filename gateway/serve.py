@@ -29,15 +29,17 @@ def serve(config_path: str | None, listen: str | None, sim_time_scale: float | N
         logging.basicConfig(level=getattr(logging, config.logging.level.upper(), logging.WARNING),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         host, port = parse_listen(config.gateway.listen)
-        run(config, host, port)
+        run(config, host, port, config_path)
     return 0
 
 
-def run(config: Config, host: str, port: int) -> None:
-    app = create_asgi(config)
+def run(config: Config, host: str, port: int, config_path: str | None = None) -> None:
+    app = create_asgi(config, config_path=config_path)
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
         log_level="warning", access_log=False, timeout_keep_alive=30, backlog=2048,
+        # SIGTERM: stop accepting, let in-flight streams finish for up to this long
+        timeout_graceful_shutdown=config.gateway.shutdown_grace_s,
     ))
     print(f"specroute gateway on http://{host}:{port} "
           f"({len(config.backends)} backends, models: {sorted({b.model for b in config.backends})})",

@@ -1,0 +1,174 @@
+"""Everything the gateway serves with, and how it changes without a restart.
+
+`Runtime` owns the pools, admission, policies, proxy and poller built from a `Config`. `reload`
+applies a new config in place: added backends start receiving traffic, removed ones leave the
+pools at once and are retired (their in-flight streams finish, then their connections close),
+changed policies apply to new requests, and the caps, timeouts and retry settings are swapped. An
+invalid config is refused by `load_config` before anything changes, so the old one stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from backends.client import SGLangClient
+from gateway.access_log import AccessLog
+from gateway.admission import Admission
+from gateway.circuit import CircuitBreaker
+from gateway.config import BackendEntry, Config, ConfigError, config_from_dict
+from gateway.metrics import GatewayMetrics
+from gateway.poller import Poller
+from gateway.pool import Backend, Pools
+from gateway.proxy import Proxy
+from gateway.tracing import Tracing
+from policies import Policy, make_policy
+
+log = logging.getLogger("specroute.runtime")
+
+
+class Runtime:
+    def __init__(self, config: Config, *, tracing: Tracing | None = None, access_log: AccessLog | None = None) -> None:
+        self.config = config
+        self.pools = Pools()
+        a = config.admission
+        self.admission = Admission(self.pools, max_inflight=a.max_inflight, max_queue=a.max_queue,
+                                   queue_timeout_s=a.queue_timeout_s)
+        self.metrics = GatewayMetrics()
+        self.metrics.watch(self.pools, self.admission)
+        self.tracing = tracing or Tracing(config.tracing)
+        self.policies: dict[str, Policy] = {}
+        self.proxy = Proxy(self.pools, self.admission, self.policies, config, metrics=self.metrics,
+                           tracing=self.tracing, access_log=access_log)
+        self.poller = Poller(config.health, on_change=self.admission.kick)
+        self.retiring: dict[str, Backend] = {}
+        self._retire_tasks: set[asyncio.Task] = set()
+        for entry in config.backends:
+            self._add(entry)
+        self._build_policies()
+
+    # ------------------------------------------------------------------ backends
+
+    def _add(self, entry: BackendEntry) -> Backend:
+        config = self.config
+        spec = Config(backends=[entry]).backend_specs()[0]
+        backend = Backend(spec, SGLangClient(spec, connections=config.gateway.upstream_connections,
+                                             connect_timeout_s=config.timeouts.connect_s),
+                          CircuitBreaker(config.health.circuit_failures, config.health.circuit_cooldown_s),
+                          cap=config.admission.backend_max_inflight)
+        self.pools.add(backend)
+        self.poller.add(backend)
+        self.proxy.baseline.register(backend)
+        return backend
+
+    async def _retire(self, name: str) -> None:
+        """Out of the pools now; closed once its in-flight requests are done."""
+        backend = self.pools.remove(name)
+        backend.draining = True
+        await self.poller.remove(name)
+        self.retiring[name] = backend
+        task = asyncio.create_task(self._close_when_idle(backend))
+        self._retire_tasks.add(task)
+        task.add_done_callback(self._retire_tasks.discard)
+
+    async def _close_when_idle(self, backend: Backend, poll_s: float = 0.05) -> None:
+        while backend.inflight > 0:
+            await asyncio.sleep(poll_s)
+        await backend.client.close()
+        self.retiring.pop(backend.name, None)
+        log.warning("backend %s removed", backend.name)
+
+    def _build_policies(self) -> None:
+        """One policy per served model; a policy whose name and options did not change keeps what it learned."""
+        wanted: dict[str, tuple[str, dict[str, Any]]] = {}
+        for model in self.pools.models():
+            name = self.config.policy_for(model)
+            wanted[model] = (name, self.config.policy_options(model, name))
+        for model, (name, options) in wanted.items():
+            current = self.policies.get(model)
+            if current is not None and getattr(current, "_specroute_key", None) == (name, sorted(options.items())):
+                continue
+            policy = make_policy(name, **options)
+            with contextlib.suppress(AttributeError):  # remember how it was built, to keep it across reloads
+                policy._specroute_key = (name, sorted(options.items()))  # type: ignore[attr-defined]
+            self.policies[model] = policy
+        for model in list(self.policies):
+            if model not in wanted:
+                del self.policies[model]
+
+    async def add_backend(self, data: dict[str, Any]) -> Backend:
+        """Admin API: add one backend (same fields as a `[[backends]]` entry)."""
+        entries = [msgspec_entry(b) for b in self.config.backends] + [data]
+        new = config_from_dict({**self._config_dict(), "backends": entries}, "backend")
+        self.config = new
+        backend = self._add(new.backends[-1])
+        self._build_policies()
+        self.admission.kick()
+        return backend
+
+    async def remove_backend(self, name: str) -> None:
+        """Admin API: drain and remove; in-flight requests finish first."""
+        if name not in self.pools.by_name:
+            raise KeyError(name)
+        entries = [msgspec_entry(b) for b in self.config.backends if b.name != name]
+        models = {e["model"] for e in entries}
+        sections = {m: s for m, s in self._config_dict().get("models", {}).items() if m in models}
+        self.config = config_from_dict({**self._config_dict(), "backends": entries, "models": sections}, "backend")
+        await self._retire(name)
+        self._build_policies()
+
+    # ------------------------------------------------------------------ reload
+
+    async def reload(self, new: Config) -> dict[str, list[str]]:
+        old = {b.name: b for b in self.config.backends}
+        fresh = {b.name: b for b in new.backends}
+        removed = [n for n in old if n not in fresh or old[n] != fresh[n]]
+        added = [n for n in fresh if n not in old or old[n] != fresh[n]]
+        if new.gateway.listen != self.config.gateway.listen:
+            log.warning("gateway.listen changed to %s: takes effect at the next restart", new.gateway.listen)
+        self.config = new
+        for name in removed:
+            await self._retire(name)
+        for name in added:
+            self._add(fresh[name])
+        self._apply_settings(new)
+        self._build_policies()
+        self.admission.kick()
+        log.warning("config reloaded: added %s, removed %s", added, removed)
+        return {"added": added, "removed": removed}
+
+    def _apply_settings(self, new: Config) -> None:
+        a = new.admission
+        self.admission.max_inflight, self.admission.max_queue = a.max_inflight, a.max_queue
+        self.admission.queue_timeout_s = a.queue_timeout_s
+        for b in self.pools.by_name.values():
+            b.cap_override = a.backend_max_inflight
+        self.proxy.configure(new)
+
+    def _config_dict(self) -> dict[str, Any]:
+        import msgspec
+
+        return msgspec.to_builtins(self.config)
+
+    async def start(self) -> None:
+        self.poller.start()
+
+    async def stop(self) -> None:
+        await self.poller.stop()
+        for task in list(self._retire_tasks):
+            task.cancel()
+        await self.pools.close()
+        for b in self.retiring.values():
+            await b.client.close()
+        self.tracing.shutdown()
+
+
+def msgspec_entry(entry: BackendEntry) -> dict[str, Any]:
+    import msgspec
+
+    return {k: v for k, v in msgspec.to_builtins(entry).items() if v is not None}
+
+
+__all__ = ["ConfigError", "Runtime"]

@@ -1,0 +1,122 @@
+"""Hot reload (SIGHUP and POST /admin/reload) and the admin API, with streams in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+
+import aiohttp
+
+from tests.support import free_port, gateway_config, get_json, running, specroute, wait_until
+
+MSG = [{"role": "user", "content": "Tell me a story."}]
+
+
+def _post(url: str, body: dict | None = None, method: str = "POST") -> tuple[int, dict]:
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+async def _stream(url: str, model: str, max_tokens: int) -> dict:
+    body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/v1/chat/completions", json=body) as r:
+            raw = (await r.read()).decode()
+    events = [e[6:] for e in raw.split("\n\n") if e.startswith("data: ")]
+    parsed = [json.loads(e) for e in events if e != "[DONE]"]
+    return {"done": events[-1] == "[DONE]", "error": any("error" in p for p in parsed),
+            "tokens": next((p["usage"]["completion_tokens"] for p in parsed if p.get("usage")), 0)}
+
+
+def _entry(name: str, url: str, strategy: str = "ar") -> dict:
+    return {"name": name, "url": url, "model": "kimi-k2.6", "strategy": strategy}
+
+
+def test_reload_adds_and_removes_backends_without_cutting_streams(tmp_path, twin_factory):
+    a, b = twin_factory("k26-ar"), twin_factory("k26-ar")
+    port = free_port()
+    path = tmp_path / "g.toml"
+    path.write_text(gateway_config(port, [_entry("a", a)]))
+    url = f"http://127.0.0.1:{port}"
+    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health") as proc:
+        async def scenario() -> tuple[dict, dict]:
+            stream = asyncio.create_task(_stream(url, "kimi-k2.6@a", 800))
+            assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 1)
+            # swap a for b in the file; SIGHUP re-reads it
+            path.write_text(gateway_config(port, [_entry("b", b)]))
+            os.kill(proc.pid, signal.SIGHUP)
+            assert await asyncio.to_thread(wait_until, lambda: [x["name"] for x in
+                                                                get_json(f"{url}/admin/backends")["backends"]] == ["b"])
+            state = get_json(f"{url}/admin/backends")
+            return await stream, state
+        finished, state = asyncio.run(scenario())
+        assert finished == {"done": True, "error": False, "tokens": 800}  # the removed backend's stream finished
+        assert [r["name"] for r in state["retiring"]] == ["a"]
+        assert wait_until(lambda: get_json(f"{url}/admin/backends")["retiring"] == [])
+        status, _ = _post(f"{url}/v1/chat/completions", {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 2})
+        assert status == 200
+        # an invalid config is refused with the reason; the running one stays
+        path.write_text('[gateway]\npolicy = "fastest"\n')
+        status, body = _post(f"{url}/admin/reload")
+        assert status == 400 and "fastest" in body["error"]["message"]
+        assert [x["name"] for x in get_json(f"{url}/admin/backends")["backends"]] == ["b"]
+        # a policy change applies to new requests
+        path.write_text(gateway_config(port, [_entry("b", b)], '[models."kimi-k2.6"]\npolicy = "round_robin"\n'))
+        status, body = _post(f"{url}/admin/reload")
+        assert status == 200 and body == {"added": [], "removed": []}
+        assert get_json(f"{url}/admin/backends")["policies"]["kimi-k2.6"]["name"] == "round_robin"
+
+
+def test_admin_add_drain_remove(tmp_path, twin_factory):
+    a, b = twin_factory("k26-ar"), twin_factory("k26-dflash")
+    port = free_port()
+    path = tmp_path / "g.toml"
+    path.write_text(gateway_config(port, [_entry("a", a)]))
+    url = f"http://127.0.0.1:{port}"
+    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
+        status, body = _post(f"{url}/admin/backends", _entry("b", b, "dflash"))
+        assert status == 201 and body["name"] == "b" and body["strategy"] == "dflash"
+        assert _post(f"{url}/admin/backends", _entry("b", b, "dflash"))[0] == 409
+        status, body = _post(f"{url}/admin/backends", {"name": "c", "url": "ftp://x", "model": "m"})
+        assert status == 400 and "url" in body["error"]["message"]
+        status, _ = _post(f"{url}/v1/chat/completions", {"model": "kimi-k2.6@b", "messages": MSG, "max_tokens": 4})
+        assert status == 200  # the added backend serves at once
+
+        async def scenario() -> dict:
+            stream = asyncio.create_task(_stream(url, "kimi-k2.6@b", 600))
+            assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 1)
+            status, body = await asyncio.to_thread(_post, f"{url}/admin/backends/b", None, "DELETE")
+            assert status == 200 and body["inflight_finishing"] == 1
+            return await stream
+        assert asyncio.run(scenario()) == {"done": True, "error": False, "tokens": 600}
+        assert [x["name"] for x in get_json(f"{url}/admin/backends")["backends"]] == ["a"]
+        status, body = _post(f"{url}/v1/chat/completions", {"model": "kimi-k2.6@b", "messages": MSG})
+        assert status == 404
+        assert _post(f"{url}/admin/backends/zzz", None, "DELETE")[0] == 404
+
+
+def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
+    a = twin_factory("k26-ar")
+    port = free_port()
+    path = tmp_path / "g.toml"
+    path.write_text(gateway_config(port, [_entry("a", a)]))
+    url = f"http://127.0.0.1:{port}"
+    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health") as proc:
+        async def scenario() -> dict:
+            stream = asyncio.create_task(_stream(url, "kimi-k2.6", 500))
+            assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 1)
+            os.kill(proc.pid, signal.SIGTERM)
+            return await stream
+        assert asyncio.run(scenario()) == {"done": True, "error": False, "tokens": 500}
+        # uvicorn re-raises the signal once it has shut down: the conventional "ended by SIGTERM"
+        assert proc.wait(15) in (0, -signal.SIGTERM)
