@@ -92,20 +92,22 @@ def loadgen(*args: str) -> list[str]:
     return [str(BIN / "loadgen"), *args]
 
 
-def gateway_config(port: int, backends: list[dict], extra: str = "") -> str:
-    """TOML for a gateway on `port` with `backends` ({name, url, model, strategy}); `extra` appended."""
-    lines = [f'[gateway]\nlisten = "127.0.0.1:{port}"\n']
+def gateway_config(port: int, backends: list[dict], extra: str = "", gateway_keys: str = "") -> str:
+    """TOML for a gateway on `port` with `backends` ({name, url, model, strategy}); `extra` appended,
+    `gateway_keys` added to the [gateway] table."""
+    lines = [f'[gateway]\nlisten = "127.0.0.1:{port}"\n{gateway_keys}']
     for b in backends:
         lines.append("[[backends]]\n" + "".join(f'{k} = "{v}"\n' for k, v in b.items()))
     return "\n".join(lines) + "\n" + extra
 
 
 @contextlib.contextmanager
-def gateway(tmp_path: Path, backends: list[dict], extra: str = "", env: dict[str, str] | None = None) -> Iterator[str]:
+def gateway(tmp_path: Path, backends: list[dict], extra: str = "", env: dict[str, str] | None = None,
+            gateway_keys: str = "") -> Iterator[str]:
     """`specroute serve --config` over `backends`; yields its base URL."""
     port = free_port()
     path = tmp_path / f"gateway-{port}.toml"
-    path.write_text(gateway_config(port, backends, extra))
+    path.write_text(gateway_config(port, backends, extra, gateway_keys))
     with running(specroute("serve", "--config", str(path)), ready_url=f"http://127.0.0.1:{port}/health",
                  env=env):
         yield f"http://127.0.0.1:{port}"

@@ -1,0 +1,94 @@
+"""Routing through a running gateway: policy choice per request, introspection, in-flight accounting."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from tests.support import gateway, get_json, wait_until
+
+MATH = [{"role": "user", "content": "A train travels 60 miles in 1.5 hours. How many miles per hour is that?"}]
+
+
+def _k26(twin_factory, *extra_ar: str) -> list[dict]:
+    return [{"name": "k26-ar", "url": twin_factory("k26-ar", *extra_ar), "model": "kimi-k2.6", "strategy": "ar"},
+            {"name": "k26-dflash", "url": twin_factory("k26-dflash"), "model": "kimi-k2.6", "strategy": "dflash"}]
+
+
+def test_goodput_sends_math_at_low_load_to_speculation_and_explains_itself(tmp_path, twin_factory):
+    with gateway(tmp_path, _k26(twin_factory)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        served = collections.Counter(
+            client.chat.completions.with_raw_response.create(model="kimi-k2.6", messages=MATH, max_tokens=32,
+                                                             stream=False).headers["x-specroute-backend"]
+            for _ in range(30))
+        state = get_json(f"{url}/admin/backends")
+    assert served["k26-dflash"] >= 24, served  # sequential math: speculation wins; a few explorations allowed
+    policy = state["policies"]["kimi-k2.6"]
+    assert policy["name"] == "goodput" and policy["policy"]["objective"] == "latency"
+    dflash = policy["backends"]["k26-dflash"]
+    assert dflash["accept_length"]["math"] > 2 and dflash["predicted_tok_s"]["math"] > \
+        policy["backends"]["k26-ar"]["predicted_tok_s"]["math"]
+
+
+def test_policy_header_needs_the_operators_permission(tmp_path, twin_factory):
+    backends = _k26(twin_factory)
+    with gateway(tmp_path, backends) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.PermissionDeniedError) as info:
+            client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=2,
+                                           extra_headers={"x-specroute-policy": "round_robin"})
+        assert "allow_policy_header" in info.value.message
+    with gateway(tmp_path, backends, gateway_keys="allow_policy_header = true\n") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        names = [client.chat.completions.with_raw_response.create(
+            model="kimi-k2.6", messages=MATH, max_tokens=2, extra_headers={"x-specroute-policy": "round_robin"}
+        ).headers["x-specroute-backend"] for _ in range(4)]
+        assert sorted(names) == ["k26-ar", "k26-ar", "k26-dflash", "k26-dflash"]  # round robin, not goodput
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=2,
+                                           extra_headers={"x-specroute-policy": "fastest"})
+
+
+def test_per_model_policy_options_from_config(tmp_path, twin_factory):
+    extra = '[models."kimi-k2.6"]\npolicy = "threshold"\nthreshold = 1\n'
+    with gateway(tmp_path, _k26(twin_factory), extra) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        # threshold 1: speculative only while nothing is in flight -> sequential requests go to dflash
+        names = {client.chat.completions.with_raw_response.create(
+            model="kimi-k2.6", messages=MATH, max_tokens=2).headers["x-specroute-backend"] for _ in range(4)}
+        assert names == {"k26-dflash"}
+        assert get_json(f"{url}/admin/backends")["policies"]["kimi-k2.6"]["name"] == "threshold"
+
+
+def test_inflight_is_released_on_midstream_crash_and_on_disconnect_while_queued(tmp_path, twin_factory):
+    backends = [{"name": "steady", "url": twin_factory("k26-ar"), "model": "kimi-k2.6", "strategy": "ar"},
+                {"name": "crashy", "url": twin_factory("k26-ar", "--fault-crash-after-tokens", "5"),
+                 "model": "kimi-k2.6", "strategy": "ar"}]
+    state = lambda: get_json(f"{url}/admin/backends")
+    with gateway(tmp_path, backends, "[admission]\nmax_inflight = 1\nqueue_timeout_s = 30\n") as url:
+        async def scenario() -> tuple[str, str]:
+            async with aiohttp.ClientSession() as s:
+                body = lambda pin, n: {"model": f"kimi-k2.6@{pin}", "messages": MATH, "max_tokens": n, "stream": True}
+                holder = await s.post(f"{url}/v1/chat/completions", json=body("steady", 3000))
+                await holder.content.readany()
+                # the only slot is taken: a second request waits in the queue, then its client leaves
+                waiting = asyncio.create_task(s.post(f"{url}/v1/chat/completions", json=body("crashy", 50)))
+                assert await asyncio.to_thread(wait_until, lambda: state()["waiting"] == 1)
+                waiting.cancel()
+                assert await asyncio.to_thread(wait_until, lambda: state()["waiting"] == 0)
+                held = (await holder.read()).decode()
+                async with s.post(f"{url}/v1/chat/completions", json=body("crashy", 50)) as crashed:
+                    return held, (await crashed.read()).decode()
+        held, crashed = asyncio.run(scenario())
+        assert held.rstrip().endswith("data: [DONE]") and '"error"' not in held
+        # the twin died after 5 tokens: the stream ends with an OpenAI-shaped error event, then [DONE]
+        events = [e[6:] for e in crashed.split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+        assert wait_until(lambda: state()["inflight"] == 0 and state()["waiting"] == 0)
+        assert [b["inflight"] for b in state()["backends"]] == [0, 0]
