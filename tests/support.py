@@ -129,3 +129,20 @@ def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05) -> bool
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+@contextlib.contextmanager
+def open_stream(base_url: str, body: dict, events: int = 3) -> Iterator[socket.socket]:
+    """POST a streaming chat request on a raw socket and read `events` SSE events; leaving the
+    block closes the connection mid-stream (a client that goes away)."""
+    import json
+
+    raw = json.dumps(body).encode()
+    port = int(base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+        received = b""
+        while received.count(b"data: ") < events:
+            received += sock.recv(65536)
+        yield sock

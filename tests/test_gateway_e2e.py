@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
 
 import openai
 import pytest
 
-from tests.support import free_port, running, specroute
+from tests.support import free_port, open_stream, running, specroute
 
 MSG = [{"role": "user", "content": "Natalia sold clips to 48 friends and then half as many. How many in total?"}]
 
@@ -155,14 +154,8 @@ def _wait_inflight_zero(gateway_url: str, timeout: float = 10.0) -> dict[str, in
 
 
 def test_client_disconnect_mid_stream_releases_the_inflight_slot(gateway_url):
-    body = json.dumps({"model": "kimi-k2.6@k26-ar", "messages": MSG, "max_tokens": 2000, "stream": True}).encode()
-    port = int(gateway_url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        received = b""
-        while received.count(b"data: ") < 3:
-            received += s.recv(65536)
+    with open_stream(gateway_url, {"model": "kimi-k2.6@k26-ar", "messages": MSG, "max_tokens": 2000,
+                                   "stream": True}):
         assert _inflight(gateway_url)["k26-ar"] == 1
     assert _wait_inflight_zero(gateway_url) == {k: 0 for k in _inflight(gateway_url)}
 

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -14,7 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import TEST_TIME_SCALE
-from tests.support import free_port, gateway, get_json, specroute, wait_http_ok, wait_until
+from tests.support import free_port, gateway, get_json, open_stream, specroute, wait_http_ok, wait_until
 
 MSG = [{"role": "user", "content": "Tell me about the history of Rome."}]
 
@@ -217,15 +216,8 @@ def test_drain_stops_new_requests_and_lets_inflight_finish(tmp_path, twins):
 def test_client_disconnect_aborts_the_upstream_request(tmp_path, twins):
     a = twins("k26-ar")
     with gateway(tmp_path, [a.entry("a")]) as url:
-        body = json.dumps({"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}).encode()
-        port = int(url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            received = b""
-            while received.count(b"data: ") < 3:
-                received += sock.recv(65536)
-            running = lambda: get_json(f"{a.url}/v1/loads")["loads"][0]["num_running_reqs"]
+        running = lambda: get_json(f"{a.url}/v1/loads")["loads"][0]["num_running_reqs"]
+        with open_stream(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}):
             assert running() == 1
         # the twin, like SGLang, aborts a request whose connection closed
         assert wait_until(lambda: running() == 0)
