@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     if argv and argv[0] == "eval":
+        if "--http" in argv[1:]:  # the same scenario over real HTTP through gateways, vs the virtual clock
+            from policies.eval.http_check import main as http_main
+
+            return http_main([a for a in argv[1:] if a != "--http"])
         from policies.eval.cli import main as eval_main
 
         return eval_main(argv[1:])

@@ -193,13 +193,20 @@ class Estimates:
         return self.backends.get(name)
 
     def stand_in(self, est: BackendEstimate) -> BackendEstimate:
-        """What to predict an unmeasured backend with: the most measured backend of the same
-        strategy in this pool, else its own prior. A prior can be off by far more than any
-        exploration bonus covers (another GPU, a time-scaled twin); a peer running the same
-        strategy on the same model is the better guess until the backend is measured itself."""
+        """What to predict an unmeasured backend with: for an autoregressive backend, the most
+        measured AR backend of this pool, else its own prior.
+
+        A prior can be off by far more than any exploration bonus covers (a faster GPU, a
+        time-scaled twin), and a backend that looks far slower than its measured peers is never
+        tried, so never measured. Two AR servers of one model differ only by their hardware, so a
+        measured one is the better guess. Speculative backends of one strategy do not stand in
+        for each other: their speed hangs on drafter settings the gateway does not see (DDTree
+        budget 15 vs 64 on Qwen3.6 is 2.6x apart)."""
+        if est.speculative:
+            return est
         best = est
         for other in self.backends.values():
-            if other.strategy is est.strategy and other.observed > best.observed:
+            if not other.speculative and other.observed > best.observed:
                 best = other
         return best
 

@@ -116,7 +116,7 @@ class Goodput:
             acc = v.reported_accept_length
             if acc is not None and acc != est.last_report:
                 est.note_report(acc, v.reported_running)
-            # an unmeasured backend is predicted like its measured same-strategy peers
+            # an unmeasured AR backend is predicted like its measured AR peers (Estimates.stand_in)
             guess = est if est.observed else self.estimates.stand_in(est)
             if latency:
                 score = guess.rate(d, load + 1)
@@ -156,7 +156,8 @@ class Goodput:
         best_est.last_chosen = self._tick
         best_est.note_dispatch(d)
         load = best_load if reason == "best" else view_load(best_view)
-        predicted = best_est.rate(d, load + 1)
+        guess = best_est if best_est.observed else self.estimates.stand_in(best_est)
+        predicted = guess.rate(d, load + 1)
         return Decision(backend=best_view, score=predicted,
                         reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {load + 1}")
 

@@ -209,18 +209,45 @@ def test_registry_builds_every_policy_and_refuses_unknown_options():
         make_policy("threshold", threshold=0)
 
 
-def test_unmeasured_backend_is_predicted_like_its_measured_peer_not_its_prior():
-    """A backend whose prior is far from reality (here: 50x slower than measured peers of the
-    same strategy) must not starve: it is scored like the measured peer until measured itself."""
-    from backends import BackendSpec, Strategy
-    from policies import BackendView, Domain, Outcome, RequestFeatures, make_policy
 
-    views = [BackendView(spec=BackendSpec(name=n, url="http://x", model="m", strategy=Strategy.AR)) for n in "ab"]
+def _two(strategy):
+    from backends import BackendSpec
+    from policies import BackendView
+
+    return [BackendView(spec=BackendSpec(name=n, url="http://x", model="m", strategy=strategy)) for n in "ab"]
+
+
+def test_unmeasured_ar_backend_is_predicted_like_its_measured_ar_peer():
+    """An AR backend whose prior is far from reality (here 50x slower than its measured AR peer,
+    as with a time-scaled twin or a faster GPU) must not starve: two AR servers of one model
+    differ only by hardware."""
+    from backends import Strategy
+    from policies import Domain, Outcome, RequestFeatures, make_policy
+
+    views = _two(Strategy.AR)
     policy = make_policy("goodput", seed=1, epsilon=0.0)
-    policy.choose(RequestFeatures(model="m"), views)  # registers both from the prior (26 tok/s)
-    for _ in range(5):  # b is measured at 1300 tok/s; a never was
+    policy.choose(RequestFeatures(model="m"), views)
+    for _ in range(5):  # b measured at 1300 tok/s; a never was
         policy.observe(Outcome(backend="b", domain=Domain.CHAT, inflight_at_dispatch=1, completion_tokens=40,
                                decode_s=39 / 1300.0))
-    views[1].inflight = 3  # b is busier: a, equally fast by its peer, should win now
-    chosen = {policy.choose(RequestFeatures(model="m"), views).backend.name for _ in range(5)}
-    assert chosen == {"a"}
+    views[1].inflight = 3  # b is busier: a, equally fast by its peer, wins
+    decision = policy.choose(RequestFeatures(model="m"), views)
+    assert decision.backend.name == "a" and decision.score > 1000
+
+
+def test_speculative_backends_of_one_strategy_do_not_stand_in_for_each_other():
+    """DDTree budget 15 and 64 share a strategy but not a speed: a measured fast one says nothing
+    about the unmeasured one, which keeps its own prior."""
+    from backends import Strategy
+    from policies import Domain, Outcome, RequestFeatures, make_policy
+
+    views = _two(Strategy.DDTREE)
+    policy = make_policy("goodput", seed=1, epsilon=0.0, bonus=0.0)
+    policy.choose(RequestFeatures(model="m"), views)
+    for _ in range(5):
+        policy.observe(Outcome(backend="b", domain=Domain.MATH, inflight_at_dispatch=1, completion_tokens=100,
+                               decode_s=99 / 2000.0, verify_ct=7))
+    prior_only = policy.estimates.get("a").rate(0, 1)
+    assert policy.estimates.stand_in(policy.estimates.get("a")) is policy.estimates.get("a")
+    assert policy.choose(RequestFeatures(model="m", domain=Domain.MATH), views).backend.name == "b"
+    assert prior_only < 500
