@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install install-dev clean bench-loadgen soak
+.PHONY: demo test install install-dev clean bench-loadgen soak bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ test: install-dev
 
 soak: install-dev
 	$(BIN)/python -m pytest -m soak -s
+
+bench: install
+	$(BIN)/python -m bench.gateway_bench
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self

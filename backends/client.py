@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import aiohttp
 import msgspec
+from yarl import URL
 
 from backends.descriptor import BackendSpec
 
@@ -21,6 +22,7 @@ class SGLangClient:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._auth = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        self._urls: dict[str, URL] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -37,9 +39,12 @@ class SGLangClient:
                    timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
         """Send a JSON body; the caller owns the response and must release (or close) it."""
         merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
+        url = self._urls.get(path)
+        if url is None:  # parsed and joined once per path, not per request
+            url = self._urls[path] = URL(self.spec.url).join(URL(path))
         if timeout is None:
-            return await self.session.post(path, data=body, headers=merged)
-        return await self.session.post(path, data=body, headers=merged, timeout=timeout)
+            return await self.session.post(url, data=body, headers=merged)
+        return await self.session.post(url, data=body, headers=merged, timeout=timeout)
 
     async def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         """A small GET for probes and polling: (status, body); network errors propagate."""

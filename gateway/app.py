@@ -13,11 +13,13 @@ import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath
+from litestar.response import Stream
 
 from gateway.access_log import AccessLog
 from gateway.auth import AuthGate
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError
+from gateway.fast_routes import FastRoutes, Reply
 from gateway.pool import Backend
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
@@ -52,13 +54,14 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
                 raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
             return await rt.reload(new)
 
+    # Normally answered by FastRoutes before litestar; these serve the path variants it leaves here.
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response:
-        return await rt.proxy.handle(await request.body(), "chat", request.headers)
+        return _litestar_response(await rt.proxy.handle(await request.body(), "chat", request.headers))
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response:
-        return await rt.proxy.handle(await request.body(), "completion", request.headers)
+        return _litestar_response(await rt.proxy.handle(await request.body(), "completion", request.headers))
 
     @get("/v1/models")
     async def models() -> Response[bytes]:
@@ -177,9 +180,22 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
 
 
 def create_asgi(config: Config, **kwargs: Any) -> Any:
-    """The app as served: API-key gate outside the router, so unknown routes need a key too."""
+    """The app as served: API-key gate outside the router, so unknown routes need a key too; the two
+    generation routes answered as plain ASGI (FastRoutes), everything else by litestar."""
     app = create_app(config, **kwargs)
-    return AuthGate(app, config.auth, lambda: app.state.runtime.config.auth)
+    rt: Runtime = app.state.runtime
+    wrap = None
+    if rt.tracing.enabled:  # the SERVER span litestar's plugin would have made
+        wrap = rt.tracing.asgi_middleware
+    fast = FastRoutes(app, lambda body, kind, headers: rt.proxy.handle(body, kind, headers),
+                      config.gateway.max_body_bytes, wrap)
+    return AuthGate(fast, config.auth, lambda: rt.config.auth)
+
+
+def _litestar_response(reply: Reply) -> Response:
+    if reply.stream is not None:
+        return Stream(reply.stream, media_type="text/event-stream", headers=reply.headers, status_code=reply.status)
+    return Response(reply.body, media_type="application/json", headers=reply.headers, status_code=reply.status)
 
 
 def _policies(rt: Runtime) -> dict[str, Any]:

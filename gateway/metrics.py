@@ -11,7 +11,7 @@ custom collector, so the request path does not maintain them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -72,34 +72,50 @@ class GatewayMetrics:
         self.genai_tpot = Histogram("gen_ai_server_time_per_output_token_seconds", "GenAI time per output token.",
                                     ["gen_ai_operation_name", "gen_ai_request_model"], buckets=GENAI_TPOT, registry=r)
 
+        self._children: dict[tuple, Any] = {}
+
     def watch(self, pools: "Pools", admission: "Admission") -> None:
         self.registry.register(_StateCollector(pools, admission))
 
     def observe(self, rec: RequestRecord) -> None:
+        c = self._child
         backend = rec.backend or "none"
-        self.requests.labels(rec.model, backend, str(rec.status)).inc()
+        c(self.requests, rec.model, backend, str(rec.status)).inc()
         if rec.queue_s:
-            self.queue.labels(rec.model).observe(rec.queue_s)
+            c(self.queue, rec.model).observe(rec.queue_s)
         if rec.backend is None or rec.status != 200:
             return
         op = "chat" if rec.kind == "chat" else "text_completion"
-        self.duration.labels(backend).observe(rec.duration_s)
-        self.genai_duration.labels(op, rec.model, "sglang").observe(rec.duration_s)
-        self.genai_tokens.labels(op, rec.model, "input").observe(rec.prompt_tokens)
-        self.genai_tokens.labels(op, rec.model, "output").observe(rec.completion_tokens)
+        c(self.duration, backend).observe(rec.duration_s)
+        c(self.genai_duration, op, rec.model, "sglang").observe(rec.duration_s)
+        c(self.genai_tokens, op, rec.model, "input").observe(rec.prompt_tokens)
+        c(self.genai_tokens, op, rec.model, "output").observe(rec.completion_tokens)
         if rec.ttft_s is not None:
-            self.ttft.labels(backend).observe(rec.ttft_s)
-            self.genai_ttft.labels(op, rec.model).observe(rec.ttft_s)
+            c(self.ttft, backend).observe(rec.ttft_s)
+            c(self.genai_ttft, op, rec.model).observe(rec.ttft_s)
         if rec.tpot_s is not None:
-            self.tpot.labels(backend).observe(rec.tpot_s)
-            self.genai_tpot.labels(op, rec.model).observe(rec.tpot_s)
+            c(self.tpot, backend).observe(rec.tpot_s)
+            c(self.genai_tpot, op, rec.model).observe(rec.tpot_s)
         domain = rec.domain or "chat"
         if rec.decode_tok_s is not None:
-            self.decode.labels(backend, domain).observe(rec.decode_tok_s)
+            c(self.decode, backend, domain).observe(rec.decode_tok_s)
         if rec.accept_length is not None:
-            self.accept.labels(backend, domain).observe(rec.accept_length)
+            c(self.accept, backend, domain).observe(rec.accept_length)
         if rec.speedup is not None:
-            self.speedup.labels(backend, domain).observe(rec.speedup)
+            c(self.speedup, backend, domain).observe(rec.speedup)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, remembered: `labels()` takes a lock and validates its arguments,
+        a dozen times per request otherwise. Children are created at first use, as before, and the
+        key space is the metrics' own bounded label sets."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def decision(self, model: str, policy: str, backend: str) -> None:
+        self._child(self.decisions, model, policy, backend).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,9 @@
 """The request path: validate, admit, pick a backend, forward, relay, record telemetry.
 
 Failures before the first byte reaches the client (connect error, timeout, 429/5xx, a non-streaming
-answer cut short) are retried with tenacity on another member of the pool when one exists. After
-the first byte nothing is replayed: a broken stream ends with an OpenAI-shaped error event.
+answer cut short) are retried with tenacity (exponential backoff with jitter) on another member of
+the pool when one exists; the first attempt runs outside tenacity, so the common case pays nothing. After the first byte nothing is replayed: a broken stream ends with an
+OpenAI-shaped error event.
 
 Every request ends in exactly one `RequestRecord` (`_Request.finish`), which feeds the policy,
 Prometheus, the CLIENT span and the access log.
@@ -12,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import random
 import time
 from typing import AsyncIterator, Mapping
 
 import aiohttp
 import msgspec
-from litestar import Response
-from litestar.response import Stream
 from opentelemetry.trace import Span
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
@@ -29,6 +28,7 @@ from gateway.admission import Admission
 from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
 from gateway.errors import ApiError, sse_error_event, translate_upstream_error
+from gateway.fast_routes import Reply
 from gateway.metrics import GatewayMetrics
 from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Lease, Pools
@@ -39,6 +39,7 @@ from policies import POLICY_NAMES, Decision, NoCandidate, Outcome, Policy, Reque
 from policies.simple import Pinned
 
 log = logging.getLogger("specroute.proxy")
+_getrandbits = random.getrandbits
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 
@@ -105,7 +106,7 @@ class Proxy:
             return policy
         return self.policies[model]
 
-    async def handle(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Response:
+    async def handle(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Reply:
         req = _Request(self, kind, headers)
         try:
             parsed = parse(raw, kind)
@@ -120,10 +121,18 @@ class Proxy:
             req.policy = self._policy_for(model, pin, headers.get(POLICY_HEADER))
             # A pinned request never moves to another backend: failing loudly beats a silent reroute.
             attempts = 1 if pin else self.retry.attempts
+            try:  # the common case: one attempt, no retry machinery on the path
+                return await self._attempt(req, pin)
+            except UpstreamFailure as failure:
+                if attempts <= 1:
+                    raise failure.error from None
+            # The first retry goes at once to another backend (the failed one is excluded); later
+            # ones back off exponentially with jitter, within the attempt count and the deadline.
+            r = self.retry
             retrying = AsyncRetrying(
-                stop=stop_after_attempt(attempts) | stop_after_delay(self.retry.deadline_s),
-                wait=wait_exponential_jitter(multiplier=self.retry.backoff_initial_s, max=self.retry.backoff_max_s,
-                                             jitter=self.retry.backoff_initial_s),
+                stop=stop_after_attempt(attempts - 1) | stop_after_delay(r.deadline_s),
+                wait=wait_exponential_jitter(multiplier=r.backoff_initial_s, max=r.backoff_max_s,
+                                             jitter=r.backoff_initial_s),
                 retry=retry_if_exception_type(UpstreamFailure), reraise=True,
             )
             try:
@@ -138,7 +147,7 @@ class Proxy:
             e.headers.setdefault(REQUEST_ID_HEADER, req.request_id)
             raise
 
-    async def _attempt(self, req: "_Request", pin: str | None) -> Response:
+    async def _attempt(self, req: "_Request", pin: str | None) -> Reply:
         parsed, model = req.parsed, req.model
         if req.tried:
             self.retries += 1
@@ -154,7 +163,7 @@ class Proxy:
             raise ApiError(503, f"no backend available for model {model!r}: {e}", headers={"Retry-After": "1"}) from None
         backend = self.pools.by_name[decision.backend.name]
         req.tried.append(backend.name)
-        self.metrics.decisions.labels(model, req.policy.name, backend.name).inc()
+        self.metrics.decision(model, req.policy.name, backend.name)
         lease = self.admission.lease(backend)
         req.dispatch(backend, lease, decision)
         host, port = backend.address
@@ -195,7 +204,7 @@ class Proxy:
             headers[TRACE_ID_HEADER] = req.trace_id
         if parsed.stream:
             headers["cache-control"] = "no-cache"
-            return Stream(self._relay(resp, req), media_type="text/event-stream", headers=headers)
+            return Reply(headers, stream=self._relay(resp, req))
         return await self._complete(resp, req, headers)
 
     def _resolve_target(self, model: str, pin_header: str | None) -> tuple[str, str | None]:
@@ -258,7 +267,7 @@ class Proxy:
                 telemetry_expected=req.backend.spec.strategy.speculative and t.sglext is None,
             )
 
-    async def _complete(self, resp: aiohttp.ClientResponse, req: "_Request", headers: dict[str, str]) -> Response:
+    async def _complete(self, resp: aiohttp.ClientResponse, req: "_Request", headers: dict[str, str]) -> Reply:
         try:
             raw = await resp.read()
         except _NET_ERRORS as e:
@@ -287,7 +296,7 @@ class Proxy:
         if "sglext" in obj and not req.parsed.client_wants_spec:
             del obj["sglext"]
             raw = _encoder.encode(obj)
-        return Response(raw, media_type="application/json", headers=headers)
+        return Reply(headers, raw)
 
 
 class _Request:
@@ -303,7 +312,9 @@ class _Request:
         self.headers = headers
         self.t_received = time.perf_counter()
         rid = headers.get(REQUEST_ID_HEADER)
-        self.request_id = rid if rid and len(rid) <= 128 and rid.isprintable() else os.urandom(16).hex()
+        # getrandbits, not os.urandom: a request id is not a secret, and urandom's syscall releases the
+        # GIL, handing it to the span exporter thread for up to a switch interval (5 ms) with tracing on.
+        self.request_id = rid if rid and len(rid) <= 128 and rid.isprintable() else "%032x" % _getrandbits(128)
         self.trace_id = proxy.tracing.trace_id()
         self.parsed: ParsedRequest = None  # type: ignore[assignment]
         self.model = ""

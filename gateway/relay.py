@@ -52,6 +52,8 @@ class SseRelay:
         self._clock = clock
 
     def feed(self, chunk: bytes) -> bytes:
+        if not self._buf and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2:
+            return self._event(chunk) or b""  # exactly one whole event: the usual read
         buf = self._buf + chunk if self._buf else chunk
         start = 0
         out: list[bytes] = []

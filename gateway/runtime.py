@@ -163,6 +163,7 @@ class Runtime:
         for b in self.retiring.values():
             await b.client.close()
         self.tracing.shutdown()
+        self.proxy.access_log.close()
 
 
 def msgspec_entry(entry: BackendEntry) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -35,6 +36,7 @@ def serve(config_path: str | None, listen: str | None, sim_time_scale: float | N
 
 def run(config: Config, host: str, port: int, config_path: str | None = None) -> None:
     app = create_asgi(config, config_path=config_path)
+    tune_gc()
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
         log_level="warning", access_log=False, timeout_keep_alive=30, backlog=2048,
@@ -45,3 +47,16 @@ def run(config: Config, host: str, port: int, config_path: str | None = None) ->
           f"({len(config.backends)} backends, models: {sorted({b.model for b in config.backends})})",
           file=sys.stderr, flush=True)
     server.run()
+
+
+# Cyclic GC: the collector's own cost, not the requests', was ~15% of the gateway's CPU. Requests free
+# their objects by reference counting; what the collector kept doing was walking the ~70k long-lived
+# objects of the app and its libraries (a full pass takes ~16 ms, a pause at the tail of latency).
+GC_THRESHOLDS = (10_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Freeze what start-up allocated (never scanned again) and collect the young generation less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)

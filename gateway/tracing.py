@@ -76,14 +76,25 @@ class Tracing:
     def enabled(self) -> bool:
         return self.tracer is not None
 
-    def litestar_plugin(self) -> Any:
-        from litestar.plugins.opentelemetry import OpenTelemetryConfig, OpenTelemetryPlugin
+    def _otel_config(self) -> Any:
+        from litestar.plugins.opentelemetry import OpenTelemetryConfig
 
         # exclude_spans: without it every streamed chunk becomes a span.
-        return OpenTelemetryPlugin(OpenTelemetryConfig(
+        return OpenTelemetryConfig(
             tracer_provider=self.provider, exclude_spans=["send", "receive"],
             exclude=["/health", "/ready", "/metrics"],
-        ))
+        )
+
+    def litestar_plugin(self) -> Any:
+        from litestar.plugins.opentelemetry import OpenTelemetryPlugin
+
+        return OpenTelemetryPlugin(self._otel_config())
+
+    def asgi_middleware(self, app: Any) -> Any:
+        """The SERVER-span middleware of the litestar plugin, around a plain ASGI app (the fast routes)."""
+        from litestar.plugins.opentelemetry.middleware import OpenTelemetryInstrumentationMiddleware
+
+        return OpenTelemetryInstrumentationMiddleware(app, self._otel_config())
 
     def start_client_span(self, kind: str, model: str, host: str, port: int | None, body: dict,
                           attempt: int) -> Span | None:

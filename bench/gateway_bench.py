@@ -1,0 +1,456 @@
+"""The gateway's own cost, measured against going direct to the backend, in one run on loopback.
+
+    python -m bench.gateway_bench [--quick] [--repeats 3] [--output bench/results.json]
+
+Processes (pinned when the machine has two CPUs or more):
+
+- the zero-delay backend (`bench.zero_server`: raw asyncio + httptools, canned SGLang answers,
+  also the OTLP/HTTP sink for the tracing-on gateway) on CPU 0;
+- this process, the load generator (`bench.client`: raw asyncio + httptools) on CPU 0;
+- three gateways, `specroute serve --config FILE` over that backend, on CPU 1: tracing off
+  (`off`), tracing on with every request traced (`on`: OTEL_EXPORTER_OTLP_ENDPOINT at the sink),
+  and tracing on with `tracing.sample_ratio = 0.1` (`on10`, throughput scenarios only). All run the
+  real hot path: an API key, the goodput policy, Prometheus metrics and the JSON access log (to a
+  file).
+
+Every scenario runs direct and through each gateway, interleaved, `--repeats` times; the figures
+are the medians over the repeats of per-repeat differences (added latency) or per-repeat ratios and
+per-request costs, so they hold on a noisy machine. Gateway CPU is utime + stime of the whole
+gateway process (all threads) from /proc/PID/stat, over the run, divided by the requests (or
+relayed chunks) the client received.
+
+Scenarios:
+
+- `ns_c1`: non-streaming, one client, zero-delay backend: added latency p50/p99.
+- `ns_c32`: non-streaming, 32 clients, the backend holds each answer 0-40 ms (spread evenly, mean
+  20 ms: a service time, so 32 are in flight without saturating anything and latency measures the
+  gateway, not a queue).
+- `ns_max`: non-streaming, 64 clients, zero-delay backend: the gateway saturates its CPU; max
+  requests/s and CPU per request.
+- `st_c1`: streaming (64 chunks), one client, zero-delay: added TTFT p50/p99.
+- `st_c32`: streaming, 32 clients, first token held 0-40 ms then a chunk every 2 ms (16k chunks/s
+  offered, each chunk its own read at the gateway, as real token streams arrive): added TTFT and
+  CPU per relayed chunk.
+- `st_max`: streaming, 32 clients, zero-delay: max relayed chunks/s (chunks batch up per read).
+- routing: `policies.bench.bench_choose("goodput")` with 4 and 16 backends, microseconds per decision.
+- memory: gateway RSS idle, after the measured runs ("warm"), and after 100,000 requests in all
+  (flat within 10% of warm).
+
+Not a test: `tests/test_bench.py` runs `--quick` and checks the schema only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from bench.client import LevelResult, closed_loop, request_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+API_KEY = "bench-key-0123456789"
+CHUNKS = 64
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------------------- processes
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ok(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def _pin_fn(cpu: int | None) -> Callable[[], None] | None:
+    if cpu is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], log: Path, cpu: int | None, env: dict[str, str] | None = None,
+             ready_url: str | None = None) -> Iterator[subprocess.Popen]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL, preexec_fn=_pin_fn(cpu), start_new_session=True)
+    try:
+        if ready_url:
+            _wait_ok(ready_url, proc, log)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _gateway_toml(port: int, backend_port: int) -> str:
+    return f"""[gateway]
+listen = "127.0.0.1:{port}"
+policy = "goodput"
+
+[auth]
+api_keys = ["{API_KEY}"]
+
+[[backends]]
+name = "zero"
+url = "http://127.0.0.1:{backend_port}"
+model = "bench-model"
+strategy = "ar"
+"""
+
+
+def gateway_command(config: Path, server: str) -> list[str]:
+    """How a gateway is started: the product's own `specroute serve`, or (for the ASGI server
+    comparison) the same app under another server."""
+    if server == "default":
+        return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+    return [sys.executable, "-m", "bench.asgi_servers", server, str(config)]
+
+
+# ---------------------------------------------------------------------------------------- workload
+
+def _body(stream: bool, hold_ms: float = 0, interval_ms: float = 0) -> bytes:
+    body: dict[str, Any] = {"model": "bench-model", "max_tokens": CHUNKS, "stream": stream,
+                            "messages": [{"role": "user", "content":
+                                          "Explain the difference between a list and a tuple in Python."}]}
+    if hold_ms:
+        body["bench_hold_ms"] = hold_ms
+    if interval_ms:
+        body["bench_interval_ms"] = interval_ms
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class Target:
+    def __init__(self, name: str, port: int, pid: int | None, only: tuple[str, ...] | None = None) -> None:
+        self.name, self.port, self.pid = name, port, pid
+        self.only = only  # the scenarios it takes part in (None: all)
+        self.requests = 0  # received by this target over the whole run
+
+    def raw(self, body: bytes) -> bytes:
+        return request_bytes("/v1/chat/completions", body, f"127.0.0.1:{self.port}",
+                             [("authorization", f"Bearer {API_KEY}")])
+
+
+def _pct(samples: list[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def run_level(target: Target, body: bytes, concurrency: int, *, requests: int | None = None,
+                    duration: float | None = None) -> dict[str, Any]:
+    cpu0 = cpu_seconds(target.pid) if target.pid else 0.0
+    res: LevelResult = await closed_loop("127.0.0.1", target.port, target.raw(body), concurrency,
+                                         requests=requests, duration=duration)
+    cpu = (cpu_seconds(target.pid) - cpu0) if target.pid else None
+    target.requests += res.count + res.errors
+    ms = 1e3
+    out = {"n": res.count, "errors": res.errors, "wall_s": res.wall, "rps": res.count / res.wall,
+           "chunks": res.chunks, "chunks_per_s": res.chunks / res.wall,
+           "lat_p50_ms": _pct(res.latencies, 0.5) * ms, "lat_p99_ms": _pct(res.latencies, 0.99) * ms,
+           "ttft_p50_ms": _pct(res.ttfts, 0.5) * ms, "ttft_p99_ms": _pct(res.ttfts, 0.99) * ms}
+    if cpu is not None:
+        out["cpu_s"] = cpu
+        out["cpu_us_per_request"] = cpu / max(1, res.count) * 1e6
+        out["cpu_us_per_chunk"] = cpu / max(1, res.chunks) * 1e6
+        out["cpu_busy"] = cpu / res.wall
+    return out
+
+
+class Plan:
+    def __init__(self, quick: bool, repeats: int, scenarios: list[str] | None = None,
+                 memory_requests: int | None = None, duration: float | None = None) -> None:
+        self.repeats = 1 if quick else repeats
+        self.scenarios = scenarios or list(SCENARIOS)
+        self.c1_requests = 60 if quick else 1500
+        self.c1_stream_requests = 30 if quick else 300
+        self.duration = 0.4 if quick else 3.0
+        self.warmup = 200 if quick else 2000
+        self.memory_requests = 3000 if quick else 100_000
+        if memory_requests is not None:
+            self.memory_requests = memory_requests
+        if duration is not None:
+            self.duration = duration
+        self.policy_iterations = 1000 if quick else 20000
+
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "ns_c1": {"stream": False, "concurrency": 1, "kind": "requests"},
+    "ns_c32": {"stream": False, "concurrency": 32, "hold_ms": 20, "kind": "duration"},
+    "ns_max": {"stream": False, "concurrency": 64, "kind": "duration"},
+    "st_c1": {"stream": True, "concurrency": 1, "kind": "requests"},
+    "st_c32": {"stream": True, "concurrency": 32, "hold_ms": 20, "interval_ms": 2, "kind": "duration"},
+    "st_max": {"stream": True, "concurrency": 32, "kind": "duration"},
+}
+
+
+async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None]) -> dict[str, list[dict]]:
+    """runs[scenario][target] = [level result per repeat]"""
+    runs: dict[str, dict[str, list[dict]]] = {s: {t.name: [] for t in targets if t.only is None or s in t.only}
+                                              for s in SCENARIOS}
+    for t in targets:  # warm-up: connection pools, policy estimates, code paths
+        await run_level(t, _body(False), 8, requests=plan.warmup)
+        await run_level(t, _body(True), 8, requests=plan.warmup // 10)
+    for rep in range(plan.repeats):
+        for name, sc in SCENARIOS.items():
+            if name not in plan.scenarios:
+                continue
+            body = _body(sc["stream"], sc.get("hold_ms", 0), sc.get("interval_ms", 0))
+            order = targets if rep % 2 == 0 else targets[::-1]  # alternate, so drift hits all alike
+            for t in order:
+                if t.only is not None and name not in t.only:
+                    continue
+                if sc["kind"] == "requests":
+                    n = plan.c1_stream_requests if sc["stream"] else plan.c1_requests
+                    r = await run_level(t, body, sc["concurrency"], requests=n)
+                else:
+                    r = await run_level(t, body, sc["concurrency"], duration=plan.duration)
+                runs[name][t.name].append(r)
+            log(f"  repeat {rep + 1}/{plan.repeats} {name:7s} " + "  ".join(
+                f"{t.name}: {runs[name][t.name][-1]['rps']:7.0f} req/s" for t in targets if t.name in runs[name]))
+    return runs
+
+
+# ---------------------------------------------------------------------------------------- figures
+
+def _median(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _added(runs: dict, scenario: str, gw: str, field: str) -> float:
+    """Median over repeats of (through the gateway - direct)."""
+    return _median([g[field] - d[field] for g, d in zip(runs[scenario].get(gw, []), runs[scenario]["direct"])])
+
+
+def _gw(runs: dict, scenario: str, gw: str, field: str) -> float:
+    return _median([g[field] for g in runs[scenario].get(gw, [])])
+
+
+def _cost(runs: dict, scenario: str, gw: str, field: str) -> float:
+    """Median over repeats of the throughput lost against the tracing-off gateway, in %."""
+    return _median([(1 - on[field] / off[field]) * 100
+                    for on, off in zip(runs[scenario].get(gw, []), runs[scenario].get("gw_off", []))])
+
+
+def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gateways: list[str]) -> list[dict]:
+    out: list[dict] = []
+
+    def add(name: str, tracing: str | None, value: float, unit: str, target: float | None = None,
+            better: str = "lower") -> None:
+        if value != value:  # a scenario left out (--scenarios)
+            return
+        status = "info"
+        if target is not None:
+            ok = value <= target if better == "lower" else value >= target
+            status = "PASS" if ok else "MISS"
+        out.append({"name": name, "tracing": tracing, "value": value, "unit": unit, "target": target,
+                    "better": better, "status": status})
+
+    for gw in gateways:
+        tr = gw.split("_")[1]
+        add("ns_c1_added_p50", tr, _added(runs, "ns_c1", gw, "lat_p50_ms"), "ms", 0.5)
+        add("ns_c1_added_p99", tr, _added(runs, "ns_c1", gw, "lat_p99_ms"), "ms")
+        add("ns_c32_added_p50", tr, _added(runs, "ns_c32", gw, "lat_p50_ms"), "ms")
+        add("ns_c32_added_p99", tr, _added(runs, "ns_c32", gw, "lat_p99_ms"), "ms", 2.0)
+        add("ns_max_rps", tr, _gw(runs, "ns_max", gw, "rps"), "req/s", better="higher")
+        add("ns_cpu_per_request", tr, _gw(runs, "ns_max", gw, "cpu_us_per_request"), "us", 250)
+        add("ns_c1_cpu_per_request", tr, _gw(runs, "ns_c1", gw, "cpu_us_per_request"), "us")
+        add("st_c1_added_ttft_p50", tr, _added(runs, "st_c1", gw, "ttft_p50_ms"), "ms", 0.5)
+        add("st_c1_added_ttft_p99", tr, _added(runs, "st_c1", gw, "ttft_p99_ms"), "ms")
+        add("st_c32_added_ttft_p50", tr, _added(runs, "st_c32", gw, "ttft_p50_ms"), "ms")
+        add("st_c32_added_ttft_p99", tr, _added(runs, "st_c32", gw, "ttft_p99_ms"), "ms")
+        add("st_cpu_per_chunk", tr, _gw(runs, "st_c32", gw, "cpu_us_per_chunk"), "us", 15)
+        add("st_max_chunks_per_s", tr, _gw(runs, "st_max", gw, "chunks_per_s"), "chunks/s", better="higher")
+        add("st_max_cpu_per_chunk", tr, _gw(runs, "st_max", gw, "cpu_us_per_chunk"), "us")
+    for gw in gateways:
+        if gw.startswith("gw_on"):
+            tr = gw.split("_")[1]
+            add("tracing_throughput_cost", tr, _cost(runs, "ns_max", gw, "rps"), "%", 5.0)
+            add("tracing_stream_throughput_cost", tr, _cost(runs, "st_max", gw, "chunks_per_s"), "%")
+    add("direct_max_rps", None, _gw(runs, "ns_max", "direct", "rps"), "req/s", better="higher")
+    for n, us in sorted(routing.items()):
+        add(f"routing_goodput_{n}_backends", None, us, "us", 20.0 if n == 16 else None)
+    add("rss_idle", "off", memory["idle_mib"], "MiB")
+    add("rss_warm", "off", memory["warm_mib"], "MiB")
+    add("rss_after_requests", "off", memory["after_mib"], "MiB")
+    add("rss_growth_after_warm", "off", (memory["after_mib"] / memory["warm_mib"] - 1) * 100, "%", 10.0)
+    return out
+
+
+_LABELS = {
+    "ns_c1_added_p50": "non-stream C=1 added latency p50", "ns_c1_added_p99": "non-stream C=1 added latency p99",
+    "ns_c32_added_p50": "non-stream C=32 added latency p50", "ns_c32_added_p99": "non-stream C=32 added latency p99",
+    "ns_max_rps": "non-stream max req/s (1 process)", "ns_cpu_per_request": "CPU per non-stream request (saturated)",
+    "ns_c1_cpu_per_request": "CPU per non-stream request (C=1)",
+    "st_c1_added_ttft_p50": "stream C=1 added TTFT p50", "st_c1_added_ttft_p99": "stream C=1 added TTFT p99",
+    "st_c32_added_ttft_p50": "stream C=32 added TTFT p50", "st_c32_added_ttft_p99": "stream C=32 added TTFT p99",
+    "st_cpu_per_chunk": "CPU per relayed chunk (1 chunk/read)",
+    "st_max_chunks_per_s": "stream max relayed chunks/s", "st_max_cpu_per_chunk": "CPU per chunk (saturated)",
+    "tracing_throughput_cost": "tracing: non-stream throughput cost",
+    "tracing_stream_throughput_cost": "tracing: stream throughput cost",
+    "direct_max_rps": "direct to backend max req/s (reference)",
+    "routing_goodput_4_backends": "routing decision, goodput, 4 backends",
+    "routing_goodput_16_backends": "routing decision, goodput, 16 backends",
+    "rss_idle": "gateway RSS idle", "rss_warm": "gateway RSS after warm-up",
+    "rss_after_requests": "gateway RSS after all requests", "rss_growth_after_warm": "RSS growth warm -> end",
+}
+
+
+def table(figs: list[dict]) -> str:
+    lines = [f"{'figure':44s} {'tracing':7s} {'value':>10s} {'unit':8s} {'target':>9s}  status",
+             "-" * 92]
+    for f in figs:
+        target = "" if f["target"] is None else ("<= " if f["better"] == "lower" else ">= ") + f"{f['target']:g}"
+        v = f["value"]
+        value = f"{v:10.3f}" if abs(v) < 100 else f"{v:10.0f}"
+        lines.append(f"{_LABELS.get(f['name'], f['name']):44s} {f['tracing'] or '-':7s} {value} {f['unit']:8s} "
+                     f"{target:>9s}  {f['status']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gateway_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a few seconds: schema check, figures meaningless")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--server", default="default",
+                   help="default (`specroute serve`), or uvicorn | granian (bench.asgi_servers)")
+    p.add_argument("--no-tracing", action="store_true", help="only the tracing-off gateway")
+    p.add_argument("--scenarios", default=None, help="comma-separated subset of " + ",".join(SCENARIOS))
+    p.add_argument("--duration", type=float, default=None, help="seconds per timed level (default 3)")
+    p.add_argument("--memory-requests", type=int, default=None, help="total requests before the RSS figure")
+    p.add_argument("--output", default=str(REPO / "bench" / "results.json"))
+    a = p.parse_args(argv)
+    plan = Plan(a.quick, a.repeats, a.scenarios.split(",") if a.scenarios else None, a.memory_requests,
+                a.duration)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = len(cpus) >= 2
+    load_cpu, gw_cpu = (cpus[0], cpus[1]) if pinned else (None, None)
+    if pinned:
+        os.sched_setaffinity(0, {load_cpu})
+    pinning = (f"load generator + backend + OTLP sink on CPU {load_cpu}, gateway on CPU {gw_cpu}" if pinned
+               else "not pinned (one CPU)")
+    log(f"pinning: {pinning}")
+
+    tmp = Path(tempfile.mkdtemp(prefix="specroute-bench-"))
+    t_start = time.perf_counter()
+    try:
+        with contextlib.ExitStack() as stack:
+            bport = _free_port()
+            backend = stack.enter_context(_process(
+                [sys.executable, "-m", "bench.zero_server", "--port", str(bport), "--chunks", str(CHUNKS)],
+                tmp / "backend.log", load_cpu, ready_url=f"http://127.0.0.1:{bport}/health"))
+            targets = [Target("direct", bport, None)]
+            # off; on (every request traced); on10 (10% of traces sampled: throughput scenarios only)
+            modes = ["off"] if a.no_tracing else ["off", "on", "on10"]
+            gws: dict[str, subprocess.Popen] = {}
+            for mode in modes:
+                port = _free_port()
+                cfg = tmp / f"gateway-{mode}.toml"
+                sampled = "\n[tracing]\nsample_ratio = 0.1\n" if mode == "on10" else ""
+                cfg.write_text(_gateway_toml(port, bport) + sampled)
+                tracing = mode.startswith("on")
+                env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{bport}"} if tracing else {}
+                env.update({"OTEL_TRACES_EXPORTER": "otlp" if tracing else "none", "PYTHONUNBUFFERED": "1"})
+                gws[mode] = stack.enter_context(_process(gateway_command(cfg, a.server), tmp / f"gateway-{mode}.log",
+                                                         gw_cpu, env, ready_url=f"http://127.0.0.1:{port}/health"))
+                targets.append(Target(f"gw_{mode}", port, gws[mode].pid,
+                                      ("ns_c1", "ns_max", "st_max") if mode == "on10" else None))
+            time.sleep(1.5)  # first readiness poll and /server_info fallbacks done
+            off = targets[1]
+            idle = rss_mib(off.pid)  # type: ignore[arg-type]
+            log(f"gateways up ({a.server}); idle RSS {idle:.1f} MiB; measuring, {plan.repeats} repeats")
+            import uvloop
+
+            runs = uvloop.run(measure(targets, plan, log))
+            warm = rss_mib(off.pid)  # type: ignore[arg-type]
+            left = plan.memory_requests - off.requests
+            if left > 0:
+                log(f"  memory: {left} more requests through gw_off to reach {plan.memory_requests}")
+                uvloop.run(run_level(off, _body(False), 32, requests=left))
+            after = rss_mib(off.pid)  # type: ignore[arg-type]
+            memory = {"idle_mib": idle, "warm_mib": warm, "after_mib": after, "requests": off.requests}
+            # measured after the warm-up runs: RSS warm is taken after the repeats, growth is the tail
+            from policies.bench import bench_choose
+
+            routing = {n: bench_choose("goodput", n, plan.policy_iterations, seed=0, objective="latency")
+                       for n in (4, 16)}
+            for proc in (*gws.values(), backend):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{proc.args} died during the run")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    figs = figures(runs, routing, memory, [t.name for t in targets[1:]])
+    result = {
+        "schema": 1,
+        "meta": {"quick": a.quick, "repeats": plan.repeats, "server": a.server, "pinning": pinning,
+                 "cpus": len(cpus), "python": platform.python_version(), "machine": platform.machine(),
+                 "chunks_per_stream": CHUNKS, "duration_s": time.perf_counter() - t_start,
+                 "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        "figures": figs,
+        "memory": memory,
+        "routing_us": {str(k): v for k, v in routing.items()},
+        "runs": runs,
+    }
+    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.output).write_text(json.dumps(result, indent=1) + "\n")
+    print(table(figs))
+    print(f"\n{pinning}; {plan.repeats} repeats, medians; {result['meta']['duration_s']:.0f} s; -> {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

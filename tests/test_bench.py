@@ -1,0 +1,49 @@
+"""`make bench` in its tiny mode, so the benchmark keeps running: schema and sanity, no timed assertion."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support import REPO
+
+FIGURES = {
+    "ns_c1_added_p50", "ns_c1_added_p99", "ns_c32_added_p50", "ns_c32_added_p99", "ns_max_rps",
+    "ns_cpu_per_request", "st_c1_added_ttft_p50", "st_c32_added_ttft_p99", "st_cpu_per_chunk",
+    "st_max_chunks_per_s", "tracing_throughput_cost", "routing_goodput_4_backends",
+    "routing_goodput_16_backends", "rss_idle", "rss_after_requests", "rss_growth_after_warm",
+}
+POSITIVE = {"ns_max_rps", "ns_cpu_per_request", "st_cpu_per_chunk", "st_max_chunks_per_s",
+            "routing_goodput_4_backends", "routing_goodput_16_backends", "rss_idle", "rss_after_requests"}
+
+
+def test_bench_quick_writes_results(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.gateway_bench", "--quick", "--output", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "status" in proc.stdout and "routing decision" in proc.stdout  # the printed table
+    result = json.loads(out.read_text())
+    assert result["schema"] == 1
+    assert {"quick", "repeats", "pinning", "server", "cpus", "duration_s"} <= set(result["meta"])
+    figures = result["figures"]
+    for f in figures:
+        assert set(f) == {"name", "tracing", "value", "unit", "target", "better", "status"}
+        assert f["status"] in ("PASS", "MISS", "info")
+        assert (f["target"] is None) == (f["status"] == "info")
+    names = {f["name"] for f in figures}
+    assert FIGURES <= names
+    for f in figures:
+        if f["name"] in POSITIVE:
+            assert f["value"] > 0, f
+    assert {f["tracing"] for f in figures if f["name"] == "ns_max_rps"} == {"off", "on", "on10"}
+    for scenario in ("ns_c1", "ns_c32", "ns_max", "st_c1", "st_c32", "st_max"):
+        targets = ("direct", "gw_off", "gw_on") + (("gw_on10",) if scenario in ("ns_c1", "ns_max", "st_max") else ())
+        assert set(result["runs"][scenario]) == set(targets)
+        for target in targets:
+            (level,) = result["runs"][scenario][target]
+            assert level["n"] > 0 and level["errors"] == 0, (scenario, target, level)
+            if scenario.startswith("st_"):
+                assert level["chunks"] == 64 * level["n"]  # every content chunk relayed
+    assert result["memory"]["requests"] >= 3000
