@@ -186,7 +186,7 @@ def create_asgi(config: Config, **kwargs: Any) -> Any:
     rt: Runtime = app.state.runtime
     wrap = None
     if rt.tracing.enabled:  # the SERVER span litestar's plugin would have made
-        wrap = rt.tracing.asgi_middleware
+        wrap = rt.tracing.server_span_middleware
     fast = FastRoutes(app, lambda body, kind, headers: rt.proxy.handle(body, kind, headers),
                       config.gateway.max_body_bytes, wrap)
     return AuthGate(fast, config.auth, lambda: rt.config.auth)
