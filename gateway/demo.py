@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.procs import ProcessGroup, free_port, specroute_cmd
+from backends.procs import ProcessGroup, free_port, specroute_cmd
 from gateway.topology import SEED_SYSTEMS
 
 

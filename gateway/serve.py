@@ -10,7 +10,7 @@ import uvicorn
 
 from gateway.app import create_asgi
 from gateway.config import Config, load_config, parse_listen
-from gateway.procs import ProcessGroup, start_twins
+from backends.procs import ProcessGroup, start_twins
 from gateway.topology import SEED_SYSTEMS, embedded_config
 
 

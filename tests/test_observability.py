@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
@@ -16,16 +14,16 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.access_log import AccessLog
-from gateway.config import config_from_dict
+from gateway.config import Config, config_from_dict
 from gateway.tracing import Tracing
 from gateway.config import TracingSection
 from tests.inprocess import serve_in_thread
-from tests.support import free_port, gateway, get_json, output, running, specroute, wait_until
+from tests.support import free_port, gateway, output, running, specroute, wait_until
 
 MATH = [{"role": "user", "content": "A shop sells 12 apples at $3 each. How much do 5 apples cost in total?"}]
 
 
-def _config(twins: dict[str, tuple[str, str]], **sections) -> "Config":
+def _config(twins: dict[str, tuple[str, str]], **sections) -> Config:
     backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in twins.items()]
     return config_from_dict({"backends": backends, **sections})
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import aiohttp
 import pytest

@@ -75,7 +75,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -88,6 +87,7 @@ from typing import IO, Callable, Sequence
 import msgspec
 
 from backends import BackendSpec, Strategy
+from backends.procs import ProcessGroup, free_port
 from backends.sim.engine import Engine
 from backends.sim.profile import load_profile
 from policies.base import Domain, Outcome, Policy
@@ -291,12 +291,6 @@ def _tool(name: str) -> str:
     raise RuntimeError(f"the '{name}' command is not installed next to {sys.executable}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _die_with_parent(parent: int) -> None:
     """preexec_fn: SIGTERM from the kernel when this process dies, however it dies."""
     with contextlib.suppress(Exception):
@@ -311,59 +305,6 @@ def _get(url: str, timeout: float = 2.0) -> bytes | None:
             if r.status == 200:
                 return r.read()
     return None
-
-
-class Servers:
-    """Child servers, each in its own process group; all stopped on exit (context manager)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def __enter__(self) -> "Servers":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for name in list(self.procs):
-            self.stop(name)
-
-    def start(self, name: str, cmd: Sequence[str]) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        parent = os.getpid()
-        with (self.log_dir / f"{name}.log").open("wb") as log:
-            self.procs[name] = subprocess.Popen(
-                list(cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
-
-    def wait_ready(self, urls: dict[str, str], timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        pending = dict(urls)
-        while pending:
-            for name, url in list(pending.items()):
-                code = self.procs[name].poll()
-                if code is not None:
-                    raise RuntimeError(f"{name} exited with code {code} during start-up "
-                                       f"(log: {self.log_dir / (name + '.log')})")
-                if _get(url) is not None:
-                    del pending[name]
-            if pending:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"not ready after {timeout:.0f} s: {', '.join(pending)}")
-                time.sleep(0.1)
-
-    def stop(self, name: str, grace: float = 10.0) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
 
 
 def gateway_toml(plan: CheckPlan, policy_name: str, port: int, twins: dict[str, str]) -> str:
@@ -470,10 +411,10 @@ def run_http(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda 
     ar_request_s = plan.max_tokens / 20.0  # simulated seconds, slower than any K2.6 backend
     results: dict[str, list[PhaseFigures]] = {}
     warm: dict[str, float] = {}
-    with Servers(out / "logs") as servers:
+    with ProcessGroup(out / "logs") as servers:
         twins: dict[str, str] = {}
         for i, name in enumerate(plan.pool):
-            port = _free_port()
+            port = free_port()
             servers.start(name, [specroute, "sim", "--profile", name, "--host", "127.0.0.1",
                                  "--port", str(port), "--seed", str(plan.seed * 7919 + i),
                                  "--time-scale", repr(plan.time_scale)])
@@ -482,7 +423,7 @@ def run_http(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda 
         log(f"twins ready: {', '.join(plan.pool)} (time scale {plan.time_scale})")
         for policy_name in plan.policies:
             tag = policy_name.replace("/", "-")
-            port = _free_port()
+            port = free_port()
             config = out / f"gateway-{tag}.toml"
             config.write_text(gateway_toml(plan, policy_name, port, twins))
             gw = f"http://127.0.0.1:{port}"

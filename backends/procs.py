@@ -1,7 +1,8 @@
-"""Child processes the gateway or the demo starts: twins, the gateway itself, loadgen.
+"""Server processes started on this machine: twins, gateways (the embedded topology, the demo,
+the policy evaluator's HTTP check).
 
-Every child gets PR_SET_PDEATHSIG so that it dies with its parent even on SIGKILL, and a group
-that `stop_all` terminates (SIGTERM, then SIGKILL): no orphan servers holding ports.
+Every child gets PR_SET_PDEATHSIG so that it dies with its parent even on SIGKILL, and
+`stop`/`stop_all` terminate it (SIGTERM, then SIGKILL): no orphan servers holding ports.
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ def specroute_cmd(*args: str) -> list[str]:
 
 
 class ProcessGroup:
-    def __init__(self) -> None:
+    def __init__(self, log_dir: Path | None = None) -> None:
         self.procs: dict[str, subprocess.Popen] = {}
+        self.log_dir = log_dir  # when set, each child's output goes to log_dir/NAME.log
 
     def start(self, name: str, cmd: Sequence[str], *, quiet: bool = True, log_file: Path | None = None
               ) -> subprocess.Popen:
-        """Start a child; its output goes to `log_file`, or nowhere when `quiet`, else to our terminal."""
+        """Start a child; its output goes to `log_file` (or the group's log_dir), or nowhere when
+        `quiet`, else to our terminal."""
+        if log_file is None and self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_file = self.log_dir / f"{name}.log"
         out = open(log_file, "ab") if log_file else (subprocess.DEVNULL if quiet else None)
         try:
-            proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT if log_file else out,
-                                    preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT if log_file else out, preexec_fn=_die_with_parent)
         finally:
             if log_file:
                 out.close()  # type: ignore[union-attr]
@@ -71,6 +77,20 @@ class ProcessGroup:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(pending)}")
                 time.sleep(0.1)
+
+    def stop(self, name: str, timeout_s: float = 10.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait(5)
 
     def stop_all(self, timeout_s: float = 10.0) -> None:
         for proc in self.procs.values():
