@@ -139,6 +139,9 @@ class Tracing:
         if self.tracer is None:
             return None
         op = OPERATION[kind]
+        span = self.tracer.start_span(f"{op} {model}", kind=SpanKind.CLIENT)
+        if not span.is_recording():  # sampled out: no attributes to build
+            return span
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": op, "gen_ai.provider.name": "sglang", "gen_ai.request.model": model,
             "gen_ai.request.stream": bool(body.get("stream")), "server.address": host,
@@ -152,7 +155,8 @@ class Tracing:
         temperature = body.get("temperature")
         if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
             attrs["gen_ai.request.temperature"] = float(temperature)
-        return self.tracer.start_span(f"{op} {model}", kind=SpanKind.CLIENT, attributes=attrs)
+        span.set_attributes(attrs)
+        return span
 
     @staticmethod
     def inject(span: Span | None, headers: dict[str, str]) -> None:
@@ -163,6 +167,9 @@ class Tracing:
     @staticmethod
     def end_client_span(span: Span | None, record: "RequestRecord") -> None:
         if span is None:
+            return
+        if not span.is_recording():
+            span.end()
             return
         attrs: dict[str, Any] = {
             "specroute.backend": record.backend, "specroute.strategy": record.strategy,
