@@ -313,8 +313,34 @@ def _run_loop(coro) -> list[str]:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+        return asyncio.run(_interruptible(coro))
+    return uvloop.run(_interruptible(coro))
+
+
+async def _interruptible(coro):
+    """SIGTERM, while the loop runs, cancels the run from inside the loop and surfaces as
+    KeyboardInterrupt. (The synchronous handler raising KeyboardInterrupt at an arbitrary point
+    can land in a transport callback, where asyncio logs "Fatal error on transport" and the
+    study did not always end as interrupted.)"""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = False
+
+    def on_term() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def _legs(study: Study, args: argparse.Namespace, words: dict[str, str], datasets: dict,
