@@ -216,6 +216,7 @@ def _backend_state(b: Backend, rt: Runtime) -> dict:
         "reported_load": msgspec.to_builtins(b.load) if b.load else None,
         "server_info": msgspec.to_builtins(b.info) if b.info else None,
         "load_source": poller.load_source if poller else None,
+        "health_checks": poller.checks if poller else None,
     }
 
 

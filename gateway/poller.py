@@ -157,6 +157,13 @@ class Poller:
         self._tasks: dict[str, asyncio.Task] = {}
         self._running = False
 
+    def configure(self, health: HealthSection) -> None:
+        """New [health] settings (reload): running pollers pick them up at their next round."""
+        self.health = health
+        for p in self.pollers.values():
+            p.interval_s, p.unhealthy_after, p.healthy_after = (health.interval_s, health.unhealthy_after,
+                                                                 health.healthy_after)
+
     def add(self, backend: Backend) -> None:
         h = self.health
         self.pollers[backend.name] = BackendPoller(backend, interval_s=h.interval_s, unhealthy_after=h.unhealthy_after,

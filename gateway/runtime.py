@@ -129,6 +129,7 @@ class Runtime:
         if new.gateway.listen != self.config.gateway.listen:
             log.warning("gateway.listen changed to %s: takes effect at the next restart", new.gateway.listen)
         self.config = new
+        self.poller.configure(new.health)
         for name in removed:
             await self._retire(name)
         for name in added:
@@ -143,8 +144,10 @@ class Runtime:
         a = new.admission
         self.admission.max_inflight, self.admission.max_queue = a.max_inflight, a.max_queue
         self.admission.queue_timeout_s = a.queue_timeout_s
+        h = new.health
         for b in self.pools.by_name.values():
             b.cap_override = a.backend_max_inflight
+            b.circuit.failures, b.circuit.cooldown_s = h.circuit_failures, h.circuit_cooldown_s
         self.proxy.configure(new)
 
     def _config_dict(self) -> dict[str, Any]:

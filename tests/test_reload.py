@@ -120,3 +120,22 @@ def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
         assert asyncio.run(scenario()) == {"done": True, "error": False, "tokens": 500}
         # uvicorn re-raises the signal once it has shut down: the conventional "ended by SIGTERM"
         assert proc.wait(15) in (0, -signal.SIGTERM)
+
+
+def test_reload_applies_health_admission_and_circuit_settings_to_running_backends(tmp_path, twin_factory):
+    a = twin_factory("k26-ar")
+    port = free_port()
+    path = tmp_path / "g.toml"
+    path.write_text(gateway_config(port, [_entry("a", a)]))
+    url = f"http://127.0.0.1:{port}"
+    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
+        assert get_json(f"{url}/admin/backends")["backends"][0]["cap"] == 256  # the twin's max_running_requests
+        path.write_text(gateway_config(port, [_entry("a", a)], "[admission]\nbackend_max_inflight = 7\n"
+                                       "[health]\ninterval_s = 0.05\n"))
+        status, body = _post(f"{url}/admin/reload")
+        assert status == 200 and body == {"added": [], "removed": []}
+        assert get_json(f"{url}/admin/backends")["backends"][0]["cap"] == 7
+        # readiness checks now every 50 ms instead of every second: 10 more take well under 5 s
+        checks = lambda: get_json(f"{url}/admin/backends")["backends"][0]["health_checks"]
+        start = checks()
+        assert wait_until(lambda: checks() >= start + 10, timeout=5)
