@@ -32,7 +32,34 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-class BackendEstimate:
+class RateModel:
+    """Decode speed from acceptance per domain (`_acc`), step time per load (`step_s`) and the
+    cap (`max_running`): the live estimate and the evaluator's oracle predict alike."""
+
+    __slots__ = ()
+    _acc: list[float]
+    max_running: int
+
+    def step_s(self, load: int) -> float:  # provided by the subclass (an attribute or a method)
+        raise NotImplementedError
+
+    def rate(self, d: int, load: int) -> float:
+        """Predicted decode tok/s of one request of domain index `d` with `load` in flight
+        (this request included). Beyond `max_running` the request first queues: its share of
+        the backend's throughput shrinks by max_running/load."""
+        r = self._acc[d] / self.step_s(load)
+        cap = self.max_running
+        return r * cap / load if load > cap else r
+
+    def throughput(self, d: int, load: int) -> float:
+        """Predicted aggregate tok/s of the backend holding `load` requests of domain `d`."""
+        if load <= 0:
+            return 0.0
+        cap = self.max_running
+        return self._acc[d] * (load if load < cap else cap) / self.step_s(load)
+
+
+class BackendEstimate(RateModel):
     """What is known about one backend. Lookups are plain arithmetic: they run per request."""
 
     __slots__ = ("name", "strategy", "speculative", "prior", "max_running", "acceptance", "curve",
@@ -62,21 +89,6 @@ class BackendEstimate:
     def accept_length(self, d: int) -> float:
         """Predicted tokens per verify pass for domain index `d` (1.0 for AR)."""
         return self._acc[d]
-
-    def rate(self, d: int, load: int) -> float:
-        """Predicted decode tok/s of one request of domain index `d` with `load` in flight
-        (this request included). Beyond `max_running` the request first queues: its share of
-        the backend's throughput shrinks by max_running/load."""
-        r = self._acc[d] / self.step_s(load)
-        cap = self.max_running
-        return r * cap / load if load > cap else r
-
-    def throughput(self, d: int, load: int) -> float:
-        """Predicted aggregate tok/s of the backend holding `load` requests of domain `d`."""
-        if load <= 0:
-            return 0.0
-        cap = self.max_running
-        return self._acc[d] * (load if load < cap else cap) / self.step_s(load)
 
     # ------------------------------------------------------------------------ updates
 

@@ -14,6 +14,7 @@ from backends import BackendSpec, Strategy
 from backends.sim.domain import prompt_key
 from backends.sim.engine import Engine
 from policies.base import Outcome
+from policies.estimates import RateModel
 from policies.priors import DOMAINS
 
 __all__ = ["OracleEstimates", "OracleModel", "true_accept_length"]
@@ -39,7 +40,7 @@ def true_accept_length(engine: Engine, domain: str) -> float:
     return total / _PROMPTS
 
 
-class OracleModel:
+class OracleModel(RateModel):
     """Duck-types BackendEstimate's lookups with the engine's truth."""
 
     __slots__ = ("name", "engine", "max_running", "seen", "last_chosen", "accept_n", "last_report",
@@ -71,6 +72,10 @@ class OracleModel:
     def note_report(self, reported_accept: float, running: int | None) -> None:
         self.last_report = reported_accept
 
+    @property
+    def _acc(self) -> list[float]:  # type: ignore[override]  # RateModel's acceptance, kept current
+        return self._accepts()
+
     def _accepts(self) -> list[float]:
         scale = getattr(self.engine, "accept_scale", 1.0)
         if scale != self._scale:
@@ -80,17 +85,6 @@ class OracleModel:
 
     def step_s(self, load: int) -> float:
         return self._steps[load if load < 1024 else 1024]
-
-    def rate(self, d: int, load: int) -> float:
-        r = self._accepts()[d] / self.step_s(load)
-        cap = self.max_running
-        return r * cap / load if load > cap else r
-
-    def throughput(self, d: int, load: int) -> float:
-        if load <= 0:
-            return 0.0
-        cap = self.max_running
-        return self._accepts()[d] * (load if load < cap else cap) / self.step_s(load)
 
     def describe(self) -> dict:
         return {"accept_length": {d.value: round(a, 3) for d, a in zip(DOMAINS, self._accepts())},
