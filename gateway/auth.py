@@ -13,7 +13,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from gateway.config import AuthSection
-from gateway.errors import error_body
+from gateway.errors import ApiError
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
@@ -102,11 +102,8 @@ def _match(token: bytes, keys: list[bytes | None]) -> int:
     return found
 
 
-_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
-
-
 async def _reject(send: Any, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = error_body(message, _TYPES[status], None, None)
+    body = ApiError(status, message).body()  # the error type for the status, as everywhere else
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

@@ -21,18 +21,11 @@ import msgspec
 from backends.launch.profile import (LaunchOptions, LaunchProfile, ProfileError, explained, list_profiles,
                                      load_profile, server_argv, shell_line)
 
+from gateway.cli_usage import UsageError, UsageParser
+
 __all__ = ["main"]
 
 PROG = "specroute backends"
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
 
 
 def _gpus(text: str) -> tuple[int, ...]:
@@ -63,9 +56,9 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ddtree-budget", type=int, metavar="B", help="DDTree profiles: tree node budget")
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog=PROG, description="Launch profiles of the studies' SGLang servers, and probes of live ones.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _parser() -> UsageParser:
+    p = UsageParser(prog=PROG, description="Launch profiles of the studies' SGLang servers, and probes of live ones.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     sub.add_parser("list", help="the launch profiles")
     s = sub.add_parser("show", help="print the exact `python -m sglang.launch_server ...` line")
     _launch_options(s)
@@ -193,7 +186,7 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
         return {"list": lambda _: _list(), "show": _show, "launch": _launch, "systemd": _systemd,
                 "check": _check, "lint": _lint}[args.command](args)
-    except _UsageError as e:
+    except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except ProfileError as e:

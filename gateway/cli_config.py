@@ -20,23 +20,16 @@ from pathlib import Path
 
 from gateway.config import Config, ConfigError, GatewaySection, config_from_dict, load_config
 
+from gateway.cli_usage import UsageError, UsageParser
+
 __all__ = ["main", "render_config"]
 
 PROG = "specroute config"
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
-
-
-def _parser() -> _Parser:
-    p = _Parser(prog=PROG, description="Write and check gateway config files.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _parser() -> UsageParser:
+    p = UsageParser(prog=PROG, description="Write and check gateway config files.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     s = sub.add_parser("init", help="write a gateway config for a set of backend URLs")
     s.add_argument("--from-profiles", action="append", required=True, metavar="NAME=URL[,NAME=URL...]",
                    help="backends by profile name and base URL; repeatable")
@@ -72,7 +65,7 @@ def _profile_facts(profile: str) -> tuple[str, str, str]:
         s = load_sim(profile)
         return s.served_model_name, s.strategy.value, "twin"
     except (SimProfileError, OSError, ValueError):
-        raise _UsageError(f"unknown profile {profile!r}; launch profiles: {', '.join(profile_names())} "
+        raise UsageError(f"unknown profile {profile!r}; launch profiles: {', '.join(profile_names())} "
                           "(twin profiles: `specroute sim --list`)") from None
 
 
@@ -83,15 +76,15 @@ def _parse_backends(specs: list[str]) -> list[_Backend]:
             continue
         left, eq, url = item.partition("=")
         if not eq or not left or not url:
-            raise _UsageError(f"--from-profiles: expected NAME=URL, got {item!r}")
+            raise UsageError(f"--from-profiles: expected NAME=URL, got {item!r}")
         name, colon, profile = left.partition(":")
         profile = profile if colon else name
         if not url.startswith(("http://", "https://")):
-            raise _UsageError(f"--from-profiles: {left}: expected an http:// or https:// URL, got {url!r}")
+            raise UsageError(f"--from-profiles: {left}: expected an http:// or https:// URL, got {url!r}")
         model, strategy, source = _profile_facts(profile)
         out.append(_Backend(name, profile, url.rstrip("/"), model, strategy, source))
     if not out:
-        raise _UsageError("--from-profiles: no backends given")
+        raise UsageError("--from-profiles: no backends given")
     return out
 
 
@@ -125,7 +118,7 @@ def _init(args: argparse.Namespace) -> int:
         return 0
     path = Path(args.output)
     if path.exists() and not args.force:
-        raise _UsageError(f"{path} exists (pass --force to overwrite)")
+        raise UsageError(f"{path} exists (pass --force to overwrite)")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     print(f"wrote {path}: {len(backends)} backend(s) for {', '.join(sorted({b.model for b in backends}))}",
@@ -151,7 +144,7 @@ def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
         return _init(args) if args.command == "init" else _check(args)
-    except _UsageError as e:
+    except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except ConfigError as e:
