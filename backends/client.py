@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import aiohttp
-import msgspec
 from yarl import URL
 
 from backends.descriptor import BackendSpec
-
-_decoder = msgspec.json.Decoder()
 
 
 class SGLangClient:
@@ -50,12 +47,6 @@ class SGLangClient:
         """A small GET for probes and polling: (status, body); network errors propagate."""
         async with self.session.get(path, headers=self._auth, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             return r.status, await r.read()
-
-    async def get_json(self, path: str, timeout_s: float = 5.0) -> Any:
-        status, body = await self.get(path, timeout_s)
-        if status != 200:
-            raise aiohttp.ClientResponseError(None, (), status=status, message=f"GET {path} -> {status}")  # type: ignore[arg-type]
-        return _decoder.decode(body)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -100,6 +100,7 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
     async def admin_backends() -> Response[bytes]:
         return _json({"inflight": rt.admission.inflight, "waiting": rt.admission.waiting,
                       "rejected": rt.admission.rejected, "retries": rt.proxy.retries,
+                      "access_log_dropped": rt.proxy.access_log.dropped,
                       "policies": _policies(rt),
                       "backends": [_backend_state(b, rt) for b in rt.pools.by_name.values()],
                       "retiring": [_backend_state(b, rt) for b in rt.retiring.values()]})

@@ -104,10 +104,6 @@ class Lease:
             if backend._on_release is not None:
                 backend._on_release(backend)
 
-    @property
-    def released(self) -> bool:
-        return self._backend is None
-
 
 class Pools:
     """All backends by name and by served model. Backends can be added and removed at runtime
