@@ -56,11 +56,14 @@ def twins():
 
 
 async def _chat(session: aiohttp.ClientSession, url: str, *, stream: bool, max_tokens: int, model: str = "kimi-k2.6",
-                headers: dict | None = None) -> dict:
+                headers: dict | None = None, on_stream_start=None) -> dict:
     body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}) as r:
+        if stream and on_stream_start is not None and r.status == 200:
+            # the gateway sends the status line only with the first upstream byte: from here on no retry
+            on_stream_start(r.headers.get("x-specroute-backend"))
         raw = await r.read()
         result = {"status": r.status, "backend": r.headers.get("x-specroute-backend"),
                   "retry_after": r.headers.get("retry-after"), "raw": raw}
@@ -121,16 +124,23 @@ def test_chaos_kill_and_restart_a_backend_under_load(tmp_path, twins):
             async with aiohttp.ClientSession() as s:
                 results: list[dict] = []
                 stop_at = 160
+                streams_started_on_a: list[int] = []
+                a_is_streaming = asyncio.Event()
+
+                def stream_started(backend: str | None) -> None:
+                    if backend == "a":
+                        streams_started_on_a.append(1)
+                        if len(streams_started_on_a) >= 4:
+                            a_is_streaming.set()
 
                 async def worker(i: int) -> None:
                     while len(results) < stop_at:
-                        results.append(await _chat(s, url, stream=i % 2 == 0, max_tokens=300))
+                        results.append(await _chat(s, url, stream=i % 2 == 0, max_tokens=300,
+                                                   on_stream_start=stream_started))
 
                 async def killer() -> None:
-                    # kill `a` once it has streams in flight, not after a fixed time
-                    while not any(x["name"] == "a" and x["inflight"] >= 4
-                                  for x in (await (await s.get(f"{url}/admin/backends")).json())["backends"]):
-                        await asyncio.sleep(0.02)
+                    # kill `a` while streams that already sent bytes are on it, not after a fixed time
+                    await a_is_streaming.wait()
                     a.kill()
                 await asyncio.gather(killer(), *(worker(i) for i in range(32)))
                 return results
