@@ -11,7 +11,9 @@ Processes (pinned when the machine has two CPUs or more):
   (`off`), tracing on with every request traced (`on`: OTEL_EXPORTER_OTLP_ENDPOINT at the sink),
   and tracing on with `tracing.sample_ratio = 0.1` (`on10`, throughput scenarios only). All run the
   real hot path: an API key, the goodput policy, Prometheus metrics and the JSON access log (to a
-  file).
+  file). A tracing gateway's span exporter process (`gateway.span_export`, the SDK's OTLP encoding)
+  is moved to CPU 0 with the sink, as a collector-side process; its own CPU per request (over the
+  whole run) and the spans dropped are reported next to the gateway's figures.
 
 Every scenario runs direct and through each gateway, interleaved, `--repeats` times; the figures
 are the medians over the repeats of per-repeat differences (added latency) or per-repeat ratios and
@@ -121,6 +123,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def child_pids(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rpartition(")")[2].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -171,10 +186,18 @@ class Target:
         self.name, self.port, self.pid = name, port, pid
         self.only = only  # the scenarios it takes part in (None: all)
         self.requests = 0  # received by this target over the whole run
+        self.exporter_pid: int | None = None  # a tracing gateway's span exporter process
 
     def raw(self, body: bytes) -> bytes:
         return request_bytes("/v1/chat/completions", body, f"127.0.0.1:{self.port}",
                              [("authorization", f"Bearer {API_KEY}")])
+
+
+def admin_state(target: Target) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{target.port}/admin/backends",
+                                 headers={"authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
 
 
 def _pct(samples: list[float], q: float) -> float:
@@ -280,7 +303,8 @@ def _cost(runs: dict, scenario: str, gw: str, field: str) -> float:
                     for on, off in zip(runs[scenario].get(gw, []), runs[scenario].get("gw_off", []))])
 
 
-def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gateways: list[str]) -> list[dict]:
+def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gateways: list[str],
+            spans_dropped: dict[str, int], exporter_cpu: dict[str, float]) -> list[dict]:
     out: list[dict] = []
 
     def add(name: str, tracing: str | None, value: float, unit: str, target: float | None = None,
@@ -315,6 +339,8 @@ def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gat
             tr = gw.split("_")[1]
             add("tracing_throughput_cost", tr, _cost(runs, "ns_max", gw, "rps"), "%", 5.0)
             add("tracing_stream_throughput_cost", tr, _cost(runs, "st_max", gw, "chunks_per_s"), "%")
+            add("exporter_cpu_per_request", tr, exporter_cpu.get(gw, float("nan")), "us")
+            add("spans_dropped", tr, spans_dropped.get(gw, 0), "spans", 0)
     add("direct_max_rps", None, _gw(runs, "ns_max", "direct", "rps"), "req/s", better="higher")
     for n, us in sorted(routing.items()):
         add(f"routing_goodput_{n}_backends", None, us, "us", 20.0 if n == 16 else None)
@@ -336,6 +362,8 @@ _LABELS = {
     "st_max_chunks_per_s": "stream max relayed chunks/s", "st_max_cpu_per_chunk": "CPU per chunk (saturated)",
     "tracing_throughput_cost": "tracing: non-stream throughput cost",
     "tracing_stream_throughput_cost": "tracing: stream throughput cost",
+    "exporter_cpu_per_request": "span exporter process CPU per request",
+    "spans_dropped": "spans dropped (exporter behind)",
     "direct_max_rps": "direct to backend max req/s (reference)",
     "routing_goodput_4_backends": "routing decision, goodput, 4 backends",
     "routing_goodput_16_backends": "routing decision, goodput, 16 backends",
@@ -408,13 +436,26 @@ def main(argv: list[str] | None = None) -> int:
                                                          gw_cpu, env, ready_url=f"http://127.0.0.1:{port}/health"))
                 targets.append(Target(f"gw_{mode}", port, gws[mode].pid,
                                       ("ns_c1", "ns_max", "st_max") if mode == "on10" else None))
+            for t in targets[1:]:
+                if t.name.startswith("gw_on"):
+                    exporters = child_pids(t.pid)  # type: ignore[arg-type]
+                    if len(exporters) != 1:
+                        raise RuntimeError(f"{t.name}: expected one span exporter process, found {exporters}")
+                    t.exporter_pid = exporters[0]
+                    if pinned:
+                        os.sched_setaffinity(t.exporter_pid, {load_cpu})
             time.sleep(1.5)  # first readiness poll and /server_info fallbacks done
             off = targets[1]
             idle = rss_mib(off.pid)  # type: ignore[arg-type]
             log(f"gateways up ({a.server}); idle RSS {idle:.1f} MiB; measuring, {plan.repeats} repeats")
             import uvloop
 
+            exporter_cpu0 = {t.name: cpu_seconds(t.exporter_pid) for t in targets if t.exporter_pid}
             runs = uvloop.run(measure(targets, plan, log))
+            time.sleep(1.0)  # the last span batches leave after OTEL_BSP_SCHEDULE_DELAY (500 ms)
+            # over the whole run: every request of every scenario, per request received
+            exporter_cpu = {t.name: (cpu_seconds(t.exporter_pid) - exporter_cpu0[t.name]) / max(1, t.requests) * 1e6
+                            for t in targets if t.exporter_pid}
             warm = rss_mib(off.pid)  # type: ignore[arg-type]
             left = plan.memory_requests - off.requests
             if left > 0:
@@ -430,10 +471,11 @@ def main(argv: list[str] | None = None) -> int:
             for proc in (*gws.values(), backend):
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args} died during the run")
+            spans_dropped = {t.name: admin_state(t)["spans_dropped"] for t in targets[1:]}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    figs = figures(runs, routing, memory, [t.name for t in targets[1:]])
+    figs = figures(runs, routing, memory, [t.name for t in targets[1:]], spans_dropped, exporter_cpu)
     result = {
         "schema": 1,
         "meta": {"quick": a.quick, "repeats": plan.repeats, "server": a.server, "pinning": pinning,

@@ -100,7 +100,7 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
     async def admin_backends() -> Response[bytes]:
         return _json({"inflight": rt.admission.inflight, "waiting": rt.admission.waiting,
                       "rejected": rt.admission.rejected, "retries": rt.proxy.retries,
-                      "access_log_dropped": rt.proxy.access_log.dropped,
+                      "access_log_dropped": rt.proxy.access_log.dropped, "spans_dropped": rt.tracing.dropped,
                       "policies": _policies(rt),
                       "backends": [_backend_state(b, rt) for b in rt.pools.by_name.values()],
                       "retiring": [_backend_state(b, rt) for b in rt.retiring.values()]})
@@ -169,7 +169,6 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
                         admin_backends, add_backend, remove_backend, drain, undrain, reload],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         request_max_body_size=config.gateway.max_body_bytes,
-        plugins=[rt.tracing.litestar_plugin()] if rt.tracing.enabled else [],
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
         openapi_config=None,
@@ -185,11 +184,10 @@ def create_asgi(config: Config, **kwargs: Any) -> Any:
     generation routes answered as plain ASGI (FastRoutes), everything else by litestar."""
     app = create_app(config, **kwargs)
     rt: Runtime = app.state.runtime
-    wrap = None
-    if rt.tracing.enabled:  # the SERVER span litestar's plugin would have made
-        wrap = rt.tracing.server_span_middleware
-    fast = FastRoutes(app, lambda body, kind, headers: rt.proxy.handle(body, kind, headers),
-                      config.gateway.max_body_bytes, wrap)
+    fast: Any = FastRoutes(app, lambda body, kind, headers: rt.proxy.handle(body, kind, headers),
+                           config.gateway.max_body_bytes)
+    if rt.tracing.enabled:  # SERVER spans for every route but probes and scrapes
+        fast = rt.tracing.server_span_middleware(fast)
     return AuthGate(fast, config.auth, lambda: rt.config.auth)
 
 

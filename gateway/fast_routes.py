@@ -10,8 +10,7 @@ What litestar did for these routes is kept, byte for byte on the wire: the host 
 bodies in OpenAI's shape with their headers, `content-type` after the route's own headers (with
 `; charset=utf-8` for the event stream), an unexpected exception logged and answered 500, and a
 client disconnect during a stream cancelling the relay (which closes the upstream connection).
-With tracing on, the same OpenTelemetry ASGI middleware litestar's plugin uses wraps these routes,
-so SERVER spans are unchanged.
+With tracing on, `Tracing.server_span_middleware` wraps this app (all routes).
 """
 
 from __future__ import annotations
@@ -65,16 +64,15 @@ class FastRoutes:
     """ASGI: the generation routes handled directly, the rest passed to `app` (litestar)."""
 
     def __init__(self, app: ASGIApp, handle: Callable[[bytes, Kind, dict[str, str]], Awaitable[Reply]],
-                 max_body_bytes: int, wrap: Callable[[ASGIApp], ASGIApp] | None = None) -> None:
+                 max_body_bytes: int) -> None:
         self.app = app
         self.handle = handle
         self.max_body = max_body_bytes
-        self.routes = wrap(self._route) if wrap is not None else self._route
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ROUTES
                 and not scope.get("root_path")):
-            return await self.routes(scope, receive, send)
+            return await self._route(scope, receive, send)
         return await self.app(scope, receive, send)
 
     async def _route(self, scope: dict, receive: Any, send: Any) -> None:

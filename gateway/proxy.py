@@ -19,7 +19,6 @@ from typing import AsyncIterator, Mapping
 
 import aiohttp
 import msgspec
-from opentelemetry.trace import Span
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
 from backends.telemetry import SpecStats, spec_stats, usage
@@ -34,7 +33,7 @@ from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Lease, Pools
 from gateway.records import RequestRecord
 from gateway.relay import SseRelay
-from gateway.tracing import Tracing
+from gateway.tracing import ClientSpan, Tracing
 from policies import POLICY_NAMES, Decision, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
 from policies.simple import Pinned
 
@@ -327,7 +326,7 @@ class _Request:
         self.decision: Decision | None = None
         self.inflight = 0
         self.t_dispatch = 0.0
-        self.span: Span | None = None
+        self.span: ClientSpan | None = None
         self.area0 = 0.0
         self._done = False
 

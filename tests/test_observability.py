@@ -48,7 +48,7 @@ def test_spans_names_parentage_and_attributes(k26):
             extra_headers={"traceparent": traceparent, "x-request-id": "req-123"})
         chunks = list(raw.parse())
         headers = raw.headers
-        tracing.provider.force_flush()
+        tracing.force_flush()
     spans = exporter.get_finished_spans()
     clients = [s for s in spans if s.kind is SpanKind.CLIENT]
     servers = {s.context.span_id: s for s in spans if s.kind is SpanKind.SERVER}
@@ -90,7 +90,7 @@ def test_failed_attempt_is_an_error_span_and_the_retry_its_sibling(twin_factory)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         for _ in range(8):
             client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=4)
-        tracing.provider.force_flush()
+        tracing.force_flush()
     spans = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
     failed = [s for s in spans if not s.status.is_ok]
     assert failed, "the faulty backend must have been tried at least once"

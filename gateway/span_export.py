@@ -1,0 +1,301 @@
+"""Span export off the request path: records are batched, then exported by a separate process.
+
+Why a process: the OpenTelemetry Python SDK spends about 90 us per request turning two spans into
+OTLP protobuf, and a background thread in the gateway takes that from the same GIL the requests
+need (tracing on cost half of a saturated gateway's throughput). Here the gateway only appends a
+`SpanRecord` to a list; every `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` spans or `OTEL_BSP_SCHEDULE_DELAY` ms
+the batch is msgpack-encoded and written to a pipe. The exporter process (`python -m
+gateway.span_export`, started with the gateway, ends with it) builds the SDK exporter the standard
+way (OTLP over HTTP/protobuf or gRPC, or the console) and exports what it reads.
+
+Bounded: the pipe write is non-blocking; when the exporter falls behind (a slow or unreachable
+collector), at most `max_pending_bytes` wait in the gateway and further batches are dropped and
+counted, as the SDK's BatchSpanProcessor drops past its queue size. An unreachable collector costs
+the exporter's logged warning and nothing else.
+
+An exporter object given in code (tests' in-memory exporter) is fed by a thread in the gateway's
+process instead: same records, same conversion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Protocol
+
+import msgspec
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+
+from gateway.config import TracingSection
+from gateway.spans import SpanRecord, to_readable
+
+log = logging.getLogger("specroute.tracing")
+
+_FRAME = struct.Struct("<I")  # length prefix of one msgpack batch on the pipe
+_encoder = msgspec.msgpack.Encoder()
+_PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ = 1031  # Linux fcntl; missing from the fcntl module before Python 3.10 on some builds
+
+
+def exporter_kind(section: TracingSection) -> str:
+    """none | otlp | console: OTEL_TRACES_EXPORTER wins; an OTLP endpoint alone turns OTLP on."""
+    kind = os.environ.get("OTEL_TRACES_EXPORTER") or section.exporter
+    if kind == "none" and (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or section.endpoint):
+        kind = "otlp"
+    return kind if kind in ("otlp", "console") else "none"
+
+
+def build_exporter(section: TracingSection) -> SpanExporter | None:
+    kind = exporter_kind(section)
+    if kind == "console":
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        return None
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL") or section.protocol
+    env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        except ImportError:
+            log.warning("OTLP over gRPC needs `pip install specroute[grpc]`; using HTTP/protobuf")
+        else:
+            return GrpcExporter(endpoint=None if env_endpoint else section.endpoint)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    # The exporter reads the env endpoint itself (appending /v1/traces); a config endpoint is a base URL.
+    endpoint = None if env_endpoint else (section.endpoint.rstrip("/") + "/v1/traces" if section.endpoint else None)
+    return OTLPSpanExporter(endpoint=endpoint, timeout=5)
+
+
+def resource_for(section: TracingSection) -> Resource:
+    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or section.service_name})
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, "")))
+    except ValueError:
+        return default
+
+
+class Sink(Protocol):
+    dropped: int
+
+    def send(self, batch: list[SpanRecord]) -> None: ...
+    def pending(self) -> bool: ...
+    def flush(self, timeout_s: float) -> bool: ...
+    def close(self, timeout_s: float) -> None: ...
+
+
+class ProcessSink:
+    """Writes msgpack batches to the exporter process's stdin without ever blocking the caller."""
+
+    def __init__(self, section: TracingSection, max_pending_bytes: int = 8 << 20) -> None:
+        self.dropped = 0
+        self._max_pending = max_pending_bytes
+        self._pending = bytearray()
+        self._warned = False
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.span_export", msgspec.json.encode(section).decode()],
+            stdin=subprocess.PIPE, stdout=None, stderr=None)
+        assert self._proc.stdin is not None
+        self._fd = self._proc.stdin.fileno()
+        try:
+            fcntl.fcntl(self._fd, _F_SETPIPE_SZ, _PIPE_SIZE)  # fewer, larger writes
+        except OSError:
+            pass
+        os.set_blocking(self._fd, False)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def send(self, batch: list[SpanRecord]) -> None:
+        if batch:
+            payload = _encoder.encode(batch)
+            if len(self._pending) + len(payload) > self._max_pending or self._proc.poll() is not None:
+                self._drop(len(batch))
+            else:
+                self._pending += _FRAME.pack(len(payload))
+                self._pending += payload
+        self._write()
+
+    def _drop(self, n: int) -> None:
+        self.dropped += n
+        if not self._warned:
+            self._warned = True
+            state = "exited" if self._proc.poll() is not None else "falling behind"
+            log.warning("span exporter process %s: dropping spans (counted in /admin/backends)", state)
+
+    def _write(self) -> None:
+        while self._pending:
+            try:
+                n = os.write(self._fd, self._pending)
+            except BlockingIOError:
+                return
+            except (BrokenPipeError, OSError):
+                self._drop(0)
+                self._pending.clear()
+                return
+            del self._pending[:n]
+
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def flush(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline and self._proc.poll() is None:
+            self._write()
+            if self._pending:
+                time.sleep(0.005)
+        return not self._pending
+
+    def close(self, timeout_s: float) -> None:
+        self.flush(timeout_s)
+        try:
+            self._proc.stdin.close()  # type: ignore[union-attr]  # EOF: the exporter exports the rest, exits
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+class ThreadSink:
+    """Exports with a given exporter on a thread of this process (tests' in-memory exporter)."""
+
+    def __init__(self, exporter: SpanExporter, resource: Resource, max_queue: int = 64) -> None:
+        self.dropped = 0
+        self.exporter = exporter
+        self._resource = resource
+        self._queue: queue.Queue[Any] = queue.Queue(max_queue)
+        self._thread = threading.Thread(target=self._run, name="span-export", daemon=True)
+        self._thread.start()
+
+    def send(self, batch: list[SpanRecord]) -> None:
+        if batch:
+            try:
+                self._queue.put_nowait(batch)
+            except queue.Full:
+                self.dropped += len(batch)
+
+    def pending(self) -> bool:
+        return False
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self.exporter.export(to_readable(item, self._resource))
+            except Exception as e:  # an exporter's failure must not end the thread
+                log.warning("span export failed: %s", e)
+
+    def flush(self, timeout_s: float) -> bool:
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout_s)
+
+    def close(self, timeout_s: float) -> None:
+        self.flush(timeout_s)
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        self.exporter.shutdown()
+
+
+class SpanShipper:
+    """Collects finished spans on the event loop and hands them to the sink in batches."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.batch_size = _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
+        self.delay_s = _env_int("OTEL_BSP_SCHEDULE_DELAY", 500) / 1000
+        self._buf: list[SpanRecord] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, record: SpanRecord) -> None:
+        buf = self._buf
+        buf.append(record)
+        if len(buf) >= self.batch_size:
+            self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._tick)
+            except RuntimeError:  # no loop (a record made outside the server): send it now
+                self.flush()
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.flush()
+        if self.sink.pending():  # the exporter was behind: try the rest on the next tick
+            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._tick)
+
+    def flush(self) -> None:
+        batch, self._buf = self._buf, []
+        self.sink.send(batch)
+
+    @property
+    def dropped(self) -> int:
+        return self.sink.dropped
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        self.flush()
+        return self.sink.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.flush()
+        self.sink.close(timeout_s)
+
+
+def _read_exactly(stream: Any, n: int) -> bytes | None:
+    data = stream.read(n)
+    return data if data is not None and len(data) == n else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exporter process: msgpack batches on stdin -> SDK exporter, until EOF."""
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s span-exporter: %(message)s")
+    section = msgspec.json.decode(argv[0].encode(), type=TracingSection)
+    exporter = build_exporter(section)
+    if exporter is None:
+        return 0
+    resource = resource_for(section)
+    decoder = msgspec.msgpack.Decoder(list[SpanRecord])
+    stdin = sys.stdin.buffer
+    try:
+        while (header := _read_exactly(stdin, _FRAME.size)) is not None:
+            payload = _read_exactly(stdin, _FRAME.unpack(header)[0])
+            if payload is None:
+                break
+            try:
+                exporter.export(to_readable(decoder.decode(payload), resource))
+            except Exception as e:  # one bad batch or a collector error: warn, keep going
+                log.warning("span export failed: %s", e)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        exporter.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

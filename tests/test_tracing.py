@@ -1,0 +1,180 @@
+"""Trace context and sampling as the gateway does them by hand, checked against the OpenTelemetry SDK,
+and the span export pipeline's bounds (the exporter process falling behind, shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import threading
+
+import openai
+import pytest
+from aiohttp import web
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind
+
+from gateway.access_log import AccessLog
+from gateway.config import TracingSection, config_from_dict
+from gateway.sampling import sampler_from
+from gateway.span_export import ProcessSink, SpanShipper
+from gateway.spans import SpanRecord
+from gateway.tracing import Tracing
+from tests.inprocess import serve_in_thread
+from tests.support import free_port, wait_until
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+PARENT = "b7ad6b7169203331"
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.1, 0.5, 0.999, 1.0])
+def test_ratio_sampling_matches_the_sdk_bit_for_bit(ratio, monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", str(ratio))
+    ours, sdk = sampler_from(None), ParentBased(TraceIdRatioBased(ratio))
+    rng = random.Random(7)
+    for _ in range(3000):
+        trace_id = rng.getrandbits(128)
+        assert ours.sampled(trace_id, None) == sdk.should_sample(None, trace_id, "x").decision.is_sampled()
+
+
+def test_sampler_names_and_parent_rules(monkeypatch):
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    assert sampler_from(None).name == "parentbased_always_on"
+    config_ratio = sampler_from(0.25)
+    assert config_ratio.name == "parentbased_traceidratio" and config_ratio.bound == 1 << 62
+    assert config_ratio.sampled(1, False) is False and config_ratio.sampled(2 ** 64 - 1, True) is True
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    never = sampler_from(0.9)  # the environment wins over the config file
+    assert never.sampled(0, True) is False  # not parent-based: the parent's flag does not matter
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "not-a-number")
+    assert sampler_from(None).sampled(2 ** 64 - 1, False) is True  # bad ratio -> 1.0, as the SDK does
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "jaeger_remote")
+    assert sampler_from(None).name == "parentbased_always_on"
+
+
+@pytest.mark.parametrize("header, honoured", [
+    (f"00-{TRACE}-{PARENT}-01", True),
+    (f"  00-{TRACE}-{PARENT}-01  ", True),
+    (f"01-{TRACE}-{PARENT}-01-future-field", True),   # a later version may add fields
+    (f"00-{TRACE}-{PARENT}-01-extra", False),         # version 00 may not
+    (f"ff-{TRACE}-{PARENT}-01", False),               # version ff is invalid
+    (f"00-{'0' * 32}-{PARENT}-01", False),            # all-zero trace id
+    (f"00-{TRACE}-{'0' * 16}-01", False),             # all-zero parent id
+    (f"00-{TRACE.upper()}-{PARENT}-01", False),       # upper case hex
+    ("garbage", False),
+])
+def test_traceparent_parsing_follows_w3c(header, honoured):
+    tracing = Tracing(TracingSection(), exporter=InMemorySpanExporter())
+    try:
+        span = tracing.start_server_span(header, "vendor=x")
+        assert (span.trace_id == TRACE and span.parent_id == PARENT) is honoured
+        assert span.trace_state == ("vendor=x" if honoured else None)
+        assert len(span.trace_id) == 32 and len(span.span_id) == 16
+    finally:
+        tracing.shutdown()
+
+
+def test_unsampled_parent_records_nothing_but_propagates_context():
+    tracing = Tracing(TracingSection(), exporter=InMemorySpanExporter())
+    try:
+        span = tracing.start_server_span(f"00-{TRACE}-{PARENT}-00", None)
+        assert not span.sampled and span.trace_id == TRACE
+    finally:
+        tracing.shutdown()
+
+
+class _Upstream:
+    """A minimal SGLang-shaped upstream that records the trace headers it receives."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.seen: list[tuple[str | None, str | None]] = []
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        async def ok(request: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        app.router.add_get("/ready", ok)
+        app.router.add_get("/health", ok)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        self.seen.append((request.headers.get("traceparent"), request.headers.get("tracestate")))
+        return web.json_response({
+            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@pytest.fixture
+def upstream():
+    u = _Upstream()
+    yield u
+    u.close()
+
+
+def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream):
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    config = config_from_dict({"backends": [{"name": "up", "url": f"http://127.0.0.1:{upstream.port}",
+                                             "model": "m", "strategy": "ar"}]})
+    with serve_in_thread(config, tracing=tracing, access_log=AccessLog(False)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        client.chat.completions.create(model="m", messages=msgs, max_tokens=1,
+                                       extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "v=1"})
+        client.chat.completions.create(model="m", messages=msgs, max_tokens=1,
+                                       extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-00"})
+        tracing.force_flush()
+    spans = exporter.get_finished_spans()
+    client_span = next(s for s in spans if s.kind is SpanKind.CLIENT)
+    assert len([s for s in spans if s.kind is SpanKind.CLIENT]) == 1  # the unsampled request left no span
+    assert upstream.seen[0] == (f"00-{TRACE}-{client_span.context.span_id:016x}-01", "v=1")
+    assert client_span.context.trace_state.to_header() == "v=1"
+    traceparent, _ = upstream.seen[1]  # sampled out: the context still travels, flagged not sampled
+    assert traceparent.startswith(f"00-{TRACE}-") and traceparent.endswith("-00")
+
+
+def _record(i: int) -> SpanRecord:
+    return SpanRecord("chat m", 3, "%032x" % (i + 1), "%016x" % (i + 1), None, False, None, 1, 2,
+                      {"specroute.speedup": 1.5, "gen_ai.response.finish_reasons": ["stop"]})
+
+
+def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
+    sink = ProcessSink(TracingSection(exporter="console"), max_pending_bytes=256 << 10)
+    shipper = SpanShipper(sink)
+    os.kill(sink.pid, signal.SIGSTOP)  # the exporter stops reading: the pipe fills, then the buffer
+    try:
+        for i in range(50_000):
+            shipper.add(_record(i))
+        shipper.flush()
+        assert sink.dropped > 0
+        assert len(sink._pending) <= 256 << 10
+    finally:
+        os.kill(sink.pid, signal.SIGCONT)
+        sink._proc.kill()
+        sink._proc.wait(5)
+
+
+def test_exporter_process_exports_what_is_left_at_shutdown(capfd):
+    shipper = SpanShipper(ProcessSink(TracingSection(exporter="console")))
+    for i in range(3):
+        shipper.add(_record(i))  # fewer than a batch, no event loop: sent at once
+    shipper.shutdown()
+    out = capfd.readouterr().out
+    assert out.count('"name": "chat m"') == 3 and '"specroute.speedup": 1.5' in out
