@@ -231,3 +231,20 @@ def test_client_disconnect_aborts_the_upstream_request(tmp_path, twins):
         # the twin, like SGLang, aborts a request whose connection closed
         assert wait_until(lambda: running() == 0)
         assert get_json(f"{url}/admin/backends")["inflight"] == 0
+
+
+def test_stalled_stream_ends_with_an_error_event_after_idle_stream_s(tmp_path, twins):
+    """A backend that stops sending mid-stream: after timeouts.idle_stream_s of silence the client
+    gets an SSE error event and [DONE], and the gateway is left with nothing in flight."""
+    hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
+    with gateway(tmp_path, [hung.entry("hung")], "[timeouts]\nidle_stream_s = 0.5\n") as url:
+        async def run() -> tuple[dict, float]:
+            async with aiohttp.ClientSession() as s:
+                t0 = asyncio.get_running_loop().time()
+                result = await _chat(s, url, stream=True, max_tokens=200)
+                return result, asyncio.get_running_loop().time() - t0
+        result, elapsed = asyncio.run(run())
+        assert wait_until(lambda: get_json(f"{url}/admin/backends")["inflight"] == 0)
+    assert result["status"] == 200 and result["done"]
+    assert "upstream stream broke: SocketTimeoutError" in result["error"]["message"]
+    assert 0.5 <= elapsed < 5
