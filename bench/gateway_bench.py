@@ -44,6 +44,7 @@ Not a test: `tests/test_bench.py` runs `--quick` and checks the schema only.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -242,6 +243,9 @@ class Plan:
         if duration is not None:
             self.duration = duration
         self.policy_iterations = 1000 if quick else 20000
+        # tracing cost: paired short slices, so slow drift of a shared machine hits off and on alike
+        self.tracing_rounds = 2 if quick else 8
+        self.tracing_slice_s = 0.3 if quick else 1.5
 
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -252,6 +256,22 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "st_c32": {"stream": True, "concurrency": 32, "hold_ms": 20, "interval_ms": 2, "kind": "duration"},
     "st_max": {"stream": True, "concurrency": 32, "kind": "duration"},
 }
+
+
+async def quiesce(targets: list[Target], limit_s: float = 10.0) -> None:
+    """Wait until no span exporter process is still working off an earlier level (its CPU time flat
+    for 0.2 s; at most `limit_s`), so that work does not land on the next level's CPU 0."""
+    pids = [t.exporter_pid for t in targets if t.exporter_pid]
+    if not pids:
+        return
+    deadline = time.monotonic() + limit_s
+    last = sum(cpu_seconds(p) for p in pids)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        now = sum(cpu_seconds(p) for p in pids)
+        if now - last < 0.015:
+            return
+        last = now
 
 
 async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None]) -> dict[str, list[dict]]:
@@ -270,6 +290,7 @@ async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None])
             for t in order:
                 if t.only is not None and name not in t.only:
                     continue
+                await quiesce(targets)
                 if sc["kind"] == "requests":
                     n = plan.c1_stream_requests if sc["stream"] else plan.c1_requests
                     r = await run_level(t, body, sc["concurrency"], requests=n)
@@ -279,6 +300,19 @@ async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None])
             log(f"  repeat {rep + 1}/{plan.repeats} {name:7s} " + "  ".join(
                 f"{t.name}: {runs[name][t.name][-1]['rps']:7.0f} req/s" for t in targets if t.name in runs[name]))
     return runs
+
+
+async def measure_tracing(gateways: list[Target], plan: Plan, log: Callable[[str], None]) -> dict[str, list[dict]]:
+    """Saturated non-streaming throughput of the tracing-off and tracing-on gateways in paired
+    short slices (order alternating per round): runs["ns_pairs"][gateway] = [slice per round]."""
+    out: dict[str, list[dict]] = {t.name: [] for t in gateways}
+    body = _body(False)
+    for rnd in range(plan.tracing_rounds):
+        for t in (gateways if rnd % 2 == 0 else gateways[::-1]):
+            await quiesce(gateways)
+            out[t.name].append(await run_level(t, body, 64, duration=plan.tracing_slice_s))
+    log("  tracing pairs: " + "  ".join(f"{n}: {_median([r['rps'] for r in rs]):7.0f} req/s" for n, rs in out.items()))
+    return out
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -299,8 +333,8 @@ def _gw(runs: dict, scenario: str, gw: str, field: str) -> float:
 
 def _cost(runs: dict, scenario: str, gw: str, field: str) -> float:
     """Median over repeats of the throughput lost against the tracing-off gateway, in %."""
-    return _median([(1 - on[field] / off[field]) * 100
-                    for on, off in zip(runs[scenario].get(gw, []), runs[scenario].get("gw_off", []))])
+    pairs = runs.get(scenario, {})
+    return _median([(1 - on[field] / off[field]) * 100 for on, off in zip(pairs.get(gw, []), pairs.get("gw_off", []))])
 
 
 def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gateways: list[str],
@@ -337,7 +371,11 @@ def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gat
     for gw in gateways:
         if gw.startswith("gw_on"):
             tr = gw.split("_")[1]
-            add("tracing_throughput_cost", tr, _cost(runs, "ns_max", gw, "rps"), "%", 5.0)
+            add("tracing_throughput_cost", tr, _cost(runs, "ns_pairs", gw, "rps"), "%", 5.0)
+            add("tracing_cpu_per_request", tr, _median(
+                [on["cpu_us_per_request"] - off["cpu_us_per_request"]
+                 for on, off in zip(runs.get("ns_pairs", {}).get(gw, []), runs.get("ns_pairs", {}).get("gw_off", []))]),
+                "us")
             add("tracing_stream_throughput_cost", tr, _cost(runs, "st_max", gw, "chunks_per_s"), "%")
             add("exporter_cpu_per_request", tr, exporter_cpu.get(gw, float("nan")), "us")
             add("spans_dropped", tr, spans_dropped.get(gw, 0), "spans", 0)
@@ -361,6 +399,7 @@ _LABELS = {
     "st_cpu_per_chunk": "CPU per relayed chunk (1 chunk/read)",
     "st_max_chunks_per_s": "stream max relayed chunks/s", "st_max_cpu_per_chunk": "CPU per chunk (saturated)",
     "tracing_throughput_cost": "tracing: non-stream throughput cost",
+    "tracing_cpu_per_request": "tracing: added CPU per request",
     "tracing_stream_throughput_cost": "tracing: stream throughput cost",
     "exporter_cpu_per_request": "span exporter process CPU per request",
     "spans_dropped": "spans dropped (exporter behind)",
@@ -442,8 +481,9 @@ def main(argv: list[str] | None = None) -> int:
                     if len(exporters) != 1:
                         raise RuntimeError(f"{t.name}: expected one span exporter process, found {exporters}")
                     t.exporter_pid = exporters[0]
-                    if pinned:
-                        os.sched_setaffinity(t.exporter_pid, {load_cpu})
+                    if pinned:  # every thread: the SDK's batch processor works on its own thread
+                        for tid in os.listdir(f"/proc/{t.exporter_pid}/task"):
+                            os.sched_setaffinity(int(tid), {load_cpu})
             time.sleep(1.5)  # first readiness poll and /server_info fallbacks done
             off = targets[1]
             idle = rss_mib(off.pid)  # type: ignore[arg-type]
@@ -452,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
 
             exporter_cpu0 = {t.name: cpu_seconds(t.exporter_pid) for t in targets if t.exporter_pid}
             runs = uvloop.run(measure(targets, plan, log))
+            if len(targets) > 2:
+                runs["ns_pairs"] = uvloop.run(measure_tracing(targets[1:], plan, log))
             time.sleep(1.0)  # the last span batches leave after OTEL_BSP_SCHEDULE_DELAY (500 ms)
             # over the whole run: every request of every scenario, per request received
             exporter_cpu = {t.name: (cpu_seconds(t.exporter_pid) - exporter_cpu0[t.name]) / max(1, t.requests) * 1e6

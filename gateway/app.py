@@ -184,10 +184,11 @@ def create_asgi(config: Config, **kwargs: Any) -> Any:
     generation routes answered as plain ASGI (FastRoutes), everything else by litestar."""
     app = create_app(config, **kwargs)
     rt: Runtime = app.state.runtime
-    fast: Any = FastRoutes(app, lambda body, kind, headers: rt.proxy.handle(body, kind, headers),
-                           config.gateway.max_body_bytes)
-    if rt.tracing.enabled:  # SERVER spans for every route but probes and scrapes
-        fast = rt.tracing.server_span_middleware(fast)
+    # SERVER spans (tracing on): FastRoutes makes those of the generation routes, the middleware
+    # those of litestar's routes but probes and scrapes.
+    inner: Any = rt.tracing.server_span_middleware(app) if rt.tracing.enabled else app
+    fast = FastRoutes(inner, lambda body, kind, headers: rt.proxy.handle(body, kind, headers),
+                      config.gateway.max_body_bytes, rt.tracing)
     return AuthGate(fast, config.auth, lambda: rt.config.auth)
 
 

@@ -172,7 +172,7 @@ class Proxy:
         for h in ("traceparent", "tracestate"):
             if h in req.headers:
                 upstream_headers[h] = req.headers[h]
-        Tracing.inject(span, upstream_headers)
+        self.tracing.inject(span, upstream_headers)
         body = self._upstream_body(parsed, backend)
         try:
             if parsed.stream:

@@ -14,10 +14,10 @@ With tracing off there is no middleware and no span at all: every hook below is 
 from __future__ import annotations
 
 import re
-import time
 from contextvars import ContextVar
-from random import getrandbits
-from typing import TYPE_CHECKING, Any, Callable
+from random import getrandbits as _getrandbits
+from time import time_ns as _time_ns
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind
@@ -38,6 +38,7 @@ _TRACEPARENT = re.compile(r"^\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 # Not traced: probes and scrapes would outnumber requests.
 UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
+_FIXED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models"})
 
 
 class ServerSpan:
@@ -47,29 +48,25 @@ class ServerSpan:
 
     def __init__(self, trace_id: str, parent_id: str | None, trace_state: str | None, sampled: bool) -> None:
         self.trace_id = trace_id
-        self.span_id = "%016x" % getrandbits(64)
+        self.span_id = "%016x" % _getrandbits(64)
         self.parent_id = parent_id
         self.parent_remote = parent_id is not None
         self.trace_state = trace_state
         self.sampled = sampled
-        self.start_ns = time.time_ns()
+        self.start_ns = _time_ns() if sampled else 0
 
 
 class ClientSpan:
-    """One upstream attempt. `attributes` is None when the trace is sampled out (nothing recorded)."""
+    """One upstream attempt of a sampled trace (sampled-out traces make none)."""
 
-    __slots__ = ("server", "span_id", "name", "start_ns", "attributes")
+    __slots__ = ("server", "span_id", "name", "start_ns", "upstream")
 
-    def __init__(self, server: ServerSpan, name: str, attributes: dict[str, Any] | None) -> None:
+    def __init__(self, server: ServerSpan, name: str, upstream: tuple) -> None:
         self.server = server
-        self.span_id = "%016x" % getrandbits(64)
+        self.span_id = "%016x" % _getrandbits(64)
         self.name = name
-        self.start_ns = time.time_ns()
-        self.attributes = attributes
-
-    @property
-    def traceparent(self) -> str:
-        return f"00-{self.server.trace_id}-{self.span_id}-{'01' if self.server.sampled else '00'}"
+        self.start_ns = _time_ns()
+        self.upstream = upstream
 
 
 _current: ContextVar[ServerSpan | None] = ContextVar("specroute_server_span", default=None)
@@ -108,27 +105,40 @@ class Tracing:
         return sink.pid if isinstance(sink, ProcessSink) else None
 
     def start_server_span(self, traceparent: str | None, tracestate: str | None) -> ServerSpan:
-        parent_id = parent_sampled = None
-        trace_id = None
         if traceparent is not None and (m := _TRACEPARENT.match(traceparent)):
             version, tid, sid, flags, rest = m.groups()
             if version != "ff" and not (version == "00" and rest) and tid != _ZERO_TRACE and sid != _ZERO_SPAN:
-                trace_id, parent_id, parent_sampled = tid, sid, bool(int(flags, 16) & 1)
-        if trace_id is None:
-            trace_id = "%032x" % getrandbits(128)
-            tracestate = None
-        sampled = self.sampler.sampled(int(trace_id[16:], 16), parent_sampled)
-        return ServerSpan(trace_id, parent_id, tracestate, sampled)
+                sampled = self.sampler.sampled(int(tid[16:], 16), bool(int(flags, 16) & 1))
+                return ServerSpan(tid, sid, tracestate, sampled)
+        tid_int = _getrandbits(128)
+        return ServerSpan("%032x" % tid_int, None, None, self.sampler.sampled(tid_int, None))
+
+    @staticmethod
+    def activate(span: ServerSpan) -> Any:
+        """Make `span` the current request's SERVER span (for CLIENT spans and the trace id)."""
+        return _current.set(span)
+
+    @staticmethod
+    def deactivate(token: Any) -> None:
+        _current.reset(token)
+
+    def end_server_span(self, span: ServerSpan, method: str, path: str, status: int) -> None:
+        if span.sampled and self.shipper is not None:
+            route = path if path in _FIXED_ROUTES else _route_template(path)
+            self.shipper.add(SpanRecord(
+                f"{method} {route}", _SERVER, span.trace_id, span.span_id, span.parent_id, span.parent_remote,
+                span.trace_state, span.start_ns, _time_ns(), "" if status >= 500 else None,
+                (method, route, path, status)))
 
     def server_span_middleware(self, app: Any) -> Any:
-        """ASGI: the SERVER span of every traced request, current while the app runs.
+        """ASGI: the SERVER span of every traced request, current while the app runs (the two
+        generation routes make theirs in `FastRoutes`, from the headers they decode anyway).
 
         Made here rather than by the generic OpenTelemetry ASGI middleware (what litestar's plugin
         uses), which cost about as much per request as the rest of the gateway: it keeps what a
         trace needs (W3C context from the incoming headers, method, route, path, status)."""
-        shipper = self.shipper
-        assert shipper is not None
-        start = self.start_server_span
+        assert self.shipper is not None
+        start, end = self.start_server_span, self.end_server_span
 
         async def traced(scope: dict, receive: Any, send: Any) -> None:
             path = scope.get("path", "")
@@ -141,6 +151,12 @@ class Tracing:
                 elif name == b"tracestate":
                     tracestate = value.decode("latin-1")
             span = start(traceparent, tracestate)
+            token = _current.set(span)
+            if not span.sampled:  # the context still travels (trace id header, upstream traceparent)
+                try:
+                    return await app(scope, receive, send)
+                finally:
+                    _current.reset(token)
             status = 0
 
             async def send_status(message: dict) -> None:
@@ -149,88 +165,54 @@ class Tracing:
                     status = message["status"]
                 await send(message)
 
-            token = _current.set(span)
             try:
-                await app(scope, receive, send_status if span.sampled else send)
+                await app(scope, receive, send_status)
             finally:
                 _current.reset(token)
-                if span.sampled:
-                    method = scope["method"]
-                    route = _route_template(path)
-                    shipper.add(SpanRecord(
-                        f"{method} {route}", _SERVER, span.trace_id, span.span_id, span.parent_id,
-                        span.parent_remote, span.trace_state, span.start_ns, time.time_ns(),
-                        {"http.request.method": method, "http.route": route, "url.path": path,
-                         "http.response.status_code": status},
-                        "" if status >= 500 else None))
+                end(span, scope["method"], path, status)
 
         return traced
 
     def start_client_span(self, kind: str, model: str, host: str, port: int | None, body: dict,
                           attempt: int) -> ClientSpan | None:
+        """A CLIENT span for a sampled trace; None when tracing is off or the trace is sampled out."""
         if self.shipper is None:
             return None
         server = _current.get()
         if server is None:  # called outside a traced request (tests driving the proxy directly)
             server = self.start_server_span(None, None)
+        if not server.sampled:
+            return None
         op = OPERATION[kind]
-        if not server.sampled:  # sampled out: trace context only, no attributes to build
-            return ClientSpan(server, f"{op} {model}", None)
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": op, "gen_ai.provider.name": "sglang", "gen_ai.request.model": model,
-            "gen_ai.request.stream": bool(body.get("stream")), "server.address": host,
-            "specroute.attempt": attempt,
-        }
-        if port is not None:
-            attrs["server.port"] = port
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if isinstance(max_tokens, int):
-            attrs["gen_ai.request.max_tokens"] = max_tokens
         temperature = body.get("temperature")
-        if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-            attrs["gen_ai.request.temperature"] = float(temperature)
-        return ClientSpan(server, f"{op} {model}", attrs)
+        upstream = (op, model, bool(body.get("stream")), host, port, attempt,
+                    max_tokens if isinstance(max_tokens, int) else None,
+                    float(temperature) if isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+                    else None)
+        return ClientSpan(server, f"{op} {model}", upstream)
 
-    @staticmethod
-    def inject(span: ClientSpan | None, headers: dict[str, str]) -> None:
-        """W3C traceparent upstream, so an SGLang server run with --enable-trace nests under our span."""
+    def inject(self, span: ClientSpan | None, headers: dict[str, str]) -> None:
+        """W3C traceparent upstream, so an SGLang server run with --enable-trace nests under our span.
+        A sampled-out trace passes its context on too, flagged not sampled, with the SERVER span as
+        parent (no CLIENT span was made for it)."""
         if span is not None:
-            headers["traceparent"] = span.traceparent
-            if span.server.trace_state:
-                headers["tracestate"] = span.server.trace_state
+            server = span.server
+            headers["traceparent"] = f"00-{server.trace_id}-{span.span_id}-01"
+        elif self.shipper is not None and (server := _current.get()) is not None:
+            headers["traceparent"] = f"00-{server.trace_id}-{server.span_id}-00"
+        else:
+            return
+        if server.trace_state:
+            headers["tracestate"] = server.trace_state
 
     def end_client_span(self, span: ClientSpan | None, record: "RequestRecord") -> None:
-        if span is None or span.attributes is None or self.shipper is None:
+        if span is None or self.shipper is None:
             return
-        attrs = span.attributes
-        attrs["specroute.backend"] = record.backend
-        attrs["specroute.strategy"] = record.strategy
-        attrs["specroute.policy"] = record.policy
-        attrs["specroute.decision.reason"] = record.reason
-        attrs["specroute.domain"] = record.domain
-        attrs["specroute.inflight_at_dispatch"] = record.inflight
-        attrs["gen_ai.usage.input_tokens"] = record.prompt_tokens
-        attrs["gen_ai.usage.output_tokens"] = record.completion_tokens
-        for key, value in (
-            ("specroute.decision.score", record.score), ("gen_ai.response.id", record.response_id),
-            ("gen_ai.response.model", record.response_model),
-            ("gen_ai.response.time_to_first_chunk", record.ttft_s),
-            ("specroute.accept_length", record.accept_length), ("specroute.verify_count", record.verify_ct),
-            ("specroute.decode_tok_s", record.decode_tok_s), ("specroute.baseline_tok_s", record.baseline_tok_s),
-            ("specroute.speedup", record.speedup), ("specroute.queue_s", record.queue_s),
-        ):
-            if value is not None:
-                attrs[key] = value
-        if record.finish_reason:
-            attrs["gen_ai.response.finish_reasons"] = [record.finish_reason]
-        error = None
-        if record.error:
-            attrs["error.type"] = record.error_type or "error"
-            error = record.error
         server = span.server
         self.shipper.add(SpanRecord(
             span.name, _CLIENT, server.trace_id, span.span_id, server.span_id, False, server.trace_state,
-            span.start_ns, time.time_ns(), attrs, error))
+            span.start_ns, _time_ns(), record.error if record.error else None, None, span.upstream, record))
 
     def trace_id(self) -> str | None:
         """Hex trace id of the current request, for the log line and the response header."""

@@ -152,7 +152,7 @@ def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream)
 
 def _record(i: int) -> SpanRecord:
     return SpanRecord("chat m", 3, "%032x" % (i + 1), "%016x" % (i + 1), None, False, None, 1, 2,
-                      {"specroute.speedup": 1.5, "gen_ai.response.finish_reasons": ["stop"]})
+                      attributes={"specroute.speedup": 1.5, "gen_ai.response.finish_reasons": ["stop"]})
 
 
 def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
@@ -164,7 +164,7 @@ def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
             shipper.add(_record(i))
         shipper.flush()
         assert sink.dropped > 0
-        assert len(sink._pending) <= 256 << 10
+        assert sink._pending_bytes <= 256 << 10
     finally:
         os.kill(sink.pid, signal.SIGCONT)
         sink._proc.kill()
