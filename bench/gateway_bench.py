@@ -258,18 +258,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-async def quiesce(targets: list[Target], limit_s: float = 10.0) -> None:
-    """Wait until no span exporter process is still working off an earlier level (its CPU time flat
-    for 0.2 s; at most `limit_s`), so that work does not land on the next level's CPU 0."""
-    pids = [t.exporter_pid for t in targets if t.exporter_pid]
-    if not pids:
+async def quiesce(previous: Target | None, limit_s: float = 10.0) -> None:
+    """After a tracing gateway's level, wait until its span exporter process has worked off that
+    level's spans (its CPU time flat for 0.1 s; at most `limit_s`), so that work does not land on
+    the next level's CPU 0."""
+    pid = previous.exporter_pid if previous is not None else None
+    if not pid:
         return
     deadline = time.monotonic() + limit_s
-    last = sum(cpu_seconds(p) for p in pids)
+    last = cpu_seconds(pid)
     while time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-        now = sum(cpu_seconds(p) for p in pids)
-        if now - last < 0.015:
+        await asyncio.sleep(0.1)
+        now = cpu_seconds(pid)
+        if now - last < 0.005:
             return
         last = now
 
@@ -281,6 +282,7 @@ async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None])
     for t in targets:  # warm-up: connection pools, policy estimates, code paths
         await run_level(t, _body(False), 8, requests=plan.warmup)
         await run_level(t, _body(True), 8, requests=plan.warmup // 10)
+    previous: Target | None = None
     for rep in range(plan.repeats):
         for name, sc in SCENARIOS.items():
             if name not in plan.scenarios:
@@ -290,7 +292,8 @@ async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None])
             for t in order:
                 if t.only is not None and name not in t.only:
                     continue
-                await quiesce(targets)
+                await quiesce(previous)
+                previous = t
                 if sc["kind"] == "requests":
                     n = plan.c1_stream_requests if sc["stream"] else plan.c1_requests
                     r = await run_level(t, body, sc["concurrency"], requests=n)
@@ -307,9 +310,11 @@ async def measure_tracing(gateways: list[Target], plan: Plan, log: Callable[[str
     short slices (order alternating per round): runs["ns_pairs"][gateway] = [slice per round]."""
     out: dict[str, list[dict]] = {t.name: [] for t in gateways}
     body = _body(False)
+    previous: Target | None = None
     for rnd in range(plan.tracing_rounds):
         for t in (gateways if rnd % 2 == 0 else gateways[::-1]):
-            await quiesce(gateways)
+            await quiesce(previous)
+            previous = t
             out[t.name].append(await run_level(t, body, 64, duration=plan.tracing_slice_s))
     log("  tracing pairs: " + "  ".join(f"{n}: {_median([r['rps'] for r in rs]):7.0f} req/s" for n, rs in out.items()))
     return out
