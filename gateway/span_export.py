@@ -309,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     resource = resource_for(section)
     processor = BatchSpanProcessor(exporter)
     stdin = sys.stdin.buffer
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the gateway's group: export the rest at EOF
+    # Ctrl-C or SIGTERM to the gateway's process group: keep going until the gateway closes the
+    # pipe (or dies, which closes it too), then export what is left. EOF always ends this process.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Spans are worth less than requests: where this process shares CPUs with the gateway (or its
     # neighbours), the scheduler gives the serving path the CPU first; spans wait in the pipe.
     try:

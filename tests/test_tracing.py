@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import threading
+import time
 
 import openai
 import pytest
@@ -178,3 +179,21 @@ def test_exporter_process_exports_what_is_left_at_shutdown(capfd):
     shipper.shutdown()
     out = capfd.readouterr().out
     assert out.count('"name": "chat m"') == 3 and '"specroute.speedup": 1.5' in out
+
+
+def test_exporter_process_outlives_a_group_sigterm_and_ends_at_eof():
+    """The gateway's process group gets SIGTERM on shutdown: the exporter keeps going until the
+    gateway closes the pipe (or dies, which closes it too), so the last spans are not lost."""
+    sink = ProcessSink(TracingSection(exporter="console"))
+
+    def ignores_sigterm() -> bool:  # its start-up done: SIGTERM in the kernel's ignored mask
+        with open(f"/proc/{sink.pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+        return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+    assert wait_until(ignores_sigterm, timeout=30)
+    os.kill(sink.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert sink._proc.poll() is None
+    os.close(sink._fd)  # what the gateway's death does to the pipe
+    assert sink._proc.wait(10) == 0
