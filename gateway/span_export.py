@@ -48,7 +48,6 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[SpanRecord])
 _PIPE_SIZE = 1 << 20
 EXPORTER_NICE = 10
-_F_SETPIPE_SZ = 1031  # Linux fcntl; missing from the fcntl module before Python 3.10 on some builds
 
 
 def exporter_kind(section: TracingSection) -> str:
@@ -111,8 +110,8 @@ class ProcessSink:
         assert self._proc.stdin is not None
         self._fd = self._proc.stdin.fileno()
         try:
-            fcntl.fcntl(self._fd, _F_SETPIPE_SZ, _PIPE_SIZE)  # fewer, larger writes
-        except OSError:
+            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)  # fewer, larger writes (Linux)
+        except (OSError, AttributeError):
             pass
         os.set_blocking(self._fd, False)
 

@@ -99,11 +99,6 @@ class Tracing:
     def dropped(self) -> int:
         return self.shipper.dropped if self.shipper is not None else 0
 
-    @property
-    def exporter_pid(self) -> int | None:
-        sink = self.shipper.sink if self.shipper is not None else None
-        return sink.pid if isinstance(sink, ProcessSink) else None
-
     def start_server_span(self, traceparent: str | None, tracestate: str | None) -> ServerSpan:
         if traceparent is not None and (m := _TRACEPARENT.match(traceparent)):
             version, tid, sid, flags, rest = m.groups()
