@@ -48,7 +48,6 @@ class SpanRecord(msgspec.Struct, array_like=True, gc=False):
     # operation, model, stream, server address, port, attempt, max_tokens, temperature
     upstream: tuple[str, str, bool, str, int | None, int, int | None, float | None] | None = None
     request: RequestRecord | None = None
-    attributes: dict[str, Any] | None = None  # anything else, as is
 
 
 def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
@@ -94,9 +93,6 @@ def attributes_of(r: SpanRecord) -> dict[str, Any]:
             attrs["gen_ai.request.temperature"] = temperature
     if r.request is not None:
         _request_attributes(attrs, r.request)
-    if r.attributes:
-        # msgpack has no tuples; the SDK keeps sequence attributes as tuples
-        attrs.update({k: tuple(v) if isinstance(v, list) else v for k, v in r.attributes.items()})
     return attrs
 
 

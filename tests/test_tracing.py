@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind
 
 from gateway.access_log import AccessLog
 from gateway.config import TracingSection, config_from_dict
+from gateway.records import RequestRecord
 from gateway.sampling import sampler_from
 from gateway.span_export import ProcessSink, SpanShipper
 from gateway.spans import SpanRecord
@@ -152,8 +153,10 @@ def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream)
 
 
 def _record(i: int) -> SpanRecord:
+    request = RequestRecord(request_id="r", model="m", kind="chat", stream=True, status=200, duration_s=0.1,
+                            speedup=1.5, finish_reason="stop")
     return SpanRecord("chat m", 3, "%032x" % (i + 1), "%016x" % (i + 1), None, False, None, 1, 2,
-                      attributes={"specroute.speedup": 1.5, "gen_ai.response.finish_reasons": ["stop"]})
+                      upstream=("chat", "m", True, "127.0.0.1", 30000, 1, 8, None), request=request)
 
 
 def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
@@ -179,6 +182,7 @@ def test_exporter_process_exports_what_is_left_at_shutdown(capfd):
     shipper.shutdown()
     out = capfd.readouterr().out
     assert out.count('"name": "chat m"') == 3 and '"specroute.speedup": 1.5' in out
+    assert '"gen_ai.request.max_tokens": 8' in out and '"gen_ai.response.finish_reasons": [' in out
 
 
 def test_exporter_process_outlives_a_group_sigterm_and_ends_at_eof():
