@@ -13,7 +13,10 @@ Processes (pinned when the machine has two CPUs or more):
   real hot path: an API key, the goodput policy, Prometheus metrics and the JSON access log (to a
   file). A tracing gateway's span exporter process (`gateway.span_export`, the SDK's OTLP encoding)
   is moved to CPU 0 with the sink, as a collector-side process; its own CPU per request (over the
-  whole run) and the spans dropped are reported next to the gateway's figures.
+  whole run) and the spans dropped are reported next to the gateway's figures;
+- the stack's floor (`bench.bare_relay`: the same uvicorn + aiohttp relaying with no gateway logic)
+  on CPU 1, in `ns_max` and `st_c32`: its CPU per request and per chunk, and the gateway's over it
+  per repeat, say how much of the gateway's cost is its own and how much the stack's.
 
 Every scenario runs direct and through each gateway, interleaved, `--repeats` times; the figures
 are the medians over the repeats of per-repeat differences (added latency) or per-repeat ratios and
@@ -342,6 +345,12 @@ def _cost(runs: dict, scenario: str, gw: str, field: str) -> float:
     return _median([(1 - on[field] / off[field]) * 100 for on, off in zip(pairs.get(gw, []), pairs.get("gw_off", []))])
 
 
+def _ratio(runs: dict, scenario: str, a: str, b: str, field: str) -> float:
+    """Median over repeats of a / b (same repeat, so drift hits both alike)."""
+    pairs = runs.get(scenario, {})
+    return _median([x[field] / y[field] for x, y in zip(pairs.get(a, []), pairs.get(b, [])) if y[field]])
+
+
 def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gateways: list[str],
             spans_dropped: dict[str, int], exporter_cpu: dict[str, float]) -> list[dict]:
     out: list[dict] = []
@@ -386,6 +395,12 @@ def figures(runs: dict, routing: dict[int, float], memory: dict[str, float], gat
             add("exporter_cpu_per_request", tr, exporter_cpu.get(gw, float("nan")), "us")
             add("spans_dropped", tr, spans_dropped.get(gw, 0), "spans", 0)
     add("direct_max_rps", None, _gw(runs, "ns_max", "direct", "rps"), "req/s", better="higher")
+    # The stack's floor: what uvicorn + aiohttp cost relaying the same traffic with no gateway logic,
+    # and the tracing-off gateway per repeat against it.
+    add("bare_cpu_per_request", None, _gw(runs, "ns_max", "bare", "cpu_us_per_request"), "us")
+    add("bare_cpu_per_chunk", None, _gw(runs, "st_c32", "bare", "cpu_us_per_chunk"), "us")
+    add("st_cpu_per_chunk_over_bare", "off", _ratio(runs, "st_c32", "gw_off", "bare", "cpu_us_per_chunk"), "x")
+    add("ns_cpu_per_request_over_bare", "off", _ratio(runs, "ns_max", "gw_off", "bare", "cpu_us_per_request"), "x")
     for n, us in sorted(routing.items()):
         add(f"routing_goodput_{n}_backends", None, us, "us", 20.0 if n == 16 else None)
     add("rss_idle", "off", memory["idle_mib"], "MiB")
@@ -411,6 +426,10 @@ _LABELS = {
     "exporter_cpu_per_request": "span exporter process CPU per request",
     "spans_dropped": "spans dropped (exporter behind)",
     "direct_max_rps": "direct to backend max req/s (reference)",
+    "bare_cpu_per_request": "stack floor: bare relay CPU per request",
+    "bare_cpu_per_chunk": "stack floor: bare relay CPU per chunk",
+    "st_cpu_per_chunk_over_bare": "CPU per chunk, gateway / bare relay",
+    "ns_cpu_per_request_over_bare": "CPU per request, gateway / bare relay",
     "routing_goodput_4_backends": "routing decision, goodput, 4 backends",
     "routing_goodput_16_backends": "routing decision, goodput, 16 backends",
     "rss_idle": "gateway RSS idle", "rss_warm": "gateway RSS after warm-up",
@@ -482,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
                                                          gw_cpu, env, ready_url=f"http://127.0.0.1:{port}/health"))
                 targets.append(Target(f"gw_{mode}", port, gws[mode].pid,
                                       ("ns_c1", "ns_max", "st_max") if mode == "on10" else None))
+            # the stack's floor (bench.bare_relay): the same server and client, no gateway logic
+            bare_port = _free_port()
+            bare_proc = stack.enter_context(_process(
+                [sys.executable, "-m", "bench.bare_relay", str(bare_port), str(bport)], tmp / "bare.log", gw_cpu,
+                ready_url=f"http://127.0.0.1:{bare_port}/health"))
+            bare = Target("bare", bare_port, bare_proc.pid, ("ns_max", "st_c32"))
             for t in targets[1:]:
                 if t.name.startswith("gw_on"):
                     exporters = child_pids(t.pid)  # type: ignore[arg-type]
@@ -498,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             import uvloop
 
             exporter_cpu0 = {t.name: cpu_seconds(t.exporter_pid) for t in targets if t.exporter_pid}
-            runs = uvloop.run(measure(targets, plan, log))
+            runs = uvloop.run(measure([*targets, bare], plan, log))
             if len(targets) > 2:
                 runs["ns_pairs"] = uvloop.run(measure_tracing(targets[1:], plan, log))
             time.sleep(1.0)  # the last span batches leave after OTEL_BSP_SCHEDULE_DELAY (500 ms)
@@ -517,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
 
             routing = {n: bench_choose("goodput", n, plan.policy_iterations, seed=0, objective="latency")
                        for n in (4, 16)}
-            for proc in (*gws.values(), backend):
+            for proc in (*gws.values(), backend, bare_proc):
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args} died during the run")
             spans_dropped = {t.name: admin_state(t)["spans_dropped"] for t in targets[1:]}

@@ -13,9 +13,11 @@ FIGURES = {
     "ns_cpu_per_request", "st_c1_added_ttft_p50", "st_c32_added_ttft_p99", "st_cpu_per_chunk",
     "st_max_chunks_per_s", "tracing_throughput_cost", "routing_goodput_4_backends",
     "routing_goodput_16_backends", "rss_idle", "rss_after_requests", "rss_growth_after_warm",
+    "bare_cpu_per_request", "bare_cpu_per_chunk", "st_cpu_per_chunk_over_bare",
 }
 POSITIVE = {"ns_max_rps", "ns_cpu_per_request", "st_cpu_per_chunk", "st_max_chunks_per_s",
-            "routing_goodput_4_backends", "routing_goodput_16_backends", "rss_idle", "rss_after_requests"}
+            "routing_goodput_4_backends", "routing_goodput_16_backends", "rss_idle", "rss_after_requests",
+            "bare_cpu_per_request", "bare_cpu_per_chunk", "st_cpu_per_chunk_over_bare"}
 
 
 def test_bench_quick_writes_results(tmp_path):
@@ -39,7 +41,8 @@ def test_bench_quick_writes_results(tmp_path):
             assert f["value"] > 0, f
     assert {f["tracing"] for f in figures if f["name"] == "ns_max_rps"} == {"off", "on", "on10"}
     for scenario in ("ns_c1", "ns_c32", "ns_max", "st_c1", "st_c32", "st_max"):
-        targets = ("direct", "gw_off", "gw_on") + (("gw_on10",) if scenario in ("ns_c1", "ns_max", "st_max") else ())
+        targets = ("direct", "gw_off", "gw_on") + (("gw_on10",) if scenario in ("ns_c1", "ns_max", "st_max") else ()) \
+            + (("bare",) if scenario in ("ns_max", "st_c32") else ())
         assert set(result["runs"][scenario]) == set(targets)
         for target in targets:
             (level,) = result["runs"][scenario][target]
