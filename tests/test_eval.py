@@ -100,3 +100,31 @@ def test_named_scenarios_cover_the_issue():
     assert ramp[0] == 1 and max(ramp) == 64 and ramp[-1] == 1
     assert SCENARIOS["qwen"].pool == ("qwen36-ar", "qwen36-ddtree-b15", "qwen36-ddtree-b64")
     assert all(p.duration_s > 2 * SETTLE_S for s in SCENARIOS.values() for p in s.phases)
+
+
+def test_ceiling_weights_each_backend_by_the_requests_it_completes():
+    from policies.eval.bound import _best
+
+    # A fast backend that slows steeply with a second request, and a slow flat one. Two clients:
+    # both on the fast one: 40 tok/s each; one on each: (1*100^2 + 1*30^2) / (100 + 30) = 83.8,
+    # because the fast one completes 100/30 times as many requests; both on the slow one: 30.
+    value, split = _best([[0.0, 100.0, 40.0], [0.0, 30.0, 30.0]], 2)
+    assert split == (1, 1)
+    assert value == pytest.approx(10900 / 130)
+
+
+def test_phase_ceiling_bounds_what_the_policies_measure():
+    res = run_scenario(TINY, seed=0)
+    low, high = res.phases
+    for ph in res.phases:
+        c = ph.ceiling
+        assert c is not None and sum(c.best_split.values()) == ph.concurrency
+        assert c.best_split_request_tok_s <= c.relaxed_bound_request_tok_s + 1e-9
+        for key, m in ph.policies.items():
+            # steady-state figures: prompt-to-prompt acceptance spread lets a measured mean pass
+            # the best split by a few percent, never the bound by more
+            assert m.mean_request_tok_s <= c.relaxed_bound_request_tok_s * 1.05, (ph.name, key)
+    # one domain: every request already runs at its domain's speed, so the two figures agree
+    assert low.ceiling.best_split_request_tok_s == pytest.approx(low.ceiling.relaxed_bound_request_tok_s)
+    # two domains: code accepts more than chat on DFlash, so the bound lets every request run as code
+    assert high.ceiling.relaxed_bound_request_tok_s > high.ceiling.best_split_request_tok_s

@@ -7,7 +7,9 @@
         "phases": {"00-c1": {"concurrency": 1, "duration_s": 60.0, "domains": {...},
             "policies": {"goodput/latency": {"aggregate_tok_s": ..., "mean_request_tok_s": ...,
                 "p50_request_tok_s": ..., "p99_ttft_ms": ..., "backend_share": {...},
-                "requests": ..., "clairvoyant_ratio": ..., "clairvoyant_ratios": {...}}, ...}}},
+                "requests": ..., "clairvoyant_ratio": ..., "clairvoyant_ratios": {...}}, ...},
+            "ceiling": {"best_split_request_tok_s": ..., "best_split": {...},
+                "relaxed_bound_request_tok_s": ...}}},
         "summary": {...}, "recovery": {...}}},
      "targets": [{"name": ..., "holds": true, "value": ..., "detail": [...]}]}
 
@@ -50,6 +52,11 @@ def print_scenario(res: ScenarioResult, out: TextIO) -> None:
                       f"{m.mean_request_tok_s:8.1f} {m.p50_request_tok_s:8.1f} "
                       f"{m.p99_ttft_ms:11.0f} {ratio}        {shares}\n")
             label = ""
+        if ph.ceiling is not None:
+            c = ph.ceiling
+            split = ", ".join(f"{b} {n}" for b, n in c.best_split.items())
+            out.write(f"{'':14s} {'ceiling (eval.bound)':22s} best fixed split {c.best_split_request_tok_s:.1f} "
+                      f"req tok/s ({split}); relaxed bound {c.relaxed_bound_request_tok_s:.1f}\n")
     for obj, rec in res.recovery.items():
         t = rec["recovery_s"]
         out.write(f"recovery after the drop ({obj}): {'never' if t is None else f'{t:.0f} s'}; "
@@ -77,7 +84,8 @@ def to_json(results: Sequence[ScenarioResult], targets: Sequence[Target], *, see
             "wall_s": round(res.wall_s, 3),
             "phases": {ph.name: {"concurrency": ph.concurrency, "duration_s": ph.duration_s,
                                  "domains": ph.domains,
-                                 "policies": msgspec.to_builtins(ph.policies)}
+                                 "policies": msgspec.to_builtins(ph.policies),
+                                 "ceiling": msgspec.to_builtins(ph.ceiling)}
                        for ph in res.phases},
             "summary": res.summary,
             "recovery": res.recovery,

@@ -17,10 +17,11 @@ import msgspec
 from backends import BackendSpec
 from backends.sim.engine import Engine
 from policies.base import Policy
+from policies.eval.bound import PhaseCeiling, phase_ceiling
 from policies.eval.metrics import PhaseMetrics, metric_of, phase_metrics, window_series
 from policies.eval.oracle import OracleEstimates
 from policies.eval.scenarios import Scenario
-from policies.eval.sim import RunResult, simulate
+from policies.eval.sim import RunResult, build_engines, simulate
 from policies.goodput import OBJECTIVES, Goodput
 from policies.simple import LeastInflight, Pinned, RoundRobin
 from policies.threshold import Threshold
@@ -39,6 +40,7 @@ class PhaseResult(msgspec.Struct, kw_only=True):
     duration_s: float
     domains: dict[str, float]
     policies: dict[str, PhaseMetrics]
+    ceiling: PhaseCeiling | None = None  # the best mean request tok/s the pool allows (eval.bound)
 
 
 class ScenarioResult(msgspec.Struct, kw_only=True):
@@ -134,9 +136,10 @@ def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str]
                 ratios[o] = metric_of(m, o) / ref if ref > 0 else 1.0
             m.clairvoyant_ratios = ratios
             m.clairvoyant_ratio = ratios.get(obj or primary, next(iter(ratios.values()), None))
+    engines = build_engines(scenario, seed)
     phases = [PhaseResult(name=ph.name, concurrency=ph.concurrency, duration_s=ph.duration_s,
                           domains=dict(ph.domains),
-                          policies={k: metrics[k][i] for k in table})
+                          policies={k: metrics[k][i] for k in table}, ceiling=phase_ceiling(engines, ph))
               for i, ph in enumerate(scenario.phases)]
     summary = {}
     for key in table:
