@@ -129,12 +129,15 @@ def test_reload_applies_health_admission_and_circuit_settings_to_running_backend
     path.write_text(gateway_config(port, [_entry("a", a)]))
     url = f"http://127.0.0.1:{port}"
     with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
-        assert get_json(f"{url}/admin/backends")["backends"][0]["cap"] == 256  # the twin's max_running_requests
+        cap = lambda: get_json(f"{url}/admin/backends")["backends"][0]["cap"]
+        # the twin's max_running_requests, once the poller has read /server_info (0 until then:
+        # /health answers as soon as the process serves, before the first poll)
+        assert wait_until(lambda: cap() == 256)
         path.write_text(gateway_config(port, [_entry("a", a)], "[admission]\nbackend_max_inflight = 7\n"
                                        "[health]\ninterval_s = 0.05\n"))
         status, body = _post(f"{url}/admin/reload")
         assert status == 200 and body == {"added": [], "removed": []}
-        assert get_json(f"{url}/admin/backends")["backends"][0]["cap"] == 7
+        assert cap() == 7
         # readiness checks now every 50 ms instead of every second: 10 more take well under 5 s
         checks = lambda: get_json(f"{url}/admin/backends")["backends"][0]["health_checks"]
         start = checks()
