@@ -27,6 +27,15 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def http_get(url: str, timeout: float = 2.0) -> bytes | None:
+    """Body of a 200 answer; None for any other status or no answer (not up yet, or gone)."""
+    with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            if r.status == 200:
+                return r.read()
+    return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -69,10 +78,8 @@ class ProcessGroup:
                 proc = self.procs.get(name)
                 if proc is not None and proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up")
-                with contextlib.suppress(urllib.error.URLError, OSError):
-                    with urllib.request.urlopen(url, timeout=2) as r:
-                        if r.status == 200:
-                            del pending[name]
+                if http_get(url) is not None:
+                    del pending[name]
             if pending:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(pending)}")

@@ -78,8 +78,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Callable, Sequence
@@ -87,7 +85,7 @@ from typing import IO, Callable, Sequence
 import msgspec
 
 from backends import BackendSpec, Strategy
-from backends.procs import ProcessGroup, free_port
+from backends.procs import ProcessGroup, free_port, http_get
 from backends.sim.engine import Engine
 from backends.sim.profile import load_profile
 from policies.base import Domain, Outcome, Policy
@@ -299,14 +297,6 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _get(url: str, timeout: float = 2.0) -> bytes | None:
-    with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            if r.status == 200:
-                return r.read()
-    return None
-
-
 def gateway_toml(plan: CheckPlan, policy_name: str, port: int, twins: dict[str, str]) -> str:
     """Config of one gateway over the twins: `least_inflight` or `goodput/OBJECTIVE`."""
     policy, _, objective = policy_name.partition("/")
@@ -326,7 +316,7 @@ def gateway_toml(plan: CheckPlan, policy_name: str, port: int, twins: dict[str, 
 def _wait_backends_healthy(gateway: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        body = _get(gateway + "/admin/backends")
+        body = http_get(gateway + "/admin/backends")
         if body is not None:
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
                 entries = json.loads(body)["backends"]
