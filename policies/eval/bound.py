@@ -14,6 +14,10 @@ every split of the phase's C clients over the pool:
   one-domain phase that is the domain itself). No policy can beat it in steady state: routing can
   move requests between backends but cannot make a chat prompt accept like a math prompt.
 
+Why a search over fixed splits bounds moving policies too: whatever a policy does, the phase mean is
+E[sum n r^2] / E[sum n r] over the load vectors it visits, and in every vector sum n r^2 <= M sum n r
+with M the best vector's ratio, so the mean is at most M.
+
 Both are steady-state figures: they ignore prefill time and per-prompt acceptance spread (which
 favour every policy alike, a few percent), so a measured mean can exceed `best_split` slightly.
 """
