@@ -9,7 +9,7 @@
                 "p50_request_tok_s": ..., "p99_ttft_ms": ..., "backend_share": {...},
                 "requests": ..., "clairvoyant_ratio": ..., "clairvoyant_ratios": {...}}, ...},
             "ceiling": {"best_split_request_tok_s": ..., "best_split": {...},
-                "relaxed_bound_request_tok_s": ...}}},
+                "bound_request_tok_s": ...}}},
         "summary": {...}, "recovery": {...}}},
      "targets": [{"name": ..., "holds": true, "value": ..., "detail": [...]}]}
 
@@ -56,7 +56,7 @@ def print_scenario(res: ScenarioResult, out: TextIO) -> None:
             c = ph.ceiling
             split = ", ".join(f"{b} {n}" for b, n in c.best_split.items())
             out.write(f"{'':14s} {'ceiling (eval.bound)':22s} best fixed split {c.best_split_request_tok_s:.1f} "
-                      f"req tok/s ({split}); relaxed bound {c.relaxed_bound_request_tok_s:.1f}\n")
+                      f"req tok/s ({split}); no policy above {c.bound_request_tok_s:.1f}\n")
     for obj, rec in res.recovery.items():
         t = rec["recovery_s"]
         out.write(f"recovery after the drop ({obj}): {'never' if t is None else f'{t:.0f} s'}; "
