@@ -1,13 +1,14 @@
 """The stack's floor: the least a relay built on the gateway's own stack can cost.
 
-    python -m bench.bare_relay PORT BACKEND_PORT
+    python -m bench.bare_relay PORT BACKEND_PORT [uvicorn|granian]
 
 An ASGI app under `specroute serve`'s server settings (uvicorn, uvloop, httptools, the same GC
 tuning) that forwards each POST to the backend with one shared aiohttp session and relays the
 answer: a stream chunk by chunk as `readany()` returns it, anything else whole. No gateway logic at
 all: no auth, parsing, routing, telemetry, metrics or log. `bench.gateway_bench` measures it next
 to the gateway, so the gateway's CPU per request and per relayed chunk can be read against what
-the stack itself costs on the same machine in the same run.
+the stack itself costs on the same machine in the same run. With `granian` it runs under granian's
+embedded server instead, as `bench.asgi_servers` runs the gateway (`gateway_bench --server granian`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def make_app(backend_port: int) -> Any:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        assert session is not None
+        if session is None:  # a server that sends no lifespan events (granian's embedded one)
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         async with session.post(base + scope["path"], data=body,
                                 headers={"content-type": "application/json"}) as resp:
             headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
@@ -64,15 +66,31 @@ def make_app(backend_port: int) -> Any:
     return app
 
 
+def _granian(app: Any, port: int) -> None:
+    import uvloop
+    from granian.constants import HTTPModes, Interfaces
+    from granian.server.embed import Server
+
+    async def main() -> None:
+        server = Server(app, address="127.0.0.1", port=port, interface=Interfaces.ASGI, http=HTTPModes.http1,
+                        websockets=False, backlog=2048, runtime_threads=1, log_enabled=False)
+        await server.serve()
+
+    uvloop.run(main())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
+    if len(args) not in (2, 3) or (len(args) == 3 and args[2] not in ("uvicorn", "granian", "default")):
         print(__doc__, file=sys.stderr)
         return 2
     app = make_app(int(args[1]))
     tune_gc()
-    uvicorn.run(app, host="127.0.0.1", port=int(args[0]), loop="uvloop", http="httptools", lifespan="on",
-                log_level="warning", access_log=False)
+    if len(args) == 3 and args[2] == "granian":
+        _granian(app, int(args[0]))
+    else:
+        uvicorn.run(app, host="127.0.0.1", port=int(args[0]), loop="uvloop", http="httptools", lifespan="on",
+                    log_level="warning", access_log=False)
     return 0
 
 

@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             # the stack's floor (bench.bare_relay): the same server and client, no gateway logic
             bare_port = _free_port()
             bare_proc = stack.enter_context(_process(
-                [sys.executable, "-m", "bench.bare_relay", str(bare_port), str(bport)], tmp / "bare.log", gw_cpu,
+                [sys.executable, "-m", "bench.bare_relay", str(bare_port), str(bport), a.server], tmp / "bare.log", gw_cpu,
                 ready_url=f"http://127.0.0.1:{bare_port}/health"))
             bare = Target("bare", bare_port, bare_proc.pid, ("ns_max", "st_c32"))
             for t in targets[1:]:
