@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Iterator
 
 import aiohttp
 
@@ -42,13 +46,21 @@ def _entry(name: str, url: str, strategy: str = "ar") -> dict:
     return {"name": name, "url": url, "model": "kimi-k2.6", "strategy": strategy}
 
 
-def test_reload_adds_and_removes_backends_without_cutting_streams(tmp_path, twin_factory):
-    a, b = twin_factory("k26-ar"), twin_factory("k26-ar")
+@contextlib.contextmanager
+def _gateway_over(tmp_path: Path, backend: str) -> Iterator[tuple[str, Path, int, subprocess.Popen]]:
+    """`specroute serve` from a config file (the tests rewrite it to reload) with backend `a` at
+    `backend`: yields the gateway's URL, the file, its port and the process."""
     port = free_port()
     path = tmp_path / "g.toml"
-    path.write_text(gateway_config(port, [_entry("a", a)]))
+    path.write_text(gateway_config(port, [_entry("a", backend)]))
     url = f"http://127.0.0.1:{port}"
     with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health") as proc:
+        yield url, path, port, proc
+
+
+def test_reload_adds_and_removes_backends_without_cutting_streams(tmp_path, twin_factory):
+    a, b = twin_factory("k26-ar"), twin_factory("k26-ar")
+    with _gateway_over(tmp_path, a) as (url, path, port, proc):
         async def scenario() -> tuple[dict, dict]:
             stream = asyncio.create_task(_stream(url, "kimi-k2.6@a", 800))
             assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 1)
@@ -79,11 +91,7 @@ def test_reload_adds_and_removes_backends_without_cutting_streams(tmp_path, twin
 
 def test_admin_add_drain_remove(tmp_path, twin_factory):
     a, b = twin_factory("k26-ar"), twin_factory("k26-dflash")
-    port = free_port()
-    path = tmp_path / "g.toml"
-    path.write_text(gateway_config(port, [_entry("a", a)]))
-    url = f"http://127.0.0.1:{port}"
-    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
+    with _gateway_over(tmp_path, a) as (url, path, port, _):
         status, body = _post(f"{url}/admin/backends", _entry("b", b, "dflash"))
         assert status == 201 and body["name"] == "b" and body["strategy"] == "dflash"
         assert _post(f"{url}/admin/backends", _entry("b", b, "dflash"))[0] == 409
@@ -107,11 +115,7 @@ def test_admin_add_drain_remove(tmp_path, twin_factory):
 
 def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
     a = twin_factory("k26-ar")
-    port = free_port()
-    path = tmp_path / "g.toml"
-    path.write_text(gateway_config(port, [_entry("a", a)]))
-    url = f"http://127.0.0.1:{port}"
-    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health") as proc:
+    with _gateway_over(tmp_path, a) as (url, path, port, proc):
         async def scenario() -> dict:
             stream = asyncio.create_task(_stream(url, "kimi-k2.6", 500))
             assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 1)
@@ -124,11 +128,7 @@ def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
 
 def test_reload_applies_health_admission_and_circuit_settings_to_running_backends(tmp_path, twin_factory):
     a = twin_factory("k26-ar")
-    port = free_port()
-    path = tmp_path / "g.toml"
-    path.write_text(gateway_config(port, [_entry("a", a)]))
-    url = f"http://127.0.0.1:{port}"
-    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
+    with _gateway_over(tmp_path, a) as (url, path, port, _):
         cap = lambda: get_json(f"{url}/admin/backends")["backends"][0]["cap"]
         # the twin's max_running_requests, once the poller has read /server_info (0 until then:
         # /health answers as soon as the process serves, before the first poll)
