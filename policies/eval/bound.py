@@ -26,6 +26,8 @@ favour every policy alike, a few percent), so a measured mean can exceed them sl
 
 from __future__ import annotations
 
+from typing import Callable
+
 import msgspec
 import numpy as np
 
@@ -68,35 +70,38 @@ def _best_composition(values: np.ndarray, clients: int) -> tuple[float, list[int
     return float(best[clients]), split[::-1]
 
 
-def best_split(speeds: np.ndarray, clients: int) -> tuple[float, list[int]]:
-    """Max over splits of sum(n r(n)^2) / sum(n r(n)); speeds[b, n] = per-request tok/s at load n.
-    Dinkelbach: the ratio exceeds M iff some split has sum n r (r - M) > 0."""
-    loads = np.arange(clients + 1)
+def _largest_ratio(speeds: np.ndarray, gain: Callable[[float], np.ndarray]) -> tuple[float, list[int]]:
+    """Dinkelbach by bisection: the largest M for which some split of the loads has a positive total
+    of `gain(M)[b, n]` (one row per backend, n its load); returns M and that split."""
+    clients = speeds.shape[-1] - 1
     lo, hi, split = 0.0, float(speeds.max()) * 1.01, [clients] + [0] * (len(speeds) - 1)
     for _ in range(_BISECTIONS):
         mid = (lo + hi) / 2
-        value, candidate = _best_composition(loads * speeds * (speeds - mid), clients)
+        value, candidate = _best_composition(gain(mid), clients)
         if value > 1e-9:
             lo, split = mid, candidate
+        else:
+            hi = mid
+    return hi, split
+
+
+def best_split(speeds: np.ndarray, clients: int) -> tuple[float, list[int]]:
+    """Max over splits of sum(n r(n)^2) / sum(n r(n)); speeds[b, n] = per-request tok/s at load n.
+    The ratio exceeds M iff some split has sum n r (r - M) > 0."""
+    loads = np.arange(clients + 1)
+    _, split = _largest_ratio(speeds, lambda m: loads * speeds * (speeds - m))
     num = sum(n * float(speeds[b, n]) ** 2 for b, n in enumerate(split))
     den = sum(n * float(speeds[b, n]) for b, n in enumerate(split))
     return (num / den if den else 0.0), split
 
 
 def _dual(speeds: np.ndarray, weights: np.ndarray, clients: int, lam: np.ndarray) -> float:
-    """The bound for multipliers `lam`; speeds[b, d, n]."""
+    """The bound for multipliers `lam`; speeds[b, d, n]. Each backend takes its best domain."""
     loads = np.arange(clients + 1)
     shift = float(lam @ weights)
-    lo, hi = 0.0, float(speeds.max()) * 1.01
-    for _ in range(_BISECTIONS):
-        mid = (lo + hi) / 2
-        per_domain = loads * speeds * (speeds - lam[None, :, None] + shift - mid)
-        value, _ = _best_composition(per_domain.max(axis=1), clients)
-        if value > 1e-9:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    gain = lambda m: (loads * speeds * (speeds - lam[None, :, None] + shift - m)).max(axis=1)  # noqa: E731
+    bound, _ = _largest_ratio(speeds, gain)
+    return bound
 
 
 def policy_bound(speeds: np.ndarray, weights: np.ndarray, clients: int) -> float:
