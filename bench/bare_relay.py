@@ -32,7 +32,6 @@ def make_app(backend_port: int) -> Any:
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
                     await send({"type": "lifespan.startup.complete"})
                 else:
                     if session is not None:
@@ -49,7 +48,7 @@ def make_app(backend_port: int) -> Any:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        if session is None:  # a server that sends no lifespan events (granian's embedded one)
+        if session is None:  # made on first use: granian's embedded server sends no lifespan events
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         async with session.post(base + scope["path"], data=body,
                                 headers={"content-type": "application/json"}) as resp:
