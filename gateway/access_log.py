@@ -21,8 +21,7 @@ import time
 import msgspec
 
 from gateway.records import RequestRecord
-
-_encoder = msgspec.json.Encoder()
+from gateway.spans import encode_request
 
 
 class AccessLog:
@@ -38,19 +37,22 @@ class AccessLog:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def write(self, record: RequestRecord) -> None:
+    def write(self, record: RequestRecord) -> bytes | None:
+        """Queues the record's line; returns the record's JSON (the CLIENT span carries the same
+        bytes), or None when no line was made (logging off, or the queue full)."""
         if not self.enabled:
-            return
+            return None
         if len(self._batch) + self._queued >= self.max_pending:
             self.dropped += 1
-            return
-        body = _encoder.encode(record)  # omit_defaults: unset fields are left out
+            return None
+        body = encode_request(record)  # omit_defaults: unset fields are left out
         self._batch.append(b'{"ts":%.3f,"event":"request",' % time.time() + body[1:] + b"\n")
         if len(self._batch) == 1:
             try:
                 asyncio.get_running_loop().call_later(self.flush_s, self.flush)
             except RuntimeError:  # no event loop (direct use): hand it over now
                 self.flush()
+        return body
 
     def flush(self) -> None:
         """Hand the pending lines to the writer thread."""

@@ -404,10 +404,10 @@ class _Request:
             if telemetry_expected:
                 proxy.metrics.telemetry_skipped.labels(self.backend.name).inc()
         proxy.metrics.observe(rec)
+        encoded = proxy.access_log.write(rec)
         if self.span is not None:
-            proxy.tracing.end_client_span(self.span, rec)
+            proxy.tracing.end_client_span(self.span, rec, encoded)
             self.span = None
-        proxy.access_log.write(rec)
 
     def _observe(self, outcome: Outcome) -> None:
         try:

@@ -30,9 +30,9 @@ class SpanRecord(msgspec.Struct, array_like=True, gc=False):
     """One finished, sampled span. `array_like`: encoded as a msgpack array, no field names.
 
     The request path stores the raw facts, not attribute dicts: `http` for a SERVER span, `upstream`
-    and `request` (the request's record, built anyway for the access log) for a CLIENT span. The
-    export side names them (`attributes_of`), which is where the dict building belongs: off the
-    gateway's CPU."""
+    and `request` for a CLIENT span. `request` is the request's record as JSON, the very bytes the
+    access log line was made of (encoded once for both). The export side decodes and names them
+    (`attributes_of`), which is where that work belongs: off the gateway's CPU."""
 
     name: str
     kind: int                 # opentelemetry.trace.SpanKind value
@@ -47,7 +47,16 @@ class SpanRecord(msgspec.Struct, array_like=True, gc=False):
     http: tuple[str, str, str, int] | None = None  # method, route, path, status
     # operation, model, stream, server address, port, attempt, max_tokens, temperature
     upstream: tuple[str, str, bool, str, int | None, int, int | None, float | None] | None = None
-    request: RequestRecord | None = None
+    request: bytes | None = None  # RequestRecord, JSON (`encode_request`)
+
+
+_request_json = msgspec.json.Encoder()
+_request_decoder = msgspec.json.Decoder(RequestRecord)
+
+
+def encode_request(record: RequestRecord) -> bytes:
+    """What `SpanRecord.request` holds: the record as the access log encodes it."""
+    return _request_json.encode(record)
 
 
 def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
@@ -92,7 +101,7 @@ def attributes_of(r: SpanRecord) -> dict[str, Any]:
         if temperature is not None:
             attrs["gen_ai.request.temperature"] = temperature
     if r.request is not None:
-        _request_attributes(attrs, r.request)
+        _request_attributes(attrs, _request_decoder.decode(r.request))
     return attrs
 
 

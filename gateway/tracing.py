@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind
 from gateway.config import TracingSection
 from gateway.sampling import Sampler, sampler_from
 from gateway.span_export import ProcessSink, SpanShipper, ThreadSink, exporter_kind, resource_for
-from gateway.spans import SpanRecord
+from gateway.spans import SpanRecord, encode_request
 
 if TYPE_CHECKING:
     from gateway.records import RequestRecord
@@ -201,13 +201,15 @@ class Tracing:
         if server.trace_state:
             headers["tracestate"] = server.trace_state
 
-    def end_client_span(self, span: ClientSpan | None, record: "RequestRecord") -> None:
+    def end_client_span(self, span: ClientSpan | None, record: "RequestRecord", encoded: bytes | None = None) -> None:
+        """`encoded`: the record's JSON when the access log made it already (`encode_request`)."""
         if span is None or self.shipper is None:
             return
         server = span.server
         self.shipper.add(SpanRecord(
             span.name, _CLIENT, server.trace_id, span.span_id, server.span_id, False, server.trace_state,
-            span.start_ns, _time_ns(), record.error if record.error else None, None, span.upstream, record))
+            span.start_ns, _time_ns(), record.error if record.error else None, None, span.upstream,
+            encode_request(record) if encoded is None else encoded))
 
     def trace_id(self) -> str | None:
         """Hex trace id of the current request, for the log line and the response header."""

@@ -22,7 +22,7 @@ from gateway.config import TracingSection, config_from_dict
 from gateway.records import RequestRecord
 from gateway.sampling import sampler_from
 from gateway.span_export import ProcessSink, SpanShipper
-from gateway.spans import SpanRecord
+from gateway.spans import SpanRecord, encode_request
 from gateway.tracing import Tracing
 from tests.inprocess import serve_in_thread
 from tests.support import free_port, wait_until
@@ -156,7 +156,7 @@ def _record(i: int) -> SpanRecord:
     request = RequestRecord(request_id="r", model="m", kind="chat", stream=True, status=200, duration_s=0.1,
                             speedup=1.5, finish_reason="stop")
     return SpanRecord("chat m", 3, "%032x" % (i + 1), "%016x" % (i + 1), None, False, None, 1, 2,
-                      upstream=("chat", "m", True, "127.0.0.1", 30000, 1, 8, None), request=request)
+                      upstream=("chat", "m", True, "127.0.0.1", 30000, 1, 8, None), request=encode_request(request))
 
 
 def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
