@@ -6,18 +6,20 @@ need (tracing on cost half of a saturated gateway's throughput). Here the gatewa
 each finished `SpanRecord` into a buffer (under a microsecond); every 64 spans or 100 ms the
 buffer is written to a pipe. The exporter process (`python -m gateway.span_export`, started with
 the gateway, ends with it) builds the SDK exporter the standard way (OTLP over HTTP/protobuf or
-gRPC, or the console) and feeds the SDK's BatchSpanProcessor, which batches for the collector as
-in any SDK application (OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_EXPORT_BATCH_SIZE, ...).
+gRPC, or the console, from the OTEL_* settings) and batches for the collector as the SDK's batch
+processor does (OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_EXPORT_BATCH_SIZE). For OTLP over
+HTTP/protobuf, the default, it encodes the batch itself (`gateway.otlp_wire`: the SDK encoder's
+message at a quarter of its CPU) and sends it through the SDK exporter's HTTP client; the other
+exporters get the SDK's spans (`spans.to_readable`).
 
 Bounded: the pipe write is non-blocking; when the exporter falls behind (a slow or unreachable
 collector), at most `max_pending_bytes` wait in the gateway and further batches are dropped and
-counted, as the SDK's BatchSpanProcessor drops past its queue size. An unreachable collector costs
+counted, as the SDK's batch processor drops past its queue size. An unreachable collector costs
 the exporter's logged warning and nothing else.
 
 An exporter object given in code (tests' in-memory exporter) is fed by a thread in the gateway's
 process instead: same records, same conversion.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -26,19 +28,21 @@ import fcntl
 import logging
 import os
 import queue
+import select
 import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import msgspec
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from gateway.config import TracingSection
+from gateway.otlp_wire import TraceRequestEncoder
 from gateway.spans import SpanRecord, to_readable
 
 log = logging.getLogger("specroute.tracing")
@@ -291,47 +295,128 @@ class SpanShipper:
         self.sink.close(timeout_s)
 
 
-def _read_exactly(stream: Any, n: int) -> bytes | None:
-    data = stream.read(n)
-    return data if data is not None and len(data) == n else None
+def wire_sender(exporter: SpanExporter) -> Callable[[bytes], bool] | None:
+    """For the SDK's OTLP/HTTP exporter: a function that sends an `ExportTraceServiceRequest`
+    encoded by `gateway.otlp_wire` through the exporter's own HTTP client (its endpoint, headers,
+    compression, timeout and retries, all from the standard OTEL_* settings). None for any other
+    exporter, or an SDK whose exporter is built differently: those get the SDK's spans."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    client = getattr(exporter, "_client", None)  # not public API: checked, with the SDK path behind it
+    if type(exporter) is not OTLPSpanExporter or not callable(getattr(client, "export", None)):
+        return None
+    return lambda data: bool(client.export(data).success)
+
+
+def _env_number(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name, default))
+    except ValueError:
+        log.warning("%s is not an integer; using %d", name, default)
+        return default
+    return value if value > 0 else default
+
+
+class _Frames:
+    """Length-prefixed msgpack batches from a pipe, as they arrive."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = bytearray()
+
+    def read(self) -> list[bytes] | None:
+        """The whole frames the pipe has now (blocks until some bytes come); None at end of input."""
+        data = os.read(self.fd, _PIPE_SIZE)
+        if not data:
+            return None
+        buf = self._buf
+        buf += data
+        frames, at = [], 0
+        while len(buf) - at >= _FRAME.size:
+            size = _FRAME.unpack_from(buf, at)[0]
+            if len(buf) - at - _FRAME.size < size:
+                break
+            frames.append(bytes(buf[at + _FRAME.size:at + _FRAME.size + size]))
+            at += _FRAME.size + size
+        del buf[:at]
+        return frames
+
+
+def _lower_priority() -> None:
+    """Spans are worth less than requests: where this process shares CPUs with the gateway (or its
+    neighbours), it runs only when they leave the CPU idle (SCHED_IDLE; niceness where that is
+    missing); spans wait in the pipe meanwhile. Called before any thread exists: threads inherit it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(EXPORTER_NICE)
+        except OSError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The exporter process: msgpack batches on stdin -> the SDK's BatchSpanProcessor -> exporter,
-    until EOF. The processor batches for the collector as in any SDK application (OTEL_BSP_*)."""
+    """The exporter process: msgpack batches on stdin -> batches for the collector -> exporter,
+    until EOF. Batching follows the SDK's batch processor settings: a batch leaves when it holds
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE spans (512) or OTEL_BSP_SCHEDULE_DELAY ms (5000) after its first
+    span. An export runs on this thread: while the collector is slow, spans wait in the pipe and
+    then in the gateway's bounded buffer, which drops (and counts) past its limit."""
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s span-exporter: %(message)s")
     section = msgspec.json.decode(argv[0].encode(), type=TracingSection)
+    _lower_priority()
     exporter = build_exporter(section)
     if exporter is None:
         return 0
     resource = resource_for(section)
-    processor = BatchSpanProcessor(exporter)
-    stdin = sys.stdin.buffer
+    send = wire_sender(exporter)
+    encoder = TraceRequestEncoder(resource)
+
+    def export(batch: list[SpanRecord]) -> None:
+        try:
+            if send is not None:
+                send(encoder.request(batch))
+            else:
+                exporter.export(to_readable(batch, resource))
+        except Exception as e:  # one failed batch must not end the process
+            log.warning("span export failed: %s", e)
+
+    delay_s = _env_number("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+    max_batch = _env_number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
     # Ctrl-C or SIGTERM to the gateway's process group: keep going until the gateway closes the
     # pipe (or dies, which closes it too), then export what is left. EOF always ends this process.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Spans are worth less than requests: where this process shares CPUs with the gateway (or its
-    # neighbours), the scheduler gives the serving path the CPU first; spans wait in the pipe.
+    frames = _Frames(sys.stdin.fileno())
+    batch: list[SpanRecord] = []
+    due = 0.0
     try:
-        os.nice(EXPORTER_NICE)
-    except OSError:
-        pass
-    try:
-        while (header := _read_exactly(stdin, _FRAME.size)) is not None:
-            payload = _read_exactly(stdin, _FRAME.unpack(header)[0])
-            if payload is None:
-                break
-            try:
-                spans = to_readable(_decoder.decode(payload), resource)
-            except (msgspec.DecodeError, ValueError) as e:  # a bad batch: warn, keep going
-                log.warning("span batch dropped: %s", e)
-                continue
-            for span in spans:
-                processor.on_end(span)
+        while True:
+            wait = max(0.0, due - time.monotonic()) if batch else None
+            if select.select([frames.fd], [], [], wait)[0]:
+                payloads = frames.read()
+                if payloads is None:
+                    break
+                for payload in payloads:
+                    try:
+                        records = _decoder.decode(payload)
+                    except msgspec.DecodeError as e:  # a bad batch: warn, keep going
+                        log.warning("span batch dropped: %s", e)
+                        continue
+                    if not batch:
+                        due = time.monotonic() + delay_s
+                    batch += records
+                    while len(batch) >= max_batch:
+                        export(batch[:max_batch])
+                        del batch[:max_batch]
+                        due = time.monotonic() + delay_s
+            if batch and time.monotonic() >= due:
+                export(batch)
+                batch = []
     finally:
-        processor.shutdown()  # exports what is queued, then shuts the exporter down
+        if batch:
+            export(batch)
+        exporter.shutdown()
     return 0
 
 
