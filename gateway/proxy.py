@@ -201,7 +201,7 @@ class Proxy:
             req.abandon(f"http_{resp.status}", status=resp.status)
             raise error
         headers = {BACKEND_HEADER: backend.name, REQUEST_ID_HEADER: req.request_id}
-        if req.trace_id:
+        if span is not None:  # a recorded trace: the id finds it in the collector
             headers[TRACE_ID_HEADER] = req.trace_id
         if parsed.stream:
             headers["cache-control"] = "no-cache"

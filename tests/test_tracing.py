@@ -138,11 +138,15 @@ def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream)
     with serve_in_thread(config, tracing=tracing, access_log=AccessLog(False)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         msgs = [{"role": "user", "content": "hi"}]
-        client.chat.completions.create(model="m", messages=msgs, max_tokens=1,
-                                       extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "v=1"})
-        client.chat.completions.create(model="m", messages=msgs, max_tokens=1,
-                                       extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-00"})
+        sampled = client.chat.completions.with_raw_response.create(
+            model="m", messages=msgs, max_tokens=1,
+            extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "v=1"})
+        unsampled = client.chat.completions.with_raw_response.create(
+            model="m", messages=msgs, max_tokens=1, extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-00"})
         tracing.force_flush()
+    # the trace-id header names a trace the collector has: only a recorded (sampled) one
+    assert sampled.headers["x-specroute-trace-id"] == TRACE
+    assert "x-specroute-trace-id" not in unsampled.headers
     spans = exporter.get_finished_spans()
     client_span = next(s for s in spans if s.kind is SpanKind.CLIENT)
     assert len([s for s in spans if s.kind is SpanKind.CLIENT]) == 1  # the unsampled request left no span
