@@ -11,7 +11,7 @@ Processes (pinned when the machine has two CPUs or more):
   (`off`), tracing on with every request traced (`on`: OTEL_EXPORTER_OTLP_ENDPOINT at the sink),
   and tracing on with `tracing.sample_ratio = 0.1` (`on10`, throughput scenarios only). All run the
   real hot path: an API key, the goodput policy, Prometheus metrics and the JSON access log (to a
-  file). A tracing gateway's span exporter process (`gateway.span_export`, the SDK's OTLP encoding)
+  file). A tracing gateway's span exporter process (`gateway.span_export`: OTLP encoding and export)
   is moved to CPU 0 with the sink, as a collector-side process; its own CPU per request (over the
   whole run) and the spans dropped are reported next to the gateway's figures;
 - the stack's floor (`bench.bare_relay`: the same uvicorn + aiohttp relaying with no gateway logic)
@@ -37,6 +37,9 @@ Scenarios:
   offered, each chunk its own read at the gateway, as real token streams arrive): added TTFT and
   CPU per relayed chunk.
 - `st_max`: streaming, 32 clients, zero-delay: max relayed chunks/s (chunks batch up per read).
+- `ns_pairs` (tracing cost): `ns_max` in short slices, off / on / on10 alternating per round, with
+  two processes of each mode (one process of the same code runs up to ~2% faster or slower than
+  another); per round, the mean over a mode's processes.
 - routing: `policies.bench.bench_choose("goodput")` with 4 and 16 backends, microseconds per decision.
 - memory: gateway RSS idle, after the measured runs ("warm"), and after 100,000 requests in all
   (flat within 10% of warm).
@@ -248,7 +251,10 @@ class Plan:
         self.policy_iterations = 1000 if quick else 20000
         # tracing cost: paired short slices, so slow drift of a shared machine hits off and on alike
         self.tracing_rounds = 2 if quick else 8
-        self.tracing_slice_s = 0.3 if quick else 1.5
+        self.tracing_slice_s = 0.3 if quick else 1.0
+        # Processes per tracing mode in those slices: one process of the same code runs up to ~2%
+        # faster or slower than another (memory layout), more than the effect being measured.
+        self.tracing_processes = 1 if quick else 2
 
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -310,7 +316,8 @@ async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None])
 
 async def measure_tracing(gateways: list[Target], plan: Plan, log: Callable[[str], None]) -> dict[str, list[dict]]:
     """Saturated non-streaming throughput of the tracing-off and tracing-on gateways in paired
-    short slices (order alternating per round): runs["ns_pairs"][gateway] = [slice per round]."""
+    short slices (order alternating per round): runs["ns_pairs"][mode] = [slice per round], each
+    slice the mean over that mode's processes."""
     out: dict[str, list[dict]] = {t.name: [] for t in gateways}
     body = _body(False)
     previous: Target | None = None
@@ -319,8 +326,19 @@ async def measure_tracing(gateways: list[Target], plan: Plan, log: Callable[[str
             await quiesce(previous)
             previous = t
             out[t.name].append(await run_level(t, body, 64, duration=plan.tracing_slice_s))
-    log("  tracing pairs: " + "  ".join(f"{n}: {_median([r['rps'] for r in rs]):7.0f} req/s" for n, rs in out.items()))
-    return out
+    pooled = _pool_replicas(out)
+    log("  tracing pairs: " + "  ".join(f"{n}: {_median([r['rps'] for r in rs]):7.0f} req/s" for n, rs in pooled.items()))
+    return pooled
+
+
+def _pool_replicas(out: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Per round, the mean over a mode's processes (`gw_on`, `gw_on~2`, ...) of each figure."""
+    modes: dict[str, list[list[dict]]] = {}
+    for name, slices in out.items():
+        modes.setdefault(name.partition("~")[0], []).append(slices)
+    return {mode: [{k: statistics.fmean(s[k] for s in per_round) for k in ("rps", "cpu_us_per_request")}
+                   for per_round in zip(*instances)]
+            for mode, instances in modes.items()}
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -489,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
             # off; on (every request traced); on10 (10% of traces sampled: throughput scenarios only)
             modes = ["off"] if a.no_tracing else ["off", "on", "on10"]
             gws: dict[str, subprocess.Popen] = {}
+            replicas: list[Target] = []
             for mode in modes:
                 port = _free_port()
                 cfg = tmp / f"gateway-{mode}.toml"
@@ -501,13 +520,21 @@ def main(argv: list[str] | None = None) -> int:
                                                          gw_cpu, env, ready_url=f"http://127.0.0.1:{port}/health"))
                 targets.append(Target(f"gw_{mode}", port, gws[mode].pid,
                                       ("ns_c1", "ns_max", "st_max") if mode == "on10" else None))
+                if len(modes) > 1:  # more processes of each mode for the paired tracing slices only
+                    for k in range(2, plan.tracing_processes + 1):
+                        port = _free_port()
+                        cfg = tmp / f"gateway-{mode}-{k}.toml"
+                        cfg.write_text(_gateway_toml(port, bport) + sampled)
+                        proc = stack.enter_context(_process(gateway_command(cfg, a.server), tmp / f"gateway-{mode}-{k}.log",
+                                                            gw_cpu, env, ready_url=f"http://127.0.0.1:{port}/health"))
+                        replicas.append(Target(f"gw_{mode}~{k}", port, proc.pid, ()))
             # the stack's floor (bench.bare_relay): the same server and client, no gateway logic
             bare_port = _free_port()
             bare_proc = stack.enter_context(_process(
                 [sys.executable, "-m", "bench.bare_relay", str(bare_port), str(bport), a.server], tmp / "bare.log", gw_cpu,
                 ready_url=f"http://127.0.0.1:{bare_port}/health"))
             bare = Target("bare", bare_port, bare_proc.pid, ("ns_max", "st_c32"))
-            for t in targets[1:]:
+            for t in targets[1:] + replicas:
                 if t.name.startswith("gw_on"):
                     exporters = child_pids(t.pid)  # type: ignore[arg-type]
                     if len(exporters) != 1:
@@ -525,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             exporter_cpu0 = {t.name: cpu_seconds(t.exporter_pid) for t in targets if t.exporter_pid}
             runs = uvloop.run(measure([*targets, bare], plan, log))
             if len(targets) > 2:
-                runs["ns_pairs"] = uvloop.run(measure_tracing(targets[1:], plan, log))
+                runs["ns_pairs"] = uvloop.run(measure_tracing(targets[1:] + replicas, plan, log))
             time.sleep(1.0)  # the last span batches leave after OTEL_BSP_SCHEDULE_DELAY (500 ms)
             # over the whole run: every request of every scenario, per request received
             exporter_cpu = {t.name: (cpu_seconds(t.exporter_pid) - exporter_cpu0[t.name]) / max(1, t.requests) * 1e6
@@ -545,7 +572,10 @@ def main(argv: list[str] | None = None) -> int:
             for proc in (*gws.values(), backend, bare_proc):
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args} died during the run")
-            spans_dropped = {t.name: admin_state(t)["spans_dropped"] for t in targets[1:]}
+            spans_dropped: dict[str, int] = {}
+            for t in targets[1:] + replicas:
+                mode = t.name.partition("~")[0]
+                spans_dropped[mode] = spans_dropped.get(mode, 0) + admin_state(t)["spans_dropped"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
