@@ -18,10 +18,7 @@ import queue
 import threading
 import time
 
-import msgspec
-
-from gateway.records import RequestRecord
-from gateway.spans import encode_request
+from gateway.records import RequestRecord, encode_request
 
 
 class AccessLog:
@@ -45,7 +42,7 @@ class AccessLog:
         if len(self._batch) + self._queued >= self.max_pending:
             self.dropped += 1
             return None
-        body = encode_request(record)  # omit_defaults: unset fields are left out
+        body = encode_request(record)
         self._batch.append(b'{"ts":%.3f,"event":"request",' % time.time() + body[1:] + b"\n")
         if len(self._batch) == 1:
             try:

@@ -39,3 +39,12 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: str | None = None
     error_type: str | None = None
     prompt: str | None = None          # only with logging.include_prompts
+
+
+_json = msgspec.json.Encoder()
+
+
+def encode_request(record: RequestRecord) -> bytes:
+    """The record as JSON, once per request: the access log line is made of these bytes, and a
+    CLIENT span carries the same bytes to the span exporter."""
+    return _json.encode(record)  # omit_defaults: unset fields are left out

@@ -20,6 +20,7 @@ the exporter's logged warning and nothing else.
 An exporter object given in code (tests' in-memory exporter) is fed by a thread in the gateway's
 process instead: same records, same conversion.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -370,11 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     resource = resource_for(section)
     send = wire_sender(exporter)
-    encoder = TraceRequestEncoder(resource)
+    encoder = TraceRequestEncoder(resource) if send is not None else None
 
     def export(batch: list[SpanRecord]) -> None:
         try:
-            if send is not None:
+            if send is not None and encoder is not None:
                 send(encoder.request(batch))
             else:
                 exporter.export(to_readable(batch, resource))

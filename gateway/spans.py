@@ -50,13 +50,7 @@ class SpanRecord(msgspec.Struct, array_like=True, gc=False):
     request: bytes | None = None  # RequestRecord, JSON (`encode_request`)
 
 
-_request_json = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(RequestRecord)
-
-
-def encode_request(record: RequestRecord) -> bytes:
-    """What `SpanRecord.request` holds: the record as the access log encodes it."""
-    return _request_json.encode(record)
 
 
 def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:

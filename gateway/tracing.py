@@ -17,18 +17,16 @@ import re
 from contextvars import ContextVar
 from random import getrandbits as _getrandbits
 from time import time_ns as _time_ns
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind
 
 from gateway.config import TracingSection
+from gateway.records import RequestRecord, encode_request
 from gateway.sampling import Sampler, sampler_from
 from gateway.span_export import ProcessSink, SpanShipper, ThreadSink, exporter_kind, resource_for
-from gateway.spans import SpanRecord, encode_request
-
-if TYPE_CHECKING:
-    from gateway.records import RequestRecord
+from gateway.spans import SpanRecord
 
 OPERATION = {"chat": "chat", "completion": "text_completion"}
 _SERVER, _CLIENT = SpanKind.SERVER.value, SpanKind.CLIENT.value
@@ -201,7 +199,7 @@ class Tracing:
         if server.trace_state:
             headers["tracestate"] = server.trace_state
 
-    def end_client_span(self, span: ClientSpan | None, record: "RequestRecord", encoded: bytes | None = None) -> None:
+    def end_client_span(self, span: ClientSpan | None, record: RequestRecord, encoded: bytes | None = None) -> None:
         """`encoded`: the record's JSON when the access log made it already (`encode_request`)."""
         if span is None or self.shipper is None:
             return

@@ -11,8 +11,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 
 from gateway.otlp_wire import TraceRequestEncoder, _any_value
-from gateway.records import RequestRecord
-from gateway.spans import SpanRecord, encode_request, to_readable
+from gateway.records import RequestRecord, encode_request
+from gateway.spans import SpanRecord, to_readable
 
 RESOURCE = Resource.create({"service.name": "specroute-test", "deployment.environment": "ci"})
 

@@ -19,10 +19,10 @@ from opentelemetry.trace import SpanKind
 
 from gateway.access_log import AccessLog
 from gateway.config import TracingSection, config_from_dict
-from gateway.records import RequestRecord
+from gateway.records import RequestRecord, encode_request
 from gateway.sampling import sampler_from
 from gateway.span_export import ProcessSink, SpanShipper
-from gateway.spans import SpanRecord, encode_request
+from gateway.spans import SpanRecord
 from gateway.tracing import Tracing
 from tests.inprocess import serve_in_thread
 from tests.support import free_port, wait_until
