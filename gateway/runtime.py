@@ -3,7 +3,8 @@
 `Runtime` owns the pools, admission, policies, proxy and poller built from a `Config`. `reload`
 applies a new config in place: added backends start receiving traffic, removed ones leave the
 pools at once and are retired (their in-flight streams finish, then their connections close),
-changed policies apply to new requests, and the caps, timeouts and retry settings are swapped. An
+changed policies and the tracing sample ratio apply to new requests, and the caps, timeouts and
+retry settings are swapped. An
 invalid config is refused by `load_config` before anything changes, so the old one stays.
 """
 
@@ -149,6 +150,7 @@ class Runtime:
             b.cap_override = a.backend_max_inflight
             b.circuit.failures, b.circuit.cooldown_s = h.circuit_failures, h.circuit_cooldown_s
         self.proxy.configure(new)
+        self.tracing.configure(new.tracing)
 
     def _config_dict(self) -> dict[str, Any]:
         import msgspec

@@ -13,6 +13,7 @@ With tracing off there is no middleware and no span at all: every hook below is 
 
 from __future__ import annotations
 
+import logging
 import re
 from contextvars import ContextVar
 from random import getrandbits as _getrandbits
@@ -28,6 +29,7 @@ from gateway.sampling import Sampler, sampler_from
 from gateway.span_export import ProcessSink, SpanShipper, ThreadSink, exporter_kind, resource_for
 from gateway.spans import SpanRecord
 
+log = logging.getLogger("specroute.tracing")
 OPERATION = {"chat": "chat", "completion": "text_completion"}
 _SERVER, _CLIENT = SpanKind.SERVER.value, SpanKind.CLIENT.value
 # W3C Trace Context, as the SDK's propagator reads it: version 00 has exactly four fields; a later
@@ -82,12 +84,23 @@ class Tracing:
     """Owns sampling, the span shipper and the exporter behind it; `enabled` is False when off."""
 
     def __init__(self, section: TracingSection, exporter: SpanExporter | None = None) -> None:
+        self.section = section
         self.shipper: SpanShipper | None = None
         self.sampler: Sampler = sampler_from(section.sample_ratio)
         if exporter is not None:
             self.shipper = SpanShipper(ThreadSink(exporter, resource_for(section)))
         elif exporter_kind(section) != "none":
             self.shipper = SpanShipper(ProcessSink(section))
+
+    def configure(self, section: TracingSection) -> None:
+        """A reloaded config: the sampling ratio applies to new requests at once (raise it during an
+        incident, lower it after); the exporter settings need a restart, as they did at start-up."""
+        self.sampler = sampler_from(section.sample_ratio)
+        changed = [f"tracing.{name}" for name in ("exporter", "endpoint", "protocol", "service_name")
+                   if getattr(section, name) != getattr(self.section, name)]
+        if changed:
+            log.warning("%s changed: takes effect at the next restart", ", ".join(changed))
+        self.section = section
 
     @property
     def enabled(self) -> bool:

@@ -142,3 +142,27 @@ def test_reload_applies_health_admission_and_circuit_settings_to_running_backend
         checks = lambda: get_json(f"{url}/admin/backends")["backends"][0]["health_checks"]
         start = checks()
         assert wait_until(lambda: checks() >= start + 10, timeout=5)
+
+
+def test_reload_applies_the_tracing_sample_ratio(tmp_path, twin_factory):
+    """Sampling raised at runtime: before the reload no request is traced (no trace-id header, which
+    only a recorded trace gets), after it every one is."""
+    a = twin_factory("k26-ar")
+    body = {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 2}
+
+    def traced() -> bool:
+        req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return "x-specroute-trace-id" in r.headers
+
+    tracing = '[tracing]\nexporter = "console"\nsample_ratio = {}\n'
+    port = free_port()
+    path = tmp_path / "g.toml"
+    path.write_text(gateway_config(port, [_entry("a", a)], tracing.format(0.0)))
+    url = f"http://127.0.0.1:{port}"
+    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
+        assert not any(traced() for _ in range(5))
+        path.write_text(gateway_config(port, [_entry("a", a)], tracing.format(1.0)))
+        assert _post(f"{url}/admin/reload")[0] == 200
+        assert all(traced() for _ in range(5))

@@ -205,3 +205,17 @@ def test_exporter_process_outlives_a_group_sigterm_and_ends_at_eof():
     assert sink._proc.poll() is None
     os.close(sink._fd)  # what the gateway's death does to the pipe
     assert sink._proc.wait(10) == 0
+
+
+def test_configure_swaps_the_sampler_and_keeps_the_exporter(caplog):
+    tracing = Tracing(TracingSection(sample_ratio=0.0), exporter=InMemorySpanExporter())
+    try:
+        assert not tracing.start_server_span(None, None).sampled
+        tracing.configure(TracingSection(sample_ratio=1.0))
+        assert tracing.start_server_span(None, None).sampled
+        assert "takes effect at the next restart" not in caplog.text
+        tracing.configure(TracingSection(sample_ratio=1.0, endpoint="http://collector:4318"))
+        assert "tracing.endpoint changed: takes effect at the next restart" in caplog.text
+        assert tracing.enabled  # the exporter is the one built at start-up
+    finally:
+        tracing.shutdown()
