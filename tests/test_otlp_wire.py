@@ -3,16 +3,29 @@ records must give the same `ExportTraceServiceRequest`, message for message."""
 
 from __future__ import annotations
 
+import os
 import random
+import struct
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import msgspec
 import pytest
+from opentelemetry.exporter.otlp.proto.common._internal import _encode_value
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
+from gateway.config import TracingSection
 from gateway.otlp_wire import TraceRequestEncoder, _any_value
 from gateway.records import RequestRecord, encode_request
+from gateway.span_export import build_exporter, wire_sender
 from gateway.spans import SpanRecord, to_readable
+from tests.support import wait_until
 
 RESOURCE = Resource.create({"service.name": "specroute-test", "deployment.environment": "ci"})
 
@@ -86,9 +99,6 @@ def test_cached_pairs_stay_bounded_and_correct(monkeypatch):
 @pytest.mark.parametrize("value", [True, False, 0, -1, 2**63 - 1, -(2**63), 1.5, -0.0, "", "é", b"\x00\xff", None,
                                    ("a", 1, 2.5, True), []])
 def test_any_value_matches_protobuf(value):
-    from opentelemetry.exporter.otlp.proto.common._internal import _encode_value
-
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
     mine = AnyValue()
     mine.ParseFromString(_any_value(value))
     assert mine == _encode_value(value)
@@ -100,11 +110,6 @@ def test_unsupported_attribute_values_are_refused():
 
 
 def test_the_otlp_http_exporter_gets_the_wire_path_and_others_the_sdk_spans(monkeypatch):
-    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-    from gateway.config import TracingSection
-    from gateway.span_export import build_exporter, wire_sender
-
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     otlp = build_exporter(TracingSection(exporter="otlp"))
     assert callable(wire_sender(otlp))  # the installed SDK still has the client this relies on
@@ -114,18 +119,6 @@ def test_the_otlp_http_exporter_gets_the_wire_path_and_others_the_sdk_spans(monk
 def test_the_exporter_process_batches_by_size_and_by_delay(tmp_path):
     """Frames of 4 spans on the pipe, OTEL_BSP_MAX_EXPORT_BATCH_SIZE=5: no request to the collector
     holds more than 5 spans, and every span arrives while the pipe is still open (the delay)."""
-    import os
-    import struct
-    import subprocess
-    import sys
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    import msgspec
-
-    from gateway.config import TracingSection
-    from tests.support import wait_until
-
     sizes: list[int] = []
 
     class Receiver(BaseHTTPRequestHandler):
