@@ -21,6 +21,9 @@ from loadgen.stream import ContentChunk, SpecDetails, StreamParser, Usage, first
 from loadgen.summary import RequestRecord
 
 BACKEND_HEADER = "x-specroute-backend"
+# Join keys: a gateway's access log has the request id, its tracing backend the trace id.
+REQUEST_ID_HEADER = "x-request-id"
+TRACE_ID_HEADER = "x-specroute-trace-id"
 
 
 class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,6 +140,8 @@ async def send(session: aiohttp.ClientSession, target: Target, prompt: Prompt,
             got_response = True
             record.status = resp.status
             record.backend = resp.headers.get(BACKEND_HEADER)
+            record.request_id = resp.headers.get(REQUEST_ID_HEADER)
+            record.trace_id = resp.headers.get(TRACE_ID_HEADER)
             if resp.status != 200:
                 detail = error_message(await resp.read())
                 _fail(record, f"http_{resp.status}", detail)

@@ -45,7 +45,7 @@ RECORD_TIME_FIELDS = frozenset({
 RECORD_RATE_FIELDS = frozenset({"output_throughput", "decode_throughput", "request_rate"})
 RECORD_UNSCALED_FIELDS = frozenset({
     "index", "target", "max_concurrency", "domain", "ok", "error", "error_detail", "status",
-    "backend", "finish_reason", "input_tokens", "output_tokens", "output_tokens_source",
+    "backend", "request_id", "trace_id", "finish_reason", "input_tokens", "output_tokens", "output_tokens_source",
     "client_chunks", "token_mismatch", "spec_verify_ct", "accept_length",
 })
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,7 +19,7 @@ from gateway.config import Config, config_from_dict
 from gateway.tracing import Tracing
 from gateway.config import TracingSection
 from tests.inprocess import serve_in_thread
-from tests.support import free_port, gateway, output, running, specroute, wait_until
+from tests.support import free_port, gateway, loadgen, output, running, specroute, wait_until
 
 N = 200  # output tokens of the span test's requests
 MATH = [{"role": "user", "content": "A shop sells 12 apples at $3 each. How much do 5 apples cost in total?"}]
@@ -206,3 +207,47 @@ def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_p
     assert all(l["status"] == 200 and l["model"] == "kimi-k2.6" and l["completion_tokens"] == 6 for l in log)
     assert all(l["backend"] in k26 and l["policy"] and "duration_s" in l for l in log)
     assert "sk-secret-key" not in text and "apples" not in text  # no key, no prompt text by default
+
+
+def test_a_loadgen_run_gives_one_trace_per_request_joined_by_trace_id(tmp_path, k26):
+    """The issue's acceptance run: with OTEL_EXPORTER_OTLP_ENDPOINT set, `loadgen` through the gateway
+    makes one trace per request (a SERVER span and its CLIENT span, the speedup among the CLIENT
+    span's attributes), and loadgen's requests.jsonl joins to them by trace id."""
+    class Receiver(_OtlpReceiver):
+        received: list[ExportTraceServiceRequest] = []
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in k26.items()]
+    out = tmp_path / "run"
+    try:
+        with gateway(tmp_path, backends, env=env) as url:
+            run = subprocess.run(loadgen("--target", "gateway", "--gateway-url", url, "--concurrency", "4",
+                                         "--num-prompts", "12", "--max-tokens", "16", "--dataset", "math",
+                                         "--output", str(out), "--no-plots"),
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr
+            rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+            traces = {r["trace_id"] for r in rows}
+            spans = lambda: [s for r in Receiver.received for rs in r.resource_spans for ss in rs.scope_spans
+                             for s in ss.spans]
+            assert wait_until(lambda: len(spans()) >= 2 * len(rows))
+    finally:
+        receiver.shutdown()
+    assert len(rows) == 12 and all(r["ok"] for r in rows)
+    assert len(traces) == 12 and all(len(t) == 32 for t in traces) and all(r["request_id"] for r in rows)
+    by_trace: dict[str, list] = {}
+    for s in spans():
+        by_trace.setdefault(s.trace_id.hex(), []).append(s)
+    generations = {t: ss for t, ss in by_trace.items() if any(s.name.startswith("POST ") for s in ss)}
+    assert set(generations) == traces  # one trace per request, each found from loadgen's row
+    # the rest: the GETs loadgen made to learn the model (one span each, no upstream call)
+    assert all(len(ss) == 1 and ss[0].name.startswith("GET ") for t, ss in by_trace.items() if t not in traces)
+    for trace in generations.values():
+        server = [s for s in trace if s.kind == 2]  # SPAN_KIND_SERVER
+        client = [s for s in trace if s.kind == 3]  # SPAN_KIND_CLIENT
+        assert len(server) == 1 and len(client) == 1 and client[0].parent_span_id == server[0].span_id
+        attrs = {a.key: a.value for a in client[0].attributes}
+        assert attrs["specroute.speedup"].double_value > 0
+        assert attrs["specroute.backend"].string_value in k26
