@@ -4,8 +4,8 @@
 applies a new config in place: added backends start receiving traffic, removed ones leave the
 pools at once and are retired (their in-flight streams finish, then their connections close),
 changed policies and the tracing sample ratio apply to new requests, and the caps, timeouts and
-retry settings are swapped. An
-invalid config is refused by `load_config` before anything changes, so the old one stays.
+retry settings are swapped. An invalid config is refused by `load_config` before anything
+changes, so the old one stays.
 """
 
 from __future__ import annotations

@@ -371,14 +371,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     resource = resource_for(section)
     send = wire_sender(exporter)
-    encoder = TraceRequestEncoder(resource) if send is not None else None
+    if send is not None:  # OTLP/HTTP: encoded here, sent by the SDK exporter's client
+        encoder = TraceRequestEncoder(resource)
+        ship: Callable[[list[SpanRecord]], object] = lambda batch: send(encoder.request(batch))  # noqa: E731
+    else:  # gRPC, console: the SDK's spans
+        ship = lambda batch: exporter.export(to_readable(batch, resource))  # noqa: E731
 
     def export(batch: list[SpanRecord]) -> None:
         try:
-            if send is not None and encoder is not None:
-                send(encoder.request(batch))
-            else:
-                exporter.export(to_readable(batch, resource))
+            ship(batch)
         except Exception as e:  # one failed batch must not end the process
             log.warning("span export failed: %s", e)
 

@@ -150,7 +150,7 @@ def test_reload_applies_the_tracing_sample_ratio(tmp_path, twin_factory):
     a = twin_factory("k26-ar")
     body = {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 2}
 
-    def traced() -> bool:
+    def traced(url: str) -> bool:
         req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=15) as r:
@@ -162,7 +162,7 @@ def test_reload_applies_the_tracing_sample_ratio(tmp_path, twin_factory):
     path.write_text(gateway_config(port, [_entry("a", a)], tracing.format(0.0)))
     url = f"http://127.0.0.1:{port}"
     with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
-        assert not any(traced() for _ in range(5))
+        assert not any(traced(url) for _ in range(5))
         path.write_text(gateway_config(port, [_entry("a", a)], tracing.format(1.0)))
         assert _post(f"{url}/admin/reload")[0] == 200
-        assert all(traced() for _ in range(5))
+        assert all(traced(url) for _ in range(5))
