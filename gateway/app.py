@@ -187,7 +187,7 @@ def create_asgi(config: Config, **kwargs: Any) -> Any:
     # SERVER spans (tracing on): FastRoutes makes those of the generation routes, the middleware
     # those of litestar's routes but probes and scrapes.
     inner: Any = rt.tracing.server_span_middleware(app) if rt.tracing.enabled else app
-    fast = FastRoutes(inner, lambda body, kind, headers: rt.proxy.handle(body, kind, headers),
+    fast = FastRoutes(inner, lambda body, kind, headers, trace: rt.proxy.handle(body, kind, headers, trace),
                       config.gateway.max_body_bytes, rt.tracing)
     return AuthGate(fast, config.auth, lambda: rt.config.auth)
 

@@ -25,7 +25,7 @@ from gateway.errors import ApiError
 from gateway.openai_request import Kind
 
 if TYPE_CHECKING:
-    from gateway.tracing import Tracing
+    from gateway.tracing import Trace, Tracing
 
 log = logging.getLogger("specroute.app")
 
@@ -67,7 +67,7 @@ async def send_error(send: Callable[[dict], Awaitable[None]], error: ApiError) -
 class FastRoutes:
     """ASGI: the generation routes handled directly, the rest passed to `app` (litestar)."""
 
-    def __init__(self, app: ASGIApp, handle: Callable[[bytes, Kind, dict[str, str]], Awaitable[Reply]],
+    def __init__(self, app: ASGIApp, handle: Callable[[bytes, Kind, dict[str, str], "Trace | None"], Awaitable[Reply]],
                  max_body_bytes: int, tracing: "Tracing | None" = None) -> None:
         self.app = app
         self.handle = handle
@@ -84,24 +84,24 @@ class FastRoutes:
         headers = _headers(scope["headers"])
         tracing = self.tracing
         if tracing is None:
-            await self._answer(scope, headers, receive, send)
+            await self._answer(scope, headers, receive, send, None)
             return
         # The SERVER span made here, from the headers already decoded, rather than by a middleware
         # around this app: no second pass over the headers, no wrapped `send`, one coroutine less.
-        span = tracing.start_server_span(headers.get("traceparent"), headers.get("tracestate"))
-        token = tracing.activate(span)
+        # The trace goes to the proxy as an argument, not through a context variable.
+        trace = tracing.start_server_span(headers.get("traceparent"), headers.get("tracestate"))
         status = 0
         try:
-            status = await self._answer(scope, headers, receive, send)
+            status = await self._answer(scope, headers, receive, send, trace)
         finally:
-            tracing.deactivate(token)
-            tracing.end_server_span(span, "POST", scope["path"], status)
+            tracing.end_server_span(trace, "POST", scope["path"], status)
 
-    async def _answer(self, scope: dict, headers: dict[str, str], receive: Any, send: Any) -> int:
+    async def _answer(self, scope: dict, headers: dict[str, str], receive: Any, send: Any,
+                      trace: "Trace | None") -> int:
         """Answers the request; returns the status sent."""
         try:
             body = await self._body(headers, receive)
-            reply = await self.handle(body, ROUTES[scope["path"]], headers)
+            reply = await self.handle(body, ROUTES[scope["path"]], headers, trace)
         except ApiError as e:
             await send_error(send, e)
             return e.status

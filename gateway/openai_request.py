@@ -23,6 +23,7 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     stream: bool
     prompt_text: str
     max_tokens: int | None
+    temperature: float | None   # as asked, when a number (the backend judges its range)
     client_wants_usage: bool
     client_wants_spec: bool
 
@@ -67,8 +68,12 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     wants_usage = bool(stream_options and stream_options.get("include_usage") is True)
     wants_spec = _field(body, "return_spec_tokens_details", bool) or False
+    temperature = body.get("temperature")
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
+        temperature = None
     return ParsedRequest(kind=kind, body=body, model=model, stream=stream, prompt_text=prompt_text,
-                         max_tokens=max_tokens, client_wants_usage=wants_usage, client_wants_spec=wants_spec)
+                         max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
+                         client_wants_usage=wants_usage, client_wants_spec=wants_spec)
 
 
 _TYPE_NAMES = {str: "a string", list: "an array", dict: "an object", bool: "a boolean", int: "an integer"}

@@ -33,7 +33,7 @@ from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Lease, Pools
 from gateway.records import RequestRecord
 from gateway.relay import SseRelay
-from gateway.tracing import ClientSpan, Tracing
+from gateway.tracing import ClientSpan, Trace, Tracing
 from policies import POLICY_NAMES, Decision, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
 from policies.simple import Pinned
 
@@ -105,8 +105,9 @@ class Proxy:
             return policy
         return self.policies[model]
 
-    async def handle(self, raw: bytes, kind: Kind, headers: Mapping[str, str]) -> Reply:
-        req = _Request(self, kind, headers)
+    async def handle(self, raw: bytes, kind: Kind, headers: Mapping[str, str], trace: Trace | None = None) -> Reply:
+        """`trace`: the request's trace context, when the caller made it (else the current one)."""
+        req = _Request(self, kind, headers, trace)
         try:
             parsed = parse(raw, kind)
             req.parsed = parsed
@@ -165,14 +166,13 @@ class Proxy:
         self.metrics.decision(model, req.policy.name, backend.name)
         lease = self.admission.lease(backend)
         req.dispatch(backend, lease, decision)
-        host, port = backend.address
-        span = self.tracing.start_client_span(req.kind, model, host, port, parsed.body, len(req.tried))
+        span = self.tracing.start_client_span(req.trace, backend.address)
         req.span = span
         upstream_headers = {REQUEST_ID_HEADER: req.request_id}
         for h in ("traceparent", "tracestate"):
             if h in req.headers:
                 upstream_headers[h] = req.headers[h]
-        self.tracing.inject(span, upstream_headers)
+        self.tracing.inject(req.trace, span, upstream_headers)
         body = self._upstream_body(parsed, backend)
         try:
             if parsed.stream:
@@ -308,11 +308,11 @@ class Proxy:
 class _Request:
     """One client request from arrival to its single record. `finish` runs exactly once."""
 
-    __slots__ = ("proxy", "kind", "headers", "t_received", "request_id", "trace_id", "parsed", "model", "features",
-                 "policy", "tried", "queue_s", "backend", "lease", "decision", "inflight", "t_dispatch", "span",
+    __slots__ = ("proxy", "kind", "headers", "t_received", "request_id", "trace", "trace_id", "parsed", "model",
+                 "features", "policy", "tried", "queue_s", "backend", "lease", "decision", "inflight", "t_dispatch", "span",
                  "area0", "_done")
 
-    def __init__(self, proxy: Proxy, kind: Kind, headers: Mapping[str, str]) -> None:
+    def __init__(self, proxy: Proxy, kind: Kind, headers: Mapping[str, str], trace: Trace | None) -> None:
         self.proxy = proxy
         self.kind = kind
         self.headers = headers
@@ -321,7 +321,8 @@ class _Request:
         # getrandbits, not os.urandom: a request id is not a secret, and urandom's syscall releases the
         # GIL, handing it to the span exporter thread for up to a switch interval (5 ms) with tracing on.
         self.request_id = rid if rid and len(rid) <= 128 and rid.isprintable() else "%032x" % _getrandbits(128)
-        self.trace_id = proxy.tracing.trace_id()
+        self.trace = trace if trace is not None else proxy.tracing.current()
+        self.trace_id = self.trace.trace_id if self.trace is not None else None
         self.parsed: ParsedRequest = None  # type: ignore[assignment]
         self.model = ""
         self.features: RequestFeatures = None  # type: ignore[assignment]
@@ -438,6 +439,8 @@ class _Request:
             speedup = decode_tok_s / baseline if baseline else None
         return RequestRecord(
             request_id=self.request_id, trace_id=self.trace_id, model=self.model, kind=self.kind,
+            max_tokens=self.parsed.max_tokens if self.parsed else None,
+            temperature=self.parsed.temperature if self.parsed else None,
             stream=bool(self.parsed and self.parsed.stream), status=status, duration_s=now - self.t_received,
             backend=backend.name if backend else None, strategy=backend.spec.strategy.value if backend else None,
             policy=self.policy.name if self.policy else None, reason=decision.reason if decision else None,

@@ -13,6 +13,8 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     stream: bool
     status: int
     duration_s: float                  # gateway received -> last byte sent
+    max_tokens: int | None = None      # as asked (max_completion_tokens or max_tokens)
+    temperature: float | None = None   # as asked
     trace_id: str | None = None
     backend: str | None = None
     strategy: str | None = None

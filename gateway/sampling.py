@@ -33,6 +33,11 @@ class Sampler:
             return parent_sampled
         return trace_id & _TRACE_ID_LIMIT < self.bound
 
+    @property
+    def samples_every_root(self) -> bool:
+        """A new trace (no parent) is always sampled: the caller may skip `sampled`."""
+        return self.bound > _TRACE_ID_LIMIT
+
 
 def sampler_from(sample_ratio: float | None) -> Sampler:
     """OTEL_TRACES_SAMPLER wins; else the config's ratio (parent-based); else always on, parent-based."""

@@ -1,11 +1,12 @@
-"""A finished span as the request path records it, and its conversion to the SDK's ReadableSpan.
+"""What the request path ships per traced request (`TraceRecord`), the spans the export side
+makes of it (`SpanRecord`), their attributes, and the SDK's `ReadableSpan`s.
 
-The request path never builds OpenTelemetry SDK span objects: a `SpanRecord` is a plain struct
-(ids as hex, times in ns, the facts the attributes are named from) that msgspec encodes in about
-a microsecond.
-The export side turns records into `ReadableSpan`s and hands them to a standard SDK exporter
-(OTLP over HTTP/protobuf or gRPC, console, or a test's in-memory one), so what reaches a collector
-is the SDK's own encoding.
+The request path never builds OpenTelemetry SDK span objects, nor attribute dicts: it encodes one
+flat record of raw facts per request (ids, times, status, the upstream address, the request's
+record as the access log's JSON) with msgspec. The export side, in its own process, expands each
+record into its SERVER and CLIENT spans, names the attributes (`attributes_of`) and encodes them
+(`gateway.otlp_wire`) or hands `ReadableSpan`s to a standard SDK exporter (gRPC, console, a
+test's in-memory one).
 """
 
 from __future__ import annotations
@@ -21,18 +22,43 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from gateway.records import RequestRecord
 
 SCOPE = InstrumentationScope("specroute")
+OPERATION = {"chat": "chat", "completion": "text_completion"}  # gen_ai.operation.name per request kind
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)  # only sampled spans are recorded
 _KINDS = {k.value: k for k in SpanKind}
 _UNSET = Status(StatusCode.UNSET)
+_SERVER, _CLIENT = SpanKind.SERVER.value, SpanKind.CLIENT.value
 
 
-class SpanRecord(msgspec.Struct, array_like=True, gc=False):
-    """One finished, sampled span. `array_like`: encoded as a msgpack array, no field names.
+class ClientRecord(msgspec.Struct, array_like=True, gc=False):
+    """A CLIENT span within a `TraceRecord`: one upstream attempt."""
 
-    The request path stores the raw facts, not attribute dicts: `http` for a SERVER span, `upstream`
-    and `request` for a CLIENT span. `request` is the request's record as JSON, the very bytes the
-    access log line was made of (encoded once for both). The export side decodes and names them
-    (`attributes_of`), which is where that work belongs: off the gateway's CPU."""
+    span_id: str
+    start_ns: int
+    end_ns: int
+    error: str | None                 # None: status unset; else ERROR with this description
+    server: tuple[str, int | None]    # the upstream's address and port
+    request: bytes                    # the request's RequestRecord as JSON (`encode_request`)
+
+
+class TraceRecord(msgspec.Struct, array_like=True, gc=False):
+    """What the request path ships per request (`Tracing.end_server_span`): the SERVER span and the
+    CLIENT spans under it, one msgpack array. The gateway encodes plain tuples in this layout (no
+    struct to build); the export side decodes this type and expands it (`expand`). `end_ns` 0: the
+    record holds only CLIENT spans that ended after their SERVER span had been shipped."""
+
+    trace_id: str                     # 32 hex digits
+    span_id: str                      # the SERVER span's, 16 hex digits
+    parent_id: str | None             # from an incoming traceparent: a remote parent
+    trace_state: str | None           # the incoming tracestate header, passed on unchanged
+    start_ns: int
+    end_ns: int
+    http: tuple[str, str, int] | None  # method, path, status
+    clients: list[ClientRecord] | None
+
+
+class SpanRecord(msgspec.Struct, gc=False):
+    """One finished, sampled span, as the export side handles it: the raw facts its attributes are
+    named from, `http` for a SERVER span, `server` and `request` for a CLIENT span."""
 
     name: str
     kind: int                 # opentelemetry.trace.SpanKind value
@@ -40,20 +66,50 @@ class SpanRecord(msgspec.Struct, array_like=True, gc=False):
     span_id: str              # 16 hex digits
     parent_id: str | None     # 16 hex digits; None for a root span
     parent_remote: bool       # the parent came in a traceparent header
-    trace_state: str | None   # the incoming tracestate header, passed on unchanged
+    trace_state: str | None
     start_ns: int
     end_ns: int
     error: str | None = None  # None: status unset; else ERROR with this description ("" for none)
     http: tuple[str, str, str, int] | None = None  # method, route, path, status
-    # operation, model, stream, server address, port, attempt, max_tokens, temperature
-    upstream: tuple[str, str, bool, str, int | None, int, int | None, float | None] | None = None
-    request: bytes | None = None  # RequestRecord, JSON (`encode_request`)
+    server: tuple[str, int | None] | None = None   # the upstream's address and port
+    request: RequestRecord | None = None
 
 
 _request_decoder = msgspec.json.Decoder(RequestRecord)
 
 
+def route_template(path: str) -> str:
+    """Span names use the route, not the path, so admin calls do not make a name per backend."""
+    if path.startswith("/admin/backends/"):
+        rest = path[len("/admin/backends/"):].split("/", 1)
+        return "/admin/backends/{name}" + ("/" + rest[1] if len(rest) > 1 else "")
+    return path
+
+
+def expand(records: Iterable[TraceRecord]) -> list[SpanRecord]:
+    """The spans the records stand for: each SERVER span, then the CLIENT spans under it."""
+    out: list[SpanRecord] = []
+    for t in records:
+        if t.end_ns and t.http is not None:
+            method, path, status = t.http
+            route = route_template(path)
+            out.append(SpanRecord(f"{method} {route}", _SERVER, t.trace_id, t.span_id, t.parent_id,
+                                  t.parent_id is not None, t.trace_state, t.start_ns, t.end_ns,
+                                  "" if status >= 500 else None, (method, route, path, status)))
+        for c in t.clients or ():
+            request = _request_decoder.decode(c.request)
+            out.append(SpanRecord(f"{OPERATION.get(request.kind, request.kind)} {request.model}", _CLIENT,
+                                  t.trace_id, c.span_id, t.span_id, False, t.trace_state, c.start_ns, c.end_ns,
+                                  c.error, None, c.server, request))
+    return out
+
+
 def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
+    attrs["gen_ai.operation.name"] = OPERATION.get(r.kind, r.kind)
+    attrs["gen_ai.provider.name"] = "sglang"
+    attrs["gen_ai.request.model"] = r.model
+    attrs["gen_ai.request.stream"] = r.stream
+    attrs["specroute.attempt"] = r.attempt
     attrs["specroute.backend"] = r.backend
     attrs["specroute.strategy"] = r.strategy
     attrs["specroute.policy"] = r.policy
@@ -68,6 +124,7 @@ def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
         ("specroute.accept_length", r.accept_length), ("specroute.verify_count", r.verify_ct),
         ("specroute.decode_tok_s", r.decode_tok_s), ("specroute.baseline_tok_s", r.baseline_tok_s),
         ("specroute.speedup", r.speedup), ("specroute.queue_s", r.queue_s),
+        ("gen_ai.request.max_tokens", r.max_tokens), ("gen_ai.request.temperature", r.temperature),
     ):
         if value is not None:
             attrs[key] = value
@@ -84,18 +141,13 @@ def attributes_of(r: SpanRecord) -> dict[str, Any]:
         method, route, path, status = r.http
         attrs.update({"http.request.method": method, "http.route": route, "url.path": path,
                       "http.response.status_code": status})
-    if r.upstream is not None:
-        op, model, stream, host, port, attempt, max_tokens, temperature = r.upstream
-        attrs.update({"gen_ai.operation.name": op, "gen_ai.provider.name": "sglang", "gen_ai.request.model": model,
-                      "gen_ai.request.stream": stream, "server.address": host, "specroute.attempt": attempt})
+    if r.request is not None:
+        _request_attributes(attrs, r.request)
+    if r.server is not None:
+        host, port = r.server
+        attrs["server.address"] = host
         if port is not None:
             attrs["server.port"] = port
-        if max_tokens is not None:
-            attrs["gen_ai.request.max_tokens"] = max_tokens
-        if temperature is not None:
-            attrs["gen_ai.request.temperature"] = temperature
-    if r.request is not None:
-        _request_attributes(attrs, _request_decoder.decode(r.request))
     return attrs
 
 

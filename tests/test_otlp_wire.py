@@ -24,7 +24,7 @@ from gateway.config import TracingSection
 from gateway.otlp_wire import TraceRequestEncoder, _any_value
 from gateway.records import RequestRecord, encode_request
 from gateway.span_export import build_exporter, wire_sender
-from gateway.spans import SpanRecord, to_readable
+from gateway.spans import ClientRecord, SpanRecord, TraceRecord, expand, to_readable
 from tests.support import wait_until
 
 RESOURCE = Resource.create({"service.name": "specroute-test", "deployment.environment": "ci"})
@@ -34,20 +34,20 @@ def _ids(rng: random.Random) -> tuple[str, str, str]:
     return "%032x" % rng.getrandbits(128), "%016x" % rng.getrandbits(64), "%016x" % rng.getrandbits(64)
 
 
-def _records(rng: random.Random) -> list[SpanRecord]:
+def _traces(rng: random.Random) -> list[TraceRecord]:
     """Every shape a record takes: root and remote-parent SERVER spans, CLIENT spans with a full,
-    a failed and a bare request record, optional fields present and absent, a tracestate with an
-    invalid entry, errors with and without a message, negative and large numbers, non-ASCII text."""
+    a failed and a bare request record, a route with a parameter, optional fields present and
+    absent, a tracestate with an invalid entry, errors with and without a message, negative and large numbers, non-ASCII text."""
     out = []
     for i in range(40):
         tid, sid, cid = _ids(rng)
         remote = i % 3 == 0
         state = "vendor=abc,bad entry,other=1" if i % 5 == 0 else None
         start = 1_760_000_000_000_000_000 + rng.getrandbits(40)
-        out.append(SpanRecord(
-            "POST /v1/chat/completions", 1, tid, sid, "%016x" % rng.getrandbits(64) if remote else None, remote,
-            state, start, start + rng.getrandbits(30), "" if i % 7 == 0 else None,
-            ("POST", "/v1/chat/completions", "/v1/chat/completions", 500 if i % 7 == 0 else 200)))
+        server = (tid, sid, "%016x" % rng.getrandbits(64) if remote else None, state, start,
+                  start + rng.getrandbits(30),
+                  ("POST", "/v1/chat/completions" if i % 10 else "/admin/backends/k26-ar/drain",
+                   500 if i % 7 == 0 else 200))
         failed = i % 4 == 1
         record = RequestRecord(
             request_id="%032x" % i, model="kimi-k2.6", kind="chat", stream=bool(i % 2), status=502 if failed else 200,
@@ -60,15 +60,18 @@ def _records(rng: random.Random) -> list[SpanRecord]:
             speedup=None if failed else rng.random() * 3, finish_reason=None if failed else "stop",
             response_id=None if failed else f"chatcmpl-{i}", response_model="kimi-k2.6 ✓",
             error="backend unreachable" if failed else None, error_type="connect" if failed else None,
-            queue_s=rng.random() / 100)
-        out.append(SpanRecord(
-            "chat kimi-k2.6", 2, tid, cid, sid, False, state, start + 1000, start + 2000,
-            record.error if failed else None, None,
-            ("chat", "kimi-k2.6", bool(i % 2), "10.0.0.7", None if i % 6 == 0 else 30000 + i, 1 + i % 2,
-             None if i % 4 == 0 else -5 if i % 9 == 0 else 2**40, None if i % 3 == 0 else 0.7),
+            queue_s=rng.random() / 100, max_tokens=None if i % 4 == 0 else -5 if i % 9 == 0 else 2**40,
+            temperature=None if i % 3 == 0 else 0.7)
+        out.append(TraceRecord(*server, [ClientRecord(
+            cid, start + 1000, start + 2000, record.error if failed else None,
+            ("10.0.0.7", None if i % 6 == 0 else 30000 + i),
             encode_request(record if i % 8 else RequestRecord(request_id="x", model="m", kind="completion",
-                                                              stream=False, status=200, duration_s=0.0))))
+                                                              stream=False, status=200, duration_s=0.0)))]))
     return out
+
+
+def _records(rng: random.Random) -> list[SpanRecord]:
+    return expand(_traces(rng))
 
 
 def _parsed(data: bytes) -> ExportTraceServiceRequest:
@@ -138,9 +141,9 @@ def test_the_exporter_process_batches_by_size_and_by_delay(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "gateway.span_export",
                              msgspec.json.encode(TracingSection(exporter="otlp")).decode()], stdin=subprocess.PIPE, env=env)
     try:
-        records = _records(random.Random(1))[:12]
-        for i in range(0, 12, 4):
-            payload = msgspec.msgpack.encode(records[i:i + 4])
+        traces = _traces(random.Random(1))[:6]  # 12 spans, in frames of 4
+        for i in range(0, 6, 2):
+            payload = msgspec.msgpack.encode(traces[i:i + 2])
             proc.stdin.write(struct.pack("<I", len(payload)) + payload)
             proc.stdin.flush()
         assert wait_until(lambda: sum(sizes) == 12, timeout=10)

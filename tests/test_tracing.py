@@ -22,7 +22,6 @@ from gateway.config import TracingSection, config_from_dict
 from gateway.records import RequestRecord, encode_request
 from gateway.sampling import sampler_from
 from gateway.span_export import ProcessSink, SpanShipper
-from gateway.spans import SpanRecord
 from gateway.tracing import Tracing
 from tests.inprocess import serve_in_thread
 from tests.support import free_port, wait_until
@@ -156,11 +155,12 @@ def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream)
     assert traceparent.startswith(f"00-{TRACE}-") and traceparent.endswith("-00")
 
 
-def _record(i: int) -> SpanRecord:
+def _record(i: int) -> tuple:
+    """A `TraceRecord` as the request path ships it: here one CLIENT span whose SERVER span ended first."""
     request = RequestRecord(request_id="r", model="m", kind="chat", stream=True, status=200, duration_s=0.1,
-                            speedup=1.5, finish_reason="stop")
-    return SpanRecord("chat m", 3, "%032x" % (i + 1), "%016x" % (i + 1), None, False, None, 1, 2,
-                      upstream=("chat", "m", True, "127.0.0.1", 30000, 1, 8, None), request=encode_request(request))
+                            speedup=1.5, finish_reason="stop", max_tokens=8)
+    client = ("%016x" % (i + 1), 1, 2, None, ("127.0.0.1", 30000), encode_request(request))
+    return ("%032x" % (i + 1), "%016x" % (i + 2), None, None, 0, 0, None, [client])
 
 
 def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
@@ -169,7 +169,7 @@ def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
     os.kill(sink.pid, signal.SIGSTOP)  # the exporter stops reading: the pipe fills, then the buffer
     try:
         for i in range(50_000):
-            shipper.add(_record(i))
+            shipper.add(_record(i), 1)
         shipper.flush()
         assert sink.dropped > 0
         assert sink._pending_bytes <= 256 << 10
@@ -182,7 +182,7 @@ def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
 def test_exporter_process_exports_what_is_left_at_shutdown(capfd):
     shipper = SpanShipper(ProcessSink(TracingSection(exporter="console")))
     for i in range(3):
-        shipper.add(_record(i))  # fewer than a batch, no event loop: sent at once
+        shipper.add(_record(i), 1)  # fewer than a batch, no event loop: sent at once
     shipper.shutdown()
     out = capfd.readouterr().out
     assert out.count('"name": "chat m"') == 3 and '"specroute.speedup": 1.5' in out
