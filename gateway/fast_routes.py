@@ -89,7 +89,8 @@ class FastRoutes:
         # The SERVER span made here, from the headers already decoded, rather than by a middleware
         # around this app: no second pass over the headers, no wrapped `send`, one coroutine less.
         # The trace goes to the proxy as an argument, not through a context variable.
-        trace = tracing.start_server_span(headers.get("traceparent"), headers.get("tracestate"))
+        traceparent = headers.get("traceparent")
+        trace = tracing.start_server_span(traceparent, headers.get("tracestate") if traceparent else None)
         status = 0
         try:
             status = await self._answer(scope, headers, receive, send, trace)

@@ -166,13 +166,11 @@ class Proxy:
         self.metrics.decision(model, req.policy.name, backend.name)
         lease = self.admission.lease(backend)
         req.dispatch(backend, lease, decision)
-        span = self.tracing.start_client_span(req.trace, backend.address)
-        req.span = span
         upstream_headers = {REQUEST_ID_HEADER: req.request_id}
-        for h in ("traceparent", "tracestate"):
+        for h in ("traceparent", "tracestate"):  # passed on as they came, unless tracing replaces them
             if h in req.headers:
                 upstream_headers[h] = req.headers[h]
-        self.tracing.inject(req.trace, span, upstream_headers)
+        span = req.span = self.tracing.start_client_span(req.trace, backend.address, upstream_headers)
         body = self._upstream_body(parsed, backend)
         try:
             if parsed.stream:
@@ -320,7 +318,9 @@ class _Request:
         rid = headers.get(REQUEST_ID_HEADER)
         # getrandbits, not os.urandom: a request id is not a secret, and urandom's syscall releases the
         # GIL, handing it to the span exporter thread for up to a switch interval (5 ms) with tracing on.
-        self.request_id = rid if rid and len(rid) <= 128 and rid.isprintable() else "%032x" % _getrandbits(128)
+        # to_bytes().hex(): half the cost of "%032x".
+        self.request_id = (rid if rid and len(rid) <= 128 and rid.isprintable()
+                           else _getrandbits(128).to_bytes(16, "big").hex())
         self.trace = trace if trace is not None else proxy.tracing.current()
         self.trace_id = self.trace.trace_id if self.trace is not None else None
         self.parsed: ParsedRequest = None  # type: ignore[assignment]

@@ -50,6 +50,9 @@ from gateway.spans import SpanRecord, TraceRecord, expand, to_readable
 log = logging.getLogger("specroute.tracing")
 
 _FRAME = struct.Struct("<I")  # length prefix of one msgpack batch on the pipe
+# A frame as the shipper builds it: the length prefix, a msgpack array 32 header (0xdd, count), the
+# records; the headers are written into their room when the batch leaves, in place, no copy.
+_HEAD_SIZE = _FRAME.size + 5
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[TraceRecord])
 _PIPE_SIZE = 1 << 20
@@ -94,7 +97,7 @@ def resource_for(section: TracingSection) -> Resource:
 class Sink(Protocol):
     dropped: int
 
-    def send(self, batch: bytes, count: int) -> None: ...
+    def send(self, frame: bytearray, count: int) -> None: ...
     def pending(self) -> bool: ...
     def flush(self, timeout_s: float) -> bool: ...
     def close(self, timeout_s: float) -> None: ...
@@ -125,13 +128,12 @@ class ProcessSink:
     def pid(self) -> int:
         return self._proc.pid
 
-    def send(self, batch: bytes, count: int) -> None:
-        """`batch`: a msgpack array of TraceRecords holding `count` spans."""
+    def send(self, frame: bytearray, count: int) -> None:
+        """`frame`: a length-prefixed msgpack array of `count` TraceRecords (`SpanShipper`)."""
         if count:
-            if self._pending_bytes + len(batch) > self._max_pending or self._proc.poll() is not None:
-                self._drop(count)
+            if self._pending_bytes + len(frame) > self._max_pending or self._proc.poll() is not None:
+                self._drop(spans_in(frame))
             else:
-                frame = _FRAME.pack(len(batch)) + batch
                 self._pending.append(frame)
                 self._pending_bytes += len(frame)
         self._write()
@@ -197,12 +199,12 @@ class ThreadSink:
         self._thread = threading.Thread(target=self._run, name="span-export", daemon=True)
         self._thread.start()
 
-    def send(self, batch: bytes, count: int) -> None:
+    def send(self, frame: bytearray, count: int) -> None:
         if count:
             try:
-                self._queue.put_nowait(batch)
+                self._queue.put_nowait(frame)
             except queue.Full:
-                self.dropped += count
+                self.dropped += spans_in(frame)
 
     def pending(self) -> bool:
         return False
@@ -216,7 +218,8 @@ class ThreadSink:
                 item.set()
                 continue
             try:
-                self.exporter.export(to_readable(expand(_decoder.decode(item)), self._resource))
+                self.exporter.export(to_readable(expand(_decoder.decode(memoryview(item)[_FRAME.size:])),
+                                                 self._resource))
             except Exception as e:  # an exporter's failure must not end the thread
                 log.warning("span export failed: %s", e)
 
@@ -232,21 +235,25 @@ class ThreadSink:
         self.exporter.shutdown()
 
 
-def _array_header(n: int) -> bytes:
-    """msgpack array header for n items (fixarray, array 16, array 32)."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
+def spans_in(frame: bytes | bytearray) -> int:
+    """How many spans a frame holds (counted for drops only, so not on the way of every batch)."""
+    try:
+        return sum((1 if t.end_ns else 0) + len(t.clients or ()) for t in
+                   _decoder.decode(memoryview(frame)[_FRAME.size:]))
+    except msgspec.DecodeError:
+        return 0
+
+
+def _new_frame() -> bytearray:
+    return bytearray(_HEAD_SIZE)  # the headers' room
 
 
 class SpanShipper:
     """Collects finished traces on the event loop and hands them to the sink in batches.
 
-    Each trace is encoded as it ends, into one growing buffer, and dropped: nothing waits in
-    memory as objects (which the garbage collector would have to walk and promote); a batch is
-    the buffer behind a msgpack array header."""
+    Each trace is encoded as it ends, into the batch's frame, and dropped: nothing waits in memory
+    as objects (which the garbage collector would have to walk and promote). A full frame goes to
+    the sink as it is: its headers are written into the room left for them, no copy."""
 
     def __init__(self, sink: Sink, batch_size: int = 32, delay_s: float = 0.1) -> None:
         self.sink = sink
@@ -254,16 +261,14 @@ class SpanShipper:
         # and spans reach the exporter process soon; it re-batches for the collector (OTEL_BSP_*).
         self.batch_size = batch_size  # traces (records)
         self.delay_s = delay_s
-        self._buf = bytearray()
+        self._frame = _new_frame()
         self._count = 0
-        self._spans = 0
         self._timer: asyncio.TimerHandle | None = None
         self._encode_into = _encoder.encode_into
 
-    def add(self, record: tuple, spans: int) -> None:
-        """`record`: a `TraceRecord` as a tuple, holding `spans` spans."""
-        self._encode_into(record, self._buf, -1)
-        self._spans += spans
+    def add(self, record: tuple) -> None:
+        """`record`: a `TraceRecord` as a tuple."""
+        self._encode_into(record, self._frame, -1)
         self._count += 1
         if self._count >= self.batch_size:
             self.flush()
@@ -280,9 +285,14 @@ class SpanShipper:
             self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._tick)
 
     def flush(self) -> None:
-        count, spans, body = self._count, self._spans, self._buf
-        self._count, self._spans, self._buf = 0, 0, bytearray()
-        self.sink.send(_array_header(count) + body if count else b"", spans)
+        count, frame = self._count, self._frame
+        if count:
+            self._count, self._frame = 0, _new_frame()
+            # length prefix (little-endian), then msgpack array 32: 0xdd and the count, big-endian
+            _FRAME.pack_into(frame, 0, len(frame) - _FRAME.size)
+            frame[4] = 0xDD
+            frame[5:9] = count.to_bytes(4, "big")
+        self.sink.send(frame if count else bytearray(), count)
 
     @property
     def dropped(self) -> int:

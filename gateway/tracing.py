@@ -35,7 +35,6 @@ log = logging.getLogger("specroute.tracing")
 # version may append more. All-zero ids are invalid.
 _TRACEPARENT = re.compile(r"^\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\s*$")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
-_LOW_64 = (1 << 64) - 1
 # Not traced: probes and scrapes would outnumber requests.
 UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
@@ -106,7 +105,9 @@ class Tracing:
             trace_id = bits.to_bytes(16, "big").hex()
             # The root SERVER span's id is the trace id's low 64 bits (B3's root-span convention):
             # random, unique in its trace, one draw less.
-            span_id = trace_id[16:] if bits & _LOW_64 else _span_id()
+            span_id = trace_id[16:]
+            if span_id == _ZERO_SPAN:  # 1 in 2^64: an all-zero id is invalid
+                span_id = _span_id()
             if self._all_roots or self.sampler.sampled(bits, None):
                 return Trace(trace_id, span_id, None, None, True, _time_ns())
             return Trace(trace_id, span_id, None, None, False)
@@ -135,9 +136,8 @@ class Tracing:
         a plain tuple in the layout of `gateway.spans.TraceRecord`, which the export side decodes."""
         trace.ended = True
         if trace.sampled and self.shipper is not None:
-            clients = trace.clients
             self.shipper.add((trace.trace_id, trace.span_id, trace.parent_id, trace.trace_state, trace.start_ns,
-                              _time_ns(), (method, path, status), clients), 1 + len(clients) if clients else 1)
+                              _time_ns(), (method, path, status), trace.clients))
 
     def server_span_middleware(self, app: Any) -> Any:
         """ASGI: the SERVER span of every traced request, current while the app runs (the two
@@ -182,32 +182,28 @@ class Tracing:
 
         return traced
 
-    def start_client_span(self, trace: Trace | None, address: tuple[str, int | None]) -> ClientSpan | None:
-        """A CLIENT span for an upstream attempt of a sampled trace, to `address` (host, port); None
-        when tracing is off or the trace is sampled out. What the attempt asked for (model, stream,
-        max_tokens, temperature, attempt) is in the request's record, which ends the span."""
+    def start_client_span(self, trace: Trace | None, address: tuple[str, int | None],
+                          headers: dict[str, str]) -> ClientSpan | None:
+        """An upstream attempt to `address` (host, port): its W3C traceparent in `headers` (so an
+        SGLang server run with --enable-trace nests under our span), and for a sampled trace its
+        CLIENT span, None otherwise. What the attempt asked for (model, stream, max_tokens,
+        temperature, attempt) is in the request's record, which ends the span. A sampled-out trace
+        passes its context on too, flagged not sampled, with the SERVER span as parent."""
         if self.shipper is None:
             return None
         if trace is None:  # the proxy driven without a SERVER span (tests): a trace that has none
             trace = self.start_server_span(None, None)
             trace.ended = True
-        if not trace.sampled:
-            return None
-        return (trace, _span_id(), _time_ns(), address)
-
-    def inject(self, trace: Trace | None, span: ClientSpan | None, headers: dict[str, str]) -> None:
-        """W3C traceparent upstream, so an SGLang server run with --enable-trace nests under our span.
-        A sampled-out trace passes its context on too, flagged not sampled, with the SERVER span as
-        parent (no CLIENT span was made for it)."""
-        if span is not None:
-            trace = span[0]
-            headers["traceparent"] = f"00-{trace.trace_id}-{span[1]}-01"
-        elif trace is not None:
-            headers["traceparent"] = f"00-{trace.trace_id}-{trace.span_id}-00"
-        else:
-            return
         if trace.trace_state:
             headers["tracestate"] = trace.trace_state
+        elif "tracestate" in headers:  # it came with an invalid traceparent: it belongs to no trace
+            del headers["tracestate"]
+        if not trace.sampled:
+            headers["traceparent"] = f"00-{trace.trace_id}-{trace.span_id}-00"
+            return None
+        span_id = (_getrandbits(64) or 1).to_bytes(8, "big").hex()
+        headers["traceparent"] = f"00-{trace.trace_id}-{span_id}-01"
+        return (trace, span_id, _time_ns(), address)
 
     def end_client_span(self, span: ClientSpan | None, record: RequestRecord, encoded: bytes | None = None) -> None:
         """`encoded`: the record's JSON when the access log made it already (`encode_request`).
@@ -219,7 +215,7 @@ class Tracing:
                   encode_request(record) if encoded is None else encoded)
         if trace.ended:  # end 0: no SERVER span in this record, only its ids (the parent)
             self.shipper.add((trace.trace_id, trace.span_id, trace.parent_id, trace.trace_state, 0, 0, None,
-                              [client]), 1)
+                              [client]))
         elif trace.clients is None:
             trace.clients = [client]
         else:

@@ -196,7 +196,7 @@ def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_p
         ids = []
         for i in range(4):
             raw = client.chat.completions.with_raw_response.create(model="kimi-k2.6", messages=MATH, max_tokens=6,
-                                                                   stream=bool(i % 2))
+                                                                   stream=bool(i % 2), temperature=i / 2)
             ids.append(raw.headers["x-request-id"])
             raw.parse() if i % 2 == 0 else list(raw.parse())
         lines = lambda: [json.loads(l) for l in output(proc).splitlines() if l.startswith('{"ts"')]
@@ -206,6 +206,7 @@ def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_p
     assert [l["request_id"] for l in log] == ids
     assert all(l["status"] == 200 and l["model"] == "kimi-k2.6" and l["completion_tokens"] == 6 for l in log)
     assert all(l["backend"] in k26 and l["policy"] and "duration_s" in l for l in log)
+    assert [(l["max_tokens"], l["temperature"]) for l in log] == [(6, i / 2) for i in range(4)]  # as asked
     assert "sk-secret-key" not in text and "apples" not in text  # no key, no prompt text by default
 
 

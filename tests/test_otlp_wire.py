@@ -37,7 +37,8 @@ def _ids(rng: random.Random) -> tuple[str, str, str]:
 def _traces(rng: random.Random) -> list[TraceRecord]:
     """Every shape a record takes: root and remote-parent SERVER spans, CLIENT spans with a full,
     a failed and a bare request record, a route with a parameter, optional fields present and
-    absent, a tracestate with an invalid entry, errors with and without a message, negative and large numbers, non-ASCII text."""
+    absent, a tracestate with an invalid entry, errors with and without a message, negative and
+    large numbers, non-ASCII text."""
     out = []
     for i in range(40):
         tid, sid, cid = _ids(rng)

@@ -79,6 +79,44 @@ def test_traceparent_parsing_follows_w3c(header, honoured):
         tracing.shutdown()
 
 
+def test_a_new_trace_has_fresh_ids_and_its_server_span_is_the_trace_ids_low_half():
+    """B3's root-span convention: the SERVER span of a new trace takes the trace id's low 64 bits."""
+    tracing = Tracing(TracingSection(), exporter=InMemorySpanExporter())
+    try:
+        traces = [tracing.start_server_span(None, None) for _ in range(200)]
+        assert len({t.trace_id for t in traces}) == 200
+        assert all(len(t.trace_id) == 32 and int(t.trace_id, 16) and t.span_id == t.trace_id[16:] for t in traces)
+        assert all(t.sampled and t.start_ns and t.parent_id is None for t in traces)
+        joined = tracing.start_server_span(f"00-{TRACE}-{PARENT}-01", None)  # a remote parent: a random span id
+        assert joined.trace_id == TRACE and joined.span_id not in (TRACE[16:], PARENT) and len(joined.span_id) == 16
+    finally:
+        tracing.shutdown()
+
+
+def test_a_client_span_ending_after_its_server_span_is_exported_alone_under_it():
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    try:
+        trace = tracing.start_server_span(None, None)
+        headers: dict[str, str] = {}
+        span = tracing.start_client_span(trace, ("10.0.0.7", 30000), headers)
+        tracing.end_server_span(trace, "POST", "/v1/chat/completions", 200)  # e.g. a stream cut by the client
+        tracing.end_client_span(span, RequestRecord(request_id="r", model="m", kind="completion", stream=True,
+                                                    status=499, duration_s=0.1, error="client gone",
+                                                    error_type="cancelled"))
+        assert tracing.force_flush()
+        spans = {s.kind: s for s in exporter.get_finished_spans()}
+        assert len(exporter.get_finished_spans()) == 2
+    finally:
+        tracing.shutdown()
+    server, client = spans[SpanKind.SERVER], spans[SpanKind.CLIENT]
+    assert headers["traceparent"] == f"00-{trace.trace_id}-{client.context.span_id:016x}-01"
+    assert client.parent.span_id == server.context.span_id and client.context.trace_id == server.context.trace_id
+    assert client.name == "text_completion m" and client.attributes["server.address"] == "10.0.0.7"
+    assert client.attributes["error.type"] == "cancelled" and client.status.description == "client gone"
+    assert server.name == "POST /v1/chat/completions" and server.attributes["http.response.status_code"] == 200
+
+
 def test_unsampled_parent_records_nothing_but_propagates_context():
     tracing = Tracing(TracingSection(), exporter=InMemorySpanExporter())
     try:
@@ -155,11 +193,14 @@ def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream)
     assert traceparent.startswith(f"00-{TRACE}-") and traceparent.endswith("-00")
 
 
-def _record(i: int) -> tuple:
-    """A `TraceRecord` as the request path ships it: here one CLIENT span whose SERVER span ended first."""
+def _record(i: int, with_server_span: bool = False) -> tuple:
+    """A `TraceRecord` as the request path ships it: a SERVER span and its CLIENT span, or (by
+    default) one CLIENT span whose SERVER span was shipped before."""
     request = RequestRecord(request_id="r", model="m", kind="chat", stream=True, status=200, duration_s=0.1,
                             speedup=1.5, finish_reason="stop", max_tokens=8)
     client = ("%016x" % (i + 1), 1, 2, None, ("127.0.0.1", 30000), encode_request(request))
+    if with_server_span:
+        return ("%032x" % (i + 1), "%016x" % (i + 2), None, None, 1, 3, ("POST", "/v1/chat/completions", 200), [client])
     return ("%032x" % (i + 1), "%016x" % (i + 2), None, None, 0, 0, None, [client])
 
 
@@ -169,9 +210,9 @@ def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
     os.kill(sink.pid, signal.SIGSTOP)  # the exporter stops reading: the pipe fills, then the buffer
     try:
         for i in range(50_000):
-            shipper.add(_record(i), 1)
+            shipper.add(_record(i, with_server_span=True))
         shipper.flush()
-        assert sink.dropped > 0
+        assert sink.dropped > 0 and sink.dropped % 2 == 0  # spans counted: two per record
         assert sink._pending_bytes <= 256 << 10
     finally:
         os.kill(sink.pid, signal.SIGCONT)
@@ -182,7 +223,7 @@ def test_a_stalled_exporter_process_costs_bounded_memory_and_counted_drops():
 def test_exporter_process_exports_what_is_left_at_shutdown(capfd):
     shipper = SpanShipper(ProcessSink(TracingSection(exporter="console")))
     for i in range(3):
-        shipper.add(_record(i), 1)  # fewer than a batch, no event loop: sent at once
+        shipper.add(_record(i))  # fewer than a batch, no event loop: sent at once
     shipper.shutdown()
     out = capfd.readouterr().out
     assert out.count('"name": "chat m"') == 3 and '"specroute.speedup": 1.5' in out
