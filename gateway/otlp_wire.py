@@ -67,36 +67,44 @@ def _any_value(value: Any) -> bytes:
 
 
 class _Attributes:
-    """KeyValue fields under one tag (Span.attributes = 9, Resource.attributes = 1). String and bool
-    pairs are kept encoded whole; a float's field is a cached head plus its 8 bytes."""
+    """KeyValue fields under one tag (Span.attributes = 9, Resource.attributes = 1). String, bool and
+    int pairs are kept encoded whole (a bounded cache: the same backend, route, status, token count
+    or in-flight count comes back request after request); a float's field is a cached head plus its
+    8 bytes."""
 
     def __init__(self, tag: int) -> None:
         self._tag = bytes((tag,))
-        self._pairs: dict[tuple[str, Any], bytes] = {}
+        self._pairs: dict[tuple[str, Any], bytes] = {}  # str and bool values
+        self._ints: dict[tuple[str, int], bytes] = {}   # apart: (key, 1) == (key, True)
         self._float_heads: dict[str, bytes] = {}
 
     def _field_of(self, key: str, value: Any) -> bytes:
         pair = _field(0x0A, key.encode()) + _field(0x12, _any_value(value))  # KeyValue{key = 1, value = 2}
         return self._tag + _varint(len(pair)) + pair
 
+    def _cached(self, cache: dict, key: str, value: Any) -> bytes:
+        if len(cache) >= _MAX_CACHED_PAIRS:
+            cache.clear()
+        field = cache[(key, value)] = self._field_of(key, value)
+        return field
+
     def encode(self, attributes: Mapping[str, Any]) -> bytes:
         out = []
+        pairs, ints, float_heads = self._pairs, self._ints, self._float_heads
         for key, value in attributes.items():
             kind = type(value)
             if kind is str or kind is bool:
-                field = self._pairs.get((key, value))
-                if field is None:
-                    if len(self._pairs) >= _MAX_CACHED_PAIRS:
-                        self._pairs.clear()
-                    field = self._pairs[(key, value)] = self._field_of(key, value)
+                out.append(pairs.get((key, value)) or self._cached(pairs, key, value))
+            elif kind is int:
+                out.append(ints.get((key, value)) or self._cached(ints, key, value))
             elif kind is float:
-                head = self._float_heads.get(key)
+                head = float_heads.get(key)
                 if head is None:  # everything before the double's 8 bytes: its length is fixed
-                    head = self._float_heads[key] = self._field_of(key, 0.0)[:-8]
-                field = head + _DOUBLE.pack(value)
+                    head = float_heads[key] = self._field_of(key, 0.0)[:-8]
+                out.append(head)
+                out.append(_DOUBLE.pack(value))
             else:
-                field = self._field_of(key, value)
-            out.append(field)
+                out.append(self._field_of(key, value))
         return b"".join(out)
 
 

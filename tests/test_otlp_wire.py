@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common._internal import _encode_value
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -97,7 +97,16 @@ def test_cached_pairs_stay_bounded_and_correct(monkeypatch):
     records = _records(random.Random(3))
     for _ in range(3):  # the cache fills, is cleared and refills: every batch still right
         assert _parsed(encoder.request(records)) == encode_spans(to_readable(records, RESOURCE))
-        assert len(encoder._attributes._pairs) <= 8
+        assert len(encoder._attributes._pairs) <= 8 and len(encoder._attributes._ints) <= 8
+
+
+def test_an_int_and_a_bool_of_equal_value_keep_their_own_encodings():
+    """(key, 1) == (key, True) as dict keys: ints are cached apart from bools."""
+    encoder = TraceRequestEncoder(RESOURCE)
+    for value in (1, True, 1, True, 0, False):
+        parsed = KeyValue()
+        parsed.ParseFromString(encoder._attributes.encode({"k": value})[2:])  # after the field's tag and length
+        assert parsed.key == "k" and parsed.value == _encode_value(value)
 
 
 @pytest.mark.parametrize("value", [True, False, 0, -1, 2**63 - 1, -(2**63), 1.5, -0.0, "", "é", b"\x00\xff", None,
