@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install install-dev clean bench-loadgen soak bench
+.PHONY: demo test install install-dev clean bench-loadgen soak bench bench-instructions
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ soak: install-dev
 
 bench: install
 	$(BIN)/python -m bench.gateway_bench
+
+bench-instructions: install
+	$(BIN)/python -m bench.instructions
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self

@@ -38,7 +38,7 @@ Scenarios:
   CPU per relayed chunk.
 - `st_max`: streaming, 32 clients, zero-delay: max relayed chunks/s (chunks batch up per read).
 - `ns_pairs` (tracing cost): `ns_max` in short slices, off / on / on10 alternating per round, with
-  two processes of each mode (one process of the same code runs up to ~2% faster or slower than
+  three processes of each mode (one process of the same code runs up to ~3% faster or slower than
   another); per round, the mean over a mode's processes.
 - routing: `policies.bench.bench_choose("goodput")` with 4 and 16 backends, microseconds per decision.
 - memory: gateway RSS idle, after the measured runs ("warm"), and after 100,000 requests in all
@@ -105,13 +105,13 @@ def _pin_fn(cpu: int | None) -> Callable[[], None] | None:
 
 @contextlib.contextmanager
 def _process(cmd: list[str], log: Path, cpu: int | None, env: dict[str, str] | None = None,
-             ready_url: str | None = None) -> Iterator[subprocess.Popen]:
+             ready_url: str | None = None, ready_timeout_s: float = 60.0) -> Iterator[subprocess.Popen]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL, preexec_fn=_pin_fn(cpu), start_new_session=True)
     try:
         if ready_url:
-            _wait_ok(ready_url, proc, log)
+            _wait_ok(ready_url, proc, log, ready_timeout_s)
         yield proc
     finally:
         if proc.poll() is None:
@@ -250,11 +250,11 @@ class Plan:
             self.duration = duration
         self.policy_iterations = 1000 if quick else 20000
         # tracing cost: paired short slices, so slow drift of a shared machine hits off and on alike
-        self.tracing_rounds = 2 if quick else 8
+        self.tracing_rounds = 2 if quick else 10
         self.tracing_slice_s = 0.3 if quick else 1.0
-        # Processes per tracing mode in those slices: one process of the same code runs up to ~2%
+        # Processes per tracing mode in those slices: one process of the same code runs up to ~3%
         # faster or slower than another (memory layout), more than the effect being measured.
-        self.tracing_processes = 1 if quick else 2
+        self.tracing_processes = 1 if quick else 3
 
 
 SCENARIOS: dict[str, dict[str, Any]] = {

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import REPO
 
 FIGURES = {
@@ -50,3 +52,22 @@ def test_bench_quick_writes_results(tmp_path):
             if scenario.startswith("st_"):
                 assert level["chunks"] == 64 * level["n"]  # every content chunk relayed
     assert result["memory"]["requests"] >= 3000
+
+
+def test_instruction_counts_read_callgrinds_total(tmp_path):
+    from bench.instructions import total_instructions
+
+    out = tmp_path / "callgrind.out.1"
+    out.write_text("# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\nevents: Ir\n"
+                   "fn=(1) main\n16 3\nsummary: 2044579026\ntotals: 2044579026\n")
+    assert total_instructions(out) == 2044579026
+    (tmp_path / "empty").write_text("events: Ir\n")
+    with pytest.raises(ValueError):
+        total_instructions(tmp_path / "empty")
+
+
+def test_instruction_counts_say_what_they_need_without_valgrind(tmp_path):
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}  # no valgrind on this PATH
+    proc = subprocess.run([sys.executable, "-m", "bench.instructions"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2 and "needs valgrind" in proc.stderr
