@@ -4,7 +4,7 @@ Why not the SDK's encoder: it builds a protobuf message object per attribute, ab
 request's two spans (29 attributes), so the exporter process needed half a CPU to keep up with one
 saturated gateway, and its work slowed the processes beside it. Here each span is written in the
 protobuf wire format directly, and the attribute pairs that repeat from span to span (operation,
-model, backend, route, finish reason, ...) are encoded once and reused.
+model, backend, route, status, token and in-flight counts, ...) are encoded once and reused.
 
 The message is the one the SDK's encoder makes from the same spans (`spans.to_readable`): same
 resource, scope, ids, times, kind, status, flags and attributes (`spans.attributes_of` names them

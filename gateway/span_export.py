@@ -10,7 +10,7 @@ the standard way (OTLP over HTTP/protobuf or gRPC, or the console, from the OTEL
 batches for the collector as the SDK's batch processor does (OTEL_BSP_SCHEDULE_DELAY,
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE). It expands the records into spans (`spans.expand`). For OTLP over
 HTTP/protobuf, the default, it encodes them itself (`gateway.otlp_wire`: the SDK encoder's message
-at a quarter of its CPU) and sends them through the SDK exporter's HTTP client; the other
+at under a fifth of its CPU) and sends them through the SDK exporter's HTTP client; the other
 exporters get the SDK's spans (`spans.to_readable`).
 
 Bounded: the pipe write is non-blocking; when the exporter falls behind (a slow or unreachable
