@@ -118,17 +118,9 @@ class Tracing:
                 return Trace(tid, _span_id(), sid, tracestate, sampled, _time_ns() if sampled else 0)
         return self.start_server_span(None, None)  # an invalid traceparent starts a new trace
 
-    @staticmethod
-    def activate(trace: Trace) -> Any:
-        """Make `trace` the current request's (routes that do not pass it to the proxy explicitly)."""
-        return _current.set(trace)
-
-    @staticmethod
-    def deactivate(token: Any) -> None:
-        _current.reset(token)
-
     def current(self) -> Trace | None:
-        """The current request's trace (None with tracing off)."""
+        """The current request's trace (None with tracing off): set by `server_span_middleware` for
+        the routes litestar serves; the generation routes pass theirs to the proxy as an argument."""
         return _current.get() if self.shipper is not None else None
 
     def end_server_span(self, trace: Trace, method: str, path: str, status: int) -> None:
