@@ -5,7 +5,7 @@ the gateway's own work that does not move with the machine's load, unlike time.
 
 On a shared machine, throughput and CPU time move by a point or more from run to run, more than
 many of the changes worth measuring (tracing costs a few percent). Instructions retired do not: two
-runs of the same code agree within about 0.2%. They are not time (cache misses, the kernel, other
+runs of the same code agree within about 0.3%. They are not time (cache misses, the kernel, other
 processes are not in them), so they complement `bench.gateway_bench`, they do not replace it.
 
 How: the zero-delay backend (`bench.zero_server`, also the OTLP sink) runs normally; each gateway

@@ -147,7 +147,14 @@ class TraceRequestEncoder:
         parts += (b"\x85\x01", _FIXED32.pack(flags))  # Span.flags = 16, fixed32
         return b"".join(parts)
 
-    def request(self, records: Iterable[SpanRecord]) -> bytes:
-        spans = b"".join(_field(0x12, self.span(r)) for r in records)  # ScopeSpans.spans = 2
-        resource_spans = self._resource + _field(0x12, self._scope + spans) + self._schema_url
+    def span_fields(self, records: Iterable[SpanRecord]) -> list[bytes]:
+        """Each span as a ScopeSpans.spans field (= 2), ready to be joined into a request."""
+        return [_field(0x12, self.span(r)) for r in records]
+
+    def request_of(self, span_fields: Iterable[bytes]) -> bytes:
+        """The request holding spans encoded by `span_fields`."""
+        resource_spans = self._resource + _field(0x12, self._scope + b"".join(span_fields)) + self._schema_url
         return _field(0x0A, resource_spans)
+
+    def request(self, records: Iterable[SpanRecord]) -> bytes:
+        return self.request_of(self.span_fields(records))
