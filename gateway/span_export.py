@@ -238,8 +238,7 @@ class ThreadSink:
 def spans_in(frame: bytes | bytearray) -> int:
     """How many spans a frame holds (counted for drops only, so not on the way of every batch)."""
     try:
-        return sum((1 if t.end_ns else 0) + len(t.clients or ()) for t in
-                   _decoder.decode(memoryview(frame)[_FRAME.size:]))
+        return sum(t.spans() for t in _decoder.decode(memoryview(frame)[_FRAME.size:]))
     except msgspec.DecodeError:
         return 0
 
@@ -289,9 +288,10 @@ class SpanShipper:
         if count:
             self._count, self._frame = 0, _new_frame()
             # length prefix (little-endian), then msgpack array 32: 0xdd and the count, big-endian
-            _FRAME.pack_into(frame, 0, len(frame) - _FRAME.size)
-            frame[4] = 0xDD
-            frame[5:9] = count.to_bytes(4, "big")
+            at = _FRAME.size
+            _FRAME.pack_into(frame, 0, len(frame) - at)
+            frame[at] = 0xDD
+            frame[at + 1:_HEAD_SIZE] = count.to_bytes(4, "big")
         self.sink.send(frame if count else bytearray(), count)
 
     @property

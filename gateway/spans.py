@@ -55,6 +55,12 @@ class TraceRecord(msgspec.Struct, array_like=True, gc=False):
     http: tuple[str, str, int] | None  # method, path, status
     clients: list[ClientRecord] | None
 
+    def spans(self) -> int:
+        return (1 if self.holds_server_span() else 0) + len(self.clients or ())
+
+    def holds_server_span(self) -> bool:
+        return bool(self.end_ns) and self.http is not None
+
 
 class SpanRecord(msgspec.Struct, gc=False):
     """One finished, sampled span, as the export side handles it: the raw facts its attributes are
@@ -90,8 +96,8 @@ def expand(records: Iterable[TraceRecord]) -> list[SpanRecord]:
     """The spans the records stand for: each SERVER span, then the CLIENT spans under it."""
     out: list[SpanRecord] = []
     for t in records:
-        if t.end_ns and t.http is not None:
-            method, path, status = t.http
+        if t.holds_server_span():
+            method, path, status = t.http  # type: ignore[misc]
             route = route_template(path)
             out.append(SpanRecord(f"{method} {route}", _SERVER, t.trace_id, t.span_id, t.parent_id,
                                   t.parent_id is not None, t.trace_state, t.start_ns, t.end_ns,
