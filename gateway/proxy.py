@@ -307,8 +307,8 @@ class _Request:
     """One client request from arrival to its single record. `finish` runs exactly once."""
 
     __slots__ = ("proxy", "kind", "headers", "t_received", "request_id", "trace", "trace_id", "parsed", "model",
-                 "features", "policy", "tried", "queue_s", "backend", "lease", "decision", "inflight", "t_dispatch", "span",
-                 "area0", "_done")
+                 "features", "policy", "tried", "queue_s", "backend", "lease", "decision", "inflight", "t_dispatch",
+                 "span", "area0", "_done")
 
     def __init__(self, proxy: Proxy, kind: Kind, headers: Mapping[str, str], trace: Trace | None) -> None:
         self.proxy = proxy

@@ -193,7 +193,7 @@ class Tracing:
         if not trace.sampled:
             headers["traceparent"] = f"00-{trace.trace_id}-{trace.span_id}-00"
             return None
-        span_id = (_getrandbits(64) or 1).to_bytes(8, "big").hex()
+        span_id = _span_id()
         headers["traceparent"] = f"00-{trace.trace_id}-{span_id}-01"
         return (trace, span_id, _time_ns(), address)
 
