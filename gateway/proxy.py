@@ -317,7 +317,7 @@ class _Request:
         self.t_received = time.perf_counter()
         rid = headers.get(REQUEST_ID_HEADER)
         # getrandbits, not os.urandom: a request id is not a secret, and urandom's syscall releases the
-        # GIL, handing it to the span exporter thread for up to a switch interval (5 ms) with tracing on.
+        # GIL, which another thread (the access-log writer) may then hold for a switch interval (5 ms).
         # to_bytes().hex(): half the cost of "%032x".
         self.request_id = (rid if rid and len(rid) <= 128 and rid.isprintable()
                            else _getrandbits(128).to_bytes(16, "big").hex())

@@ -292,7 +292,7 @@ class SpanShipper:
             _FRAME.pack_into(frame, 0, len(frame) - at)
             frame[at] = 0xDD
             frame[at + 1:_HEAD_SIZE] = count.to_bytes(4, "big")
-        self.sink.send(frame if count else bytearray(), count)
+        self.sink.send(frame, count)  # count 0: nothing to take, only pending frames to write
 
     @property
     def dropped(self) -> int:
