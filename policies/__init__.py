@@ -2,16 +2,16 @@
 classifier. The evaluation harness lives in `policies.eval` (imported on demand: it pulls in the
 twin's engine, which the gateway's request path does not need)."""
 
-from policies.base import (BackendView, Decision, Domain, NoCandidate, Outcome, Policy,
-                           RequestFeatures, view_load)
+from policies.base import BackendView, Decision, Domain, NoCandidate, Outcome, Policy, RequestFeatures, view_load
 from policies.domain import classify
 from policies.estimates import BackendEstimate, Estimates
 from policies.goodput import OBJECTIVES, Goodput
+from policies.prefix import message_blocks, text_blocks
 from policies.registry import DEFAULT_POLICY, POLICY_NAMES, make_policy
 from policies.threshold import Threshold
 
 __all__ = [
-    "BackendEstimate", "BackendView", "DEFAULT_POLICY", "Decision", "Domain", "Estimates", "Goodput",
-    "NoCandidate", "OBJECTIVES", "Outcome", "POLICY_NAMES", "Policy", "RequestFeatures", "Threshold",
-    "classify", "make_policy", "view_load",
+    "DEFAULT_POLICY", "OBJECTIVES", "POLICY_NAMES", "BackendEstimate", "BackendView", "Decision", "Domain",
+    "Estimates", "Goodput", "NoCandidate", "Outcome", "Policy", "RequestFeatures", "Threshold", "classify",
+    "make_policy", "message_blocks", "text_blocks", "view_load",
 ]

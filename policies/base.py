@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -24,6 +25,12 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     max_tokens: int | None = None
     stream: bool = False
+    temperature: float | None = None  # as asked; None = the server's default
+    thinking: bool | None = None  # chat_template_kwargs.thinking; None = the server's default
+    tools: bool = False  # the request offers tools
+    # Hash chain of the message history's blocks (`policies.prefix.message_blocks`): element i
+    # identifies the first i+1 blocks of `prefix.BLOCK_TOKENS` tokens each. Empty = not tracked.
+    prefix: tuple[int, ...] = ()
 
 
 class BackendView(msgspec.Struct, kw_only=True):
@@ -70,7 +77,7 @@ def view_load(v: BackendView) -> int:
     reported = running + (v.reported_waiting or 0)
     at = v.reported_inflight
     if at is None:
-        return local if local >= reported else reported
+        return max(local, reported)
     others = reported - at
     return local + others if others > 0 else local
 
@@ -104,6 +111,8 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     accept_length: float | None = None
     finish_reason: str | None = None
     error: str | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when reported
 
     @property
     def decode_tok_s(self) -> float | None:

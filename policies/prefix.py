@@ -1,0 +1,92 @@
+"""Conversation prefixes as hash chains of fixed-size blocks of the rendered message history.
+
+SGLang's radix cache keeps the KV of prompts it has served, so a request whose history starts like
+an earlier one skips prefill of the shared part, but only on the server that served it. The gateway
+does not tokenize; it cuts the history's text into blocks of `BLOCK_CHARS` characters (about
+`BLOCK_TOKENS` tokens at the gateway's 4-characters-per-token estimate) and chains their hashes:
+element i of the chain identifies the first i+1 blocks, so two requests share element i exactly
+when (hash collisions aside) their first (i+1) * BLOCK_CHARS characters agree.
+
+A next turn of a conversation re-sends the history plus the answer and a new message, so every
+full block of the earlier request reappears in it unchanged. The trailing partial block is left out:
+the next turn extends it, so its hash would never recur.
+
+The hashes are Python's `hash`, salted per process: they are compared inside one gateway only.
+Work is linear in the history's length and capped at `MAX_BLOCKS` blocks; the tail beyond is not
+tracked (a history longer than the cap still shares its first `MAX_BLOCKS` blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# 64 tokens per block: small enough that a short first turn (system prompt + question) already
+# leaves a full block for its next turn to find, large enough that a 32k-token history is ~500
+# hashes. The 4 characters per token are the gateway's own prompt-size estimate (proxy.py).
+BLOCK_TOKENS = 64
+CHARS_PER_TOKEN = 4
+BLOCK_CHARS = BLOCK_TOKENS * CHARS_PER_TOKEN
+MAX_BLOCKS = 2048  # 128k tokens: K2.6's context is 256k; past this the cost of hashing outweighs the gain
+
+# Separators no ordinary text contains, so that moving text between role and content or between
+# two messages changes the rendering.
+_ROLE_END = "\x1f"
+_MESSAGE_END = "\x1e"
+
+
+def text_blocks(text: str) -> tuple[int, ...]:
+    """The hash chain of `text`'s full blocks (a completions prompt, or a rendered history)."""
+    n = min(len(text) // BLOCK_CHARS, MAX_BLOCKS)
+    chain: list[int] = []
+    h = 0
+    for i in range(n):
+        start = i * BLOCK_CHARS
+        h = hash((h, text[start:start + BLOCK_CHARS]))
+        chain.append(h)
+    return tuple(chain)
+
+
+def message_blocks(messages: Sequence[Any]) -> tuple[int, ...]:
+    """The hash chain of a chat history's blocks. Tolerates any shape (non-dict entries and
+    non-text content parts are skipped): the request was validated before, this only reads it."""
+    return text_blocks(render_history(messages))
+
+
+def render_history(messages: Sequence[Any]) -> str:
+    """Role, text content and tool calls of each message, in order, up to `MAX_BLOCKS` blocks."""
+    limit = MAX_BLOCKS * BLOCK_CHARS
+    parts: list[str] = []
+    size = 0
+    for m in messages:
+        if size >= limit:
+            break
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        piece = (role if isinstance(role, str) else "") + _ROLE_END + _content_text(m.get("content"))
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            piece += _tool_calls_text(calls)
+        piece += _MESSAGE_END
+        parts.append(piece)
+        size += len(piece)
+    return "".join(parts)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: the text ones
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _tool_calls_text(calls: list[Any]) -> str:
+    out: list[str] = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict):
+            name, args = fn.get("name"), fn.get("arguments")
+            out.append((name if isinstance(name, str) else "") + _ROLE_END + (args if isinstance(args, str) else ""))
+    return "".join(out)
