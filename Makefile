@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install install-dev clean bench-loadgen soak bench bench-instructions
+.PHONY: demo test lint install install-dev clean bench-loadgen soak bench bench-instructions
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ demo: install
 
 test: install-dev
 	$(BIN)/python -m pytest
+
+# ruff (lint + format check) and mypy; settings in pyproject.toml.
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 soak: install-dev
 	$(BIN)/python -m pytest -m soak -s
