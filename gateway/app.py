@@ -15,6 +15,7 @@ from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from common.admin_api import AdminBackends, BackendState
 from gateway.access_log import AccessLog
 from gateway.auth import AuthGate
 from gateway.config import Config, ConfigError, load_config
@@ -98,12 +99,12 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
-        return _json({"inflight": rt.admission.inflight, "waiting": rt.admission.waiting,
-                      "rejected": rt.admission.rejected, "retries": rt.proxy.retries,
-                      "access_log_dropped": rt.proxy.access_log.dropped, "spans_dropped": rt.tracing.dropped,
-                      "policies": _policies(rt),
-                      "backends": [_backend_state(b, rt) for b in rt.pools.by_name.values()],
-                      "retiring": [_backend_state(b, rt) for b in rt.retiring.values()]})
+        return _json(AdminBackends(
+            inflight=rt.admission.inflight, waiting=rt.admission.waiting, rejected=rt.admission.rejected,
+            retries=rt.proxy.retries, access_log_dropped=rt.proxy.access_log.dropped,
+            spans_dropped=rt.tracing.dropped, policies=_policies(rt),
+            backends=[_backend_state(b, rt) for b in rt.pools.by_name.values()],
+            retiring=[_backend_state(b, rt) for b in rt.retiring.values()]))
 
     @post("/admin/backends", status_code=201)
     async def add_backend(request: Request) -> Response[bytes]:
@@ -207,17 +208,17 @@ def _policies(rt: Runtime) -> dict[str, Any]:
     return out
 
 
-def _backend_state(b: Backend, rt: Runtime) -> dict:
+def _backend_state(b: Backend, rt: Runtime) -> BackendState:
     poller = rt.poller.pollers.get(b.name)
-    return {
-        "name": b.name, "url": b.spec.url, "model": b.spec.model, "strategy": b.spec.strategy.value,
-        "up": b.up, "ready": b.ready, "draining": b.draining, "circuit": b.circuit.state.value,
-        "inflight": b.inflight, "cap": b.cap,
-        "reported_load": msgspec.to_builtins(b.load) if b.load else None,
-        "server_info": msgspec.to_builtins(b.info) if b.info else None,
-        "load_source": poller.load_source if poller else None,
-        "health_checks": poller.checks if poller else None,
-    }
+    return BackendState(
+        name=b.name, url=b.spec.url, model=b.spec.model, strategy=b.spec.strategy.value,
+        up=b.up, ready=b.ready, draining=b.draining, circuit=b.circuit.state.value,
+        inflight=b.inflight, cap=b.cap,
+        reported_load=msgspec.to_builtins(b.load) if b.load else None,
+        server_info=msgspec.to_builtins(b.info) if b.info else None,
+        load_source=poller.load_source if poller else None,
+        health_checks=poller.checks if poller else None,
+    )
 
 
 def _api_error(_: Request, exc: ApiError) -> Response:

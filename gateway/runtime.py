@@ -11,7 +11,6 @@ changes, so the old one stays.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -40,7 +39,9 @@ class Runtime:
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.pools, self.admission)
         self.tracing = tracing or Tracing(config.tracing)
-        self.policies: dict[str, Policy] = {}
+        self.policies: dict[str, Policy] = {}  # shared with the proxy: changed in place
+        # How each model's policy was built (name, sorted options): an unchanged one is kept on reload.
+        self._policy_builds: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
         self.proxy = Proxy(self.pools, self.admission, self.policies, config, metrics=self.metrics,
                            tracing=self.tracing, access_log=access_log)
         self.poller = Poller(config.health, on_change=self.admission.kick)
@@ -88,16 +89,15 @@ class Runtime:
             name = self.config.policy_for(model)
             wanted[model] = (name, self.config.policy_options(model, name))
         for model, (name, options) in wanted.items():
-            current = self.policies.get(model)
-            if current is not None and getattr(current, "_specroute_key", None) == (name, sorted(options.items())):
+            build = (name, sorted(options.items()))
+            if model in self.policies and self._policy_builds.get(model) == build:
                 continue
-            policy = make_policy(name, **options)
-            with contextlib.suppress(AttributeError):  # remember how it was built, to keep it across reloads
-                policy._specroute_key = (name, sorted(options.items()))  # type: ignore[attr-defined]
-            self.policies[model] = policy
+            self.policies[model] = make_policy(name, **options)
+            self._policy_builds[model] = build
         for model in list(self.policies):
             if model not in wanted:
                 del self.policies[model]
+                self._policy_builds.pop(model, None)
 
     async def add_backend(self, data: dict[str, Any]) -> Backend:
         """Admin API: add one backend (same fields as a `[[backends]]` entry)."""

@@ -15,6 +15,9 @@ from typing import Iterator
 
 import aiohttp
 
+from common.admin_api import decode_admin_backends
+from gateway.config import config_from_dict
+from gateway.runtime import Runtime
 from tests.support import free_port, gateway_config, get_json, running, specroute, wait_until
 
 MSG = [{"role": "user", "content": "Tell me a story."}]
@@ -89,9 +92,40 @@ def test_reload_adds_and_removes_backends_without_cutting_streams(tmp_path, twin
         assert get_json(f"{url}/admin/backends")["policies"]["kimi-k2.6"]["name"] == "round_robin"
 
 
+def test_reload_keeps_an_unchanged_policy_and_rebuilds_a_changed_one():
+    """A policy keeps what it learned across a reload that does not change its name or options."""
+    def config(extra_models: dict) -> dict:
+        return {"backends": [_entry("a", "http://127.0.0.1:9")], "models": extra_models}
+
+    async def scenario() -> None:
+        rt = Runtime(config_from_dict(config({})))
+        try:
+            first = rt.policies["kimi-k2.6"]
+            await rt.reload(config_from_dict(config({})))
+            assert rt.policies["kimi-k2.6"] is first
+            await rt.reload(config_from_dict(config({"kimi-k2.6": {"policy": "round_robin"}})))
+            changed = rt.policies["kimi-k2.6"]
+            assert changed is not first and changed.name == "round_robin"
+            await rt.reload(config_from_dict(config({"kimi-k2.6": {"policy": "round_robin"}})))
+            assert rt.policies["kimi-k2.6"] is changed
+        finally:
+            await rt.stop()
+    asyncio.run(scenario())
+
+
+def _admin_state(url: str):
+    with urllib.request.urlopen(f"{url}/admin/backends", timeout=10) as r:
+        return decode_admin_backends(r.read())
+
+
 def test_admin_add_drain_remove(tmp_path, twin_factory):
     a, b = twin_factory("k26-ar"), twin_factory("k26-dflash")
     with _gateway_over(tmp_path, a) as (url, path, port, _):
+        # the typed shape loadgen and eval decode; `serving` needs a readiness check that has run
+        assert wait_until(lambda: _admin_state(url).all_serving(with_server_info=True))
+        state = _admin_state(url)
+        assert [(x.name, x.up, x.circuit) for x in state.backends] == [("a", True, "closed")]
+        assert state.backends[0].health_checks >= 1 and state.inflight == 0
         status, body = _post(f"{url}/admin/backends", _entry("b", b, "dflash"))
         assert status == 201 and body["name"] == "b" and body["strategy"] == "dflash"
         assert _post(f"{url}/admin/backends", _entry("b", b, "dflash"))[0] == 409
@@ -111,6 +145,10 @@ def test_admin_add_drain_remove(tmp_path, twin_factory):
         status, body = _post(f"{url}/v1/chat/completions", {"model": "kimi-k2.6@b", "messages": MSG})
         assert status == 404
         assert _post(f"{url}/admin/backends/zzz", None, "DELETE")[0] == 404
+        status, _ = _post(f"{url}/admin/backends/a/drain")
+        assert status == 200
+        state = _admin_state(url)
+        assert state.backends[0].draining and not state.backends[0].up and not state.all_serving()
 
 
 def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
