@@ -28,10 +28,10 @@ Definitions (the README repeats them; names match SGLang's bench_serving where m
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Iterable, Sequence
 
+from common.percentile import percentile, weighted_percentile
 from loadgen.stream import ContentChunk, StreamParser
 from loadgen.summary import Level, RequestRecord
 
@@ -88,39 +88,6 @@ def token_gaps(chunks: Sequence[ContentChunk], tokens: Sequence[int]) -> list[Ga
             out.append(((c.time - prev) / k, k))
         prev = c.time
     return out
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """q in [0, 100]; linear interpolation between closest ranks."""
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def weighted_percentile(pairs: Iterable[Gap], q: float) -> float | None:
-    """`percentile` of the sample in which each (value, count) pair stands for `count` copies of
-    `value`, computed without expanding it (a long run pools millions of token gaps)."""
-    s = sorted(p for p in pairs if p[1] > 0)
-    n = sum(c for _, c in s)
-    if n == 0:
-        return None
-    pos = (n - 1) * q / 100.0
-    lo = math.floor(pos)
-    lo_v = hi_v = None
-    seen = 0
-    for v, c in s:
-        if lo_v is None and lo < seen + c:
-            lo_v = v
-        if lo + 1 < seen + c:
-            hi_v = v
-            break
-        seen += c
-    hi_v = s[-1][0] if hi_v is None else hi_v
-    return lo_v + (hi_v - lo_v) * (pos - lo)
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -28,6 +28,10 @@ import urllib.request
 from pathlib import Path
 from typing import IO, NamedTuple, Sequence
 
+import msgspec
+
+from common.admin_api import decode_admin_backends
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -203,17 +207,14 @@ def gateway_config(listen: str, backends: Sequence[tuple[str, str, Profile]],
 
 
 def wait_backends_healthy(gateway_url: str, timeout: float = 30.0) -> bool:
-    """Wait until the gateway's GET /admin/backends reports every backend healthy (and its
-    /server_info read, when the field is there); False on timeout."""
+    """Wait until the gateway's GET /admin/backends reports every backend up after a readiness
+    check, with its /server_info read; False on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = _get(gateway_url + "/admin/backends")
         if body is not None:
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                entries = json.loads(body)["backends"]
-                if entries and all(e.get("healthy", True) and
-                                   ("server_info" not in e or e["server_info"] is not None)
-                                   for e in entries):
+            with contextlib.suppress(msgspec.DecodeError):  # also a ValidationError: not our gateway (yet)
+                if decode_admin_backends(body).all_serving(with_server_info=True):
                     return True
         time.sleep(0.2)
     return False

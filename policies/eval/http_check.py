@@ -85,6 +85,7 @@ from typing import IO, Callable, Sequence
 import msgspec
 
 from backends import BackendSpec, Strategy
+from common.admin_api import decode_admin_backends
 from backends.procs import ProcessGroup, free_port, http_get
 from backends.sim.engine import Engine
 from backends.sim.profile import load_profile
@@ -318,10 +319,8 @@ def _wait_backends_healthy(gateway: str, timeout: float = 30.0) -> None:
     while time.monotonic() < deadline:
         body = http_get(gateway + "/admin/backends")
         if body is not None:
-            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                entries = json.loads(body)["backends"]
-                if entries and all(e.get("healthy", True) and e.get("server_info", True) is not None
-                                   for e in entries):
+            with contextlib.suppress(msgspec.DecodeError):  # also a ValidationError: not the gateway (yet)
+                if decode_admin_backends(body).all_serving(with_server_info=True):
                     return
         time.sleep(0.1)
     raise RuntimeError(f"the gateway at {gateway} does not report every backend healthy")

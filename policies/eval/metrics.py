@@ -21,10 +21,11 @@ from typing import Sequence
 
 import msgspec
 
+from common.percentile import percentile
 from policies.eval.scenarios import Scenario
 from policies.eval.sim import RunResult
 
-__all__ = ["SETTLE_S", "PhaseMetrics", "metric_of", "percentile", "phase_metrics", "window_series"]
+__all__ = ["SETTLE_S", "PhaseMetrics", "metric_of", "phase_metrics", "window_series"]
 
 SETTLE_S = 10.0
 
@@ -38,17 +39,6 @@ class PhaseMetrics(msgspec.Struct, kw_only=True):
     requests: int
     clairvoyant_ratio: float | None = None
     clairvoyant_ratios: dict[str, float] = {}
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default); 0 for no values."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def metric_of(m: PhaseMetrics, objective: str) -> float:
@@ -96,8 +86,8 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
         out.append(PhaseMetrics(
             aggregate_tok_s=tokens[i] / span if span > 0 else 0.0,
             mean_request_tok_s=sum(rates[i]) / len(rates[i]) if rates[i] else 0.0,
-            p50_request_tok_s=percentile(rates[i], 50),
-            p99_ttft_ms=percentile(ttfts[i], 99),
+            p50_request_tok_s=percentile(rates[i], 50) or 0.0,  # 0 for a phase with no requests
+            p99_ttft_ms=percentile(ttfts[i], 99) or 0.0,
             backend_share={k: (v / total if total else 0.0) for k, v in sent[i].items()},
             requests=len(rates[i]),
         ))
