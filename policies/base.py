@@ -11,7 +11,7 @@ import msgspec
 from backends import BackendSpec
 
 
-class Domain(str, enum.Enum):
+class Domain(str, enum.Enum):  # noqa: UP042  (StrEnum would change str() in logs and keys)
     MATH = "math"
     CODE = "code"
     CHAT = "chat"
@@ -52,6 +52,9 @@ class BackendView(msgspec.Struct, kw_only=True):
     # This gateway's own `inflight` when the report was taken: separates other replicas' load
     # from ours, so that a report older than our last dispatches or completions is not misread.
     reported_inflight: int | None = None
+    # SGLang's `max_total_num_tokens` (`/server_info`): the KV budget, which bounds how much of the
+    # conversations it served the radix cache can still hold. None: not known.
+    kv_tokens: int | None = None
 
     @property
     def load(self) -> int:
@@ -113,6 +116,9 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
     reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when reported
+    # The features the request was routed with: the policy learns per kind of request
+    # (temperature band, thinking, tools, context length) from them. None: not given.
+    features: RequestFeatures | None = None
 
     @property
     def decode_tok_s(self) -> float | None:
