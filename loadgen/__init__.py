@@ -11,5 +11,4 @@ from loadgen.cli import main
 from loadgen.report import compare, print_table
 from loadgen.summary import Level, RequestRecord, Run, Summary, load_summary
 
-__all__ = ["Level", "RequestRecord", "Run", "Summary", "compare", "load_summary", "main",
-           "print_table"]
+__all__ = ["Level", "RequestRecord", "Run", "Summary", "compare", "load_summary", "main", "print_table"]

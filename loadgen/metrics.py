@@ -57,8 +57,7 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
             out[i] += 1
         diff = total - sum(out)
     while diff < 0:  # the one-token minimum overshot: take back from the most over-allocated
-        for i in sorted((i for i in range(m) if out[i] > 1),
-                        key=lambda i: (ideal[i] - out[i], i))[:-diff]:
+        for i in sorted((i for i in range(m) if out[i] > 1), key=lambda i: (ideal[i] - out[i], i))[:-diff]:
             out[i] -= 1
         diff = total - sum(out)
     return out
@@ -98,8 +97,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool,
-            record: RequestRecord) -> list[Gap]:
+def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool, record: RequestRecord) -> list[Gap]:
     """Fill the timing and token fields of `record` from a finished exchange; return its ITL
     samples. Called for failed requests too (their partial figures help debugging)."""
     chunks = parser.chunks
@@ -157,8 +155,15 @@ def _mismatch(chunks: Sequence[ContentChunk], server_n: int) -> str | None:
     return None
 
 
-def summarize(records: Sequence[RequestRecord], gaps: Iterable[Gap], *, duration: float,
-              max_concurrency: int | None, request_rate: float | None, mode: str) -> Level:
+def summarize(
+    records: Sequence[RequestRecord],
+    gaps: Iterable[Gap],
+    *,
+    duration: float,
+    max_concurrency: int | None,
+    request_rate: float | None,
+    mode: str,
+) -> Level:
     """Aggregate one level; only successful requests enter latencies and throughputs."""
     ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)

@@ -36,8 +36,7 @@ class OutputDir:
 
     def write_json(self, name: str, obj: object) -> None:
         """Any msgspec-encodable object as indented JSON (e.g. a study's `study.json`)."""
-        _atomic_write(self.path / name, msgspec.json.format(_encoder.encode(obj), indent=2)
-                      + b"\n")
+        _atomic_write(self.path / name, msgspec.json.format(_encoder.encode(obj), indent=2) + b"\n")
 
     def write_summary(self, summary: Summary) -> None:
         data = msgspec.json.format(_encoder.encode(summary), indent=2)
@@ -59,8 +58,7 @@ def summary_csv(summary: Summary) -> str:
             for name in level_fields:
                 v = getattr(lv, name)
                 if name in _DICT_FIELDS:
-                    v = ";".join(f"{k}={n:.4g}" if isinstance(n, float) else f"{k}={n}"
-                                 for k, n in sorted(v.items()))
+                    v = ";".join(f"{k}={n:.4g}" if isinstance(n, float) else f"{k}={n}" for k, n in sorted(v.items()))
                 row.append("" if v is None else v)
             w.writerow(row)
     return buf.getvalue()

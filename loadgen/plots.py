@@ -23,8 +23,11 @@ PLOTS = {
 
 
 def _series(levels: list[Level], field: str) -> tuple[list[int], list[float]]:
-    pts = sorted((lv.max_concurrency, getattr(lv, field)) for lv in levels
-                 if lv.max_concurrency is not None and getattr(lv, field) is not None)
+    pts = sorted(
+        (lv.max_concurrency, getattr(lv, field))
+        for lv in levels
+        if lv.max_concurrency is not None and getattr(lv, field) is not None
+    )
     return [c for c, _ in pts], [v for _, v in pts]
 
 
@@ -52,8 +55,7 @@ def _finish(fig, ax, path: Path, xs: set[int]) -> None:
 RefPoints = dict[str, list[tuple[int, float, str]]]
 
 
-def write_plots(source: Summary | dict | str | Path, out_dir: Path,
-                references: RefPoints | None = None) -> list[Path]:
+def write_plots(source: Summary | dict | str | Path, out_dir: Path, references: RefPoints | None = None) -> list[Path]:
     """Write the PNGs into `out_dir`; return their paths. `references` (a study's) are drawn
     as black crosses on the throughput plots."""
     summary = load_summary(source)
@@ -68,8 +70,7 @@ def write_plots(source: Summary | dict | str | Path, out_dir: Path,
                 ax.plot(x, y, marker="o", label=run.target)
                 xs.update(x)
         for c, v, text in (references or {}).get(field, []):
-            ax.plot([c], [v], marker="x", markersize=10, color="black", linestyle="none",
-                    label=text)
+            ax.plot([c], [v], marker="x", markersize=10, color="black", linestyle="none", label=text)
             xs.add(c)
         _finish(fig, ax, out_dir / name, xs)
         written.append(out_dir / name)
@@ -81,8 +82,7 @@ def write_plots(source: Summary | dict | str | Path, out_dir: Path,
             x, y = _series(run.levels, field)
             if x:
                 tag = "p50" if field.startswith("median") else "p99"
-                ax.plot(x, y, style, marker="o", color=colors[i % len(colors)],
-                        label=f"{run.target} {tag}")
+                ax.plot(x, y, style, marker="o", color=colors[i % len(colors)], label=f"{run.target} {tag}")
                 xs.update(x)
     _finish(fig, ax, out_dir / "ttft.png", xs)
     written.append(out_dir / "ttft.png")

@@ -59,8 +59,7 @@ def _table(title: str | None) -> Table:
 
 
 def _row(t: Table, run: Run, lv: Level, *, end_section: bool = False) -> None:
-    t.add_row(_level_key(lv), run.target, *(fmt(lv) for _, fmt in _COLUMNS),
-              end_section=end_section)
+    t.add_row(_level_key(lv), run.target, *(fmt(lv) for _, fmt in _COLUMNS), end_section=end_section)
 
 
 def print_level(run: Run, level: Level, console: Console | None = None) -> None:
@@ -73,12 +72,12 @@ def print_level(run: Run, level: Level, console: Console | None = None) -> None:
         errs = ", ".join(f"{k}: {n}" for k, n in sorted(level.errors.items()))
         console.print(f"[yellow]  errors: {errs}[/]")
     if level.token_count_mismatches:
-        console.print(f"[yellow]  token count mismatches (client vs server usage): "
-                      f"{level.token_count_mismatches}[/]")
+        console.print(f"[yellow]  token count mismatches (client vs server usage): {level.token_count_mismatches}[/]")
 
 
-def print_table(summary: Summary | dict | str | Path, console: Console | None = None,
-                title: str | None = "loadgen results") -> None:
+def print_table(
+    summary: Summary | dict | str | Path, console: Console | None = None, title: str | None = "loadgen results"
+) -> None:
     """Side-by-side table of every target of a summary, grouped by load level."""
     summary = load_summary(summary)
     console = console or make_console()
@@ -88,8 +87,7 @@ def print_table(summary: Summary | dict | str | Path, console: Console | None = 
         for lv in run.levels:
             if _level_key(lv) not in keys:
                 keys.append(_level_key(lv))
-    rows = [(run, lv) for key in keys for run in summary.runs for lv in run.levels
-            if _level_key(lv) == key]
+    rows = [(run, lv) for key in keys for run in summary.runs for lv in run.levels if _level_key(lv) == key]
     for i, (run, lv) in enumerate(rows):
         last = i + 1 == len(rows) or _level_key(rows[i + 1][1]) != _level_key(lv)
         _row(t, run, lv, end_section=last)
@@ -118,8 +116,9 @@ def _pairs(a: Summary, b: Summary) -> list[tuple[Run, Run]]:
     return common or list(zip(a.runs, b.runs))
 
 
-def compare(a_src: Summary | dict | str | Path, b_src: Summary | dict | str | Path,
-            console: Console | None = None) -> list[dict[str, float | None]]:
+def compare(
+    a_src: Summary | dict | str | Path, b_src: Summary | dict | str | Path, console: Console | None = None
+) -> list[dict[str, float | None]]:
     """Print B / A for each metric at each level both summaries measured; return the ratios."""
     a, b = load_summary(a_src), load_summary(b_src)
     console = console or make_console()
@@ -135,13 +134,12 @@ def compare(a_src: Summary | dict | str | Path, b_src: Summary | dict | str | Pa
             lb = levels_b.get(_level_key(la))
             if lb is None:
                 continue
-            ratios = {field: _ratio(getattr(la, field), getattr(lb, field))
-                      for _, field in _RATIOS}
+            ratios = {field: _ratio(getattr(la, field), getattr(lb, field)) for _, field in _RATIOS}
             out.append(ratios)
             name = ra.target if ra.target == rb.target else f"{ra.target} -> {rb.target}"
-            t.add_row(_level_key(la), name,
-                      *(_num(ratios[f], 3) + ("x" if ratios[f] is not None else "")
-                        for _, f in _RATIOS))
+            t.add_row(
+                _level_key(la), name, *(_num(ratios[f], 3) + ("x" if ratios[f] is not None else "") for _, f in _RATIOS)
+            )
     console.print(t)
     return out
 

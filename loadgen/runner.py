@@ -51,9 +51,14 @@ def connection_limit(levels: Sequence[LevelSpec]) -> int:
     return max(lv.concurrency or 1 for lv in levels)
 
 
-async def execute(plan: Plan, console: Console | None = None,
-                  err_console: Console | None = None, *, summary: Summary | None = None,
-                  out: OutputDir | None = None) -> tuple[Summary, list[str]]:
+async def execute(
+    plan: Plan,
+    console: Console | None = None,
+    err_console: Console | None = None,
+    *,
+    summary: Summary | None = None,
+    out: OutputDir | None = None,
+) -> tuple[Summary, list[str]]:
     """Run the plan; return the summary and the one-line errors (empty when all went well).
 
     `summary` and `out` let several plans (the legs of a study) add their runs to one summary
@@ -65,18 +70,21 @@ async def execute(plan: Plan, console: Console | None = None,
     summary = Summary() if summary is None else summary
     errors: list[str] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=plan.opts.timeout)
-    connector = aiohttp.TCPConnector(limit=connection_limit(plan.levels), limit_per_host=0,
-                                     ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                     auto_decompress=False) as session:
+    connector = aiohttp.TCPConnector(limit=connection_limit(plan.levels), limit_per_host=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
         for word in plan.targets:
             label = plan.labels.get(word, word)
-            run = Run(target=label, url="", dataset=plan.dataset.name,
-                      time_scale=None if plan.time_scale == 1.0 else plan.time_scale)
+            run = Run(
+                target=label,
+                url="",
+                dataset=plan.dataset.name,
+                time_scale=None if plan.time_scale == 1.0 else plan.time_scale,
+            )
             summary.runs.append(run)
             try:
-                target = await resolve(session, word, gateway_url=plan.gateway_url,
-                                       model=plan.model, api_key=plan.opts.api_key)
+                target = await resolve(
+                    session, word, gateway_url=plan.gateway_url, model=plan.model, api_key=plan.opts.api_key
+                )
             except TargetError as e:
                 run.error = str(e)
                 errors.append(str(e))
@@ -88,9 +96,12 @@ async def execute(plan: Plan, console: Console | None = None,
             run.url, run.model = target.url, target.model
             for spec in plan.levels:
                 result = await _with_progress(
-                    plan, spec, label, err_console,
-                    lambda cb: run_level(session, target, plan.dataset, spec, plan.opts,
-                                         seed=plan.seed, on_record=cb))
+                    plan,
+                    spec,
+                    label,
+                    err_console,
+                    lambda cb: run_level(session, target, plan.dataset, spec, plan.opts, seed=plan.seed, on_record=cb),
+                )
                 if plan.time_scale != 1.0:
                     result = timescale.to_simulated(result, plan.time_scale)
                 run.levels.append(result.level)
@@ -100,8 +111,10 @@ async def execute(plan: Plan, console: Console | None = None,
                 report.print_level(run, result.level, console)
                 if result.level.completed == 0 and result.level.failed > 0:
                     first = next(r for r in result.records if r.error)
-                    run.error = (f"target {label!r}: all {result.level.failed} requests failed at "
-                                 f"C={spec.concurrency} ({first.error}: {first.error_detail})")
+                    run.error = (
+                        f"target {label!r}: all {result.level.failed} requests failed at "
+                        f"C={spec.concurrency} ({first.error}: {first.error_detail})"
+                    )
                     errors.append(run.error)
                     if out:
                         out.write_summary(summary)
@@ -109,9 +122,13 @@ async def execute(plan: Plan, console: Console | None = None,
     return summary, errors
 
 
-async def _with_progress(plan: Plan, spec: LevelSpec, word: str, console: Console,
-                         start: Callable[[OnRecord | None], Awaitable[LevelResult]],
-                         ) -> LevelResult:
+async def _with_progress(
+    plan: Plan,
+    spec: LevelSpec,
+    word: str,
+    console: Console,
+    start: Callable[[OnRecord | None], Awaitable[LevelResult]],
+) -> LevelResult:
     """Run `start(on_record)` under a live progress bar when stderr is a terminal."""
     show = console.is_terminal if plan.progress is None else plan.progress
     if not show:
@@ -120,9 +137,15 @@ async def _with_progress(plan: Plan, spec: LevelSpec, word: str, console: Consol
     label = f"{word} C={spec.concurrency or 'inf'}"
     if spec.request_rate is not None:
         label += f" @{spec.request_rate:g}/s"
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[tok]:,} tok  {task.fields[fail]} failed"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tok]:,} tok  {task.fields[fail]} failed"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task(label, total=total, tok=0, fail=0)
         counts = {"tok": 0, "fail": 0}
 

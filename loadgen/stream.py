@@ -72,8 +72,7 @@ def first_spec(details: SpecDetails | list[SpecDetails] | None) -> SpecDetails |
 class StreamParser:
     """Feed with `feed(data, now)` for every read, then call `close(now)` at end of stream."""
 
-    __slots__ = ("_buf", "chunks", "usage", "spec", "finish_reason", "error", "done",
-                 "events", "bad", "last_time")
+    __slots__ = ("_buf", "chunks", "usage", "spec", "finish_reason", "error", "done", "events", "bad", "last_time")
 
     def __init__(self) -> None:
         self._buf = b""

@@ -58,41 +58,70 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loadgen study",
         description="Run a named study of STUDIES.md and compare its figures with the "
-                    "references (R1-R8). Studies: " + ", ".join(STUDIES))
+        "references (R1-R8). Studies: " + ", ".join(STUDIES),
+    )
     p.add_argument("name", nargs="?", help="study name (see --list)")
     p.add_argument("--list", action="store_true", help="list the studies and their references")
-    p.add_argument("--output", type=Path, default=None,
-                   help="output directory (default out/studies/NAME)")
-    p.add_argument("--target", default=None,
-                   help="run against these servers instead of twins: comma-separated "
-                        "NAME=URL (or NAME=gateway / NAME=backend-name) or bare items taken "
-                        "in the order of the study's targets")
-    p.add_argument("--gateway-url", default=os.environ.get("SPECROUTE_GATEWAY_URL",
-                                                           DEFAULT_GATEWAY),
-                   help="gateway that resolves backend names given with --target")
-    p.add_argument("--time-scale", type=float, default=None,
-                   help="twins run F x real time (0.1 = 10x faster); figures are converted "
-                        "back to simulated time (default 1, --quick 0.05)")
-    p.add_argument("--quick", action="store_true",
-                   help=f"time scale {QUICK_TIME_SCALE:g} and fewer prompts/levels "
-                        "(a smoke test; overhead weighs 1/F more)")
-    p.add_argument("--tolerance", type=float, default=checks.DEFAULT_TOLERANCE_PCT,
-                   help="percent error allowed per figure (default 5)")
-    p.add_argument("--reference", action="append", default=[], metavar="KEY=VALUE",
-                   help="replace a reference figure, e.g. R2=900 or R8=3.5-5 (own hardware, "
-                        "or a check of the failure path); repeatable")
-    p.add_argument("--policy", default=None,
-                   help="routing policy of the gateway the study starts (default: the "
-                        "gateway's)")
+    p.add_argument("--output", type=Path, default=None, help="output directory (default out/studies/NAME)")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="run against these servers instead of twins: comma-separated "
+        "NAME=URL (or NAME=gateway / NAME=backend-name) or bare items taken "
+        "in the order of the study's targets",
+    )
+    p.add_argument(
+        "--gateway-url",
+        default=os.environ.get("SPECROUTE_GATEWAY_URL", DEFAULT_GATEWAY),
+        help="gateway that resolves backend names given with --target",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="twins run F x real time (0.1 = 10x faster); figures are converted "
+        "back to simulated time (default 1, --quick 0.05)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"time scale {QUICK_TIME_SCALE:g} and fewer prompts/levels (a smoke test; overhead weighs 1/F more)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=checks.DEFAULT_TOLERANCE_PCT,
+        help="percent error allowed per figure (default 5)",
+    )
+    p.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace a reference figure, e.g. R2=900 or R8=3.5-5 (own hardware, "
+        "or a check of the failure path); repeatable",
+    )
+    p.add_argument(
+        "--policy", default=None, help="routing policy of the gateway the study starts (default: the gateway's)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the twins and the prompts")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
-                   help="bearer token for --target servers (default $OPENAI_API_KEY)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds without data before a request counts as timed out")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="live progress (default: when stderr is a terminal)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
-                   help="write PNG plots (needs matplotlib)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY"),
+        help="bearer token for --target servers (default $OPENAI_API_KEY)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds without data before a request counts as timed out"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="live progress (default: when stderr is a terminal)",
+    )
+    p.add_argument(
+        "--plots", action=argparse.BooleanOptionalAction, default=True, help="write PNG plots (needs matplotlib)"
+    )
     return p
 
 
@@ -103,8 +132,10 @@ def apply_overrides(refs: Mapping[str, Reference], items: Sequence[str]) -> dict
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or key not in out:
-            raise UsageError(f"--reference {item!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(k for k, r in refs.items() if r.value or r.low)}")
+            raise UsageError(
+                f"--reference {item!r}: expected KEY=VALUE with KEY one of "
+                f"{', '.join(k for k, r in refs.items() if r.value or r.low)}"
+            )
         ref = out[key]
         try:
             if ref.value is not None:
@@ -118,8 +149,9 @@ def apply_overrides(refs: Mapping[str, Reference], items: Sequence[str]) -> dict
             else:
                 raise UsageError(f"--reference {key}: an order reference has no number")
         except ValueError:
-            raise UsageError(f"--reference {item!r}: not a number"
-                             + ("" if ref.value is not None else " range LOW-HIGH")) from None
+            raise UsageError(
+                f"--reference {item!r}: not a number" + ("" if ref.value is not None else " range LOW-HIGH")
+            ) from None
         if out[key].value == 0:
             raise UsageError(f"--reference {key}: must not be 0")
     return out
@@ -136,8 +168,9 @@ def target_words(study: Study, given: str) -> dict[str, str]:
         if sep and not name.startswith(("http://", "https://")):
             name, word = name.strip(), word.strip()
             if name not in study.targets:
-                raise UsageError(f"--target {item!r}: {name!r} is not a target of {study.name} "
-                                 f"({', '.join(study.targets)})")
+                raise UsageError(
+                    f"--target {item!r}: {name!r} is not a target of {study.name} ({', '.join(study.targets)})"
+                )
             if not word:
                 raise UsageError(f"--target {item!r}: nothing after '='")
             words[name] = word
@@ -147,8 +180,10 @@ def target_words(study: Study, given: str) -> dict[str, str]:
             bare.append(item)
     free = [t for t in study.targets if t not in words]
     if len(bare) > len(free):
-        raise UsageError(f"--target: {len(bare)} unnamed targets for {len(free)} study "
-                         f"target(s) ({', '.join(free) or 'none left'}); use NAME=URL")
+        raise UsageError(
+            f"--target: {len(bare)} unnamed targets for {len(free)} study "
+            f"target(s) ({', '.join(free) or 'none left'}); use NAME=URL"
+        )
     words.update(zip(free, bare))
     return words
 
@@ -204,20 +239,26 @@ def main(argv: list[str]) -> int:
         with Children(output / "logs") as children:
             gateway_url = args.gateway_url
             if words is None:
-                console.print(f"starting twins: {', '.join(t for t in study.targets if t != 'gateway')}"
-                              + (" and a gateway over them" if "gateway" in study.targets else "")
-                              + (f" (time scale {time_scale:g})" if time_scale != 1.0 else ""))
-                topo = start_topology(children, study.targets, time_scale=time_scale,
-                                      seed=args.seed, policy=args.policy, config_dir=output)
+                console.print(
+                    f"starting twins: {', '.join(t for t in study.targets if t != 'gateway')}"
+                    + (" and a gateway over them" if "gateway" in study.targets else "")
+                    + (f" (time scale {time_scale:g})" if time_scale != 1.0 else "")
+                )
+                topo = start_topology(
+                    children,
+                    study.targets,
+                    time_scale=time_scale,
+                    seed=args.seed,
+                    policy=args.policy,
+                    config_dir=output,
+                )
                 words = dict(topo.urls)
                 urls = dict(topo.urls)
                 gateway_url = topo.gateway_url or gateway_url
-            errors = _run_loop(_legs(study, args, words, datasets, time_scale, gateway_url,
-                                     summary, out, console))
+            errors = _run_loop(_legs(study, args, words, datasets, time_scale, gateway_url, summary, out, console))
             dead = children.check_alive()
             if dead:
-                errors.append(f"child server(s) exited during the study: {', '.join(dead)} "
-                              f"(logs in {output / 'logs'})")
+                errors.append(f"child server(s) exited during the study: {', '.join(dead)} (logs in {output / 'logs'})")
     except KeyboardInterrupt:
         interrupted = True
         _err("interrupted; writing what was measured")
@@ -226,14 +267,12 @@ def main(argv: list[str]) -> int:
         errors.append(str(e))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    rows = checks.evaluate(study, summary, refs, quick=args.quick, skipped=legs_skipped,
-                           tolerance_pct=args.tolerance)
+    rows = checks.evaluate(study, summary, refs, quick=args.quick, skipped=legs_skipped, tolerance_pct=args.tolerance)
     _report(console, study, summary, rows, args, time_scale, interrupted)
     gw_rows = checks.gateway_vs_best(summary) if study.gateway_vs_best else []
     if gw_rows:
         checks.render_gateway(gw_rows, console)
-    _write_study(out, study, args, time_scale, words, urls, refs, rows, gw_rows, summary,
-                 errors, interrupted)
+    _write_study(out, study, args, time_scale, words, urls, refs, rows, gw_rows, summary, errors, interrupted)
     if args.plots and any(r.levels for r in summary.runs):
         _plots(summary, output, rows)
     for e in errors:
@@ -246,16 +285,18 @@ def main(argv: list[str]) -> int:
         unmeasured = [r for r in missed if r.status != "fail"]
         parts = []
         if off:
-            parts.append(f"{len(off)} figure(s) off by more than {args.tolerance:g}%: "
-                         + ", ".join(_row_name(r) for r in off))
+            parts.append(
+                f"{len(off)} figure(s) off by more than {args.tolerance:g}%: " + ", ".join(_row_name(r) for r in off)
+            )
         if unmeasured:
             parts.append(f"{len(unmeasured)} figure(s) not measured")
         if errors and not parts:
             parts.append("a target or child server failed")
         console.print(f"[red]study {study.name}: FAILED[/] ({'; '.join(parts)})")
         return 1
-    console.print(f"[green]study {study.name}: passed[/] ({len(rows)} figures within "
-                  f"{args.tolerance:g}%); outputs in {output}")
+    console.print(
+        f"[green]study {study.name}: passed[/] ({len(rows)} figures within {args.tolerance:g}%); outputs in {output}"
+    )
     return 0
 
 
@@ -263,8 +304,7 @@ def _row_name(r: checks.Row) -> str:
     return r.key + (f" C={r.concurrency}" if r.concurrency else "")
 
 
-def _validate(args: argparse.Namespace) -> tuple[Study, dict[str, Reference],
-                                                  dict[str, str] | None, float]:
+def _validate(args: argparse.Namespace) -> tuple[Study, dict[str, Reference], dict[str, str] | None, float]:
     if not args.name:
         raise UsageError(f"which study? one of {', '.join(STUDIES)} (or --list)")
     study = STUDIES.get(args.name)
@@ -278,28 +318,40 @@ def _validate(args: argparse.Namespace) -> tuple[Study, dict[str, Reference],
     words = None
     if args.target:
         if args.time_scale is not None:
-            raise UsageError("--time-scale applies to the twins a study starts, not to --target "
-                             "servers")
+            raise UsageError("--time-scale applies to the twins a study starts, not to --target servers")
         if args.policy:
             raise UsageError("--policy applies to the gateway a study starts, not to --target")
         words = target_words(study, args.target)
         if not words:
             raise UsageError("--target is empty")
-    time_scale = 1.0 if words is not None else (
-        args.time_scale if args.time_scale is not None
-        else (QUICK_TIME_SCALE if args.quick else 1.0))
+    time_scale = (
+        1.0
+        if words is not None
+        else (args.time_scale if args.time_scale is not None else (QUICK_TIME_SCALE if args.quick else 1.0))
+    )
     return study, refs, words, time_scale
 
 
-def _header(console: Console, study: Study, args: argparse.Namespace,
-            words: dict[str, str] | None, time_scale: float, output: Path,
-            skipped: list[str]) -> None:
+def _header(
+    console: Console,
+    study: Study,
+    args: argparse.Namespace,
+    words: dict[str, str] | None,
+    time_scale: float,
+    output: Path,
+    skipped: list[str],
+) -> None:
     console.print(f"[bold]study {study.name}[/]: {study.title}")
     if words is None:
-        console.print("targets: twins started by this study"
-                      + (f", time scale {time_scale:g} (durations / {time_scale:g}, rates x "
-                         f"{time_scale:g}: figures in simulated time)" if time_scale != 1.0
-                         else ", real timing"))
+        console.print(
+            "targets: twins started by this study"
+            + (
+                f", time scale {time_scale:g} (durations / {time_scale:g}, rates x "
+                f"{time_scale:g}: figures in simulated time)"
+                if time_scale != 1.0
+                else ", real timing"
+            )
+        )
     else:
         console.print("targets: " + ", ".join(f"{k}={v}" for k, v in words.items()))
         if skipped:
@@ -343,53 +395,93 @@ async def _interruptible(coro):
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-async def _legs(study: Study, args: argparse.Namespace, words: dict[str, str], datasets: dict,
-                time_scale: float, gateway_url: str, summary: Summary, out: OutputDir,
-                console: Console) -> list[str]:
+async def _legs(
+    study: Study,
+    args: argparse.Namespace,
+    words: dict[str, str],
+    datasets: dict,
+    time_scale: float,
+    gateway_url: str,
+    summary: Summary,
+    out: OutputDir,
+    console: Console,
+) -> list[str]:
     errors: list[str] = []
     for leg in study.legs:
         word = words.get(leg.target)
         if word is None:
             continue
-        levels = [LevelSpec(concurrency=c, num_prompts=leg.num_prompts(c, args.quick))
-                  for c in leg.levels(args.quick)]
-        plan = Plan(targets=[word], gateway_url=gateway_url, model=None,
-                    dataset=datasets[leg.dataset], levels=levels,
-                    opts=RequestOptions(max_tokens=leg.max_tokens, api_key=args.api_key,
-                                        timeout=args.timeout),
-                    seed=args.seed, progress=args.progress, labels={word: leg.label},
-                    time_scale=time_scale)
-        console.print(f"[bold]{leg.label}[/] ({leg.dataset}): C={','.join(map(str, leg.levels(args.quick)))}, "
-                      f"{'/'.join(str(lv.num_prompts) for lv in levels)} requests, "
-                      f"max_tokens {leg.max_tokens}")
+        levels = [LevelSpec(concurrency=c, num_prompts=leg.num_prompts(c, args.quick)) for c in leg.levels(args.quick)]
+        plan = Plan(
+            targets=[word],
+            gateway_url=gateway_url,
+            model=None,
+            dataset=datasets[leg.dataset],
+            levels=levels,
+            opts=RequestOptions(max_tokens=leg.max_tokens, api_key=args.api_key, timeout=args.timeout),
+            seed=args.seed,
+            progress=args.progress,
+            labels={word: leg.label},
+            time_scale=time_scale,
+        )
+        console.print(
+            f"[bold]{leg.label}[/] ({leg.dataset}): C={','.join(map(str, leg.levels(args.quick)))}, "
+            f"{'/'.join(str(lv.num_prompts) for lv in levels)} requests, "
+            f"max_tokens {leg.max_tokens}"
+        )
         _, errs = await execute(plan, console, summary=summary, out=out)
         errors.extend(errs)
     return errors
 
 
-def _report(console: Console, study: Study, summary: Summary, rows: list[checks.Row],
-            args: argparse.Namespace, time_scale: float, interrupted: bool) -> None:
+def _report(
+    console: Console,
+    study: Study,
+    summary: Summary,
+    rows: list[checks.Row],
+    args: argparse.Namespace,
+    time_scale: float,
+    interrupted: bool,
+) -> None:
     if any(r.levels for r in summary.runs):
         console.print()
-        print_table(summary, console, title=f"{study.name} results"
-                    + (f" (simulated time, twins at {time_scale:g}x)" if time_scale != 1.0
-                       else ""))
+        print_table(
+            summary,
+            console,
+            title=f"{study.name} results"
+            + (f" (simulated time, twins at {time_scale:g}x)" if time_scale != 1.0 else ""),
+        )
     if rows:
-        checks.render(rows, console, tolerance_pct=args.tolerance,
-                      title=f"{study.name}: measured vs reference"
-                      + (" (partial: interrupted)" if interrupted else ""))
+        checks.render(
+            rows,
+            console,
+            tolerance_pct=args.tolerance,
+            title=f"{study.name}: measured vs reference" + (" (partial: interrupted)" if interrupted else ""),
+        )
     spec = checks.acceptance(summary)
     if spec:
-        console.print("accept length (tokens per verify step): " + "; ".join(
-            f"{t} " + ", ".join(f"C={c} {v['accept_length']:.2f}" for c, v in lv.items())
-            for t, lv in spec.items()))
+        console.print(
+            "accept length (tokens per verify step): "
+            + "; ".join(
+                f"{t} " + ", ".join(f"C={c} {v['accept_length']:.2f}" for c, v in lv.items()) for t, lv in spec.items()
+            )
+        )
 
 
-def _write_study(out: OutputDir, study: Study, args: argparse.Namespace, time_scale: float,
-                 words: dict[str, str] | None, urls: dict[str, str],
-                 refs: Mapping[str, Reference], rows: list[checks.Row],
-                 gw_rows: list[checks.GatewayRow], summary: Summary, errors: list[str],
-                 interrupted: bool) -> None:
+def _write_study(
+    out: OutputDir,
+    study: Study,
+    args: argparse.Namespace,
+    time_scale: float,
+    words: dict[str, str] | None,
+    urls: dict[str, str],
+    refs: Mapping[str, Reference],
+    rows: list[checks.Row],
+    gw_rows: list[checks.GatewayRow],
+    summary: Summary,
+    errors: list[str],
+    interrupted: bool,
+) -> None:
     data = {
         "study": study.name,
         "title": study.title,
@@ -397,14 +489,19 @@ def _write_study(out: OutputDir, study: Study, args: argparse.Namespace, time_sc
         "tolerance_pct": args.tolerance,
         "time_scale": time_scale,
         "time_scale_note": "twins ran time_scale x real time; durations were divided and "
-                           "rates multiplied by it (simulated time)" if time_scale != 1.0
-                           else None,
+        "rates multiplied by it (simulated time)"
+        if time_scale != 1.0
+        else None,
         "quick": args.quick,
         "interrupted": interrupted,
-        "targets": {t: {"url": urls.get(t) or _run_url(summary, study, t),
-                        "source": "twin" if urls else "given",
-                        "given_as": None if urls else (words or {}).get(t)}
-                    for t in study.targets},
+        "targets": {
+            t: {
+                "url": urls.get(t) or _run_url(summary, study, t),
+                "source": "twin" if urls else "given",
+                "given_as": None if urls else (words or {}).get(t),
+            }
+            for t in study.targets
+        },
         "rows": rows,
         "references": {k: refs[k] for k in sorted({c.ref for c in study.checks})},
         "acceptance": checks.acceptance(summary),
@@ -428,6 +525,5 @@ def _plots(summary: Summary, output: Path, rows: list[checks.Row]) -> None:
     refs: dict[str, list[tuple[int, float, str]]] = {}
     for r in rows:  # value references of plotted figures, drawn as crosses
         if isinstance(r.reference, float) and r.concurrency and r.status != "skipped":
-            refs.setdefault(r.metric, []).append(
-                (r.concurrency, r.reference, f"{r.key} reference ({r.target})"))
+            refs.setdefault(r.metric, []).append((r.concurrency, r.reference, f"{r.key} reference ({r.target})"))
     write_plots(summary, output, refs)

@@ -40,16 +40,15 @@ class _Models(msgspec.Struct):
     data: list[_ModelEntry]
 
 
-async def _get(session: aiohttp.ClientSession, url: str, what: str,
-               api_key: str | None) -> bytes:
+async def _get(session: aiohttp.ClientSession, url: str, what: str, api_key: str | None) -> bytes:
     hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with session.get(url, headers=hdrs,
-                               timeout=aiohttp.ClientTimeout(total=15)) as resp:
+        async with session.get(url, headers=hdrs, timeout=aiohttp.ClientTimeout(total=15)) as resp:
             body = await resp.read()
             if resp.status in (401, 403):
-                raise TargetError(f"{what}: HTTP {resp.status} from {url} "
-                                  f"(wrong or missing --api-key?): {error_message(body)}")
+                raise TargetError(
+                    f"{what}: HTTP {resp.status} from {url} (wrong or missing --api-key?): {error_message(body)}"
+                )
             if resp.status != 200:
                 raise TargetError(f"{what}: HTTP {resp.status} from {url}: {error_message(body)}")
             return body
@@ -60,8 +59,9 @@ async def _get(session: aiohttp.ClientSession, url: str, what: str,
         raise TargetError(f"{what}: request to {url} failed ({type(e).__name__}: {e})") from None
 
 
-async def resolve(session: aiohttp.ClientSession, word: str, *, gateway_url: str,
-                  model: str | None, api_key: str | None) -> Target:
+async def resolve(
+    session: aiohttp.ClientSession, word: str, *, gateway_url: str, model: str | None, api_key: str | None
+) -> Target:
     """Resolve one `--target` word; raise TargetError with a one-line reason."""
     backend_model = None
     if word == "gateway":
@@ -69,18 +69,19 @@ async def resolve(session: aiohttp.ClientSession, word: str, *, gateway_url: str
     elif word.startswith(("http://", "https://")):
         url = word
     else:
-        body = await _get(session, gateway_url.rstrip("/") + "/admin/backends",
-                          f"target {word!r}", api_key)
+        body = await _get(session, gateway_url.rstrip("/") + "/admin/backends", f"target {word!r}", api_key)
         try:
             entries = msgspec.json.decode(body, type=_Backends).backends
         except msgspec.DecodeError:
-            raise TargetError(f"target {word!r}: {gateway_url}/admin/backends did not return "
-                              '{"backends": [...]}') from None
+            raise TargetError(
+                f'target {word!r}: {gateway_url}/admin/backends did not return {{"backends": [...]}}'
+            ) from None
         match = next((b for b in entries if b.name == word), None)
         if match is None:
             names = ", ".join(b.name for b in entries) or "none"
-            raise TargetError(f"target {word!r}: no such backend at {gateway_url} "
-                              f"(known: {names}; or use 'gateway' or a URL)")
+            raise TargetError(
+                f"target {word!r}: no such backend at {gateway_url} (known: {names}; or use 'gateway' or a URL)"
+            )
         url, backend_model = match.url, match.model
     url = url.rstrip("/")
     models_url = url + "/v1/models"
@@ -88,8 +89,9 @@ async def resolve(session: aiohttp.ClientSession, word: str, *, gateway_url: str
     try:
         ids = [m.id for m in msgspec.json.decode(body, type=_Models).data]
     except msgspec.DecodeError:
-        raise TargetError(f"target {word!r}: {models_url} is not an OpenAI model list "
-                          "(not an OpenAI-compatible server?)") from None
+        raise TargetError(
+            f"target {word!r}: {models_url} is not an OpenAI model list (not an OpenAI-compatible server?)"
+        ) from None
     chosen = model or backend_model or (ids[0] if ids else None)
     if chosen is None:
         raise TargetError(f"target {word!r}: {models_url} lists no model; pass --model")

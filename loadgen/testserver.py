@@ -82,14 +82,12 @@ class TestServer:
         return web.Response(status=200)
 
     async def _backends(self, request: web.Request) -> web.Response:
-        return web.Response(body=_enc.encode({"backends": self.config.backends}),
-                            content_type="application/json")
+        return web.Response(body=_enc.encode({"backends": self.config.backends}), content_type="application/json")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         if (denied := self._auth(request)) is not None:
             return denied
-        body = {"object": "list", "data": [{"id": self.config.model, "object": "model",
-                                             "owned_by": "sglang"}]}
+        body = {"object": "list", "data": [{"id": self.config.model, "object": "model", "owned_by": "sglang"}]}
         return web.Response(body=_enc.encode(body), content_type="application/json")
 
     def _auth(self, request: web.Request) -> web.Response | None:
@@ -140,53 +138,62 @@ class TestServer:
             st.inflight -= 1
             st.last_end = time.time()
 
-    def _full(self, body: dict, chat: bool, n: int, prompt_tokens: int,
-              headers: dict[str, str]) -> web.Response:
+    def _full(self, body: dict, chat: bool, n: int, prompt_tokens: int, headers: dict[str, str]) -> web.Response:
         text = "".join(_WORDS[i % 97] for i in range(n))
         choice: dict = {"index": 0, "finish_reason": "length"}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        out: dict = {"id": "x", "object": "chat.completion" if chat else "text_completion",
-                     "model": body.get("model"), "choices": [choice],
-                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                               "total_tokens": prompt_tokens + n}}
+        out: dict = {
+            "id": "x",
+            "object": "chat.completion" if chat else "text_completion",
+            "model": body.get("model"),
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n},
+        }
         if self.config.speculative and body.get("return_spec_tokens_details"):
             out["sglext"] = {"spec_tokens_details": self._spec(n)}
         self.stats.tokens += n
         self.stats.chunks += 1
-        return web.Response(body=_enc.encode(out), content_type="application/json",
-                            headers=headers)
+        return web.Response(body=_enc.encode(out), content_type="application/json", headers=headers)
 
     def _spec(self, n: int) -> dict:
         verify = max(1, math.ceil(n / self.config.tokens_per_chunk))
         return {"spec_verify_ct": verify, "spec_accept_length": n / verify}
 
-    async def _stream(self, request: web.Request, body: dict, chat: bool, n: int,
-                      prompt_tokens: int, headers: dict[str, str], fail: bool,
-                      ) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict,
+        chat: bool,
+        n: int,
+        prompt_tokens: int,
+        headers: dict[str, str],
+        fail: bool,
+    ) -> web.StreamResponse:
         cfg = self.config
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache", **headers})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         await resp.prepare(request)
         model = body.get("model")
         obj = "chat.completion.chunk" if chat else "text_completion"
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        continuous = cfg.continuous_usage or bool(
-            (body.get("stream_options") or {}).get("continuous_usage_stats"))
+        continuous = cfg.continuous_usage or bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
 
         def frame(choices: list, **extra: object) -> bytes:
-            return b"data: " + _enc.encode({"id": "x", "object": obj, "model": model,
-                                            "choices": choices, **extra}) + b"\n\n"
+            return (
+                b"data: "
+                + _enc.encode({"id": "x", "object": obj, "model": model, "choices": choices, **extra})
+                + b"\n\n"
+            )
 
         def usage(done: int) -> dict:
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": done,
-                    "total_tokens": prompt_tokens + done}
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
 
         if chat:
-            await resp.write(frame([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                     "finish_reason": None}]))
+            await resp.write(
+                frame([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            )
         sent = chunks = 0
         k = max(1, cfg.tokens_per_chunk)
         while sent < n:
@@ -194,21 +201,26 @@ class TestServer:
             text = "".join(_WORDS[(sent + j) % 97] for j in range(take))
             sent += take
             chunks += 1
-            choice = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if chat
-                      else {"index": 0, "text": text, "finish_reason": None})
+            choice = (
+                {"index": 0, "delta": {"content": text}, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": None}
+            )
             extra = {"usage": usage(sent)} if continuous else {}
             await resp.write(frame([choice], **extra))
             self.stats.chunks += 1
             if fail and chunks >= cfg.error_after_chunks:
-                err = {"error": {"message": "injected failure", "type": "InternalServerError",
-                                 "code": 500}}
+                err = {"error": {"message": "injected failure", "type": "InternalServerError", "code": 500}}
                 await resp.write(b"data: " + _enc.encode(err) + b"\n\ndata: [DONE]\n\n")
                 await resp.write_eof()
                 return resp
             if cfg.chunk_delay:
                 await asyncio.sleep(cfg.chunk_delay)
-        fin = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
-               else {"index": 0, "text": "", "finish_reason": "length"})
+        fin = (
+            {"index": 0, "delta": {}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": "", "finish_reason": "length"}
+        )
         await resp.write(frame([fin]))
         if cfg.speculative and body.get("return_spec_tokens_details"):
             await resp.write(frame([], sglext={"spec_tokens_details": self._spec(n)}))
@@ -228,8 +240,7 @@ def _prompt_tokens(body: dict) -> int:
 
 def _flat_error(status: int, message: str) -> web.Response:
     """SGLang's flat error shape on OpenAI routes."""
-    body = {"object": "error", "message": message, "type": "BadRequestError", "param": None,
-            "code": status}
+    body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status}
     return web.Response(status=status, body=_enc.encode(body), content_type="application/json")
 
 
@@ -258,8 +269,9 @@ class RunningServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadgen.testserver",
-                                description="zero-delay SGLang-compatible streaming server")
+    p = argparse.ArgumentParser(
+        prog="python -m loadgen.testserver", description="zero-delay SGLang-compatible streaming server"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--model", default="test-model")
@@ -269,17 +281,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-delay", type=float, default=0.0)
     p.add_argument("--api-key", default=None)
     a = p.parse_args(argv)
-    cfg = ServerConfig(model=a.model, backend_name=a.backend_name,
-                       tokens_per_chunk=a.tokens_per_chunk, speculative=a.speculative,
-                       chunk_delay=a.chunk_delay, api_key=a.api_key)
+    cfg = ServerConfig(
+        model=a.model,
+        backend_name=a.backend_name,
+        tokens_per_chunk=a.tokens_per_chunk,
+        speculative=a.speculative,
+        chunk_delay=a.chunk_delay,
+        api_key=a.api_key,
+    )
     try:
         import uvloop
     except ImportError:
         uvloop = None  # type: ignore[assignment]
     if uvloop is not None:
         uvloop.install()
-    web.run_app(TestServer(cfg).app, host=a.host, port=a.port, access_log=None,
-                print=None)
+    web.run_app(TestServer(cfg).app, host=a.host, port=a.port, access_log=None, print=None)
     return 0
 
 

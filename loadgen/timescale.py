@@ -22,32 +22,89 @@ import msgspec
 
 from loadgen.summary import Level, RequestRecord
 
-LEVEL_TIME_FIELDS = frozenset({
-    "duration", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms",
-    "mean_e2e_latency_ms", "mean_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
-    "p99_tpot_ms", "mean_itl_ms", "p90_itl_ms", "p99_itl_ms", "median_e2e_latency_ms",
-    "p90_e2e_latency_ms", "p99_e2e_latency_ms",
-})
-LEVEL_RATE_FIELDS = frozenset({
-    "output_throughput", "request_throughput", "mean_request_output_throughput",
-    "median_request_output_throughput", "mean_decode_throughput",
-    "request_rate",  # arrivals per second of an open-loop level
-})
-LEVEL_UNSCALED_FIELDS = frozenset({
-    "max_concurrency", "completed", "failed", "total_output_tokens", "accept_length", "backends",
-    "mode", "total_input_tokens", "errors", "token_count_mismatches", "mean_tokens_per_chunk",
-    "domains", "accept_length_by_domain",
-})
+LEVEL_TIME_FIELDS = frozenset(
+    {
+        "duration",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_itl_ms",
+        "mean_e2e_latency_ms",
+        "mean_ttft_ms",
+        "p90_ttft_ms",
+        "median_tpot_ms",
+        "p90_tpot_ms",
+        "p99_tpot_ms",
+        "mean_itl_ms",
+        "p90_itl_ms",
+        "p99_itl_ms",
+        "median_e2e_latency_ms",
+        "p90_e2e_latency_ms",
+        "p99_e2e_latency_ms",
+    }
+)
+LEVEL_RATE_FIELDS = frozenset(
+    {
+        "output_throughput",
+        "request_throughput",
+        "mean_request_output_throughput",
+        "median_request_output_throughput",
+        "mean_decode_throughput",
+        "request_rate",  # arrivals per second of an open-loop level
+    }
+)
+LEVEL_UNSCALED_FIELDS = frozenset(
+    {
+        "max_concurrency",
+        "completed",
+        "failed",
+        "total_output_tokens",
+        "accept_length",
+        "backends",
+        "mode",
+        "total_input_tokens",
+        "errors",
+        "token_count_mismatches",
+        "mean_tokens_per_chunk",
+        "domains",
+        "accept_length_by_domain",
+    }
+)
 
-RECORD_TIME_FIELDS = frozenset({
-    "start_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "itl_max_ms",
-})
+RECORD_TIME_FIELDS = frozenset(
+    {
+        "start_s",
+        "ttft_ms",
+        "e2e_ms",
+        "tpot_ms",
+        "itl_mean_ms",
+        "itl_max_ms",
+    }
+)
 RECORD_RATE_FIELDS = frozenset({"output_throughput", "decode_throughput", "request_rate"})
-RECORD_UNSCALED_FIELDS = frozenset({
-    "index", "target", "max_concurrency", "domain", "ok", "error", "error_detail", "status",
-    "backend", "request_id", "trace_id", "finish_reason", "input_tokens", "output_tokens", "output_tokens_source",
-    "client_chunks", "token_mismatch", "spec_verify_ct", "accept_length",
-})
+RECORD_UNSCALED_FIELDS = frozenset(
+    {
+        "index",
+        "target",
+        "max_concurrency",
+        "domain",
+        "ok",
+        "error",
+        "error_detail",
+        "status",
+        "backend",
+        "request_id",
+        "trace_id",
+        "finish_reason",
+        "input_tokens",
+        "output_tokens",
+        "output_tokens_source",
+        "client_chunks",
+        "token_mismatch",
+        "spec_verify_ct",
+        "accept_length",
+    }
+)
 
 _CLASSES = {
     Level: (LEVEL_TIME_FIELDS, LEVEL_RATE_FIELDS, LEVEL_UNSCALED_FIELDS),
@@ -87,5 +144,4 @@ def rescale(obj: T, time_scale: float) -> T:
 
 def to_simulated(result, time_scale: float):
     """A driver `LevelResult` (level + records) converted to simulated time."""
-    return type(result)(rescale(result.level, time_scale),
-                        [rescale(r, time_scale) for r in result.records])
+    return type(result)(rescale(result.level, time_scale), [rescale(r, time_scale) for r in result.records])

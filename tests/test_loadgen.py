@@ -24,19 +24,43 @@ from tests.support import free_port, running
 
 PY = sys.executable
 DESIGN_LEVEL_FIELDS = {
-    "max_concurrency", "completed", "failed", "duration", "total_output_tokens",
-    "output_throughput", "request_throughput", "mean_request_output_throughput",
-    "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms", "mean_e2e_latency_ms",
-    "accept_length", "backends",
+    "max_concurrency",
+    "completed",
+    "failed",
+    "duration",
+    "total_output_tokens",
+    "output_throughput",
+    "request_throughput",
+    "mean_request_output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_itl_ms",
+    "mean_e2e_latency_ms",
+    "accept_length",
+    "backends",
 }
 
 
-def _plan(targets: list[str], levels: list[LevelSpec], *, gateway_url: str = "http://127.0.0.1:9",
-          dataset: str = "mixed", output: Path | None = None, **opts) -> Plan:
-    return Plan(targets=targets, gateway_url=gateway_url, model=None,
-                dataset=load_dataset(dataset), levels=levels,
-                opts=RequestOptions(**{"max_tokens": 24, **opts}), output=output,
-                progress=False)
+def _plan(
+    targets: list[str],
+    levels: list[LevelSpec],
+    *,
+    gateway_url: str = "http://127.0.0.1:9",
+    dataset: str = "mixed",
+    output: Path | None = None,
+    **opts,
+) -> Plan:
+    return Plan(
+        targets=targets,
+        gateway_url=gateway_url,
+        model=None,
+        dataset=load_dataset(dataset),
+        levels=levels,
+        opts=RequestOptions(**{"max_tokens": 24, **opts}),
+        output=output,
+        progress=False,
+    )
 
 
 def _execute(cfg: ServerConfig, make_plan) -> tuple[Summary, list[str], RunningServer]:
@@ -44,14 +68,18 @@ def _execute(cfg: ServerConfig, make_plan) -> tuple[Summary, list[str], RunningS
         async with RunningServer(cfg) as srv:
             summary, errors = await execute(make_plan(srv))
             return summary, errors, srv
+
     return asyncio.run(main())
 
 
 def test_closed_loop_levels_measure_every_request(tmp_path: Path) -> None:
     cfg = ServerConfig(backend_name="k26-dflash", tokens_per_chunk=4, speculative=True)
-    summary, errors, srv = _execute(cfg, lambda s: _plan(
-        [s.url], [LevelSpec(concurrency=1, num_prompts=3), LevelSpec(concurrency=4, num_prompts=8)],
-        output=tmp_path))
+    summary, errors, srv = _execute(
+        cfg,
+        lambda s: _plan(
+            [s.url], [LevelSpec(concurrency=1, num_prompts=3), LevelSpec(concurrency=4, num_prompts=8)], output=tmp_path
+        ),
+    )
     assert errors == []
     (run,) = summary.runs
     assert run.model == "test-model" and run.dataset == "mixed"
@@ -76,8 +104,7 @@ def test_closed_loop_reaches_but_never_exceeds_concurrency() -> None:
     # The server holds each request until 6 are in flight: a loop that stopped short of C would
     # time out the hold, one that overshot would show a peak above 6.
     cfg = ServerConfig(hold_until_inflight=6, chunk_delay=0.001)
-    summary, errors, srv = _execute(cfg, lambda s: _plan(
-        [s.url], [LevelSpec(concurrency=6, num_prompts=40)]))
+    summary, errors, srv = _execute(cfg, lambda s: _plan([s.url], [LevelSpec(concurrency=6, num_prompts=40)]))
     assert errors == []
     assert summary.runs[0].levels[0].completed == 40
     assert srv.stats.max_inflight == 6
@@ -86,13 +113,15 @@ def test_closed_loop_reaches_but_never_exceeds_concurrency() -> None:
 def test_backend_name_resolves_through_admin_backends() -> None:
     async def main():
         async with RunningServer(ServerConfig(model="served-name")) as backend:
-            gw_cfg = ServerConfig(backends=[{"name": "k26-ar", "url": backend.url,
-                                             "model": "kimi-k2.6", "strategy": "ar"}])
+            gw_cfg = ServerConfig(
+                backends=[{"name": "k26-ar", "url": backend.url, "model": "kimi-k2.6", "strategy": "ar"}]
+            )
             async with RunningServer(gw_cfg) as gateway:
-                summary, errors = await execute(_plan(
-                    ["k26-ar"], [LevelSpec(concurrency=2, num_prompts=2)],
-                    gateway_url=gateway.url))
+                summary, errors = await execute(
+                    _plan(["k26-ar"], [LevelSpec(concurrency=2, num_prompts=2)], gateway_url=gateway.url)
+                )
                 return summary, errors, backend.stats.requests, gateway.stats.requests
+
     summary, errors, backend_requests, gateway_requests = asyncio.run(main())
     assert errors == []
     run = summary.runs[0]
@@ -101,9 +130,10 @@ def test_backend_name_resolves_through_admin_backends() -> None:
 
 
 def test_unknown_backend_name_is_one_line_error() -> None:
-    summary, errors, _ = _execute(ServerConfig(backends=[{"name": "a", "url": "http://x"}]),
-                                  lambda s: _plan(["nope"], [LevelSpec(concurrency=1)],
-                                                  gateway_url=s.url))
+    summary, errors, _ = _execute(
+        ServerConfig(backends=[{"name": "a", "url": "http://x"}]),
+        lambda s: _plan(["nope"], [LevelSpec(concurrency=1)], gateway_url=s.url),
+    )
     assert len(errors) == 1 and "no such backend" in errors[0] and "known: a" in errors[0]
     assert summary.runs[0].levels == []
 
@@ -117,9 +147,13 @@ def test_all_failed_level_stops_target_and_keeps_finished_levels(tmp_path: Path)
             plan = _plan([srv.url], [LevelSpec(concurrency=1, num_prompts=2)], output=tmp_path)
             s1, e1 = await execute(plan)
             srv.server.config.http_error_every = 1
-            plan2 = _plan([srv.url], [LevelSpec(concurrency=1, num_prompts=2),
-                                      LevelSpec(concurrency=2, num_prompts=4)], output=tmp_path)
+            plan2 = _plan(
+                [srv.url],
+                [LevelSpec(concurrency=1, num_prompts=2), LevelSpec(concurrency=2, num_prompts=4)],
+                output=tmp_path,
+            )
             return s1, e1, await execute(plan2)
+
     s1, e1, (s2, e2) = asyncio.run(main())
     assert e1 == [] and s1.runs[0].levels[0].completed == 2
     assert len(e2) == 1 and "all 2 requests failed" in e2[0] and "http_503" in e2[0]
@@ -132,9 +166,12 @@ def test_all_failed_level_stops_target_and_keeps_finished_levels(tmp_path: Path)
 def test_print_table_side_by_side(tmp_path: Path) -> None:
     from rich.console import Console
 
-    summary, _, _ = _execute(ServerConfig(backend_name="b1"), lambda s: _plan(
-        [s.url, s.url + "/"], [LevelSpec(concurrency=1, num_prompts=1),
-                               LevelSpec(concurrency=2, num_prompts=2)]))
+    summary, _, _ = _execute(
+        ServerConfig(backend_name="b1"),
+        lambda s: _plan(
+            [s.url, s.url + "/"], [LevelSpec(concurrency=1, num_prompts=1), LevelSpec(concurrency=2, num_prompts=2)]
+        ),
+    )
     console = Console(record=True, width=200)
     print_table(msgspec.to_builtins(summary), console)
     text = console.export_text()
@@ -147,23 +184,35 @@ def test_print_table_side_by_side(tmp_path: Path) -> None:
 
 # --- the CLI as a process ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def server_url():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running([PY, "-m", "loadgen.testserver", "--port", str(port), "--backend-name", "k26-ar"],
-                 ready_url=url + "/ready"):
+    with running(
+        [PY, "-m", "loadgen.testserver", "--port", str(port), "--backend-name", "k26-ar"], ready_url=url + "/ready"
+    ):
         yield url
 
 
 def _loadgen(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "loadgen", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([PY, "-m", "loadgen", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_cli_writes_summary_and_prints_table(server_url: str, tmp_path: Path) -> None:
-    p = _loadgen("--target", server_url, "--concurrency", "1,4", "--max-tokens", "16",
-                 "--num-prompts", "8", "--output", str(tmp_path), "--no-plots")
+    p = _loadgen(
+        "--target",
+        server_url,
+        "--concurrency",
+        "1,4",
+        "--max-tokens",
+        "16",
+        "--num-prompts",
+        "8",
+        "--output",
+        str(tmp_path),
+        "--no-plots",
+    )
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     data = json.loads((tmp_path / "summary.json").read_text())
@@ -182,11 +231,19 @@ def test_cli_defaults_need_only_concurrency_and_target(server_url: str) -> None:
     assert re.search(r"│\s+6/0\s+│", p.stdout), p.stdout  # default num-prompts = 2 x C
 
 
-def test_cli_unreachable_target_one_line_error_and_partial_results(server_url: str,
-                                                                    tmp_path: Path) -> None:
+def test_cli_unreachable_target_one_line_error_and_partial_results(server_url: str, tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    p = _loadgen("--target", f"{server_url},{dead}", "--concurrency", "2", "--max-tokens", "8",
-                 "--output", str(tmp_path), "--no-plots")
+    p = _loadgen(
+        "--target",
+        f"{server_url},{dead}",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "8",
+        "--output",
+        str(tmp_path),
+        "--no-plots",
+    )
     assert p.returncode == 1
     assert "Traceback" not in p.stderr
     err_lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
@@ -196,11 +253,14 @@ def test_cli_unreachable_target_one_line_error_and_partial_results(server_url: s
     assert data["runs"][1]["levels"] == [] and "cannot connect" in data["runs"][1]["error"]
 
 
-@pytest.mark.parametrize("args, expect", [
-    (["--dataset", "nope"], "unknown dataset 'nope'"),
-    (["--dataset", "jsonl:/does/not/exist.jsonl"], "cannot read dataset"),
-    (["--concurrency", "inf"], "needs --request-rate"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--dataset", "jsonl:/does/not/exist.jsonl"], "cannot read dataset"),
+        (["--concurrency", "inf"], "needs --request-rate"),
+    ],
+)
 def test_cli_bad_input_exits_2_without_traceback(args: list[str], expect: str) -> None:
     p = _loadgen("--target", "http://127.0.0.1:9", *args)
     assert p.returncode == 2
@@ -208,11 +268,18 @@ def test_cli_bad_input_exits_2_without_traceback(args: list[str], expect: str) -
 
 
 def test_self_benchmark_counts_exactly_what_the_server_sent() -> None:
-    p = subprocess.run([PY, "-m", "loadgen.bench_self", "--duration", "0.5", "--concurrency", "8",
-                        "--max-tokens", "64"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [PY, "-m", "loadgen.bench_self", "--duration", "0.5", "--concurrency", "8", "--max-tokens", "64"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "Traceback" not in p.stderr, p.stderr
-    m = re.search(r"tokens\s+loadgen ([\d,]+)\s+server ([\d,]+)\s+chunks: loadgen ([\d,]+)\s+"
-                  r"server ([\d,]+)", p.stdout)
+    m = re.search(
+        r"tokens\s+loadgen ([\d,]+)\s+server ([\d,]+)\s+chunks: loadgen ([\d,]+)\s+"
+        r"server ([\d,]+)",
+        p.stdout,
+    )
     assert m, p.stdout
     tokens_lg, tokens_srv, chunks_lg, chunks_srv = (int(g.replace(",", "")) for g in m.groups())
     assert tokens_lg == tokens_srv > 0 and chunks_lg == chunks_srv
@@ -222,8 +289,17 @@ def test_self_benchmark_counts_exactly_what_the_server_sent() -> None:
 
 def test_cli_compare_prints_ratios(server_url: str, tmp_path: Path) -> None:
     for d in ("a", "b"):
-        p = _loadgen("--target", server_url, "--concurrency", "2", "--max-tokens", "8",
-                     "--output", str(tmp_path / d), "--no-plots")
+        p = _loadgen(
+            "--target",
+            server_url,
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "8",
+            "--output",
+            str(tmp_path / d),
+            "--no-plots",
+        )
         assert p.returncode == 0, p.stderr
     p = _loadgen("compare", str(tmp_path / "a" / "summary.json"), str(tmp_path / "b"))
     assert p.returncode == 0, p.stderr

@@ -25,21 +25,21 @@ from loadgen.targets import TargetError, resolve
 from loadgen.testserver import RunningServer, ServerConfig
 
 
-def _level(cfg: ServerConfig, spec: LevelSpec, *, seed: int = 0, dataset: str = "mixed",
-           **opts):
+def _level(cfg: ServerConfig, spec: LevelSpec, *, seed: int = 0, dataset: str = "mixed", **opts):
     async def main():
         async with RunningServer(cfg) as srv, aiohttp.ClientSession() as session:
             target = Target(label="t", url=srv.url, model="test-model")
-            result = await run_level(session, target, load_dataset(dataset), spec,
-                                     RequestOptions(**{"max_tokens": 16, **opts}), seed=seed)
+            result = await run_level(
+                session, target, load_dataset(dataset), spec, RequestOptions(**{"max_tokens": 16, **opts}), seed=seed
+            )
             return result, srv.stats
+
     return asyncio.run(main())
 
 
 def test_poisson_arrivals_follow_seeded_schedule_never_early() -> None:
     rate, n = 400.0, 40
-    result, stats = _level(ServerConfig(), LevelSpec(concurrency=None, request_rate=rate,
-                                                     num_prompts=n), seed=7)
+    result, stats = _level(ServerConfig(), LevelSpec(concurrency=None, request_rate=rate, num_prompts=n), seed=7)
     expected = list(itertools.islice(arrival_offsets(rate, random.Random(7)), n))
     starts = [r.start_s for r in result.records]
     assert len(starts) == n and all(r.ok for r in result.records)
@@ -60,16 +60,14 @@ def test_arrival_schedule_depends_on_seed_only() -> None:
 def test_open_loop_cap_bounds_in_flight() -> None:
     # rate inf: all 20 arrive at once; the cap of 3 must hold them back
     cfg = ServerConfig(hold_until_inflight=3, chunk_delay=0.001)
-    result, stats = _level(cfg, LevelSpec(concurrency=3, request_rate=float("inf"),
-                                          num_prompts=20))
+    result, stats = _level(cfg, LevelSpec(concurrency=3, request_rate=float("inf"), num_prompts=20))
     assert result.level.completed == 20
     assert stats.max_inflight == 3
 
 
 def test_uncapped_open_loop_sends_everything_at_once() -> None:
     cfg = ServerConfig(hold_until_inflight=12)
-    result, stats = _level(cfg, LevelSpec(concurrency=None, request_rate=float("inf"),
-                                          num_prompts=12))
+    result, stats = _level(cfg, LevelSpec(concurrency=None, request_rate=float("inf"), num_prompts=12))
     assert result.level.completed == 12 and stats.max_inflight == 12
     assert result.level.max_concurrency is None
 
@@ -90,8 +88,9 @@ def test_duration_stops_issuing_at_deadline() -> None:
 
 
 def test_no_stream_measures_whole_response() -> None:
-    result, _ = _level(ServerConfig(speculative=True, tokens_per_chunk=4),
-                       LevelSpec(concurrency=2, num_prompts=4), stream=False)
+    result, _ = _level(
+        ServerConfig(speculative=True, tokens_per_chunk=4), LevelSpec(concurrency=2, num_prompts=4), stream=False
+    )
     lv = result.level
     assert lv.completed == 4 and lv.total_output_tokens == 64
     assert lv.median_itl_ms is None and lv.mean_tpot_ms is None
@@ -100,8 +99,7 @@ def test_no_stream_measures_whole_response() -> None:
 
 
 def test_completions_endpoint() -> None:
-    result, _ = _level(ServerConfig(), LevelSpec(concurrency=1, num_prompts=2),
-                       endpoint="completions")
+    result, _ = _level(ServerConfig(), LevelSpec(concurrency=1, num_prompts=2), endpoint="completions")
     assert result.level.completed == 2 and result.level.total_output_tokens == 32
     assert result.level.token_count_mismatches == 0
 
@@ -128,13 +126,12 @@ def test_errors_are_counted_by_kind_never_dropped() -> None:
 
 def test_api_key_preflight() -> None:
     async def main():
-        async with RunningServer(ServerConfig(api_key="sekret")) as srv, \
-                aiohttp.ClientSession() as session:
+        async with RunningServer(ServerConfig(api_key="sekret")) as srv, aiohttp.ClientSession() as session:
             with pytest.raises(TargetError) as bad:
                 await resolve(session, srv.url, gateway_url=srv.url, model=None, api_key="x")
-            good = await resolve(session, srv.url, gateway_url=srv.url, model=None,
-                                 api_key="sekret")
+            good = await resolve(session, srv.url, gateway_url=srv.url, model=None, api_key="sekret")
             return str(bad.value), good
+
     bad, good = asyncio.run(main())
     assert "HTTP 401" in bad and "--api-key" in bad and "\n" not in bad
     assert good.model == "test-model"
@@ -146,17 +143,24 @@ def test_progress_display_when_forced() -> None:
 
     async def main():
         async with RunningServer(ServerConfig(chunk_delay=0.001)) as srv:
-            plan = Plan(targets=[srv.url], gateway_url=srv.url, model=None,
-                        dataset=load_dataset("math"), levels=[LevelSpec(concurrency=2,
-                                                                        num_prompts=4)],
-                        opts=RequestOptions(max_tokens=8), progress=True)
+            plan = Plan(
+                targets=[srv.url],
+                gateway_url=srv.url,
+                model=None,
+                dataset=load_dataset("math"),
+                levels=[LevelSpec(concurrency=2, num_prompts=4)],
+                opts=RequestOptions(max_tokens=8),
+                progress=True,
+            )
             return await execute(plan, Console(file=io.StringIO()), err)
+
     summary, errors = asyncio.run(main())
     assert errors == [] and summary.runs[0].levels[0].completed == 4
     assert "C=2" in buf.getvalue() and "4/4" in buf.getvalue()
 
 
 # --- datasets -----------------------------------------------------------------------------------
+
 
 def test_mixed_interleaves_domains() -> None:
     ds = load_dataset("mixed")
@@ -167,8 +171,7 @@ def test_mixed_interleaves_domains() -> None:
 
 def test_random_dataset_lengths_and_seed() -> None:
     spec = RandomSpec(input_len=50, output_len=40, range_ratio=0.5, num_prompts=30)
-    a, b = load_dataset("random", seed=1, random_spec=spec), load_dataset("random", seed=1,
-                                                                          random_spec=spec)
+    a, b = load_dataset("random", seed=1, random_spec=spec), load_dataset("random", seed=1, random_spec=spec)
     c = load_dataset("random", seed=2, random_spec=spec)
     assert a == b and a != c
     for p in a.prompts:
@@ -178,19 +181,24 @@ def test_random_dataset_lengths_and_seed() -> None:
 
 def test_jsonl_dataset(tmp_path: Path) -> None:
     f = tmp_path / "p.jsonl"
-    f.write_text('{"prompt": "hi", "domain": "chat"}\n\n"bare string"\n'
-                 '{"messages": [{"role": "system", "content": "s"}, {"role": "user", '
-                 '"content": "u"}], "max_tokens": 9}\n')
+    f.write_text(
+        '{"prompt": "hi", "domain": "chat"}\n\n"bare string"\n'
+        '{"messages": [{"role": "system", "content": "s"}, {"role": "user", '
+        '"content": "u"}], "max_tokens": 9}\n'
+    )
     ds = load_dataset(f"jsonl:{f}")
     assert [p.domain for p in ds.prompts] == ["chat", "jsonl", "jsonl"]
     assert ds.prompts[2].max_tokens == 9 and ds.prompts[2].messages[0].role == "system"
 
 
-@pytest.mark.parametrize("body, where", [
-    ('{"prompt": "ok"}\n{"prompt": "ok"}\n{"prompt": broken}\n', ":3:"),
-    ('{"prompt": "ok"}\n{"nothing": 1}\n', ":2: expected a non-empty"),
-    ('{"prompt": 5}\n', ":1:"),
-])
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        ('{"prompt": "ok"}\n{"prompt": "ok"}\n{"prompt": broken}\n', ":3:"),
+        ('{"prompt": "ok"}\n{"nothing": 1}\n', ":2: expected a non-empty"),
+        ('{"prompt": 5}\n', ":1:"),
+    ],
+)
 def test_jsonl_errors_name_the_line(tmp_path: Path, body: str, where: str) -> None:
     f = tmp_path / "bad.jsonl"
     f.write_text(body)
@@ -201,11 +209,16 @@ def test_jsonl_errors_name_the_line(tmp_path: Path, body: str, where: str) -> No
 
 def test_sharegpt_dataset_and_malformed_line(tmp_path: Path) -> None:
     good = tmp_path / "sg.json"
-    good.write_text(json.dumps([
-        {"conversations": [{"from": "human", "value": "q1"}, {"from": "gpt", "value": "a"}]},
-        {"conversations": [{"from": "gpt", "value": "no human"}]},
-        {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q2"}]},
-    ], indent=1))
+    good.write_text(
+        json.dumps(
+            [
+                {"conversations": [{"from": "human", "value": "q1"}, {"from": "gpt", "value": "a"}]},
+                {"conversations": [{"from": "gpt", "value": "no human"}]},
+                {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q2"}]},
+            ],
+            indent=1,
+        )
+    )
     ds = load_dataset(f"sharegpt:{good}")
     assert [p.messages[0].content for p in ds.prompts] == ["q1", "q2"]
     assert {p.domain for p in ds.prompts} == {"sharegpt"}
@@ -218,12 +231,25 @@ def test_sharegpt_dataset_and_malformed_line(tmp_path: Path) -> None:
 
 # --- compare and plots --------------------------------------------------------------------------
 
+
 def _summary(target: str, agg: float, ttft: float) -> Summary:
-    lv = Level(max_concurrency=4, completed=8, failed=0, duration=2.0, total_output_tokens=100,
-               output_throughput=agg, request_throughput=4.0,
-               mean_request_output_throughput=agg / 4, median_ttft_ms=ttft, p99_ttft_ms=ttft * 2,
-               mean_tpot_ms=10.0, median_itl_ms=10.0, mean_e2e_latency_ms=500.0,
-               accept_length=None, backends={})
+    lv = Level(
+        max_concurrency=4,
+        completed=8,
+        failed=0,
+        duration=2.0,
+        total_output_tokens=100,
+        output_throughput=agg,
+        request_throughput=4.0,
+        mean_request_output_throughput=agg / 4,
+        median_ttft_ms=ttft,
+        p99_ttft_ms=ttft * 2,
+        mean_tpot_ms=10.0,
+        median_itl_ms=10.0,
+        mean_e2e_latency_ms=500.0,
+        accept_length=None,
+        backends={},
+    )
     return Summary(runs=[Run(target=target, url="http://x", dataset="mixed", levels=[lv])])
 
 
@@ -242,8 +268,6 @@ def test_plots_are_pngs(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from loadgen.plots import write_plots
 
-    paths = write_plots(Summary(runs=_summary("a", 1.0, 1.0).runs + _summary("b", 2, 2).runs),
-                        tmp_path)
-    assert {p.name for p in paths} == {"throughput_aggregate.png", "throughput_single.png",
-                                       "ttft.png"}
+    paths = write_plots(Summary(runs=_summary("a", 1.0, 1.0).runs + _summary("b", 2, 2).runs), tmp_path)
+    assert {p.name for p in paths} == {"throughput_aggregate.png", "throughput_single.png", "ttft.png"}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

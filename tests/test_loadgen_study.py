@@ -24,15 +24,28 @@ from tests.support import loadgen
 
 
 def _level(c: int, **kw) -> Level:
-    base = dict(max_concurrency=c, completed=c, failed=0, duration=20.0,
-                total_output_tokens=512 * c, output_throughput=25.6 * c,
-                request_throughput=c / 20.0, mean_request_output_throughput=25.6,
-                median_ttft_ms=100.0, p99_ttft_ms=120.0, mean_tpot_ms=38.0, median_itl_ms=38.0,
-                mean_e2e_latency_ms=20000.0, accept_length=None, backends={})
+    base = dict(
+        max_concurrency=c,
+        completed=c,
+        failed=0,
+        duration=20.0,
+        total_output_tokens=512 * c,
+        output_throughput=25.6 * c,
+        request_throughput=c / 20.0,
+        mean_request_output_throughput=25.6,
+        median_ttft_ms=100.0,
+        p99_ttft_ms=120.0,
+        mean_tpot_ms=38.0,
+        median_itl_ms=38.0,
+        mean_e2e_latency_ms=20000.0,
+        accept_length=None,
+        backends={},
+    )
     return Level(**{**base, **kw})
 
 
 # --- comparison rule ----------------------------------------------------------------------------
+
 
 def test_value_reference_passes_within_tolerance_only() -> None:
     r1 = REFERENCES["R1"]  # 26.3 tok/s
@@ -69,10 +82,13 @@ def test_reference_overrides_and_their_errors() -> None:
 def test_target_words_named_positional_and_gateway_names() -> None:
     s = STUDIES["k26-strategies"]
     words = target_words(s, "gateway=http://gw:8000,http://a:1,k26-dflash,k26-eagle3=http://e:2")
-    assert words == {"gateway": "http://gw:8000", "k26-eagle3": "http://e:2",
-                     "k26-dflash": "k26-dflash", "k26-ar": "http://a:1"}
-    assert target_words(STUDIES["k26-ar-sweep"], "http://gpu:30000") == {
-        "k26-ar": "http://gpu:30000"}
+    assert words == {
+        "gateway": "http://gw:8000",
+        "k26-eagle3": "http://e:2",
+        "k26-dflash": "k26-dflash",
+        "k26-ar": "http://a:1",
+    }
+    assert target_words(STUDIES["k26-ar-sweep"], "http://gpu:30000") == {"k26-ar": "http://gpu:30000"}
     with pytest.raises(UsageError):
         target_words(STUDIES["k26-ar-sweep"], "http://a:1,http://b:2")
     with pytest.raises(UsageError):
@@ -80,6 +96,7 @@ def test_target_words_named_positional_and_gateway_names() -> None:
 
 
 # --- study data ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(STUDIES))
 def test_every_check_points_at_a_reference_and_a_planned_level(name: str) -> None:
@@ -97,25 +114,40 @@ def test_every_check_points_at_a_reference_and_a_planned_level(name: str) -> Non
 
 def test_study_references_match_studies_md() -> None:
     assert {k: REFERENCES[k].value for k in ("R1", "R2", "R3", "R4", "R5", "R6", "R7")} == {
-        "R1": 26.3, "R2": 807.5, "R3": 19.6, "R4": 26.0, "R5": 173.0, "R6": 64.0, "R7": 2577.0}
+        "R1": 26.3,
+        "R2": 807.5,
+        "R3": 19.6,
+        "R4": 26.0,
+        "R5": 173.0,
+        "R6": 64.0,
+        "R7": 2577.0,
+    }
     assert (REFERENCES["R8"].low, REFERENCES["R8"].high) == (3.6, 4.9)
     assert (REFERENCES["R5-step"].value, REFERENCES["R6-step"].value) == (87.0, 77.0)
     sweep = STUDIES["k26-ar-sweep"]
     assert sweep.legs[0].concurrency == (1, 2, 4, 8, 16, 32)
     assert sweep.legs[0].max_tokens == 512
     assert {c.ref for c in sweep.checks} == {"R1", "R2", "R3"}
-    assert set(STUDIES["k26-strategies"].targets) == {
-        "k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "gateway"}
+    assert set(STUDIES["k26-strategies"].targets) == {"k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "gateway"}
 
 
 def test_prompts_per_level_are_whole_batches() -> None:
-    leg = Leg(label="x", target="x", dataset="mixed", concurrency=(1, 2, 4, 32), batches=2,
-              min_prompts=6, quick_batches=1, quick_min_prompts=3)
+    leg = Leg(
+        label="x",
+        target="x",
+        dataset="mixed",
+        concurrency=(1, 2, 4, 32),
+        batches=2,
+        min_prompts=6,
+        quick_batches=1,
+        quick_min_prompts=3,
+    )
     assert [leg.num_prompts(c, quick=False) for c in (1, 2, 4, 32)] == [6, 6, 8, 64]
     assert [leg.num_prompts(c, quick=True) for c in (1, 2, 4, 32)] == [3, 4, 4, 32]
 
 
 # --- derived figures and evaluation -------------------------------------------------------------
+
 
 def test_wall_per_batch_and_step_time() -> None:
     lv = _level(4, completed=7, failed=1, duration=40.0, accept_length=5.0, mean_tpot_ms=15.0)
@@ -125,20 +157,19 @@ def test_wall_per_batch_and_step_time() -> None:
 
 
 def _dflash_summary(accepts: dict[str, float], tok_s: float = 2577.0) -> Summary:
-    runs = [Run(target=f"k26-dflash/{d}", url="u", dataset=d,
-                levels=[_level(32, accept_length=a, output_throughput=tok_s)])
-            for d, a in accepts.items()]
+    runs = [
+        Run(target=f"k26-dflash/{d}", url="u", dataset=d, levels=[_level(32, accept_length=a, output_throughput=tok_s)])
+        for d, a in accepts.items()
+    ]
     return Summary(runs=runs)
 
 
 def test_evaluate_value_range_and_order_rows() -> None:
     study = STUDIES["k26-dflash-c32"]
-    good = checks.evaluate(study, _dflash_summary({"math": 4.9, "code": 4.2, "chat": 3.7}),
-                           REFERENCES)
+    good = checks.evaluate(study, _dflash_summary({"math": 4.9, "code": 4.2, "chat": 3.7}), REFERENCES)
     assert [r.key for r in good] == ["R7", "R8", "R8", "R8", "R8-order"]
     assert all(r.passed for r in good) and checks.failed(good) == []
-    bad = checks.evaluate(study, _dflash_summary({"math": 4.0, "code": 4.2, "chat": 3.0},
-                                                 tok_s=2000.0), REFERENCES)
+    bad = checks.evaluate(study, _dflash_summary({"math": 4.0, "code": 4.2, "chat": 3.0}, tok_s=2000.0), REFERENCES)
     status = {(r.key, r.target): r.status for r in bad}
     assert status[("R7", "k26-dflash/math")] == "fail"
     assert status[("R8", "k26-dflash/chat")] == "fail"  # 3.0 < 3.6 by more than 5%
@@ -148,8 +179,7 @@ def test_evaluate_value_range_and_order_rows() -> None:
     assert {r.status for r in partial if "code" in r.target} == {"not measured"}
     assert all(r.passed is False for r in partial if r.status == "not measured")
     # a target left out of --target: skipped, neither pass nor fail
-    skipped = checks.evaluate(study, Summary(), REFERENCES,
-                              skipped=[leg.label for leg in study.legs])
+    skipped = checks.evaluate(study, Summary(), REFERENCES, skipped=[leg.label for leg in study.legs])
     assert {r.status for r in skipped} == {"skipped"} and checks.failed(skipped) == []
 
 
@@ -160,18 +190,24 @@ def test_quick_mode_drops_checks_of_levels_it_does_not_run() -> None:
 
 
 def test_gateway_against_the_best_backend() -> None:
-    summary = Summary(runs=[
-        Run(target="k26-ar", url="a", dataset="mixed", levels=[_level(8, output_throughput=200)]),
-        Run(target="k26-dflash", url="d", dataset="mixed",
-            levels=[_level(8, output_throughput=600)]),
-        Run(target="gateway", url="g", dataset="mixed",
-            levels=[_level(8, output_throughput=450, backends={"k26-dflash": 6, "k26-ar": 2})]),
-    ])
+    summary = Summary(
+        runs=[
+            Run(target="k26-ar", url="a", dataset="mixed", levels=[_level(8, output_throughput=200)]),
+            Run(target="k26-dflash", url="d", dataset="mixed", levels=[_level(8, output_throughput=600)]),
+            Run(
+                target="gateway",
+                url="g",
+                dataset="mixed",
+                levels=[_level(8, output_throughput=450, backends={"k26-dflash": 6, "k26-ar": 2})],
+            ),
+        ]
+    )
     (row,) = checks.gateway_vs_best(summary)
     assert (row.best_backend, row.best_tok_s, row.ratio) == ("k26-dflash", 600, 0.75)
 
 
 # --- time scale ---------------------------------------------------------------------------------
+
 
 def test_every_result_field_has_a_time_scale_rule() -> None:
     assert timescale.unclassified(Level) == set()
@@ -179,16 +215,32 @@ def test_every_result_field_has_a_time_scale_rule() -> None:
 
 
 def test_rescale_divides_durations_and_multiplies_rates() -> None:
-    lv = _level(32, duration=1.0, output_throughput=16000.0, median_ttft_ms=5.0,
-                accept_length=4.5, mean_request_output_throughput=500.0)
+    lv = _level(
+        32,
+        duration=1.0,
+        output_throughput=16000.0,
+        median_ttft_ms=5.0,
+        accept_length=4.5,
+        mean_request_output_throughput=500.0,
+    )
     sim = timescale.rescale(lv, 0.05)
     assert sim.duration == pytest.approx(20.0) and sim.median_ttft_ms == pytest.approx(100.0)
     assert sim.output_throughput == pytest.approx(800.0)
     assert sim.mean_request_output_throughput == pytest.approx(25.0)
     assert sim.accept_length == 4.5 and sim.total_output_tokens == lv.total_output_tokens
-    rec = RequestRecord(index=0, target="t", max_concurrency=1, request_rate=None, domain="math",
-                        start_s=0.5, ok=True, e2e_ms=1000.0, output_throughput=512.0,
-                        output_tokens=512, accept_length=4.0)
+    rec = RequestRecord(
+        index=0,
+        target="t",
+        max_concurrency=1,
+        request_rate=None,
+        domain="math",
+        start_s=0.5,
+        ok=True,
+        e2e_ms=1000.0,
+        output_throughput=512.0,
+        output_tokens=512,
+        accept_length=4.0,
+    )
     srec = timescale.rescale(rec, 0.05)
     assert (srec.start_s, srec.e2e_ms, srec.output_throughput) == pytest.approx((10, 20000, 25.6))
     assert srec.output_tokens == 512 and srec.accept_length == 4.0
@@ -196,17 +248,24 @@ def test_rescale_divides_durations_and_multiplies_rates() -> None:
 
 
 def test_gateway_config_is_valid_toml_listing_the_twins() -> None:
-    text = gateway_config("127.0.0.1:9000", [
-        ("k26-ar", "http://127.0.0.1:1", Profile("k26-ar", "ar", "kimi-k2.6", "")),
-        ("k26-dflash", "http://127.0.0.1:2", Profile("k26-dflash", "dflash", "kimi-k2.6", "")),
-    ], policy="least_inflight")
+    text = gateway_config(
+        "127.0.0.1:9000",
+        [
+            ("k26-ar", "http://127.0.0.1:1", Profile("k26-ar", "ar", "kimi-k2.6", "")),
+            ("k26-dflash", "http://127.0.0.1:2", Profile("k26-dflash", "dflash", "kimi-k2.6", "")),
+        ],
+        policy="least_inflight",
+    )
     cfg = tomllib.loads(text)
     assert cfg["gateway"] == {"listen": "127.0.0.1:9000", "policy": "least_inflight"}
     assert [(b["name"], b["strategy"], b["model"]) for b in cfg["backends"]] == [
-        ("k26-ar", "ar", "kimi-k2.6"), ("k26-dflash", "dflash", "kimi-k2.6")]
+        ("k26-ar", "ar", "kimi-k2.6"),
+        ("k26-dflash", "dflash", "kimi-k2.6"),
+    ]
 
 
 # --- the command as a real process --------------------------------------------------------------
+
 
 def _dead(url: str) -> bool:
     try:
@@ -229,14 +288,35 @@ def test_quick_study_end_to_end_with_a_missed_reference(tmp_path: Path) -> None:
     """One quick run covers the outputs, the rows, the failure exit code (a deliberately wrong
     R1) and the twin being stopped afterwards."""
     out = tmp_path / "study"
-    p = subprocess.run(loadgen("study", "k26-ar-sweep", "--quick", "--output", str(out),
-                               "--reference", "R1=1000", "--tolerance", "25", "--no-progress"),
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        loadgen(
+            "study",
+            "k26-ar-sweep",
+            "--quick",
+            "--output",
+            str(out),
+            "--reference",
+            "R1=1000",
+            "--tolerance",
+            "25",
+            "--no-progress",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "measured vs reference" in p.stdout and "FAILED" in p.stdout
     assert "Traceback" not in p.stderr
-    for name in ("summary.json", "summary.csv", "requests.jsonl", "study.json",
-                 "throughput_aggregate.png", "throughput_single.png", "ttft.png"):
+    for name in (
+        "summary.json",
+        "summary.csv",
+        "requests.jsonl",
+        "study.json",
+        "throughput_aggregate.png",
+        "throughput_single.png",
+        "ttft.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     study = json.loads((out / "study.json").read_text())
     assert study["study"] == "k26-ar-sweep" and study["time_scale"] == 0.05
@@ -267,9 +347,11 @@ def test_quick_study_end_to_end_with_a_missed_reference(tmp_path: Path) -> None:
 
 
 def _start_and_wait_for_twin(out: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(loadgen("study", "k26-ar-sweep", "--quick", "--output", str(out),
-                                    "--no-progress", "--no-plots"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        loadgen("study", "k26-ar-sweep", "--quick", "--output", str(out), "--no-progress", "--no-plots"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     log = out / "logs" / "k26-ar.log"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -17,8 +17,21 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_against_twins_speculative_and_autoregressive(twin_factory, tmp_path: Path) -> None:
     dflash, ar = twin_factory("k26-dflash"), twin_factory("k26-ar")
-    p = _run("--target", f"{dflash},{ar}", "--concurrency", "1,4", "--max-tokens", "48",
-             "--num-prompts", "8", "--dataset", "math", "--output", str(tmp_path), "--no-plots")
+    p = _run(
+        "--target",
+        f"{dflash},{ar}",
+        "--concurrency",
+        "1,4",
+        "--max-tokens",
+        "48",
+        "--num-prompts",
+        "8",
+        "--dataset",
+        "math",
+        "--output",
+        str(tmp_path),
+        "--no-plots",
+    )
     assert p.returncode == 0, p.stderr
     runs = json.loads((tmp_path / "summary.json").read_text())["runs"]
     assert [r["model"] for r in runs] == ["kimi-k2.6", "kimi-k2.6"]
@@ -40,9 +53,21 @@ def test_against_twins_speculative_and_autoregressive(twin_factory, tmp_path: Pa
 
 
 def test_through_gateway_counts_backends_from_header(gateway_url: str, tmp_path: Path) -> None:
-    p = _run("--target", "gateway,k26-ar", "--gateway-url", gateway_url, "--concurrency", "4",
-             "--max-tokens", "16", "--num-prompts", "12", "--output", str(tmp_path),
-             "--no-plots")
+    p = _run(
+        "--target",
+        "gateway,k26-ar",
+        "--gateway-url",
+        gateway_url,
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "16",
+        "--num-prompts",
+        "12",
+        "--output",
+        str(tmp_path),
+        "--no-plots",
+    )
     assert p.returncode == 0, p.stderr
     gw, ar = json.loads((tmp_path / "summary.json").read_text())["runs"]
     assert gw["url"] == gateway_url and ar["url"] != gateway_url  # k26-ar resolved to its twin
