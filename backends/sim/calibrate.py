@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 
@@ -58,8 +59,8 @@ class Check(msgspec.Struct, frozen=True):
 def _rel(figure: str, what: str, ref: float, measured: float, source: str,
          unit: str = "") -> Check:
     err = abs(measured - ref) / ref
-    return Check(figure, what, f"{ref:g}{unit}", f"{measured:.1f}{unit}"
-                 if unit != " ms" else f"{measured:.1f}{unit}", err, err <= TOLERANCE, source)
+    return Check(figure, what, f"{ref:g}{unit}", f"{measured:.1f}{unit}", err, err <= TOLERANCE,
+                 source)
 
 
 def _figures(quick: bool) -> dict[str, Callable[[Driver], list[Check]]]:
@@ -178,7 +179,7 @@ def main(argv: list[str]) -> int:
         try:
             with HttpDriver(time_scale=args.time_scale) as http:
                 checks.extend(evaluate(http, figs, quick=args.quick))
-        except Exception as e:  # noqa: BLE001 - report, do not trace back
+        except Exception as e:
             print(f"specroute sim calibrate: HTTP cross-check failed: {e}", file=sys.stderr)
             checks.append(Check("HTTP", "cross-check over real HTTP", "runs", "failed", 1.0,
                                 False, "http"))

@@ -96,8 +96,8 @@ def _print_list() -> int:
 
 
 def _run_server(args: argparse.Namespace) -> int:
-    from backends.sim.server import serve
     from backends.sim.options import FaultOptions, ServerOptions
+    from backends.sim.server import serve
 
     if not args.profile:
         raise _ArgError("--profile is required (see --list)")

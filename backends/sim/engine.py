@@ -3,17 +3,29 @@
 The same engine runs inside the wall-clock HTTP server (which sleeps each step's duration) and
 inside virtual-clock drivers (curves, calibration, the policy evaluator) that add durations to a
 counter and push thousands of requests through in seconds. So it is pure and cheap: no asyncio,
-no clock reads, no I/O; `step()` returns how long the step *would* take on the real hardware.
+no clock reads, no I/O; `step()` returns how long the step *would* take on the real hardware, and
+its cost is O(batch) plus O(blocks) of the prompts it admits.
 
-One step = admit waiting requests (FCFS, up to `max_running` and the KV budget; their prefill
-cost is added to the step and each emits its first token) + one decode/verify pass over the
-sequences already running. Step time follows STUDIES.md:
+One step = prefill (continue the chunked prompt, then admit waiting requests FCFS up to
+`max_running`, the KV budget and MAX_PREFILL_TOKENS new prompt tokens; a prompt that does not fit
+is chunked over several steps, as SGLang's chunked prefill does) + one decode/verify pass over
+the sequences already running. A request's first token comes out of its last prefill chunk.
+Step time follows STUDIES.md:
 
-    t(B, w) = t0 + k*(B*w - 1) + k_compute*max(0, B*w - knee) + draft(B)
+    t(B, w) = t0 + k*(B*w - 1) + k_compute*max(0, B*w - knee) + draft(B) + kv_read(KV tokens)
 
 with B running sequences each verifying w tokens. On speculative profiles each sequence draws
 its accepted drafts from a truncated geometric law with a per-request acceptance probability
-(domain, per-prompt variation, DDTree budget); it emits accepted drafts + 1 bonus token.
+(domain, per-prompt variation, DDTree budget, temperature, context beyond the draft window); it
+emits accepted drafts + 1 bonus token.
+
+Prefix cache (`prefix_cache.py`). `submit(..., prefix_blocks=chain)` describes the prompt as a
+hash chain of PREFIX_BLOCK_TOKENS-token blocks. At admission the longest cached prefix is matched
+(those tokens skip prefill; at least one prompt token is always prefilled, as in SGLang) and the
+chain is inserted. Multi-turn reuse: when a request finishes, its driver calls
+`cache_output(chain)` with the chain of prompt + output (what SGLang's `cache_finished_req` puts in
+the radix tree), so the next turn of the conversation, whose prompt starts with that text, hits.
+The cache holds at most the KV pool minus what running requests pin outside it; LRU eviction.
 """
 
 from __future__ import annotations
@@ -22,14 +34,20 @@ import collections
 import hashlib
 import math
 import random
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
 
 from backends.sim.domain import classify, prompt_key, prompt_variation
+from backends.sim.prefix_cache import PREFIX_BLOCK_TOKENS, PrefixCache
 from backends.sim.profile import Profile, SpecConfig
+from backends.sim.sampling import temperature_miss_scale, window_miss_scale
 
 __all__ = [
+    "DECODE_LOG_INTERVAL",
+    "MAX_PREFILL_TOKENS",
+    "PREFIX_BLOCK_TOKENS",
     "Emission",
     "Engine",
     "EngineStats",
@@ -40,8 +58,12 @@ __all__ = [
     "effective_accept_prob",
 ]
 
-MAX_PREFILL_TOKENS = 16384  # SGLang's default --max-prefill-tokens: prompt tokens admitted per step
-_STATS_WINDOW = 40  # steps; SGLang refreshes its load gauges about every 40 decode iterations
+MAX_PREFILL_TOKENS = 16384  # SGLang's default --max-prefill-tokens: prompt tokens prefilled per step
+# SGLang publishes its speculative gauges every `decode_log_interval` (40) decode batches
+# (observability/metrics_reporter.py): the windowed figures cover that interval, the lifetime
+# average in /v1/loads is refreshed then.
+DECODE_LOG_INTERVAL = 40
+_THROUGHPUT_WINDOW = 40  # busy steps behind gen_throughput
 
 
 class QueueFull(Exception):
@@ -65,7 +87,9 @@ class StepResult(msgspec.Struct, frozen=True):
     batch_size: int  # sequences in the decode/verify pass
     verify_width: int
     admitted: int
-    prefill_tokens: int
+    prefill_tokens: int  # prompt tokens computed this step (cached ones excluded)
+    kv_tokens: int = 0  # KV tokens the decode/verify pass read
+    cached_tokens: int = 0  # prompt tokens of newly admitted requests served by the cache
 
 
 class SpecDetails(msgspec.Struct, frozen=True):
@@ -80,48 +104,82 @@ class SpecDetails(msgspec.Struct, frozen=True):
 
 
 class EngineStats(msgspec.Struct, frozen=True):
-    """Load and speculation gauges, as /v1/loads, /server_info and /metrics report them."""
+    """Load and speculation gauges, as /v1/loads, /server_info and /metrics report them.
+
+    Acceptance comes in SGLang's three forms: `accept_length`/`accept_rate` cover the last
+    completed interval of DECODE_LOG_INTERVAL decode steps (the `/metrics` gauges
+    `sglang:spec_accept_length`/`_rate`; 0 before the first interval ends); `lifetime_accept_length`
+    is the average since start as `/v1/loads` and `/server_info` publish it, refreshed at the end
+    of each interval (None before the first refresh and on AR servers); `live_accept_length` is
+    the exact lifetime average now (for tests and evaluators, no server reports it).
+    """
 
     num_running: int
     num_waiting: int
     num_used_tokens: int
     token_usage: float
     gen_throughput: float  # tokens per simulated second over the recent window
-    accept_length: float  # windowed (tokens per verify pass), 0 without speculation
-    accept_rate: float  # windowed correct / proposed drafts
-    avg_accept_length: float  # lifetime
+    accept_length: float
+    accept_rate: float
+    lifetime_accept_length: float | None
+    live_accept_length: float
     total_verify_ct: int
     total_generated_tokens: int
-    total_prompt_tokens: int
+    total_prompt_tokens: int  # prompt tokens computed (cache hits excluded)
+    total_cached_tokens: int  # prompt tokens served by the prefix cache
+    cache_hit_rate: float  # the last prefill batch's hit rate (SGLang's per-report semantics)
+    lifetime_cache_hit_rate: float  # cached / all prompt tokens since start
+    cached_blocks_tokens: int  # tokens held by the prefix cache
     busy_s: float  # simulated seconds spent in steps
+
+    @property
+    def avg_accept_length(self) -> float:
+        """Backwards-compatible name of the live lifetime average."""
+        return self.live_accept_length
 
 
 class SimRequest:
     """One request inside the engine; its counters become usage and spec details."""
 
     __slots__ = (
-        "rid", "prompt_tokens", "max_new_tokens", "domain", "seed", "accept_p",
+        "rid", "prompt_tokens", "max_new_tokens", "domain", "seed", "key", "accept_p",
+        "temperature", "top_p", "prefix_blocks", "limit", "limit_reason", "cached_tokens",
         "completion_tokens", "verify_ct", "correct_drafts", "proposed_drafts", "histogram",
-        "state", "finish_reason", "_rng", "_logp",
+        "state", "finish_reason", "_rng", "_logp", "_prefill_left", "_prefilled",
+        "_outside_cache",
     )
 
     def __init__(self, rid: str, prompt_tokens: int, max_new_tokens: int, domain: str,
-                 seed: int, accept_p: float, max_drafts: int) -> None:
+                 seed: int, accept_p: float, max_drafts: int, *, key: int = 0,
+                 temperature: float = 0.0, top_p: float = 1.0,
+                 prefix_blocks: Sequence[int] = (), stop_after_tokens: int | None = None) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
         self.domain = domain
         self.seed = seed
+        self.key = key
         self.accept_p = accept_p
+        self.temperature = temperature
+        self.top_p = top_p
+        self.prefix_blocks = prefix_blocks
+        if stop_after_tokens is not None and stop_after_tokens < max_new_tokens:
+            self.limit, self.limit_reason = max(1, stop_after_tokens), "stop"
+        else:
+            self.limit, self.limit_reason = max_new_tokens, "length"
+        self.cached_tokens = 0
         self.completion_tokens = 0
         self.verify_ct = 0
         self.correct_drafts = 0
         self.proposed_drafts = 0
         self.histogram = [0] * (max_drafts + 1) if max_drafts else []
-        self.state = "waiting"  # waiting | running | finished | aborted
+        self.state = "waiting"  # waiting | prefilling | running | finished | aborted
         self.finish_reason: str | None = None
         self._rng = random.Random(seed)
         self._logp = math.log(accept_p) if accept_p > 0 else -math.inf
+        self._prefill_left = 0
+        self._prefilled = 0  # prompt tokens in KV so far (cached ones included)
+        self._outside_cache = 0  # KV tokens this request pins beyond its cached blocks
 
     @property
     def accept_length(self) -> float:
@@ -160,6 +218,18 @@ def _seed_of(*parts: int | str) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+class _Interval:
+    """Counters of the current decode-log interval (reset when it is published)."""
+
+    __slots__ = ("steps", "accept_tokens", "verify_ct", "correct")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.accept_tokens = 0
+        self.verify_ct = 0
+        self.correct = 0
+
+
 class Engine:
     """Continuous batching over one simulated server. Not thread-safe; one driver at a time."""
 
@@ -170,19 +240,29 @@ class Engine:
         self.max_running = max_running or profile.max_running_requests
         self.max_queued = max_queued
         self.accept_scale = 1.0  # fault knob: acceptance multiplied by this (1.0 = nominal)
+        self.cache = PrefixCache(profile.max_total_num_tokens)
         self._width = profile.verify_width
         self._max_drafts = profile.max_accept_drafts
         self._proposed_per_verify = self._width - 1
         self._waiting: collections.deque[SimRequest] = collections.deque()
         self._running: list[SimRequest] = []
+        self._chunked: SimRequest | None = None
         self._by_rid: dict[str, SimRequest] = {}
         self._occurrences: dict[int, int] = {}
-        self._window: collections.deque[tuple[float, int, int, int, int]] = collections.deque(
-            maxlen=_STATS_WINDOW)
+        self._window: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=_THROUGHPUT_WINDOW)
+        self._interval = _Interval()
+        self._published_accept = (0.0, 0.0)  # last interval's (length, rate)
+        self._published_total = (0, 0)  # lifetime (accept tokens, verify ct) at the last refresh
+        self._kv_running = 0  # KV tokens of the running batch (prompt + output)
+        self._kv_chunked = 0  # KV tokens of the request still being prefilled
+        self._outside_cache = 0  # running KV not covered by cached blocks
         self._total_verify_ct = 0
         self._total_verify_tokens = 0
         self._total_generated = 0
         self._total_prompt = 0
+        self._total_cached = 0
+        self._last_hit_rate = 0.0
         self._busy_s = 0.0
         st = profile.step
         self._t0 = st.t0_ms / 1000.0
@@ -194,41 +274,55 @@ class Engine:
         self._tree = st.tree_ms_per_node / 1000.0 if profile.is_speculative else 0.0
         self._pf0 = st.prefill_ms_base / 1000.0
         self._pf1 = st.prefill_ms_per_token / 1000.0
+        self._pf_pair = st.prefill_attn_ms_per_mpair / 1e9  # seconds per (query, key) pair
+        self._kv_s = st.kv_ns_per_token / 1e9
 
     # ----------------------------------------------------------------- cost model
 
-    def step_time(self, batch: int, width: int | None = None) -> float:
-        """Seconds of one decode/verify pass over `batch` sequences verifying `width` tokens."""
+    def step_time(self, batch: int, width: int | None = None, kv_tokens: int = 0) -> float:
+        """Seconds of one decode/verify pass over `batch` sequences verifying `width` tokens
+        that together hold `kv_tokens` tokens of KV cache (read once per step)."""
         if batch <= 0:
             return 0.0
         w = self._width if width is None else width
         n = batch * w
-        t = self._t0 + self._k * (n - 1)
+        t = self._t0 + self._k * (n - 1) + self._kv_s * kv_tokens
         if n > self._knee:
             t += self._kc * (n - self._knee)
         if self._draft0 or self._draft1 or self._tree:
             t += self._draft0 + self._draft1 * (batch - 1) + self._tree * batch * (w - 1)
         return t
 
-    def prefill_time(self, prompt_tokens: int, batch: int = 0) -> float:
-        """Seconds to prefill admitted prompts totalling `prompt_tokens`.
+    def prefill_time(self, prompt_tokens: int, batch: int = 0, cached_tokens: int = 0) -> float:
+        """Seconds to prefill `prompt_tokens` new tokens following `cached_tokens` in KV.
 
         Alone (batch 0) a prefill pays a whole forward pass (`prefill_ms_base`, latency-bound like
         a decode step); next to a running batch it rides along the decode pass (SGLang's mixed
-        chunked prefill) and costs only its tokens. This keeps TTFT realistic on an idle server
-        without charging a full extra forward each time a closed-loop client starts a request.
+        chunked prefill) and costs only its tokens. Attention adds a cost per causal (query, key)
+        pair, so a long history costs more than linearly and a cached prefix saves part of it.
         """
-        return (self._pf0 if batch == 0 else 0.0) + self._pf1 * prompt_tokens
+        base = self._pf0 if batch == 0 else 0.0
+        return base + self._pf1 * prompt_tokens + self._pairs_time(cached_tokens, prompt_tokens)
 
-    def accept_prob(self, domain: str, key: int = 0) -> float:
+    def _pairs_time(self, before: int, new: int) -> float:
+        if not self._pf_pair or new <= 0:
+            return 0.0
+        end = before + new
+        return self._pf_pair * (end * end - before * before) / 2.0
+
+    def accept_prob(self, domain: str, key: int = 0, *, temperature: float = 0.0,
+                    top_p: float = 1.0, context_tokens: int = 0) -> float:
         """Per-depth acceptance probability of a prompt of `domain` with prompt hash `key`."""
         acc = self.profile.acceptance
         spec = self.profile.speculative
         if acc is None or spec is None:
             return 0.0
-        # Per-prompt variation scales the miss rate (1 - p) by exp(+-spread): uniform in effect
-        # whether p is 0.75 or 0.99, and p never leaves (0, 1).
+        # Per-prompt variation, temperature and the draft window scale the miss rate (1 - p):
+        # uniform in effect whether p is 0.75 or 0.99, and p never leaves (0, 1).
         miss = (1.0 - getattr(acc, domain)) * math.exp(acc.prompt_spread * prompt_variation(key))
+        miss *= temperature_miss_scale(self.profile.temperature, domain, temperature, top_p)
+        miss *= window_miss_scale(spec.draft_window_tokens, spec.window_miss_per_doubling,
+                                  context_tokens)
         p = effective_accept_prob(spec, self._max_drafts, min(max(1.0 - miss, 0.0), 0.999))
         return min(max(p, 0.0), 0.999)
 
@@ -236,7 +330,7 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self._running) + (1 if self._chunked is not None else 0)
 
     @property
     def num_waiting(self) -> int:
@@ -244,78 +338,163 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self._running and not self._waiting
+        return not self._running and not self._waiting and self._chunked is None
 
     def get(self, rid: str) -> SimRequest | None:
         return self._by_rid.get(rid)
 
     def submit(self, rid: str, prompt_tokens: int, max_new_tokens: int, prompt_text: str = "",
-               domain: str | None = None) -> SimRequest:
+               domain: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0,
+               prefix_blocks: Sequence[int] = (), stop_after_tokens: int | None = None,
+               key: int | None = None) -> SimRequest:
         """Queue a request. The domain is read from `prompt_text` unless given.
 
-        Raises QueueFull when `max_queued` requests already wait, ValueError on a duplicate rid.
+        `temperature`/`top_p` lower acceptance (sampling.py); `prefix_blocks` is the prompt's hash
+        chain for the prefix cache; `stop_after_tokens` ends the request with finish reason `stop`
+        after that many tokens (the model's own end: an answer, a tool call) if it comes before
+        `max_new_tokens`. `key` overrides the prompt hash that seeds per-prompt randomness.
+        Raises QueueFull when `max_queued` requests already wait, ValueError on a duplicate rid
+        or a sampling parameter out of range.
         """
         if rid in self._by_rid:
             raise ValueError(f"duplicate request id {rid}")
+        if not 0.0 <= temperature <= 2.0 or math.isnan(temperature):
+            raise ValueError(f"temperature must be in [0, 2], got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if self.max_queued is not None and len(self._waiting) >= self.max_queued:
             raise QueueFull("The request queue is full.")
-        key = prompt_key(prompt_text) if prompt_text else 0
+        if key is None:
+            key = prompt_key(prompt_text) if prompt_text else 0
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1
         dom = domain or (classify(prompt_text) if prompt_text else "chat")
-        req = SimRequest(rid, max(1, prompt_tokens), max(1, max_new_tokens), dom,
-                         _seed_of(self.seed, key, occurrence), self.accept_prob(dom, key),
-                         self._max_drafts)
+        prompt_tokens = max(1, prompt_tokens)
+        req = SimRequest(rid, prompt_tokens, max(1, max_new_tokens), dom,
+                         _seed_of(self.seed, key, occurrence),
+                         self.accept_prob(dom, key, temperature=temperature, top_p=top_p,
+                                          context_tokens=prompt_tokens),
+                         self._max_drafts, key=key, temperature=temperature, top_p=top_p,
+                         prefix_blocks=prefix_blocks, stop_after_tokens=stop_after_tokens)
         self._waiting.append(req)
         self._by_rid[rid] = req
         return req
 
     def abort(self, rid: str) -> SimRequest | None:
-        """Drop a waiting or running request and free its slot; None if unknown or done."""
+        """Drop a waiting, prefilling or running request and free its slot; None if unknown."""
         req = self._by_rid.pop(rid, None)
         if req is None:
             return None
         if req.state == "waiting":
             self._waiting.remove(req)
+        elif req.state == "prefilling":
+            self._chunked = None
+            self._kv_chunked = 0
         elif req.state == "running":
             self._running.remove(req)
+            self._release_kv(req)
         req.state = "aborted"
         req.finish_reason = "abort"
         return req
 
+    def cache_output(self, blocks: Sequence[int]) -> int:
+        """Put a finished request's prompt + output chain in the prefix cache (next turns hit).
+
+        Returns the number of newly cached blocks. Call it when the request's finishing
+        emission arrives; the chain must start with the request's own `prefix_blocks`.
+        """
+        return self.cache.insert(blocks, self._cache_limit())
+
     # ----------------------------------------------------------------------- step
 
-    def _admit(self) -> list[SimRequest]:
-        admitted: list[SimRequest] = []
-        room = self.max_running - len(self._running)
-        kv_free = self.profile.max_total_num_tokens - self._used_tokens()
+    def _cache_limit(self) -> int:
+        return self.profile.max_total_num_tokens - self._outside_cache - self._kv_chunked
+
+    def _used_tokens(self) -> int:
+        return self._kv_running + self._kv_chunked
+
+    def _release_kv(self, r: SimRequest) -> None:
+        self._kv_running -= r.prompt_tokens + r.completion_tokens
+        self._outside_cache -= r._outside_cache
+
+    def _prefill(self, batch: int) -> tuple[float, list[SimRequest], int, int, int]:
+        """Continue the chunked prompt, then admit waiting requests.
+
+        Returns (seconds, requests whose prefill completed, admitted count, computed prompt
+        tokens, cached prompt tokens of the admitted).
+        """
         budget = MAX_PREFILL_TOKENS
-        while self._waiting and room > 0:
+        seconds = 0.0
+        done: list[SimRequest] = []
+        computed = 0
+        cached_now = 0
+        admitted = 0
+        chunked = self._chunked
+        if chunked is not None:
+            take = min(chunked._prefill_left, budget)
+            seconds += self._pf1 * take + self._pairs_time(chunked._prefilled, take)
+            chunked._prefill_left -= take
+            chunked._prefilled += take
+            budget -= take
+            computed += take
+            if chunked._prefill_left == 0:
+                done.append(chunked)
+                self._chunked = None
+                self._kv_chunked = 0
+        room = self.max_running - len(self._running) - (1 if self._chunked is not None else 0)
+        kv_free = self.profile.max_total_num_tokens - self._used_tokens()
+        new: list[SimRequest] = []
+        while self._waiting and room > 0 and budget > 0 and self._chunked is None:
             req = self._waiting[0]
             need = req.prompt_tokens + req.max_new_tokens
-            if admitted and (req.prompt_tokens > budget or need > kv_free):
-                break
-            if not admitted and need > kv_free and self._running:
+            if need > kv_free and (new or done or self._running):
                 break  # wait for running requests to free KV
             self._waiting.popleft()
-            req.state = "running"
-            admitted.append(req)
+            matched = self.cache.match(req.prefix_blocks) if req.prefix_blocks else 0
+            cached = min(matched * PREFIX_BLOCK_TOKENS, req.prompt_tokens - 1)
+            req.cached_tokens = cached
+            req._prefilled = cached
+            uncached = req.prompt_tokens - cached
+            take = min(uncached, budget)
+            seconds += self._pf1 * take + self._pairs_time(cached, take)
+            req._prefilled += take
+            req._prefill_left = uncached - take
+            budget -= take
+            computed += take
+            cached_now += cached
+            admitted += 1
             room -= 1
             kv_free -= need
-            budget -= req.prompt_tokens
-        return admitted
+            new.append(req)
+            if req._prefill_left:
+                req.state = "prefilling"
+                self._chunked = req
+                self._kv_chunked = req.prompt_tokens
+            else:
+                done.append(req)
+        if new:
+            limit = self._cache_limit()
+            for req in new:
+                if req.prefix_blocks:
+                    self.cache.insert(req.prefix_blocks, limit)
+            total = computed + cached_now
+            self._last_hit_rate = cached_now / total if total else 0.0
+        if computed and batch == 0:
+            seconds += self._pf0  # a forward pass of its own (nothing to ride along)
+        return seconds, done, admitted, computed, cached_now
 
     def step(self) -> StepResult:
         """Run one engine iteration; an idle engine returns a zero-length empty step."""
         decode = self._running
-        admitted = self._admit() if self._waiting else []
         batch = len(decode)
-        duration = self.step_time(batch)
-        prefill_tokens = 0
-        if admitted:
-            prefill_tokens = sum(r.prompt_tokens for r in admitted)
-            duration += self.prefill_time(prefill_tokens, batch)
-            self._total_prompt += prefill_tokens
+        kv_read = self._kv_running
+        duration = self.step_time(batch, kv_tokens=kv_read)
+        prefill_s, prefilled, admitted, computed, cached = (
+            self._prefill(batch) if (self._waiting or self._chunked is not None)
+            else (0.0, [], 0, 0, 0))
+        duration += prefill_s
+        self._total_prompt += computed
+        self._total_cached += cached
         emissions: list[Emission] = []
         still: list[SimRequest] = []
         generated = 0
@@ -343,13 +522,16 @@ class Engine:
                 r.proposed_drafts += proposed
                 correct += a
                 n = a + 1
-                left = r.max_new_tokens - r.completion_tokens
+                left = r.limit - r.completion_tokens
                 if n >= left:
                     n = left
                 verify_tokens += n
                 generated += n
                 r.completion_tokens += n
-                if r.completion_tokens >= r.max_new_tokens:
+                r._outside_cache += n
+                self._kv_running += n
+                self._outside_cache += n
+                if r.completion_tokens >= r.limit:
                     self._finish(r, emissions, n)
                 else:
                     emissions.append(Emission(r.rid, n, False, None))
@@ -357,63 +539,90 @@ class Engine:
         else:
             for r in decode:
                 r.completion_tokens += 1
+                r._outside_cache += 1
                 generated += 1
-                if r.completion_tokens >= r.max_new_tokens:
+                if r.completion_tokens >= r.limit:
+                    self._kv_running += 1
+                    self._outside_cache += 1
                     self._finish(r, emissions, 1)
                 else:
                     emissions.append(Emission(r.rid, 1, False, None))
                     still.append(r)
-        for r in admitted:
+            self._kv_running += len(still)
+            self._outside_cache += len(still)
+        for r in prefilled:
+            r.state = "running"
             r.completion_tokens = 1
+            blocks_tokens = min(len(r.prefix_blocks) * PREFIX_BLOCK_TOKENS, r.prompt_tokens)
+            r._outside_cache = r.prompt_tokens - blocks_tokens + 1
+            self._kv_running += r.prompt_tokens + 1
+            self._outside_cache += r._outside_cache
             generated += 1
-            if r.max_new_tokens <= 1:
+            if r.limit <= 1:
                 self._finish(r, emissions, 1)
             else:
                 emissions.append(Emission(r.rid, 1, False, None))
                 still.append(r)
         self._running = still
-        verifies = batch if spec else 0
-        self._total_verify_ct += verifies
-        self._total_verify_tokens += verify_tokens
+        if batch:
+            self._count_decode(batch if spec else 0, verify_tokens, correct)
         self._total_generated += generated
         self._busy_s += duration
-        if batch or admitted:
-            self._window.append((duration, generated, verify_tokens, verifies, correct))
-        return StepResult(duration, emissions, batch, self._width, len(admitted), prefill_tokens)
+        if batch or computed:
+            self._window.append((duration, generated))
+        return StepResult(duration, emissions, batch, self._width, admitted, computed,
+                          kv_read, cached)
+
+    def _count_decode(self, verifies: int, verify_tokens: int, correct: int) -> None:
+        self._total_verify_ct += verifies
+        self._total_verify_tokens += verify_tokens
+        iv = self._interval
+        iv.steps += 1
+        iv.verify_ct += verifies
+        iv.accept_tokens += verify_tokens
+        iv.correct += correct
+        if iv.steps >= DECODE_LOG_INTERVAL:
+            if iv.verify_ct:
+                proposed = iv.verify_ct * self._proposed_per_verify
+                self._published_accept = (iv.accept_tokens / iv.verify_ct,
+                                          iv.correct / proposed if proposed else 0.0)
+            self._published_total = (self._total_verify_tokens, self._total_verify_ct)
+            self._interval = _Interval()
 
     def _finish(self, r: SimRequest, emissions: list[Emission], n: int) -> None:
         r.state = "finished"
-        r.finish_reason = "length"
+        r.finish_reason = r.limit_reason
         del self._by_rid[r.rid]
-        emissions.append(Emission(r.rid, n, True, "length"))
+        self._release_kv(r)
+        emissions.append(Emission(r.rid, n, True, r.limit_reason))
 
     # ---------------------------------------------------------------------- stats
 
-    def _used_tokens(self) -> int:
-        return sum(r.prompt_tokens + r.completion_tokens for r in self._running)
-
     def stats(self) -> EngineStats:
-        """Current gauges; windowed figures cover the last ~40 busy steps."""
+        """Current gauges (see EngineStats for the three forms of acceptance)."""
         used = self._used_tokens()
         dur = sum(w[0] for w in self._window)
         gen = sum(w[1] for w in self._window)
-        vtok = sum(w[2] for w in self._window)
-        vct = sum(w[3] for w in self._window)
-        corr = sum(w[4] for w in self._window)
-        proposed = vct * self._proposed_per_verify
-        lifetime = (self._total_verify_tokens / self._total_verify_ct
-                    if self._total_verify_ct else 0.0)
+        tokens, verifies = self._published_total
+        spec = self._max_drafts > 0
+        prompt_all = self._total_prompt + self._total_cached
         return EngineStats(
-            num_running=len(self._running),
+            num_running=self.num_running,
             num_waiting=len(self._waiting),
             num_used_tokens=used,
             token_usage=used / self.profile.max_total_num_tokens,
             gen_throughput=gen / dur if dur > 0 else 0.0,
-            accept_length=vtok / vct if vct else 0.0,
-            accept_rate=corr / proposed if proposed else 0.0,
-            avg_accept_length=lifetime,
+            accept_length=self._published_accept[0],
+            accept_rate=self._published_accept[1],
+            lifetime_accept_length=tokens / verifies if spec and verifies else None,
+            live_accept_length=(self._total_verify_tokens / self._total_verify_ct
+                                if self._total_verify_ct else 0.0),
             total_verify_ct=self._total_verify_ct,
             total_generated_tokens=self._total_generated,
             total_prompt_tokens=self._total_prompt,
+            total_cached_tokens=self._total_cached,
+            cache_hit_rate=self._last_hit_rate,
+            lifetime_cache_hit_rate=self._total_cached / prompt_all if prompt_all else 0.0,
+            cached_blocks_tokens=self.cache.num_tokens,
             busy_s=self._busy_s,
         )

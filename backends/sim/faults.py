@@ -17,8 +17,8 @@ import random
 import sys
 
 from backends.sim.errors import ApiError
-from backends.sim.runtime import Runtime
 from backends.sim.options import FaultOptions
+from backends.sim.runtime import Runtime
 
 __all__ = ["Faults", "CRASH_EXIT_CODE"]
 

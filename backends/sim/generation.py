@@ -7,7 +7,7 @@ SGLang's `meta_info` are computed in one place whatever the route.
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import msgspec
 

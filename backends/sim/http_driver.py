@@ -52,10 +52,10 @@ class TwinProcess:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
                 raise RuntimeError(f"twin exited early: {err.strip()[-500:]}")
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                with urllib.request.urlopen(f"{self.url}/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
+            with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(
+                    f"{self.url}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"twin on {self.url} not ready after {timeout}s")
@@ -140,7 +140,7 @@ class HttpDriver:
         self.time_scale = time_scale
         self._twins: dict[str, TwinProcess] = {}
 
-    def __enter__(self) -> "HttpDriver":
+    def __enter__(self) -> HttpDriver:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -170,7 +170,7 @@ class HttpDriver:
             concurrency=concurrency, completed=n, duration_s=wall / s, total_output_tokens=total,
             output_throughput=total / (wall / s),
             mean_request_output_throughput=sum(r.completion_tokens / t
-                                               for r, t in zip(records, e2e)) / n,
+                                               for r, t in zip(records, e2e, strict=True)) / n,
             mean_ttft_s=sum((r.first - r.start) / s for r in records) / n,
             mean_e2e_s=sum(e2e) / n,
             accept_length=sum(acc) / len(acc) if acc else 0.0,

@@ -41,7 +41,7 @@ class Histogram:
     def render(self, labels: str) -> list[str]:
         out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         cum = 0
-        for le, c in zip(self.buckets, self.counts):
+        for le, c in zip(self.buckets, self.counts, strict=True):
             cum += c
             out.append(f'{self.name}_bucket{{{labels},le="{le}"}} {cum}')
         out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {self.count}')

@@ -9,12 +9,15 @@ provenance entry: calibration is only as trustworthy as the sources it can name.
 from __future__ import annotations
 
 import tomllib
+from typing import Any
 from importlib import resources
 from pathlib import Path
 
 import msgspec
 
 from backends.descriptor import Strategy
+from backends.sim.sampling import TemperatureModel
+from backends.sim.thinking import ReasoningModel
 
 __all__ = [
     "AcceptanceModel",
@@ -23,6 +26,8 @@ __all__ = [
     "SpecConfig",
     "StepModel",
     "Strategy",
+    "ReasoningModel",
+    "TemperatureModel",
     "list_profiles",
     "load_profile",
     "numeric_parameters",
@@ -38,8 +43,11 @@ class StepModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Cost of one engine step, in milliseconds.
 
     decode/verify: t(B, w) = t0 + k*(B*w - 1) + k_compute*max(0, B*w - knee) + draft(B)
+                             + kv_ns_per_token * (KV tokens of the batch)
     with draft(B) = draft_ms + draft_ms_per_seq*(B - 1) + tree_ms_per_node*B*(w - 1)
-    (draft terms only on speculative profiles). Prefill: prefill_ms_base + per-token cost.
+    (draft terms only on speculative profiles). Prefill of n new tokens after c cached ones:
+    prefill_ms_base (alone only) + prefill_ms_per_token*n + prefill_attn_ms_per_mpair*pairs/1e6
+    with pairs = ((c + n)**2 - c**2) / 2 causal (query, key) pairs.
     """
 
     t0_ms: float
@@ -51,6 +59,10 @@ class StepModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     draft_ms: float = 0.0
     draft_ms_per_seq: float = 0.0
     tree_ms_per_node: float = 0.0
+    # Reading the batch's KV cache each decode/verify step: ns per cached token (0 = ignored).
+    kv_ns_per_token: float = 0.0
+    # Prefill attention grows with (query, key) pairs: ms per million causal pairs.
+    prefill_attn_ms_per_mpair: float = 0.0
 
 
 class AcceptanceModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -82,6 +94,10 @@ class SpecConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Hybrid (Mamba/GDN) targets: budgets above this lose acceptance (sibling state corruption).
     exact_budget: int | None = None
     collapse_per_node: float = 0.0
+    # DFlash/DDTree drafters see at most this many context tokens (--speculative-draft-window-size)
+    draft_window_tokens: int | None = None
+    # miss-rate increase per doubling of the context beyond the window (sampling.py)
+    window_miss_per_doubling: float = 0.0
 
 
 class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -100,6 +116,12 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     step: StepModel
     speculative: SpecConfig | None = None
     acceptance: AcceptanceModel | None = None
+    temperature: TemperatureModel | None = None  # acceptance vs sampling temperature
+    reasoning: ReasoningModel | None = None  # a thinking model behind a reasoning parser
+    tool_call_parser: str | None = None  # SGLang --tool-call-parser (kimi_k2)
+    # Temperature when a request sets none: SGLang's protocol default (1.0) unless the model's
+    # generation_config.json says otherwise (entrypoints/openai/protocol.py).
+    default_temperature: float = 1.0
     provenance: dict[str, str] = {}
 
     @property
@@ -129,7 +151,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             return (spec.dflash_block_size or spec.num_draft_tokens) - 1
         return spec.num_steps
 
-    def with_budget(self, budget: int) -> "Profile":
+    def with_budget(self, budget: int) -> Profile:
         """The same profile with another DDTree node budget (verify width budget+1)."""
         if self.speculative is None or self.speculative.algorithm != "DDTREE":
             raise ProfileError(f"profile {self.name} is not a DDTree profile")
@@ -147,7 +169,7 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in _profiles_dir().glob("*.toml"))
 
 
-def numeric_parameters(raw: dict) -> list[str]:
+def numeric_parameters(raw: dict[str, Any]) -> list[str]:
     """Dotted names of the numeric parameters a profile file sets (the ones needing provenance).
 
     Defaults that a file does not set are not listed: a parameter the file does not state is
@@ -155,7 +177,7 @@ def numeric_parameters(raw: dict) -> list[str]:
     """
     out: list[str] = []
 
-    def walk(prefix: str, table: dict) -> None:
+    def walk(prefix: str, table: dict[str, Any]) -> None:
         for key, val in table.items():
             if prefix == "" and key == "provenance":
                 continue
@@ -171,7 +193,7 @@ def numeric_parameters(raw: dict) -> list[str]:
 def load_profile(name_or_path: str) -> Profile:
     """Load a bundled profile by name, or a profile file by path."""
     path = Path(name_or_path)
-    if not path.suffix == ".toml":
+    if path.suffix != ".toml":
         path = _profiles_dir() / f"{name_or_path}.toml"
     if not path.is_file():
         known = ", ".join(profile_names())

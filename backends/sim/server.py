@@ -12,9 +12,9 @@ from aiohttp import web
 from backends.sim import info_api, native_api, openai_api
 from backends.sim.engine import Engine
 from backends.sim.errors import ApiError, flat_error, native_error
+from backends.sim.options import ServerOptions
 from backends.sim.profile import Profile
 from backends.sim.runtime import Runtime
-from backends.sim.options import ServerOptions
 from backends.sim.state import STATE_KEY, SimState
 
 __all__ = ["build_app", "serve"]
@@ -45,7 +45,7 @@ async def _guard(request: web.Request, handler) -> web.StreamResponse:
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception as e:  # noqa: BLE001 - last line of defence
+    except Exception as e:
         log.exception("unhandled error on %s", request.path)
         return flat_error(ApiError(f"internal error: {type(e).__name__}", status=500))
 

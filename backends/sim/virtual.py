@@ -8,7 +8,7 @@ throughput = completion tokens / end-to-end latency; aggregate = all output toke
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgspec
 
@@ -58,10 +58,12 @@ class LevelResult(msgspec.Struct, frozen=True):
 
 def run_closed_loop(profile: Profile | Engine, concurrency: int, num_requests: int,
                     max_new_tokens: int, prompts: Sequence[str] | None = None,
-                    seed: int = 0, domain: str | None = None) -> LevelResult:
+                    seed: int = 0, domain: str | None = None, temperature: float = 0.0,
+                    prompt_tokens: int | None = None) -> LevelResult:
     """Keep exactly `concurrency` requests in flight until `num_requests` finished.
 
-    Prompts cycle through `prompts` (default: the domain's sample prompts, or all of them).
+    Prompts cycle through `prompts` (default: the domain's sample prompts, or all of them);
+    `prompt_tokens` overrides their length (long-context runs), `temperature` their sampling.
     """
     engine = profile if isinstance(profile, Engine) else Engine(profile, seed=seed)
     if prompts is None:
@@ -86,8 +88,9 @@ def run_closed_loop(profile: Profile | Engine, concurrency: int, num_requests: i
         # the same per-request randomness here and over HTTP.
         text = render_chat([("user", prompts[issued % len(prompts)])])
         rid = f"v{issued}"
-        requests[rid] = engine.submit(rid, count_prompt_tokens(text), max_new_tokens, text,
-                                      domain=domain)
+        ntok = prompt_tokens if prompt_tokens is not None else count_prompt_tokens(text)
+        requests[rid] = engine.submit(rid, ntok, max_new_tokens, text, domain=domain,
+                                      temperature=temperature)
         submitted[rid] = now
         issued += 1
 
@@ -97,7 +100,7 @@ def run_closed_loop(profile: Profile | Engine, concurrency: int, num_requests: i
         res = engine.step()
         now += res.duration_s
         if res.batch_size:
-            step_sum += engine.step_time(res.batch_size)
+            step_sum += engine.step_time(res.batch_size, kv_tokens=res.kv_tokens)
             steps += 1
         for em in res.emissions:
             if em.rid not in first:
