@@ -2,31 +2,47 @@
 # Multi-stage (build tools stay in the first stage), pinned base, non-root, healthcheck on /ready.
 #
 #   docker build -t specroute:0.1.0 .
-#   docker run -p 8000:8000 -v "$PWD/specroute.toml:/etc/specroute/specroute.toml:ro" specroute:0.1.0
+#   docker run -p 127.0.0.1:8000:8000 -v "$PWD/etc:/etc/specroute:ro" specroute:0.1.0
 #   docker run specroute:0.1.0 sim --profile k26-dflash --host 0.0.0.0 --port 30000   # a twin backend
 #
 # The config is read from a directory mount (/etc/specroute), not a single-file mount, so that a
-# Kubernetes ConfigMap update reaches the running container. deploy/ has compose and Kubernetes files.
+# Kubernetes ConfigMap update reaches the running container. deploy/ has compose, Kubernetes and Helm.
+#
+# BASE: any Debian-family image with python3 (>= 3.11) and its venv module. The default is the
+# official Python image; the container tests build on a local debootstrap image instead
+# (deploy/local/dockerhost.py), since no container registry is reachable there. Pin by digest as
+# well (python:3.11.7-slim-bookworm@sha256:...) where the registry is reachable to look it up.
+ARG BASE=python:3.11.7-slim-bookworm
 
-# Both stages use the same pinned base (a venv is copied between them). Pin by digest as well
-# (python:3.11.7-slim-bookworm@sha256:...) where the registry is reachable to look it up.
-FROM python:3.11.7-slim-bookworm AS build
+# Both stages use the same base: the venv is copied between them and points at the base's python3.
+FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+RUN python3 -m venv /opt/specroute
+# Dependencies first, in their own layer: a source change rebuilds only the layer below. From the
+# lock file when the repository has one (requirements.lock, pip format), else from pyproject.toml's
+# [project] dependencies. The bracket globs let COPY succeed when the lock is absent.
+COPY pyproject.toml README.md requirements.loc[k] ./
+RUN if [ -f requirements.lock ]; then \
+      /opt/specroute/bin/pip install --no-cache-dir -r requirements.lock; \
+    else \
+      python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/deps.txt \
+      && /opt/specroute/bin/pip install --no-cache-dir -r /tmp/deps.txt; \
+    fi
 COPY gateway ./gateway
 COPY backends ./backends
 COPY policies ./policies
 COPY loadgen ./loadgen
-# A venv at its final path: copied as is into the runtime stage (same base image, same Python).
-# The smoke checks fail the build if data files (launch profiles) were left out of the package
-# (-I: the installed package, not the sources in /src).
-RUN python -m venv /opt/specroute \
- && /opt/specroute/bin/pip install --no-cache-dir . \
+COPY common ./common
+# --no-deps: everything it needs is installed above (pip check proves it). The smoke checks fail the
+# build if data files (launch profiles) were left out of the package (-I: the installed package,
+# not the sources in /src).
+RUN /opt/specroute/bin/pip install --no-cache-dir --no-deps . \
+ && /opt/specroute/bin/pip check \
  && /opt/specroute/bin/specroute --help > /dev/null \
  && /opt/specroute/bin/python -I -c "from backends.launch import list_profiles; list_profiles()"
 
-FROM python:3.11.7-slim-bookworm
+FROM ${BASE}
 LABEL org.opencontainers.image.title="specroute" \
       org.opencontainers.image.description="Speculative-decoding-aware OpenAI-compatible gateway for SGLang" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -33,3 +33,9 @@ def twin_factory():
                 ready_url=f"http://127.0.0.1:{port}/ready", timeout=60))
             return f"http://127.0.0.1:{port}"
         yield start
+
+
+def pytest_configure(config):
+    # tests/test_deploy_docker.py: a real Docker engine, image build and compose stack (skips where
+    # docker cannot run); `pytest -m container` runs only those, `-m 'not container'` skips them.
+    config.addinivalue_line("markers", "container: builds and runs the image in a Docker engine it starts")
