@@ -14,12 +14,24 @@ upstream must not break routing.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from backends import BackendSpec, Strategy
 from policies.acceptance import Acceptance
 from policies.base import Domain, Outcome
-from policies.priors import DEFAULT_PRIORS, DOMAIN_INDEX, DOMAINS, StrategyPrior, prior_for
+from policies.measure import Measurement
+from policies.prefill import PrefillModel
+from policies.priors import (
+    CELLS_PER_DOMAIN,
+    DEFAULT_PRIORS,
+    DOMAIN_INDEX,
+    DOMAINS,
+    StrategyPrior,
+    cell_of,
+    cell_priors,
+    prior_for,
+)
 from policies.steptime import BUCKETS, StepCurve
 
 __all__ = ["BUCKETS", "BackendEstimate", "Estimates"]
@@ -32,9 +44,17 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# What a RateModel without a prefill model of its own predicts (the strategies' shared prior).
+_PREFILL_BASE_S = DEFAULT_PRIORS[Strategy.AR].prefill_base_s
+_PREFILL_PER_TOKEN_S = DEFAULT_PRIORS[Strategy.AR].prefill_per_token_s
+
+
 class RateModel:
     """Decode speed from acceptance per domain (`_acc`), step time per load (`step_s`) and the
-    cap (`max_running`): the live estimate and the evaluator's oracle predict alike."""
+    cap (`max_running`): the live estimate and the evaluator's oracle predict alike. The cost
+    model also asks for acceptance per cell (`accept_at`) and prefill time (`prefill_s`,
+    `prefill_stall_s`); a subclass that knows no better answers with the per-domain figure and
+    the prior."""
 
     __slots__ = ()
     _acc: list[float]
@@ -42,6 +62,19 @@ class RateModel:
 
     def step_s(self, load: int) -> float:  # provided by the subclass (an attribute or a method)
         raise NotImplementedError
+
+    def accept_at(self, c: int) -> float:
+        """Tokens per verify pass of a request in acceptance cell `c` (`policies.priors.cell_of`)."""
+        return self._acc[c // CELLS_PER_DOMAIN]
+
+    def prefill_s(self, uncached: int) -> float:
+        """Seconds from dispatch to first token when `uncached` prompt tokens must be prefilled."""
+        return _PREFILL_BASE_S + _PREFILL_PER_TOKEN_S * uncached
+
+    def prefill_stall_s(self, uncached: int) -> float:
+        """Seconds a prefill of `uncached` tokens holds up the decode of the requests running
+        beside it (its tokens ride in their passes; the fixed part of an idle prefill does not)."""
+        return _PREFILL_PER_TOKEN_S * uncached
 
     def rate(self, d: int, load: int) -> float:
         """Predicted decode tok/s of one request of domain index `d` with `load` in flight
@@ -63,7 +96,7 @@ class BackendEstimate(RateModel):
     """What is known about one backend. Lookups are plain arithmetic: they run per request."""
 
     __slots__ = ("name", "strategy", "speculative", "prior", "max_running", "acceptance", "curve",
-                 "step_s", "_acc", "seen", "last_chosen", "last_report", "observed",
+                 "step_s", "step_memo", "_acc", "_cells", "prefill", "seen", "last_chosen", "last_report", "observed",
                  "last_step_s", "last_tok_s")
 
     def __init__(self, name: str, strategy: Strategy, prior: StrategyPrior, *,
@@ -73,10 +106,13 @@ class BackendEstimate(RateModel):
         self.speculative = strategy.speculative
         self.prior = prior
         self.max_running = max_running or prior.max_running
-        self.acceptance = Acceptance(prior.accept)
+        self.acceptance = Acceptance(cell_priors(prior))
         self.curve = StepCurve(prior.step, self.max_running, step_alpha)
-        self.step_s = self.curve.step_s  # seconds per pass at a load (bound method, hot path)
-        self._acc = self.acceptance.values  # same list, updated in place
+        self.step_s = self.curve.step_s  # type: ignore[method-assign]  # bound method: hot path
+        self.step_memo = self.curve.memo  # step_s per load, 0.0 = not computed (same list, cleared in place)
+        self._acc = self.acceptance.values  # same lists, updated in place
+        self._cells = self.acceptance.cells
+        self.prefill = PrefillModel(prior.prefill_base_s, prior.prefill_per_token_s)
         self.seen = [0] * len(DOMAINS)  # usable outcomes per domain (drives the exploration bonus)
         self.last_chosen = 0  # decision tick of the last time a policy sent a request here
         self.last_report: float | None = None
@@ -90,15 +126,42 @@ class BackendEstimate(RateModel):
         """Predicted tokens per verify pass for domain index `d` (1.0 for AR)."""
         return self._acc[d]
 
+    def accept_at(self, c: int) -> float:
+        return self._cells[c]
+
+    def prefill_s(self, uncached: int) -> float:
+        p = self.prefill
+        return p.base_s + p.per_token_s * uncached
+
+    def prefill_stall_s(self, uncached: int) -> float:
+        return self.prefill.per_token_s * uncached
+
     # ------------------------------------------------------------------------ updates
+
+    def seed(self, m: Measurement) -> None:
+        """A measurement of this backend replaces its prior (`policies.measure`); implausible
+        figures are ignored one by one."""
+        bad = " ".join(m.problems())
+        if m.step_s is not None and "step_s" not in bad:
+            self.curve.observe(1.0, m.step_s)
+            self.observed += 1
+        if self.speculative and m.accept_length:
+            measured = {DOMAIN_INDEX[Domain(dom)]: x for dom, x in m.accept_length.items()
+                        if f"accept_length[{dom}]" not in bad}
+            self.acceptance.seed(measured)
+            for d in measured:
+                self.seen[d] = max(self.seen[d], 1)
+        if m.prefill_base_s is not None and m.prefill_per_token_s is not None and "prefill" not in bad:
+            self.prefill.reset(m.prefill_base_s, m.prefill_per_token_s)
 
     def set_max_running(self, max_running: int) -> None:
         """The backend's `max_running_requests` as it reports it (`/server_info`)."""
         self.max_running = max_running
         self.curve.max_running = max_running
 
-    def note_dispatch(self, d: int) -> None:
-        self.acceptance.note_dispatch(d)
+    def note_dispatch(self, c: int) -> None:
+        """A request of acceptance cell `c` was sent here."""
+        self.acceptance.note_dispatch(c)
 
     def note_idle(self) -> None:
         self.acceptance.note_idle()
@@ -116,7 +179,10 @@ class BackendEstimate(RateModel):
                 d = DOMAIN_INDEX[Domain(outcome.domain)]
             except ValueError:
                 return "bad_domain"
-        self.acceptance.note_done(d)  # finished, failed or garbled: no longer in flight
+        f = outcome.features
+        c = cell_of(d, f.temperature if f is not None else None,
+                    f.prompt_tokens if f is not None else outcome.prompt_tokens)
+        self.acceptance.note_done(c)  # finished, failed or garbled: no longer in flight
         if outcome.error:
             return "error"
         n = outcome.completion_tokens
@@ -148,23 +214,47 @@ class BackendEstimate(RateModel):
         if not _MIN_STEP_S <= step <= _MAX_STEP_S:
             return "bad_step"
         if accept is not None:
-            self.acceptance.observe(d, accept)
+            self.acceptance.observe(c, accept)
         self.curve.observe(float(load), step)  # type: ignore[arg-type]
+        self._observe_prefill(outcome, load_cap=self.max_running)
         self.seen[d] += 1
         self.observed += 1
         self.last_step_s = step
         self.last_tok_s = (n - 1) / decode_s  # type: ignore[operator]
         return None
 
+    def _observe_prefill(self, outcome: Outcome, load_cap: int) -> None:
+        """Learn prefill speed from TTFT, in the units the cost model predicts with (the gateway's
+        prompt estimate in `features`), scaled by the share of the prompt the server says it did
+        not have cached. A request that queued is left out (its TTFT is mostly the wait), and so is
+        one whose cache hit is unknown while it carried a conversation prefix."""
+        ttft = outcome.ttft_s
+        at = outcome.inflight_at_dispatch
+        if not _finite(ttft) or not isinstance(at, int) or at > load_cap:
+            return
+        f = outcome.features
+        real = outcome.prompt_tokens if isinstance(outcome.prompt_tokens, int) else 0
+        estimate = f.prompt_tokens if f is not None and f.prompt_tokens > 0 else real
+        cached = outcome.cached_tokens
+        if cached is None:
+            if f is not None and f.prefix:
+                return
+            cached = 0
+        if not isinstance(cached, int) or cached < 0:
+            return
+        share = (real - cached) / real if real > 0 and cached <= real else 1.0
+        self.prefill.observe(float(ttft), round(estimate * share))  # type: ignore[arg-type]
+
     # --------------------------------------------------------------------- reporting
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """Plain-dict snapshot for `/admin/backends` and eval reports."""
-        out: dict = {"strategy": self.strategy.value, "max_running": self.max_running,
+        out: dict[str, Any] = {"strategy": self.strategy.value, "max_running": self.max_running,
                      "observed": self.observed}
         out.update(self.acceptance.describe() if self.speculative else
                    {"accept_length": {dom.value: 1.0 for dom in DOMAINS}})
         out.update(self.curve.describe())
+        out.update(self.prefill.describe())
         out["request_tok_s"] = {dom.value: {str(b): round(self.rate(i, b), 1) for b in BUCKETS}
                                 for i, dom in enumerate(DOMAINS)}
         return out
@@ -180,6 +270,7 @@ class Estimates:
         self.backends: dict[str, BackendEstimate] = {}
         self.used = 0
         self.skipped: dict[str, int] = {}
+        self._ar_peer: tuple[int, int, BackendEstimate | None] = (-1, -1, None)  # (used, backends, peer)
 
     def register(self, name: str, strategy: Strategy | str, max_running: int | None = None
                  ) -> BackendEstimate:
@@ -216,11 +307,14 @@ class Estimates:
         budget 15 vs 64 on Qwen3.6 is 2.6x apart)."""
         if est.speculative:
             return est
-        best = est
-        for other in self.backends.values():
-            if not other.speculative and other.observed > best.observed:
-                best = other
-        return best
+        used, count, peer = self._ar_peer
+        if used != self.used or count != len(self.backends):  # what was measured changed
+            peer = None
+            for other in self.backends.values():
+                if not other.speculative and other.observed and (peer is None or other.observed > peer.observed):
+                    peer = other
+            self._ar_peer = (self.used, len(self.backends), peer)
+        return peer if peer is not None and peer.observed > est.observed else est
 
     def observe(self, outcome: Outcome) -> bool:
         """Feed one telemetry record; False (and a counted reason) when it was unusable."""
@@ -235,5 +329,5 @@ class Estimates:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
         return False
 
-    def describe(self) -> dict[str, dict]:
+    def describe(self) -> dict[str, dict[str, Any]]:
         return {name: est.describe() for name, est in self.backends.items()}

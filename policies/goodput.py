@@ -1,41 +1,57 @@
-"""The goodput policy: send each request where it will be generated fastest, given the load.
+"""The goodput policy: send each request where it costs the pool the least time, given the load,
+the speculation each backend does and the conversation prefix each backend holds.
 
-For every healthy candidate it predicts this request's decode tok/s on that backend at the load
-it would have after admission (acceptance for the request's domain / step time at that load, see
-`policies.estimates`) and picks the best. Acceptance alone would be the wrong signal: it stays
-flat while the step time grows with the batch, and speculation stops paying at a load that
-depends on the model and the machine (ANCHORS.md research notes).
+For every healthy candidate it predicts (`policies.cost`) what this request would cost there:
+
+- its own time: TTFT (waiting for a slot when the backend is full, plus prefill of the part of the
+  prompt the backend's radix cache does not hold, `policies.prefix_cache`) plus the decode time of
+  the expected output (`policies.lengths`) at the acceptance of the request's cell (domain,
+  temperature band, context band) over the step time at the load it would find;
+- under the default `latency` objective, also the time it adds to the requests already running
+  there: each of their remaining passes gets longer by the step-time increase one more sequence
+  causes, and its prefill rides in their passes. Ranking by own time alone is the selfish rule: in
+  a closed loop it sends every request to the fastest backend until that one is barely better than
+  the next idle one (the herding `specroute demo` showed: 61 of 64 requests on DFlash, two idle
+  backends and an aggregate below DFlash alone); charging each request for the slowdown it imposes
+  makes the per-request choices add up to the least total time.
 
 Objectives:
-- `latency`: the fastest backend for this request (highest predicted request tok/s);
-- `throughput`: the largest gain in the pool's total tok/s, i.e. the backend whose aggregate
-  grows most when it takes one more request (a loaded speculative backend can lose throughput
-  by taking another sequence, an AR backend gains ~one sequence's worth).
+- `latency` (default): least predicted time, own plus imposed (`externality` weight, 1.0; 0.0 is
+  the selfish rule);
+- `throughput`: the largest gain in the pool's total tok/s (a loaded speculative backend can lose
+  throughput by taking another sequence, an AR backend gains ~one sequence's worth), less the
+  tokens the others lose while its prefill holds them up.
 
-Three guards keep the learning honest and the traffic stable:
+Guards keep the learning honest and the traffic stable:
 - exploration: an optimism bonus `bonus / sqrt(1 + samples)` that decays as a (backend, domain)
   gets measured, so a backend never measured is tried early while the bonus costs nothing
   later; and with probability `epsilon` (seeded rng) the request goes to the candidate chosen
-  least recently, if it was not chosen for `explore_gap` decisions and is predicted within
-  `explore_floor` of the best, so an unchosen backend is re-measured and a recovered one is
-  noticed, at a bounded cost (a backend predicted 5x slower is not worth a request);
+  least recently, if it was not chosen for `explore_gap` decisions and its cost is within
+  1/`explore_floor` of the best (a backend predicted 5x slower is not worth a request; 0: any);
 - hysteresis: the backend that won last time for this domain keeps winning unless a challenger
-  beats it by more than `hysteresis` (relative), so near-equal candidates do not flap on the
+  is cheaper by more than `hysteresis` (relative), so near-equal candidates do not flap on the
   noise of their estimates; a challenger that is ahead because it holds fewer requests than the
   incumbent needs no margin (that is load balancing: two identical backends share the load);
-- random tie-break among exactly equal scores (identical backends must share traffic).
+- random tie-break among exactly equal costs (identical backends must share traffic).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from backends import BackendSpec
 from policies.base import BackendView, Decision, NoCandidate, Outcome, RequestFeatures, view_load
+from policies.cost import own_and_imposed_s, throughput_gain
 from policies.estimates import BackendEstimate, Estimates
-from policies.priors import DOMAIN_INDEX, DOMAINS
+from policies.lengths import OutputLengths
+from policies.measure import Measurement
+from policies.prefix import BLOCK_TOKENS
+from policies.prefix_cache import PrefixCache
+from policies.priors import DOMAIN_INDEX, DOMAINS, cell_of
+from policies.steptime import StepCurve
 
 __all__ = ["OBJECTIVES", "Goodput"]
 
@@ -44,15 +60,15 @@ _BONUS_TABLE = 1024  # samples beyond which the optimism bonus is looked up as z
 
 
 class Goodput:
-    """Predict each candidate's decode tok/s for this request at its load; choose the best."""
+    """Predict each candidate's cost for this request at its load and prefix; choose the least."""
 
     name = "goodput"
 
     def __init__(self, objective: str = "latency", *, seed: int | None = None,
                  epsilon: float = 0.05, explore_gap: int = 100, explore_floor: float = 0.5,
-                 bonus: float = 0.1, hysteresis: float = 0.05,
-                 estimates: Estimates | None = None, backends: Iterable[BackendSpec] = (),
-                 rng: random.Random | None = None) -> None:
+                 bonus: float = 0.1, hysteresis: float = 0.05, externality: float = 1.0,
+                 prefix_tracking: bool = True, estimates: Estimates | None = None,
+                 backends: Iterable[BackendSpec] = (), rng: random.Random | None = None) -> None:
         """`estimates` may be any object with the interface of `Estimates` (the evaluator's
         clairvoyant reference passes one that knows the twin's true parameters)."""
         if objective not in OBJECTIVES:
@@ -61,17 +77,22 @@ class Goodput:
             raise ValueError(f"epsilon must be in [0, 1), got {epsilon}")
         if hysteresis < 0 or bonus < 0 or explore_gap < 0 or not 0.0 <= explore_floor <= 1.0:
             raise ValueError("hysteresis, bonus and explore_gap must be >= 0, explore_floor in [0, 1]")
+        if not 0.0 <= externality <= 10.0:
+            raise ValueError(f"externality must be in [0, 10], got {externality}")
         self.objective = objective
         self.epsilon = epsilon
         self.explore_floor = explore_floor
         self.explore_gap = explore_gap
         self.hysteresis = hysteresis
         self.bonus = bonus
+        self.externality = externality
         self.estimates = estimates if estimates is not None else Estimates()
         self.estimates.register_all(backends)
+        self.lengths = OutputLengths()
+        self.prefixes: PrefixCache | None = PrefixCache() if prefix_tracking else None
         self._rng = rng or random.Random(seed)
         self._latency = objective == "latency"
-        self._bonus = [1.0 + bonus / math.sqrt(1.0 + k) for k in range(_BONUS_TABLE)]
+        self._bonus = [bonus / math.sqrt(1.0 + k) for k in range(_BONUS_TABLE)]
         self._incumbent: list[str | None] = [None] * len(DOMAINS)
         self._tick = 0
 
@@ -79,17 +100,26 @@ class Goodput:
 
     def choose(self, request: RequestFeatures, candidates: Sequence[BackendView]) -> Decision:
         d = DOMAIN_INDEX.get(request.domain, 2)
+        cell = cell_of(d, request.temperature, request.prompt_tokens)
+        out = self.lengths.expected(request)
+        prompt = request.prompt_tokens
+        prefixes = self.prefixes
+        chain = request.prefix if prefixes is not None else ()
+        depths = prefixes.depths(chain) if chain else None  # type: ignore[union-attr]
+        stand_in = self.estimates.stand_in
         backends = self.estimates.backends
         latency = self._latency
+        weight = self.externality
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
+        memo_top = StepCurve.MEMO
         incumbent = self._incumbent[d]
         inc_view = inc_est = None
-        inc_score = 0.0
+        inc_cost = 0.0
         inc_load = 0
         best_view = best_est = None
-        best_score = -math.inf
-        best_load = 0
+        best_cost = math.inf
+        best_load = best_uncached = best_held = 0
         ties = 0
         for v in candidates:
             if not v.healthy:
@@ -116,29 +146,59 @@ class Goodput:
             acc = v.reported_accept_length
             if acc is not None and acc != est.last_report:
                 est.note_report(acc, v.reported_running)
+            uncached = prompt
+            held = 0
+            if depths:
+                held = depths.get(name, 0)
+                if held:
+                    uncached -= held * BLOCK_TOKENS
+                    if uncached < 0:
+                        uncached = 0
             # an unmeasured AR backend is predicted like its measured AR peers (Estimates.stand_in)
-            guess = est if est.observed else self.estimates.stand_in(est)
-            if latency:
-                score = guess.rate(d, load + 1)
+            guess = est if est.observed or est.speculative else stand_in(est)
+            if not latency:
+                cost = -throughput_gain(guess, cell, load, uncached, out)
+            elif type(guess) is BackendEstimate:  # policies.cost.own_and_imposed_s, inlined
+                acc = guess._cells[cell]
+                memo = guess.step_memo
+                n1 = load + 1
+                step = memo[n1] if n1 <= memo_top else 0.0
+                if not step:
+                    step = guess.step_s(n1)
+                decode = out * step / acc
+                pre = guess.prefill
+                cost = pre.base_s + pre.per_token_s * uncached + decode
+                cap = guess.max_running
+                if load >= cap:
+                    cost += (n1 - cap) / cap * decode
+                if weight and load:
+                    s0 = memo[load] if load <= memo_top else 0.0
+                    if not s0:
+                        s0 = guess.step_s(load)
+                    slower = step - s0 if step > s0 else 0.0
+                    cost += weight * (load if load < cap else cap) * (
+                        pre.per_token_s * uncached + 0.5 * out / acc * slower)
             else:
-                score = guess.throughput(d, load + 1) - guess.throughput(d, load)
+                cost = own_and_imposed_s(guess, cell, load, uncached, out, weight)
             k = est.seen[d]
-            score += (score if score > 0 else -score) * (bonus_table[k if k < top else top] - 1.0)
+            cost -= (cost if cost > 0 else -cost) * bonus_table[k if k < top else top]
             if name == incumbent:
-                inc_view, inc_est, inc_score, inc_load = v, est, score, load
-            # Scores equal within 1e-9 (relative) are ties: identical backends at equal load.
-            tol = 1e-9 * (best_score if best_score > 0 else -best_score) + 1e-12
-            if best_view is None or score > best_score + tol:
-                best_view, best_est, best_score, best_load, ties = v, est, score, load, 1
-            elif score >= best_score - tol:
+                inc_view, inc_est, inc_cost, inc_load = v, est, cost, load
+            # Costs equal within 1e-9 (relative) are ties: identical backends at equal load.
+            tol = 1e-9 * (best_cost if best_cost > 0 else -best_cost) + 1e-12
+            if best_view is None or cost < best_cost - tol:
+                best_view, best_est, best_cost, best_load, ties = v, est, cost, load, 1
+                best_uncached, best_held = uncached, held
+            elif cost <= best_cost + tol:
                 ties += 1  # reservoir sampling: every tied candidate equally likely
                 if self._rng.random() * ties < 1.0:
-                    best_view, best_est, best_score, best_load = v, est, score, load
+                    best_view, best_est, best_cost, best_load = v, est, cost, load
+                    best_uncached, best_held = uncached, held
         if best_view is None:
             raise NoCandidate("no healthy backend")
         self._tick += 1
         reason = "best"
-        explore = self._explore(d, candidates, best_score) if (
+        explore = self._explore(d, cell, request, candidates, best_cost) if (
             self.epsilon and self._rng.random() < self.epsilon) else None
         if explore is not None and explore[0] is not best_view:
             best_view, best_est = explore
@@ -147,57 +207,92 @@ class Goodput:
             # Only a challenger that wins on estimates (not because the incumbent holds more
             # requests) must clear the margin: load balancing is not flapping.
             # An exact tie stays with the random tie-break: identical backends share traffic.
-            size = inc_score if inc_score > 0 else -inc_score
-            if inc_score + 1e-9 * size + 1e-12 < best_score <= inc_score + self.hysteresis * size:
+            size = inc_cost if inc_cost > 0 else -inc_cost
+            if inc_cost - self.hysteresis * size <= best_cost < inc_cost - 1e-9 * size - 1e-12:
                 best_view, best_est, reason = inc_view, inc_est, "hold"
         assert best_view is not None and best_est is not None
         if reason == "best":
             self._incumbent[d] = best_view.spec.name
+        else:
+            best_load, best_uncached = view_load(best_view), self._uncached(best_view, request)
+            best_held = (prompt - best_uncached) // BLOCK_TOKENS if best_uncached < prompt else 0
         best_est.last_chosen = self._tick
-        best_est.note_dispatch(d)
-        load = best_load if reason == "best" else view_load(best_view)
+        best_est.note_dispatch(cell)
+        if chain:
+            prefixes.of(best_view.spec.name, best_view.kv_tokens).record(chain, best_held)  # type: ignore[union-attr]
         guess = best_est if best_est.observed else self.estimates.stand_in(best_est)
-        predicted = guess.rate(d, load + 1)
+        predicted = guess.accept_at(cell) / guess.step_s(best_load + 1)
+        cap = guess.max_running
+        if best_load + 1 > cap:
+            predicted *= cap / (best_load + 1)
+        cached = f", {prompt - best_uncached} cached" if best_uncached < prompt else ""
         return Decision(backend=best_view, score=predicted,
-                        reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {load + 1}")
+                        reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {best_load + 1}"
+                               f"{cached}")
 
-    def _explore(self, d: int, candidates: Sequence[BackendView], best_score: float
-                 ) -> tuple[BackendView, BackendEstimate] | None:
+    def _uncached(self, v: BackendView, request: RequestFeatures) -> int:
+        if not request.prefix or self.prefixes is None or v.spec.name not in self.prefixes.backends:
+            return request.prompt_tokens
+        held = self.prefixes.backends[v.spec.name].depth(request.prefix)
+        return max(request.prompt_tokens - held * BLOCK_TOKENS, 0)
+
+    def _explore(self, d: int, cell: int, request: RequestFeatures, candidates: Sequence[BackendView],
+                 best_cost: float) -> tuple[BackendView, BackendEstimate] | None:
         """The candidate chosen least recently among those not chosen for `explore_gap`
-        decisions and predicted within `explore_floor` of the best: exploring a backend
+        decisions and whose cost is within 1/`explore_floor` of the best: exploring a backend
         predicted 5x slower would cost a whole request for almost no chance of learning that
         it is the best one, and re-measuring one just measured teaches nothing."""
-        floor = best_score - (1.0 - self.explore_floor) * abs(best_score)
+        size = best_cost if best_cost > 0 else -best_cost
+        ceiling = best_cost + (1.0 / self.explore_floor - 1.0) * size if self.explore_floor else math.inf
         stale = self._tick - self.explore_gap
+        out = self.lengths.expected(request)
         pick: tuple[BackendView, BackendEstimate] | None = None
         for v in candidates:
             if not v.healthy:
                 continue
             est = self.estimates.backends[v.spec.name]
-            if est.last_chosen > stale or self._score(est, d, view_load(v)) < floor:
+            if est.last_chosen > stale:
+                continue
+            if self._cost(est, cell, view_load(v), self._uncached(v, request), out) > ceiling:
                 continue
             if pick is None or est.last_chosen < pick[1].last_chosen:
                 pick = (v, est)
         return pick
 
-    def _score(self, est: BackendEstimate, d: int, load: int) -> float:
-        """The objective's score before the exploration bonus (the hot loop inlines this)."""
+    def _cost(self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float) -> float:
+        """The objective's cost before the exploration bonus (the hot loop inlines this)."""
         if not est.observed:
             est = self.estimates.stand_in(est)
         if self._latency:
-            return est.rate(d, load + 1)
-        return est.throughput(d, load + 1) - est.throughput(d, load)
+            return own_and_imposed_s(est, cell, load, uncached, out, self.externality)
+        return -throughput_gain(est, cell, load, uncached, out)
+
+    # ------------------------------------------------------------------- learn
 
     def observe(self, outcome: Outcome) -> None:
         self.estimates.observe(outcome)
+        self.lengths.observe(outcome)
+
+    def seed(self, backend: BackendSpec, measurement: Measurement) -> None:
+        """Replace what the strategy's prior says about `backend` with a measurement of it
+        (`specroute` takes one at startup): no backend starts with the studies' figures as a
+        head start or a handicap."""
+        est = self.estimates.register(backend.name, backend.strategy)
+        if isinstance(est, BackendEstimate):
+            est.seed(measurement)
+
+    def forget_prefixes(self, backend: str) -> None:
+        """The backend restarted (its radix cache is empty) or left the pool."""
+        if self.prefixes is not None:
+            self.prefixes.forget(backend)
 
     # ------------------------------------------------------------------- introspect
 
-    def describe(self, candidates: Sequence[BackendView] | None = None) -> dict[str, dict]:
-        """Per backend: acceptance per domain, step time and request tok/s per load bucket, and
-        (given the current views) the predicted tok/s of a new request per domain right now.
-        Plain dicts, for `/admin/backends`."""
-        out = self.estimates.describe()
+    def describe(self, candidates: Sequence[BackendView] | None = None) -> dict[str, Any]:
+        """Per backend: acceptance per domain (and per cell), step time and request tok/s per load
+        bucket, prefill speed, tracked prefix blocks, and (given the current views) the predicted
+        tok/s of a new request per domain right now. Plain dicts, for `/admin/backends`."""
+        out: dict[str, Any] = self.estimates.describe()
         for v in candidates or ():
             est = self.estimates.backends.get(v.spec.name) or self._register(v)
             load = view_load(v)
@@ -205,10 +300,14 @@ class Goodput:
             entry["load"] = load
             entry["predicted_tok_s"] = {dom.value: round(est.rate(i, load + 1), 1)
                                         for i, dom in enumerate(DOMAINS)}
-        out_meta = {"objective": self.objective, "decisions": self._tick,
+        if self.prefixes is not None:
+            for name, blocks in self.prefixes.describe().items():
+                if name in out:
+                    out[name]["prefix_blocks"] = blocks
+        out_meta = {"objective": self.objective, "externality": self.externality, "decisions": self._tick,
                     "telemetry_used": self.estimates.used,
-                    "telemetry_skipped": dict(self.estimates.skipped)}
-        return {"policy": out_meta, "backends": out}  # type: ignore[dict-item]
+                    "telemetry_skipped": dict(self.estimates.skipped), **self.lengths.describe()}
+        return {"policy": out_meta, "backends": out}
 
     def _register(self, v: BackendView) -> BackendEstimate:
         return self.estimates.register(v.spec.name, v.spec.strategy, v.max_running)

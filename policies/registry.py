@@ -22,7 +22,7 @@ POLICY_OPTIONS: dict[str, frozenset[str]] = {
     "least_inflight": frozenset({"seed"}),
     "threshold": frozenset({"threshold", "seed"}),
     "goodput": frozenset({"objective", "seed", "epsilon", "explore_gap", "explore_floor", "bonus",
-                          "hysteresis", "backends"}),
+                          "hysteresis", "externality", "prefix_tracking", "backends"}),
 }
 
 
@@ -31,8 +31,9 @@ def make_policy(name: str, **options: Any) -> Policy:
 
     pinned: pinned_backend (required). least_inflight: seed. threshold: threshold (default 16),
     seed. goodput: objective ("latency" | "throughput"), seed, epsilon, explore_gap,
-    explore_floor, bonus, hysteresis (see `policies.goodput`), backends (BackendSpecs to seed
-    estimates before the first request).
+    explore_floor, bonus, hysteresis, externality (weight of the time a request imposes on the
+    others, 1.0; 0.0 = selfish), prefix_tracking (True) (see `policies.goodput`), backends
+    (BackendSpecs to register before the first request).
     """
     if name not in POLICY_OPTIONS:
         raise ValueError(f"unknown policy {name!r}, expected one of {list(POLICY_NAMES)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from policies.base import BackendView, Decision, NoCandidate, Outcome, RequestFeatures
 

@@ -12,6 +12,7 @@ deterministic, so an observation is trusted at once (no shrinkage towards the pr
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from policies.priors import StepPrior
 
@@ -19,6 +20,8 @@ __all__ = ["BUCKETS", "StepCurve"]
 
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 _TOP = len(BUCKETS) - 1
+_MEMO = 512
+_UNKNOWN = (0.0,) * (_MEMO + 1)
 
 
 def _position(load: float) -> tuple[int, float]:
@@ -34,24 +37,52 @@ def _position(load: float) -> tuple[int, float]:
 class StepCurve:
     """Predicted seconds per step at a load; O(1) lookup, O(buckets) = O(1) update."""
 
-    __slots__ = ("prior", "max_running", "ratio", "samples", "eff", "_alpha")
+    __slots__ = ("prior", "_max_running", "ratio", "samples", "eff", "_alpha", "_memo")
+    MEMO = _MEMO
 
     def __init__(self, prior: StepPrior, max_running: int, alpha: float = 0.2) -> None:
         self.prior = prior
-        self.max_running = max_running
+        self._max_running = max_running
         self.ratio = [1.0] * len(BUCKETS)  # observed / prior, per bucket
         self.samples = [0.0] * len(BUCKETS)
         self.eff = [1.0] * (len(BUCKETS) + 1)  # with borrowing; spare slot for i+1 at the top
         self._alpha = alpha
+        # step_s per load up to _MEMO, computed on first use since the last change: the cost
+        # model asks for two loads per candidate per request, the curve changes once per outcome.
+        self._memo = list(_UNKNOWN)
+
+    @property
+    def max_running(self) -> int:
+        return self._max_running
+
+    @max_running.setter
+    def max_running(self, value: int) -> None:
+        self._max_running = value
+        self._memo[:] = _UNKNOWN
 
     def prior_s(self, load: float) -> float:
-        b = min(max(load, 1.0), float(self.max_running))
+        b = min(max(load, 1.0), float(self._max_running))
         return self.prior.step_s(b)  # type: ignore[arg-type]
+
+    @property
+    def memo(self) -> list[float]:
+        """step_s per load 0..MEMO, 0.0 where not computed since the last change (read on the
+        cost model's hot path; the list object stays the same)."""
+        return self._memo
 
     def step_s(self, load: int) -> float:
         """Seconds per pass with `load` requests in flight (beyond max_running they queue and
         the batch stays at max_running)."""
-        cap = self.max_running
+        if 0 <= load <= _MEMO:
+            t = self._memo[load]
+            if t:
+                return t
+            t = self._memo[load] = self._step_s(load)
+            return t
+        return self._step_s(load)
+
+    def _step_s(self, load: int) -> float:
+        cap = self._max_running
         p = self.prior
         b = load if load < cap else cap
         if b < 1:
@@ -80,6 +111,7 @@ class StepCurve:
         self._borrow()
 
     def _borrow(self) -> None:
+        self._memo[:] = _UNKNOWN  # in place: the cost model holds the list
         n, r, eff = self.samples, self.ratio, self.eff
         size = len(BUCKETS)
         left: list[tuple[int, float] | None] = [None] * size
@@ -103,7 +135,7 @@ class StepCurve:
                 eff[j] = 0.5 * (lo[1] + hi[1])
         eff[size] = eff[_TOP]
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "step_ms": {str(b): round(self.step_s(b) * 1000, 2) for b in BUCKETS},
             "step_samples": {str(b): round(self.samples[k], 1) for k, b in enumerate(BUCKETS)},

@@ -10,7 +10,7 @@ threshold tuned per model and machine (ANCHORS.md: dense 8B models lose the gain
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from policies.base import BackendView, Decision, NoCandidate, Outcome, RequestFeatures, view_load
 

@@ -5,12 +5,14 @@ import math
 import pytest
 
 from backends import Strategy
-from policies import Domain, Estimates, Outcome
+from policies import Domain, Estimates, Outcome, RequestFeatures
 from policies.acceptance import Acceptance
-from policies.priors import DEFAULT_PRIORS, DOMAIN_INDEX
+from policies.priors import DEFAULT_PRIORS, DOMAIN_INDEX, cell_of
 from policies.steptime import StepCurve
 
 MATH, CODE, CHAT = (DOMAIN_INDEX[d] for d in (Domain.MATH, Domain.CODE, Domain.CHAT))
+# The acceptance cells of greedy (temperature 0), short-context requests of each domain.
+MATH_C, CODE_C, CHAT_C = (cell_of(d, 0.0, 0) for d in (MATH, CODE, CHAT))
 
 
 def _outcome(backend="spec", domain=Domain.MATH, load=1, tokens=513, step_s=0.05, accept=5.0,
@@ -19,7 +21,8 @@ def _outcome(backend="spec", domain=Domain.MATH, load=1, tokens=513, step_s=0.05
     verify = round(tokens / accept) if accept else None
     fields = dict(backend=backend, domain=domain, inflight_at_dispatch=load, completion_tokens=tokens,
                   decode_s=(verify or tokens - 1) * step_s, verify_ct=verify,
-                  accept_length=tokens / verify if verify else None, ttft_s=0.1)
+                  accept_length=tokens / verify if verify else None, ttft_s=0.1,
+                  features=RequestFeatures(model="m", domain=domain, temperature=0.0))
     fields.update(over)
     return Outcome(**fields)
 
@@ -56,24 +59,24 @@ def test_acceptance_converges_per_domain_and_domains_stay_apart(est):
 def test_a_drop_seen_in_one_domain_moves_every_domain_at_once():
     acc = Acceptance((5.0, 5.0, 5.0))
     for _ in range(50):
-        for d in (MATH, CODE, CHAT):
-            acc.observe(d, 5.0)
+        for c in (MATH_C, CODE_C, CHAT_C):
+            acc.observe(c, 5.0)
     for _ in range(6):  # the drafter degrades; only math requests finish so far
-        acc.observe(MATH, 2.5)
+        acc.observe(MATH_C, 2.5)
     assert acc.values[CHAT] < 3.6  # chat's own estimate never saw a degraded sample
 
 
 def test_backend_report_scales_acceptance_before_outcomes_arrive():
     acc = Acceptance((5.0, 5.0, 5.0))
     for _ in range(4):
-        acc.note_dispatch(MATH)
+        acc.note_dispatch(MATH_C)
     acc.note_report(4.8, running=4)  # inside the noise band: no change
     assert acc.values[MATH] == pytest.approx(5.0)
     acc.note_report(2.5, running=4)  # half of what is expected for the 4 in flight
     assert acc.values[MATH] == pytest.approx(2.5)
     assert acc.values[CHAT] == pytest.approx(2.5)
     for _ in range(30):  # outcomes catch up: the drift fades instead of counting twice
-        acc.observe(MATH, 2.5)
+        acc.observe(MATH_C, 2.5)
     assert acc.drift == 1.0
     assert acc.values[MATH] == pytest.approx(2.5, rel=0.05)
 
@@ -82,7 +85,7 @@ def test_an_idle_backends_report_or_one_unlucky_request_is_not_a_drift():
     acc = Acceptance((5.0, 5.0, 5.0))
     acc.note_report(2.0, running=0)  # stale window of an idle backend
     assert acc.drift == 1.0
-    acc.note_dispatch(CHAT)
+    acc.note_dispatch(CHAT_C)
     acc.note_report(4.0, running=1)  # -20% on one request is within its noise
     assert acc.drift == 1.0
 

@@ -8,7 +8,7 @@ import pytest
 from backends import BackendSpec, Strategy
 from policies import BackendView, Domain, Goodput, NoCandidate, Outcome, RequestFeatures, make_policy
 
-MATH = RequestFeatures(model="m", domain=Domain.MATH)
+MATH = RequestFeatures(model="m", domain=Domain.MATH, temperature=0.0)
 
 
 def _view(name: str, strategy: Strategy = Strategy.AR, inflight: int = 0, **kw) -> BackendView:
@@ -23,7 +23,7 @@ def _teach(policy: Goodput, backend: str, *, load: int, step_s: float, accept: f
         verify = round(tokens / accept) if accept else None
         policy.observe(Outcome(backend=backend, domain=domain, inflight_at_dispatch=load,
                                completion_tokens=tokens, decode_s=(verify or tokens - 1) * step_s,
-                               verify_ct=verify))
+                               verify_ct=verify, features=RequestFeatures(model="m", domain=domain, temperature=0.0)))
 
 
 def _crafted(objective: str = "latency") -> tuple[Goodput, BackendView, BackendView]:

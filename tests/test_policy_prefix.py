@@ -6,9 +6,9 @@ from policies.prefix import BLOCK_CHARS, MAX_BLOCKS, message_blocks, text_blocks
 
 
 def _turns() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    first = [{"role": "system", "content": "You are a careful assistant. " * 20},
-             {"role": "user", "content": "Explain the radix cache in SGLang. " * 10}]
-    second = [*first, {"role": "assistant", "content": "It keeps the KV of served prompts in a tree. " * 8},
+    first = [{"role": "system", "content": "You are a careful assistant. " * 80},
+             {"role": "user", "content": "Explain the radix cache in SGLang. " * 40}]
+    second = [*first, {"role": "assistant", "content": "It keeps the KV of served prompts in a tree. " * 30},
               {"role": "user", "content": "And how is it evicted?"}]
     return first, second
 
@@ -22,7 +22,7 @@ def test_a_next_turn_shares_every_full_block_of_the_earlier_request() -> None:
 
 def test_a_different_history_shares_nothing_from_the_first_difference_on() -> None:
     first, _ = _turns()
-    other = [first[0], {"role": "user", "content": "Something else entirely. " * 30}]
+    other = [first[0], {"role": "user", "content": "Something else entirely. " * 120}]
     a, b = message_blocks(first), message_blocks(other)
     common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     # The system prompt's full blocks agree; once the texts part, no later element agrees either.
@@ -31,9 +31,9 @@ def test_a_different_history_shares_nothing_from_the_first_difference_on() -> No
 
 
 def test_roles_and_message_boundaries_change_the_chain() -> None:
-    text = "word " * 200
+    text = "word " * 800
     assert message_blocks([{"role": "user", "content": text}]) != message_blocks([{"role": "system", "content": text}])
-    split = [{"role": "user", "content": text[:500]}, {"role": "user", "content": text[500:]}]
+    split = [{"role": "user", "content": text[:2000]}, {"role": "user", "content": text[2000:]}]
     assert message_blocks(split) != message_blocks([{"role": "user", "content": text}])
 
 
@@ -44,7 +44,7 @@ def test_the_partial_last_block_is_left_out_and_work_is_capped() -> None:
 
 
 def test_odd_shapes_are_read_not_rejected() -> None:
-    odd = ["not a message", {"role": 3, "content": [{"type": "image_url"}, {"type": "text", "text": "z" * 600}]},
+    odd = ["not a message", {"role": 3, "content": [{"type": "image_url"}, {"type": "text", "text": "z" * 2400}]},
            {"role": "assistant", "content": None,
             "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}, "junk"]}]
     assert len(message_blocks(odd)) == 2

@@ -5,7 +5,16 @@
 - request tok/s: decode tok/s of one request = (tokens - 1) / (last - first token time), as in
   DESIGN.md; its mean and median over the requests that finished in the phase;
 - TTFT p99 over the requests that finished in the phase (queueing shows up here);
-- backend share: fraction of the requests *sent* during the phase that went to each backend.
+- backend share: fraction of the requests *sent* during the phase that went to each backend;
+- latency percentiles (p50/p99) of TTFT, TPOT (time per output token after the first) and e2e,
+  SLO attainment and goodput (`policies.eval.slo`), and the requests shed (503 twice) or left
+  unfinished, which count as SLO misses and never as speed;
+- cached share: prompt tokens served by the servers' prefix caches / all prompt tokens.
+
+Which requests a phase is judged on: in a closed-loop phase those that *finished* in its measured
+window (the population defines the phase, as in issue 5); in an open-loop phase those that
+*arrived* in it, wherever they finished (the run drains after the last phase), since an arrival's
+fate is what the phase's load did to it.
 
 Every phase but the first is measured from `SETTLE_S` after its start: in a closed loop the
 requests of the previous phase drain during the first seconds of the next one (at a drop from 8
@@ -23,7 +32,8 @@ import msgspec
 
 from common.percentile import percentile
 from policies.eval.scenarios import Scenario
-from policies.eval.sim import RunResult
+from policies.eval.sim import RequestRecord, RunResult
+from policies.eval.slo import DEFAULT_SLO, SLO
 
 __all__ = ["SETTLE_S", "PhaseMetrics", "metric_of", "phase_metrics", "window_series"]
 
@@ -39,6 +49,18 @@ class PhaseMetrics(msgspec.Struct, kw_only=True):
     requests: int
     clairvoyant_ratio: float | None = None
     clairvoyant_ratios: dict[str, float] = {}
+    p50_ttft_ms: float = 0.0
+    p50_tpot_ms: float = 0.0
+    p99_tpot_ms: float = 0.0
+    p50_e2e_s: float = 0.0
+    p99_e2e_s: float = 0.0
+    arrived: int = 0  # requests the phase is judged on (completed + shed + unfinished)
+    shed: int = 0
+    unfinished: int = 0
+    slo_attainment: float = 0.0
+    goodput_rps: float = 0.0
+    cached_share: float = 0.0
+    regret: float | None = None  # vs the best static backend of this phase, on the primary metric
 
 
 def metric_of(m: PhaseMetrics, objective: str) -> float:
@@ -46,8 +68,13 @@ def metric_of(m: PhaseMetrics, objective: str) -> float:
     return m.mean_request_tok_s if objective == "latency" else m.aggregate_tok_s
 
 
+def _pct(values: Sequence[float], q: float, scale: float = 1.0) -> float:
+    v = percentile(values, q)
+    return v * scale if v is not None else 0.0  # 0 for a phase with no requests
+
+
 def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
-                  settle_s: float = SETTLE_S) -> list[PhaseMetrics]:
+                  settle_s: float = SETTLE_S, slo: SLO = DEFAULT_SLO) -> list[PhaseMetrics]:
     starts: list[float] = []  # measured window of each phase: [start, end)
     ends: list[float] = []
     t = 0.0
@@ -56,9 +83,12 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
         t += ph.duration_s
         ends.append(t)
     n = len(ends)
+    open_loop = [ph.open_loop for ph in scenario.phases]
 
     def index(when: float) -> int | None:
-        """Phase whose measured window holds `when`, or None in a settling stretch."""
+        """Phase whose measured window holds `when`, or None in a settling stretch or the drain."""
+        if when >= ends[-1]:
+            return None
         i = min(bisect.bisect_right(ends, when), n - 1)
         return i if when >= starts[i] else None
 
@@ -67,29 +97,52 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
         i = index(when)
         if i is not None:
             tokens[i] += k
-    rates: list[list[float]] = [[] for _ in range(n)]
-    ttfts: list[list[float]] = [[] for _ in range(n)]
+    judged: list[list[RequestRecord]] = [[] for _ in range(n)]
     sent: list[dict[str, int]] = [{name: 0 for name in pool} for _ in range(n)]
     for r in run.records:
-        i = index(r.t_last)
-        if i is not None:
-            tps = r.decode_tok_s
-            if tps is not None:
-                rates[i].append(tps)
-            ttfts[i].append((r.t_first - r.t_send) * 1000.0)
-        j = min(bisect.bisect_right(ends, r.t_send), n - 1)
-        sent[j][r.backend] = sent[j].get(r.backend, 0) + 1
+        i = index(r.t_send)
+        if i is not None and open_loop[i]:
+            judged[i].append(r)
+        elif (j := index(r.t_last)) is not None and not open_loop[j]:
+            judged[j].append(r)
+    for r in run.failed:
+        i = index(r.t_send)
+        if i is not None and open_loop[i]:
+            judged[i].append(r)
+    for r in (*run.records, *run.failed):
+        if r.backend:
+            j = min(bisect.bisect_right(ends, r.t_send), n - 1)
+            sent[j][r.backend] = sent[j].get(r.backend, 0) + 1
     out = []
     for i in range(n):
+        recs = judged[i]
+        done = [r for r in recs if r.status == "ok"]
+        rates = [v for r in done if (v := r.decode_tok_s) is not None]
+        ttfts = [r.t_first - r.t_send for r in done]
+        tpots = [v for r in done if (v := r.tpot_s) is not None]
+        e2es = [r.t_last - r.t_send for r in done]
+        good = sum(1 for r in done if slo.met(r.t_first - r.t_send, r.tpot_s))
         total = sum(sent[i].values())
         span = ends[i] - starts[i]
+        prompt = sum(r.prompt_tokens for r in done)
         out.append(PhaseMetrics(
             aggregate_tok_s=tokens[i] / span if span > 0 else 0.0,
-            mean_request_tok_s=sum(rates[i]) / len(rates[i]) if rates[i] else 0.0,
-            p50_request_tok_s=percentile(rates[i], 50) or 0.0,  # 0 for a phase with no requests
-            p99_ttft_ms=percentile(ttfts[i], 99) or 0.0,
+            mean_request_tok_s=sum(rates) / len(rates) if rates else 0.0,
+            p50_request_tok_s=_pct(rates, 50),
+            p99_ttft_ms=_pct(ttfts, 99, 1000.0),
             backend_share={k: (v / total if total else 0.0) for k, v in sent[i].items()},
-            requests=len(rates[i]),
+            requests=len(rates),
+            p50_ttft_ms=_pct(ttfts, 50, 1000.0),
+            p50_tpot_ms=_pct(tpots, 50, 1000.0),
+            p99_tpot_ms=_pct(tpots, 99, 1000.0),
+            p50_e2e_s=_pct(e2es, 50),
+            p99_e2e_s=_pct(e2es, 99),
+            arrived=len(recs),
+            shed=sum(1 for r in recs if r.status == "shed"),
+            unfinished=sum(1 for r in recs if r.status == "unfinished"),
+            slo_attainment=good / len(recs) if recs else 0.0,
+            goodput_rps=good / span if span > 0 else 0.0,
+            cached_share=sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
         ))
     return out
 

@@ -1,9 +1,24 @@
-"""Run every policy and every single backend through a scenario and compare them.
+"""Run every contestant through a scenario and compare them.
 
-Contestants: the baselines (least_inflight, round_robin, threshold), `goodput` per objective,
-`static/NAME` (all traffic to one backend), and `clairvoyant/OBJECTIVE`: the goodput decision
-rule with the twin's true parameters and no exploration, the reference for learning quality.
-Every contestant sees the same request stream (same seed) on freshly built engines.
+Contestants:
+- specroute's policies: the baselines (least_inflight, round_robin, threshold) and `goodput`
+  per objective;
+- SGLang's router's policies (`sglang/round_robin`, `sglang/power_of_two`, `sglang/least_load`,
+  `sglang/cache_aware`; `policies.eval.peers`, implemented from the router's source);
+- `static/NAME`, one per server type of the fleet: in a closed loop all clients on that backend
+  (issue 5's meaning); in an open loop that backend alone serving its 1/N share of the arrivals
+  (the fleet's traffic would swamp a single server; a share is what it would get behind an ideal
+  balancer, so "the best single backend" stays a fair comparison);
+- `clairvoyant/OBJECTIVE`: the goodput decision rule with the twin's true acceptance and step time
+  per domain and no exploration (`policies.eval.oracle`), the reference for learning quality;
+- `clairvoyant/e2e` in open-loop scenarios: per request the backend with the smallest true
+  predicted e2e (`policies.eval.clairvoyant`: live queues, cache contents, the request's own
+  acceptance and length).
+
+Every contestant sees the same request stream (same seed) on freshly built engines. Regret: per
+phase, how far a contestant's mean request tok/s is below the best static backend's in that
+phase (`regret`, negative when it is above), and over the scenario below the best static choice
+in hindsight (the one static backend with the best phase mean over the whole scenario).
 """
 
 from __future__ import annotations
@@ -18,20 +33,26 @@ from backends import BackendSpec
 from backends.sim.engine import Engine
 from policies.base import Policy
 from policies.eval.bound import PhaseCeiling, phase_ceiling
+from policies.eval.clairvoyant import Clairvoyant
+from policies.eval.fleet import fleet_label, parse_fleet
 from policies.eval.metrics import PhaseMetrics, metric_of, phase_metrics, window_series
 from policies.eval.oracle import OracleEstimates
+from policies.eval.peers import PEER_POLICIES, make_peer
 from policies.eval.scenarios import Scenario
-from policies.eval.sim import RunResult, build_engines, simulate
+from policies.eval.sim import RunResult, build_engines, fleet_servers, simulate
+from policies.eval.slo import DEFAULT_SLO, SLO
 from policies.goodput import OBJECTIVES, Goodput
 from policies.simple import LeastInflight, Pinned, RoundRobin
 from policies.threshold import Threshold
 
-__all__ = ["PhaseResult", "ScenarioResult", "contestants", "run_scenario"]
+__all__ = ["PhaseResult", "ScenarioResult", "contestants", "on_fleet", "run_scenario"]
 
 Factory = Callable[[dict[str, Engine], list[BackendSpec]], Policy]
 RECOVERY_WINDOW_S = 20.0
 RECOVERY_STEP_S = 5.0
 RECOVERY_RATIO = 0.95
+COLD_START_S = 60.0
+CEILING_MAX_CLIENTS = 256  # the closed-loop ceiling's search grows with clients^2 per backend
 
 
 class PhaseResult(msgspec.Struct, kw_only=True):
@@ -41,6 +62,9 @@ class PhaseResult(msgspec.Struct, kw_only=True):
     domains: dict[str, float]
     policies: dict[str, PhaseMetrics]
     ceiling: PhaseCeiling | None = None  # the best mean request tok/s the pool allows (eval.bound)
+    arrival: str = "closed"
+    load: float = 0.0
+    rate_rps: float = 0.0  # open loop: requests/s offered
 
 
 class ScenarioResult(msgspec.Struct, kw_only=True):
@@ -54,10 +78,23 @@ class ScenarioResult(msgspec.Struct, kw_only=True):
     # degrade only: per objective, seconds after the drop until goodput stays >= 0.95 x clairvoyant
     recovery: dict[str, dict] = {}
     wall_s: float = 0.0
+    fleet: str = ""
+    slo: SLO = DEFAULT_SLO
+    # per learning policy: its mean request tok/s over the first COLD_START_S vs clairvoyant's
+    cold_start: dict[str, dict[str, float]] = {}
+
+
+def _static_names(scenario: Scenario) -> dict[str, str]:
+    """static/LABEL -> the first server of each member type."""
+    out: dict[str, str] = {}
+    for s in fleet_servers(scenario):
+        out.setdefault(f"static/{s.member.label}", s.name)
+    return out
 
 
 def contestants(pool: Sequence[str], objectives: Sequence[str], seed: int,
-                goodput_options: dict | None = None) -> dict[str, tuple[str | None, Factory]]:
+                goodput_options: dict | None = None, *, statics: dict[str, str] | None = None,
+                peers: bool = True, e2e_clairvoyant: bool = False) -> dict[str, tuple[str | None, Factory]]:
     """Name -> (objective or None, factory). Factories get the run's engines and specs."""
     opts = goodput_options or {}
     out: dict[str, tuple[str | None, Factory]] = {
@@ -69,8 +106,13 @@ def contestants(pool: Sequence[str], objectives: Sequence[str], seed: int,
         out[f"goodput/{obj}"] = (obj, lambda e, s, obj=obj: Goodput(obj, seed=seed, backends=s, **opts))
         out[f"clairvoyant/{obj}"] = (obj, lambda e, s, obj=obj: Goodput(
             obj, seed=seed, epsilon=0.0, bonus=0.0, estimates=OracleEstimates(e)))  # type: ignore[arg-type]
-    for name in pool:
-        out[f"static/{name}"] = (None, lambda e, s, name=name: Pinned(name))
+    if e2e_clairvoyant:
+        out["clairvoyant/e2e"] = (None, lambda e, s: Clairvoyant(e))  # type: ignore[arg-type,return-value]
+    if peers:
+        for name in PEER_POLICIES:
+            out[name] = (None, lambda e, s, name=name: make_peer(name, seed))  # type: ignore[arg-type,return-value]
+    for key, server in (statics if statics is not None else {f"static/{n}": n for n in pool}).items():
+        out[key] = (None, lambda e, s, server=server: Pinned(server))
     return out
 
 
@@ -113,21 +155,68 @@ def _recovery(goodput: RunResult, oracle: RunResult, scenario: Scenario, objecti
             "ratios": [(round(t, 1), round(r, 3)) for t, r in ratios]}
 
 
+def _cold_start(run: RunResult, reference: RunResult) -> dict[str, float]:
+    """Mean request tok/s of requests sent in the first COLD_START_S, against the reference's:
+    what starting from priors (or a short measurement) costs before the estimates settle."""
+    def mean(r: RunResult) -> float:
+        vals = [v for x in r.records if x.t_send < COLD_START_S and (v := x.decode_tok_s) is not None]
+        return sum(vals) / len(vals) if vals else 0.0
+    a, b = mean(run), mean(reference)
+    return {"window_s": COLD_START_S, "request_tok_s": round(a, 2), "reference_tok_s": round(b, 2),
+            "regret": round(1.0 - a / b, 4) if b > 0 else 0.0}
+
+
+def _static_share_run(scenario: Scenario, member: str, rates: list[float], seed: int) -> RunResult:
+    """One server of `member` alone, serving 1/N of the open-loop arrivals."""
+    n = len(fleet_servers(scenario))
+    alone = msgspec.structs.replace(scenario, pool=(member,), degrade=None)
+    name = next(iter(build_engines(alone, seed)))
+    return simulate(alone, lambda e, s: Pinned(name), seed=seed, phase_rates=[r / n for r in rates])
+
+
+def on_fleet(scenario: Scenario, fleet: str) -> Scenario:
+    """The scenario with another fleet (validated; a degrade aimed at a backend not in it is dropped)."""
+    members = parse_fleet(fleet)
+    pool = tuple(m.label if m.count == 1 else f"{m.count}x{m.label}" for m in members)
+    moved = msgspec.structs.replace(scenario, pool=pool)
+    names = {s.name for s in fleet_servers(moved)}
+    if moved.degrade is not None and moved.degrade.backend not in names:
+        moved = msgspec.structs.replace(moved, degrade=None)
+    return moved
+
+
 def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str] = OBJECTIVES,
                  primary: str = "latency", only: Sequence[str] | None = None,
-                 goodput_options: dict | None = None) -> ScenarioResult:
+                 goodput_options: dict | None = None, slo: SLO = DEFAULT_SLO,
+                 peers: bool = True) -> ScenarioResult:
     """Run all contestants (or those named in `only`) and compute per-phase metrics and ratios."""
     t0 = time.perf_counter()
-    pool = list(scenario.pool)
-    table = contestants(pool, objectives, seed, goodput_options)
+    servers = fleet_servers(scenario)
+    pool = [s.name for s in servers]
+    statics = _static_names(scenario)
+    table = contestants(pool, objectives, seed, goodput_options, statics=statics, peers=peers,
+                        e2e_clairvoyant=scenario.open_loop)
     if only is not None:
         wanted = set(only) | {f"clairvoyant/{o}" for o in objectives}
         table = {k: v for k, v in table.items() if k in wanted}
     runs: dict[str, RunResult] = {}
     metrics: dict[str, list[PhaseMetrics]] = {}
+    rates: list[float] | None = None
     for key, (_, factory) in table.items():
+        if key.startswith("static/") and scenario.open_loop:
+            continue
         runs[key] = simulate(scenario, factory, seed=seed)
-        metrics[key] = phase_metrics(runs[key], scenario, pool)
+        rates = runs[key].phase_rates
+        metrics[key] = phase_metrics(runs[key], scenario, pool, slo=slo)
+    for key in table:
+        if key.startswith("static/") and scenario.open_loop:
+            assert rates is not None, "open-loop statics need another contestant's rates"
+            member = next(s.member.label for s in servers if s.name == statics[key])
+            runs[key] = _static_share_run(scenario, member, rates, seed)
+            alone = msgspec.structs.replace(scenario, pool=(member,))
+            metrics[key] = phase_metrics(runs[key], alone, [member], slo=slo)
+            for m in metrics[key]:  # report the share under the fleet's server name
+                m.backend_share = {statics[key]: 1.0}
     for key, (obj, _) in table.items():
         for i, m in enumerate(metrics[key]):
             ratios = {}
@@ -136,26 +225,44 @@ def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str]
                 ratios[o] = metric_of(m, o) / ref if ref > 0 else 1.0
             m.clairvoyant_ratios = ratios
             m.clairvoyant_ratio = ratios.get(obj or primary, next(iter(ratios.values()), None))
+            best_static = max((metrics[s][i].mean_request_tok_s for s in table if s.startswith("static/")),
+                              default=0.0)
+            m.regret = 1.0 - m.mean_request_tok_s / best_static if best_static > 0 else None
     engines = build_engines(scenario, seed)
-    phases = [PhaseResult(name=ph.name, concurrency=ph.concurrency, duration_s=ph.duration_s,
-                          domains=dict(ph.domains),
-                          policies={k: metrics[k][i] for k in table}, ceiling=phase_ceiling(engines, ph))
-              for i, ph in enumerate(scenario.phases)]
+    phases = []
+    for i, ph in enumerate(scenario.phases):
+        ceiling = (phase_ceiling(engines, ph) if not ph.open_loop and ph.mix is None
+                   and ph.concurrency <= CEILING_MAX_CLIENTS else None)
+        phases.append(PhaseResult(
+            name=ph.name, concurrency=ph.concurrency, duration_s=ph.duration_s, domains=dict(ph.domains),
+            policies={k: metrics[k][i] for k in table}, ceiling=ceiling, arrival=ph.arrival, load=ph.load,
+            rate_rps=rates[i] if rates else 0.0))
     summary = {}
+    static_means = {k: sum(m.mean_request_tok_s for m in metrics[k]) / len(metrics[k])
+                    for k in table if k.startswith("static/")}
+    best_hindsight = max(static_means.values(), default=0.0)
     for key in table:
         ms = metrics[key]
+        phase_mean = sum(m.mean_request_tok_s for m in ms) / len(ms)
         summary[key] = {
-            "phase_mean_request_tok_s": sum(m.mean_request_tok_s for m in ms) / len(ms),
+            "phase_mean_request_tok_s": phase_mean,
             "phase_mean_aggregate_tok_s": sum(m.aggregate_tok_s for m in ms) / len(ms),
             "mean_request_tok_s": _request_mean(runs[key]),
             "requests": float(len(runs[key].records)),
             "min_clairvoyant_ratio": min(m.clairvoyant_ratio or 0.0 for m in ms),
+            "shed": float(sum(m.shed for m in ms)),
+            "phase_mean_goodput_rps": sum(m.goodput_rps for m in ms) / len(ms),
+            "hindsight_regret": 1.0 - phase_mean / best_hindsight if best_hindsight > 0 else 0.0,
         }
     recovery = {}
     if scenario.degrade is not None:
         for o in objectives:
             if f"goodput/{o}" in runs:
                 recovery[o] = _recovery(runs[f"goodput/{o}"], runs[f"clairvoyant/{o}"], scenario, o)
+    reference = runs.get("clairvoyant/e2e") or runs.get(f"clairvoyant/{primary}")
+    cold = {k: _cold_start(runs[k], reference) for k in runs
+            if reference is not None and k.startswith("goodput/")}
     return ScenarioResult(name=scenario.name, description=scenario.description, pool=pool,
                           objectives=list(objectives), phases=phases, summary=summary,
-                          recovery=recovery, wall_s=time.perf_counter() - t0)
+                          recovery=recovery, wall_s=time.perf_counter() - t0,
+                          fleet=fleet_label(parse_fleet(",".join(scenario.pool))), slo=slo, cold_start=cold)

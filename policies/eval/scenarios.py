@@ -1,17 +1,32 @@
-"""The evaluation scenarios: a backend pool and a sequence of load phases, in virtual seconds.
+"""The evaluation scenarios: a fleet and a sequence of load phases, in virtual seconds.
 
-Every scenario is a closed-loop client population: `concurrency` clients each keep one request
-in flight, drawing the prompt domain from the phase's mix. Phases are long enough (tens of
-virtual seconds, i.e. tens to thousands of requests) for a learning policy to pay its
-exploration and still be judged per phase. `degrade` multiplies one backend's acceptance by
-`scale` from `at_s` on (the twin's `accept_scale` fault knob).
+A phase is either a closed-loop client population (`arrival="closed"`: `concurrency` clients each
+keep one session going, the scenarios of issue 5) or open-loop arrivals (`poisson` or `bursty`,
+`policies.eval.arrivals`) at `load` x the reference capacity: `load` is a fraction of what a
+fleet of the same size of the `reference` profile sustains on the phase's traffic (its saturation
+request rate, `policies.eval.capacity`), so every fleet of that size faces the same arrivals in
+requests per second and 1.1 means more than such a fleet can serve. A phase's `mix` carries the
+realism axes (sessions, tools, thinking, temperature, long context; `policies.eval.workload`);
+without one, every request is a single greedy prompt as in issue 5.
+
+`pool` lists fleet members (`policies.eval.fleet`: a profile name, optionally `2x...` and
+`:b=`/`:t=`/`:a=` options). `degrade` multiplies one backend's acceptance by `scale` from `at_s`
+on (the twin's `accept_scale` fault knob). `max_queued` is SGLang's `--max-queued-requests` on
+every server (None: unbounded, SGLang's default): a request finding a full queue gets 503, the
+harness retries it once on another backend as the gateway does, then counts it shed.
+`represents_s` is how much of a day a phase stands for (the "day" scenario simulates a sample of
+each stretch; `plan` weighs phases and prices restarts with it).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-__all__ = ["Degrade", "K26_POOL", "Phase", "QWEN_POOL", "SCENARIOS", "Scenario", "scenario_names"]
+from policies.eval.arrivals import ARRIVALS, BurstShape
+from policies.eval.workload import Mix
+
+__all__ = ["DAY_MIX", "Degrade", "K26_POOL", "Phase", "QWEN_POOL", "REALISTIC_MIX", "SCENARIOS", "Scenario",
+           "scenario_names"]
 
 K26_POOL: tuple[str, ...] = ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree")
 QWEN_POOL: tuple[str, ...] = ("qwen36-ar", "qwen36-ddtree-b15", "qwen36-ddtree-b64")
@@ -24,8 +39,41 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
 
     name: str
     duration_s: float
-    concurrency: int
+    concurrency: int = 0  # closed loop: clients
     domains: dict[str, float]  # domain -> weight
+    arrival: str = "closed"  # closed | poisson | bursty
+    load: float = 0.0  # open loop: fraction of the reference capacity
+    mix: Mix | None = None
+    burst: BurstShape | None = None
+    represents_s: float = 0.0  # wall time of the day this phase stands for (0: its duration)
+
+    @property
+    def open_loop(self) -> bool:
+        return self.arrival != "closed"
+
+    @property
+    def span_s(self) -> float:
+        return self.represents_s or self.duration_s
+
+    def validate(self) -> None:
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"phase {self.name!r}: arrival is one of {', '.join(ARRIVALS)}, not {self.arrival!r}")
+        if not self.duration_s > 0:
+            raise ValueError(f"phase {self.name!r}: duration_s must be > 0")
+        if self.open_loop and not 0 < self.load <= 10:
+            raise ValueError(f"phase {self.name!r}: an open-loop phase needs 0 < load <= 10, got {self.load!r}")
+        if not self.open_loop and self.concurrency < 1:
+            raise ValueError(f"phase {self.name!r}: a closed-loop phase needs concurrency >= 1")
+        if not self.domains or any(w < 0 for w in self.domains.values()) or sum(self.domains.values()) <= 0:
+            raise ValueError(f"phase {self.name!r}: domains need non-negative weights with a positive total")
+        bad = [d for d in self.domains if d not in ("math", "code", "chat")]
+        if bad:
+            raise ValueError(f"phase {self.name!r}: unknown domain {bad[0]!r} (math, code, chat)")
+        if self.mix is not None:
+            try:
+                self.mix.validate()
+            except ValueError as e:
+                raise ValueError(f"phase {self.name!r}: {e}") from None
 
 
 class Degrade(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,12 +90,28 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True):
     pool: tuple[str, ...]  # twin profile names; the backend is named like its profile
     phases: tuple[Phase, ...]
     degrade: Degrade | None = None
-    min_tokens: int = 384  # max_tokens per request drawn uniformly in [min_tokens, max_tokens]
+    min_tokens: int = 384  # answer tokens per request drawn uniformly in [min_tokens, max_tokens]
     max_tokens: int = 640
+    max_queued: int | None = None  # SGLang --max-queued-requests per server
+    reference: str = "k26-dflash"  # open-loop loads are fractions of N servers of this profile
 
     @property
     def duration_s(self) -> float:
         return sum(p.duration_s for p in self.phases)
+
+    @property
+    def open_loop(self) -> bool:
+        return any(p.open_loop for p in self.phases)
+
+    def validate(self) -> None:
+        if not self.phases:
+            raise ValueError(f"scenario {self.name!r} has no phases")
+        if not 1 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"scenario {self.name!r}: need 1 <= min_tokens <= max_tokens")
+        if self.max_queued is not None and self.max_queued < 0:
+            raise ValueError(f"scenario {self.name!r}: max_queued must be >= 0")
+        for p in self.phases:
+            p.validate()
 
 
 def _seconds(c: int) -> float:
@@ -101,17 +165,84 @@ def _qwen() -> Scenario:
     levels = (1, 4, 16, 48, 16, 4, 1)
     return Scenario(
         name="qwen", description="Qwen3.6-27B pool (AR, DDTree budgets 15 and 64), ramp, mixed domains",
-        pool=QWEN_POOL,
+        pool=QWEN_POOL, reference="qwen36-ddtree-b15",
         phases=tuple(Phase(name=f"{i:02d}-c{c}", duration_s=_seconds(c), concurrency=c, domains=ALL)
                      for i, c in enumerate(levels)))
+
+
+# Traffic with issue 15's axes, shares of sessions (assumptions: a plausible production mix for a
+# thinking, agentic model; no public K2.6 traffic breakdown exists). Temperatures: greedy clients,
+# K2.6's instant-mode recommendation (0.6) and its thinking-mode recommendation (1.0, model card).
+REALISTIC_MIX = Mix(chat=0.35, agent=0.2, thinking=0.5, long_context=0.1,
+                    temperatures=((0.0, 0.3), (0.6, 0.3), (1.0, 0.4)))
+DAY_MIX = REALISTIC_MIX
+OPEN_LOADS = (0.3, 0.6, 0.9, 1.1)
+OPEN_PHASE_S = 120.0
+# An operator's queue bound (SGLang's default is unbounded): beyond it a server answers 503 and an
+# overloaded fleet sheds instead of queueing for minutes.
+OPERATOR_MAX_QUEUED = 128
+
+
+def _open(kind: str) -> Scenario:
+    return Scenario(
+        name=f"open-{kind}", description=f"open loop, {kind} arrivals at 30/60/90/110% of capacity, realistic mix",
+        pool=K26_POOL, max_queued=OPERATOR_MAX_QUEUED,
+        phases=tuple(Phase(name=f"load-{round(f * 100)}", duration_s=OPEN_PHASE_S, arrival=kind, load=f,
+                           domains=ALL, mix=REALISTIC_MIX) for f in OPEN_LOADS))
+
+
+def _sessions() -> Scenario:
+    chat = Mix(chat=0.8, agent=0.2, thinking=0.3, think_s=8.0, turns=(3, 8),
+               temperatures=((0.0, 0.5), (1.0, 0.5)))
+    return Scenario(
+        name="sessions", description="multi-turn chats and agent loops (prefix reuse), Poisson at 40% and 70%",
+        pool=K26_POOL, max_queued=OPERATOR_MAX_QUEUED,
+        phases=(Phase(name="load-40", duration_s=180.0, arrival="poisson", load=0.4, domains=ALL, mix=chat),
+                Phase(name="load-70", duration_s=180.0, arrival="poisson", load=0.7, domains=ALL, mix=chat)))
+
+
+def _day() -> Scenario:
+    """A day in eight stretches: load swings from a quiet night to two peaks, the domain mix
+    shifts (code by day, chat in the evening) and the night is agentic batch work with long
+    contexts. Each stretch is simulated for 120 s of steady traffic (`represents_s` is its real
+    length): enough for thousands of requests, and what `plan` weighs a stretch by."""
+    hour = 3600.0
+    spec = (  # name, hours, load, domains, mix changes
+        ("00-night", 6, 0.15, {"math": 1.0, "code": 2.0, "chat": 1.0}, dict(agent=0.45, chat=0.15, long_context=0.25)),
+        ("06-morning", 3, 0.45, {"math": 1.0, "code": 2.0, "chat": 2.0}, {}),
+        ("09-peak", 3, 0.85, {"math": 1.0, "code": 3.0, "chat": 2.0}, {}),
+        ("12-lunch", 2, 0.6, {"math": 1.0, "code": 1.0, "chat": 2.0}, dict(chat=0.45, agent=0.1)),
+        ("14-peak", 3, 0.9, {"math": 1.0, "code": 3.0, "chat": 2.0}, {}),
+        ("17-evening", 3, 0.55, {"math": 1.0, "code": 1.0, "chat": 3.0}, dict(chat=0.5, agent=0.1)),
+        ("20-late", 2, 0.35, {"math": 2.0, "code": 1.0, "chat": 3.0}, dict(thinking=0.7)),
+        ("22-night", 2, 0.2, {"math": 1.0, "code": 2.0, "chat": 1.0}, dict(agent=0.4, long_context=0.2)),
+    )
+    return Scenario(
+        name="day", description="a day: load 15-90% of capacity, domain/session/thinking/tool mix changing",
+        pool=K26_POOL, max_queued=OPERATOR_MAX_QUEUED,
+        phases=tuple(Phase(name=n, duration_s=120.0, arrival="poisson", load=load, domains=d,
+                           mix=msgspec.structs.replace(DAY_MIX, **changes), represents_s=h * hour)
+                     for n, h, load, d, changes in spec))
+
+
+def _offprior() -> Scenario:
+    """Twins whose physics are not the studies' figures the policy's priors come from: a slower
+    DFlash machine, a weaker DDTree drafter, a faster EAGLE-3 machine. Cold start counts."""
+    return Scenario(
+        name="offprior", description="physics off the priors (dflash t=1.4, ddtree a=0.8, eagle3 t=0.8), Poisson 60%",
+        pool=("k26-ar", "k26-eagle3:t=0.8", "k26-dflash:t=1.4", "k26-ddtree:a=0.8"), max_queued=OPERATOR_MAX_QUEUED,
+        phases=(Phase(name="load-60", duration_s=180.0, arrival="poisson", load=0.6, domains=ALL, mix=REALISTIC_MIX),))
 
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s for s in (
         *(_steady(c) for c in (1, 4, 16, 32, 64)),
         _ramp(), _mixed(), _degrade(), _qwen(),
+        _open("poisson"), _open("bursty"), _sessions(), _day(), _offprior(),
     )
 }
+for _s in SCENARIOS.values():
+    _s.validate()
 
 
 def scenario_names() -> list[str]:

@@ -1,31 +1,55 @@
 """Discrete-event simulation of a gateway in front of twin engines, on a virtual clock.
 
-One `Engine` per backend steps on its own; each step's emissions land at the step's end time. A
-closed-loop client population (the phase's concurrency) sends a new request as soon as one of
-its requests finishes. The policy under test sees what the gateway would see: its own in-flight
-counts, the backends' `/v1/loads`-style gauges polled every `poll_s`, and an `Outcome` per
-finished request with the telemetry the relay extracts (tokens, TTFT, decode seconds, verify
-count). No HTTP, no sleeping: a 10-minute scenario runs in about a second per policy.
+One `Engine` per backend steps on its own; each step's emissions land at the step's end time.
+Traffic comes as sessions (`policies.eval.workload`): closed-loop clients run one session after
+another (a new one as soon as theirs ends), open-loop sessions arrive by a Poisson or bursty
+process (`policies.eval.arrivals`) whatever the fleet is doing. A session's next turn is sent
+after the previous one finished plus its think (or tool) time.
+
+The policy under test sees what the gateway would see:
+- `RequestFeatures` as the gateway builds them: domain, prompt tokens, max_tokens, temperature,
+  thinking, tools, and the prompt's block chain as the prefix;
+- its own in-flight counts, and the backends' `/v1/loads` and `/metrics` gauges polled every
+  `poll_s` (running, waiting, the windowed accept length; the gateway runs servers with
+  `--enable-metrics`);
+- an `Outcome` per finished request with the telemetry the relay extracts: tokens, TTFT, decode
+  seconds, verify count, cached tokens (`--enable-cache-report`), reasoning tokens.
+A policy with an `update_loads(snapshots)` method (the SGLang router's, `policies.eval.peers`)
+gets its own load poll every `policy.poll_s`, as that router polls on its own schedule.
+
+Overload: a server with `max_queued` waiting requests answers 503 (SGLang's
+`--max-queued-requests`); the harness retries once on another backend, as the gateway does with
+a 503 before any byte reached the client, and then counts the request shed. A shed turn ends its
+session. Open-loop scenarios run past the last phase until what is in flight has finished (at
+most `DRAIN_S`), so the last phase's requests are measured too; what is still unfinished then is
+recorded as such. No HTTP, no sleeping: minutes of traffic run in seconds.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
-from typing import Callable
+from typing import Any, Callable
 
 import msgspec
 
 from backends import BackendSpec, Strategy
-from backends.sim.engine import Engine, SimRequest
-from backends.sim.profile import Profile, load_profile
-from policies.base import BackendView, Domain, Outcome, Policy, RequestFeatures
-from policies.eval.scenarios import Scenario
+from backends.sim.domain import prompt_key
+from backends.sim.engine import Engine, QueueFull, SimRequest
+from backends.sim.thinking import ReasoningModel
+from policies.base import BackendView, Domain, NoCandidate, Outcome, Policy, RequestFeatures
+from policies.eval.arrivals import Arrivals
+from policies.eval.fleet import Server, parse_fleet, servers
+from policies.eval.peers import LoadSnapshot
+from policies.eval.scenarios import Phase, Scenario
+from policies.eval.workload import Mix, Session, Turn, draw_session, single_request
 
-__all__ = ["RequestRecord", "RunResult", "build_engines", "simulate"]
+__all__ = ["DRAIN_S", "MODEL", "RequestRecord", "RunResult", "build_engines", "fleet_servers", "simulate"]
 
-_STEP, _POLL, _DEGRADE, _PHASE = 0, 1, 2, 3
+_STEP, _POLL, _PEER_POLL, _DEGRADE, _PHASE, _ARRIVAL, _TURN = range(7)
 MODEL = "eval-model"
+DRAIN_S = 300.0
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -41,11 +65,35 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     verify_ct: int = 0
     reason: str = ""
     client: int = 0
+    phase: int = 0  # the phase the request was sent in
+    status: str = "ok"  # ok | shed (503 twice) | unfinished (still running when the run ended)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    session: str = ""
+    kind: str = "single"
+    turn: int = 0
+    temperature: float = 0.0
+    retried: bool = False
 
     @property
     def decode_tok_s(self) -> float | None:
         d = self.t_last - self.t_first
         return (self.tokens - 1) / d if self.tokens > 1 and d > 0 else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.t_first - self.t_send if self.t_first >= 0 else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (TPOT / mean ITL): (last - first) / (n - 1)."""
+        d = self.t_last - self.t_first
+        return d / (self.tokens - 1) if self.tokens > 1 and self.status == "ok" else None
+
+    @property
+    def e2e_s(self) -> float | None:
+        return self.t_last - self.t_send if self.status == "ok" and self.t_last >= 0 else None
 
 
 class RunResult(msgspec.Struct, kw_only=True):
@@ -54,10 +102,12 @@ class RunResult(msgspec.Struct, kw_only=True):
     records: list[RequestRecord]  # finished requests, in completion order
     tokens_at: list[tuple[float, int]]  # (time, tokens emitted) per engine step end
     duration_s: float
+    failed: list[RequestRecord] = []  # shed and unfinished requests
+    phase_rates: list[float] = []  # open-loop request rate per phase (0 for closed loop)
 
 
 class _Backend:
-    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change")
+    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change", "waiting_tokens")
 
     def __init__(self, name: str, engine: Engine, view: BackendView) -> None:
         self.name = name
@@ -66,17 +116,69 @@ class _Backend:
         self.busy = False
         self.integral = 0.0  # time integral of in-flight count: gives each request its mean load
         self.t_change = 0.0
+        self.waiting_tokens: dict[str, int] = {}  # rid -> prompt tokens, until its first token
+
+
+class _Flight(msgspec.Struct, kw_only=True):
+    rec: RequestRecord
+    backend: _Backend
+    inflight_at_dispatch: int
+    integral_at_dispatch: float
+    sim: SimRequest
+    turn: Turn
+    stream: "_Stream"
+
+
+class _Stream:
+    """A session in progress: which turn is next, and who runs it (closed-loop client or None)."""
+
+    __slots__ = ("session", "next_turn", "client", "phase")
+
+    def __init__(self, session: Session, client: int | None, phase: int) -> None:
+        self.session = session
+        self.next_turn = 0
+        self.client = client
+        self.phase = phase
+
+
+def fleet_servers(scenario: Scenario) -> list[Server]:
+    """The scenario's pool as named servers (a plain profile name is a one-server member)."""
+    return servers(parse_fleet(",".join(scenario.pool)))
 
 
 def build_engines(scenario: Scenario, seed: int) -> dict[str, Engine]:
-    """One engine per pool member, seeded apart so that backends draw different acceptances."""
-    profiles: dict[str, Profile] = {name: load_profile(name) for name in scenario.pool}
-    return {name: Engine(p, seed=seed * 7919 + i) for i, (name, p) in enumerate(profiles.items())}
+    """One engine per server, seeded apart so that backends draw different acceptances; a
+    member's acceptance scale is the engine's `accept_scale`."""
+    out = {}
+    for i, s in enumerate(fleet_servers(scenario)):
+        e = Engine(s.member.build_profile(), seed=seed * 7919 + i, max_queued=scenario.max_queued)
+        e.accept_scale = s.member.accept_scale
+        out[s.name] = e
+    return out
+
+
+def _reasoning_model(engines: dict[str, Engine]) -> ReasoningModel | None:
+    """The model's reasoning-length table (all servers of a fleet serve one model)."""
+    for e in engines.values():
+        if e.profile.reasoning is not None:
+            return e.profile.reasoning
+    return None
+
+
+def _phase_rate(scenario: Scenario, ph: Phase, n_servers: int) -> float:
+    from policies.eval.capacity import reference_rate  # capacity simulates with this module
+
+    return ph.load * reference_rate(scenario, ph, n_servers)
 
 
 def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[BackendSpec]], Policy],
-             *, seed: int = 0, poll_s: float = 1.0) -> RunResult:
-    """Run `scenario` under the policy `make_policy(engines, specs)` builds; deterministic in seed."""
+             *, seed: int = 0, poll_s: float = 1.0, phase_rates: list[float] | None = None,
+             ignore_delays: bool = False) -> RunResult:
+    """Run `scenario` under the policy `make_policy(engines, specs)` builds; deterministic in seed.
+
+    `phase_rates` (requests/s per phase) overrides the open-loop rates computed from the
+    scenario's reference capacity; `ignore_delays` sends a session's next turn at once (the
+    capacity measurement: work per request, not user pacing)."""
     engines = build_engines(scenario, seed)
     specs = [BackendSpec(name=n, url=f"sim://{n}", model=MODEL, strategy=Strategy(e.profile.strategy))
              for n, e in engines.items()]
@@ -84,33 +186,50 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
     backends = [_Backend(s.name, engines[s.name], BackendView(spec=s)) for s in specs]
     by_name = {b.name: b for b in backends}
     views = [b.view for b in backends]
-    heap: list[tuple[float, int, int, object]] = []
+    reasoning = _reasoning_model(engines)
+    rates = list(phase_rates) if phase_rates is not None else [
+        _phase_rate(scenario, ph, len(backends)) if ph.open_loop else 0.0 for ph in scenario.phases]
+    answer = (scenario.min_tokens, scenario.max_tokens)
+    heap: list[tuple[float, int, int, Any]] = []
     seq = 0
 
-    def push(t: float, kind: int, payload: object) -> None:
+    def push(t: float, kind: int, payload: Any) -> None:
         nonlocal seq
         seq += 1
         heapq.heappush(heap, (t, seq, kind, payload))
 
     t_phase = 0.0
+    starts = []
     for i, ph in enumerate(scenario.phases):
+        starts.append(t_phase)
         push(t_phase, _PHASE, i)
         t_phase += ph.duration_s
     end = t_phase
+    stop = end + (DRAIN_S if scenario.open_loop else 0.0)
     push(0.0, _POLL, None)
+    peer_poll = getattr(policy, "update_loads", None)
+    choose_turn = getattr(policy, "choose_turn", None)  # the clairvoyant reads the turn itself
+    bind = getattr(policy, "bind_inflight", None)
+    if bind is not None:  # ... and the requests in flight, with their true progress
+        bind(lambda name: (f.sim for f in inflight.values() if f.backend.name == name))
+    if peer_poll is not None:
+        push(0.0, _PEER_POLL, None)
     if scenario.degrade is not None:
         push(scenario.degrade.at_s, _DEGRADE, scenario.degrade)
 
     now = 0.0
     target = 0
     phase = 0
-    idle_clients: list[int] = []  # client ids without a request in flight, smallest first
+    idle_clients: list[int] = []  # client ids without a session, smallest first
     next_client = 0
-    sent_by: dict[tuple[int, int], int] = {}  # (phase, client) -> requests sent
+    started_by: dict[tuple[int, int], int] = {}  # (phase, client) -> sessions started
+    arrivals: Arrivals | None = None
+    arrived = 0  # sessions arrived in the current open-loop phase
     domains: list[str] = ["chat"]
     weights: list[float] = [1.0]
-    inflight: dict[str, tuple[RequestRecord, _Backend, int, float, SimRequest]] = {}
+    inflight: dict[str, _Flight] = {}
     finished: list[RequestRecord] = []
+    failed: list[RequestRecord] = []
     tokens_at: list[tuple[float, int]] = []
     next_rid = 0
 
@@ -125,84 +244,176 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         b.busy = True
         push(now + res.duration_s, _STEP, (b, res))
 
-    def send(client: int) -> None:
-        """Client `client` sends its next request. What it asks (domain, lengths, and the prompt
-        text the engine seeds acceptance from) depends only on (phase, client, k-th request), so
-        every contestant faces the same requests: common random numbers shrink the noise of
-        per-phase ratios."""
+    def new_session(client: int | None) -> Session:
+        ph = scenario.phases[phase]
+        if client is not None:
+            k = started_by.get((phase, client), 0)
+            started_by[(phase, client)] = k + 1
+            tag = f"{seed}:{scenario.name}:{phase}:{client}:{k}"
+        else:
+            tag = f"{seed}:{scenario.name}:{phase}:open:{arrived}"
+        if ph.mix is None:  # issue 5's single greedy prompt, drawn as it always was
+            rng = random.Random(tag)
+            dom = rng.choices(domains, weights)[0]
+            max_tokens = rng.randint(*answer)
+            return single_request(tag, dom, rng.randint(50, 400), max_tokens)
+        return draw_session(tag, ph.mix, domains, weights, answer, reasoning)
+
+    def start(client: int | None) -> None:
+        stream = _Stream(new_session(client), client, phase)
+        send(stream)
+
+    def end_stream(stream: _Stream) -> None:
+        c = stream.client
+        if c is None or now >= end:
+            return
+        if c < target and not scenario.phases[phase].open_loop:
+            start(c)
+        else:
+            heapq.heappush(idle_clients, c)
+
+    def dispatch(features: RequestFeatures, turn: Turn, rid: int, exclude: str | None) -> tuple[
+            _Backend, SimRequest, str] | None:
+        pool = views if exclude is None else [v for v in views if v.spec.name != exclude]
+        if not pool:
+            return None
+        try:
+            decision = policy.choose(features, pool) if choose_turn is None else choose_turn(features, pool, turn)
+        except NoCandidate:
+            return None
+        b = by_name[decision.backend.spec.name]
+        try:
+            sim_req = b.engine.submit(str(rid), turn.prompt_tokens, turn.max_tokens, turn.tag, domain=turn.domain,
+                                      temperature=turn.temperature, prefix_blocks=turn.chain,
+                                      key=prompt_key(turn.tag))
+        except QueueFull:
+            # the 503 reaches the gateway at once: the policy hears of the failed attempt
+            policy.observe(Outcome(backend=b.name, domain=Domain(turn.domain), inflight_at_dispatch=b.view.inflight + 1,
+                                   prompt_tokens=turn.prompt_tokens, error="queue_full"))
+            return b, None, decision.reason  # type: ignore[return-value]
+        return b, sim_req, decision.reason
+
+    def send(stream: _Stream) -> None:
+        """The stream's next turn goes out now."""
         nonlocal next_rid
+        turn = stream.session.turns[stream.next_turn]
+        stream.next_turn += 1
         rid = next_rid
         next_rid += 1
-        k = sent_by.get((phase, client), 0)
-        sent_by[(phase, client)] = k + 1
-        tag = f"{seed}:{scenario.name}:{phase}:{client}:{k}"
-        rng = random.Random(tag)
-        dom = rng.choices(domains, weights)[0]
-        max_tokens = rng.randint(scenario.min_tokens, scenario.max_tokens)
-        prompt_tokens = rng.randint(50, 400)
-        features = RequestFeatures(model=MODEL, domain=Domain(dom), prompt_tokens=prompt_tokens,
-                                   max_tokens=max_tokens, stream=True)
-        decision = policy.choose(features, views)
-        b = by_name[decision.backend.spec.name]
+        features = RequestFeatures(model=MODEL, domain=Domain(turn.domain), prompt_tokens=turn.prompt_tokens,
+                                   max_tokens=turn.max_tokens, stream=True, temperature=turn.temperature,
+                                   thinking=turn.thinking, tools=turn.tools, prefix=turn.chain)
+        rec = RequestRecord(rid=rid, backend="", domain=turn.domain, t_send=now, client=stream.client or 0,
+                            phase=phase, prompt_tokens=turn.prompt_tokens, reasoning_tokens=turn.reasoning_tokens,
+                            session=stream.session.tag, kind=stream.session.kind,
+                            turn=stream.next_turn - 1, temperature=turn.temperature)
+        got = dispatch(features, turn, rid, None)
+        if got is not None and got[1] is None:  # 503: once more on another backend
+            rec.retried = True
+            got = dispatch(features, turn, rid, got[0].name)
+        if got is None or got[1] is None:
+            rec.status = "shed"
+            rec.backend = got[0].name if got is not None else ""
+            failed.append(rec)
+            end_stream(stream)
+            return
+        b, sim_req, reason = got
+        rec.backend = b.name
+        rec.reason = reason
         touch(b)
         b.view.inflight += 1
-        sim_req = b.engine.submit(str(rid), prompt_tokens, max_tokens, tag, domain=dom)
-        rec = RequestRecord(rid=rid, backend=b.name, domain=dom, t_send=now, reason=decision.reason,
-                            client=client)
-        inflight[str(rid)] = (rec, b, b.view.inflight, b.integral, sim_req)
+        b.waiting_tokens[str(rid)] = turn.prompt_tokens
+        inflight[str(rid)] = _Flight(rec=rec, backend=b, inflight_at_dispatch=b.view.inflight,
+                                     integral_at_dispatch=b.integral, sim=sim_req, turn=turn, stream=stream)
         kick(b)
+
+    def complete(f: _Flight) -> None:
+        rec, b = f.rec, f.backend
+        touch(b)
+        mean_load = (b.integral - f.integral_at_dispatch) / (now - rec.t_send) if now > rec.t_send else None
+        b.view.inflight -= 1
+        verify_ct = f.sim.verify_ct or None  # SGLang reports it on speculative servers
+        rec.verify_ct = verify_ct or 0
+        rec.cached_tokens = f.sim.cached_tokens
+        b.engine.cache_output(f.turn.output_chain)
+        policy.observe(Outcome(
+            backend=b.name, domain=Domain(rec.domain), inflight_at_dispatch=f.inflight_at_dispatch,
+            mean_inflight=mean_load, prompt_tokens=rec.prompt_tokens, completion_tokens=rec.tokens,
+            ttft_s=rec.t_first - rec.t_send, decode_s=rec.t_last - rec.t_first, verify_ct=verify_ct,
+            accept_length=rec.tokens / verify_ct if verify_ct else None,
+            finish_reason="tool_calls" if f.turn.tool_call else "stop",
+            cached_tokens=rec.cached_tokens, reasoning_tokens=rec.reasoning_tokens or None))
+        finished.append(rec)
+        stream = f.stream
+        if stream.next_turn < len(stream.session.turns) and now < end:
+            delay = 0.0 if ignore_delays else stream.session.turns[stream.next_turn].delay_s
+            push(now + delay, _TURN, stream)
+        else:
+            end_stream(stream)
 
     while heap:
         t, _, kind, payload = heapq.heappop(heap)
-        if t > end:
+        if t > stop:
             break
+        if t > end and kind != _STEP:
+            continue  # draining: no new requests, no polls
         now = t
         if kind == _STEP:
-            b, res = payload  # type: ignore[misc]
+            b, res = payload
             b.busy = False
             total = 0
             for em in res.emissions:
                 total += em.n_tokens
-                entry = inflight.get(em.rid)
-                if entry is None:
+                f = inflight.get(em.rid)
+                if f is None:
                     continue
-                rec = entry[0]
+                rec = f.rec
                 rec.tokens += em.n_tokens
                 if rec.t_first < 0:
                     rec.t_first = now
+                    b.waiting_tokens.pop(em.rid, None)
                 if em.finished:
                     del inflight[em.rid]
                     rec.t_last = now
-                    touch(b)
-                    mean_load = (b.integral - entry[3]) / (now - rec.t_send) if now > rec.t_send else None
-                    b.view.inflight -= 1
-                    verify_ct = entry[4].verify_ct or None  # SGLang reports it on speculative servers
-                    rec.verify_ct = verify_ct or 0
-                    policy.observe(Outcome(
-                        backend=b.name, domain=Domain(rec.domain), inflight_at_dispatch=entry[2],
-                        mean_inflight=mean_load, prompt_tokens=0, completion_tokens=rec.tokens,
-                        ttft_s=rec.t_first - rec.t_send, decode_s=rec.t_last - rec.t_first,
-                        verify_ct=verify_ct,
-                        accept_length=rec.tokens / verify_ct if verify_ct else None,
-                        finish_reason=em.finish_reason))
-                    finished.append(rec)
-                    if rec.client < target:
-                        send(rec.client)
-                    else:
-                        heapq.heappush(idle_clients, rec.client)
+                    complete(f)
             tokens_at.append((now, total))
             kick(b)
+            if now > end and not inflight:
+                break
+        elif kind == _TURN:
+            if now < end:
+                send(payload)
+        elif kind == _ARRIVAL:
+            ph_index, when = payload
+            if ph_index == phase and arrivals is not None:
+                start(None)
+                arrived += 1
+                nxt = arrivals.next_after(when)
+                if nxt < starts[phase] + scenario.phases[phase].duration_s:
+                    push(nxt, _ARRIVAL, (phase, nxt))
         elif kind == _PHASE:
-            ph = scenario.phases[payload]  # type: ignore[index]
+            ph = scenario.phases[payload]
             domains = list(ph.domains)
             weights = [ph.domains[d] for d in domains]
-            target = ph.concurrency
-            phase = payload  # type: ignore[assignment]
-            while next_client < target:
-                heapq.heappush(idle_clients, next_client)
-                next_client += 1
-            while idle_clients and idle_clients[0] < target:
-                send(heapq.heappop(idle_clients))
+            phase = payload
+            arrived = 0
+            arrivals = None
+            if ph.open_loop:
+                target = 0
+                mix = ph.mix or Mix()
+                session_rate = rates[phase] / mix.mean_turns
+                arrivals = Arrivals(ph.arrival, session_rate, now,
+                                    random.Random(f"{seed}:{scenario.name}:{phase}:arrivals"), ph.burst)
+                first = arrivals.next_after(now)
+                if first < now + ph.duration_s:
+                    push(first, _ARRIVAL, (phase, first))
+            else:
+                target = ph.concurrency
+                while next_client < target:
+                    heapq.heappush(idle_clients, next_client)
+                    next_client += 1
+                while idle_clients and idle_clients[0] < target:
+                    start(heapq.heappop(idle_clients))
         elif kind == _POLL:
             for b in backends:
                 st = b.engine.stats()
@@ -213,7 +424,22 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
                 v.reported_accept_length = st.accept_length or None
                 v.reported_inflight = v.inflight
             push(now + poll_s, _POLL, None)
+        elif kind == _PEER_POLL:
+            snaps = {}
+            for b in backends:
+                st = b.engine.stats()
+                snaps[b.name] = LoadSnapshot(num_used_tokens=st.num_used_tokens, token_usage=st.token_usage,
+                                             gen_throughput=st.gen_throughput,
+                                             num_waiting_uncached_tokens=sum(b.waiting_tokens.values()))
+            assert peer_poll is not None
+            peer_poll(snaps)
+            push(now + getattr(policy, "poll_s", 10.0), _PEER_POLL, None)
         elif kind == _DEGRADE:
             deg = payload
-            by_name[deg.backend].engine.accept_scale = deg.scale  # type: ignore[attr-defined]
-    return RunResult(records=finished, tokens_at=tokens_at, duration_s=end)
+            e = by_name[deg.backend].engine
+            e.accept_scale = e.accept_scale * deg.scale
+    for f in inflight.values():
+        f.rec.status = "unfinished"
+        failed.append(f.rec)
+    return RunResult(records=finished, tokens_at=tokens_at, duration_s=end, failed=failed,
+                     phase_rates=[r if math.isfinite(r) else 0.0 for r in rates])

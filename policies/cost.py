@@ -1,0 +1,72 @@
+"""What one more request costs a backend: the goodput policy's cost model.
+
+Own time of a request of acceptance cell `c` sent to a backend holding `load` requests:
+
+    own = prefill_s(uncached)                      TTFT: first pass + prefill of what is not cached
+        + out x step_s(load + 1) / accept(c)       decode of the expected output at the new batch
+        + wait                                     if the backend is full: (load + 1 - cap) / cap
+                                                   service times until a slot frees
+
+Time it imposes on the `n = min(load, cap)` requests already running there:
+
+    imposed = n x (prefill_stall_s(uncached)       its prefill tokens ride in their passes
+                   + rest x (step_s(load + 1) - step_s(load)))   every remaining pass is slower
+
+with `rest` = half the expected output over the acceptance (passes a running request has left, on
+average). The latency objective minimizes `own + externality x imposed`: with weight 1 that is the
+increase of the summed completion time of every request in the pool, so per-request choices add up
+to the least total time instead of herding onto the fastest backend.
+
+The estimate objects only need `accept_at`, `step_s`, `max_running`, `prefill_s` and
+`prefill_stall_s` (`policies.estimates.RateModel`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = ["CostModel", "own_and_imposed_s", "throughput_gain"]
+
+
+class CostModel(Protocol):
+    max_running: int
+
+    def accept_at(self, c: int) -> float: ...
+
+    def step_s(self, load: int) -> float: ...
+
+    def prefill_s(self, uncached: int) -> float: ...
+
+    def prefill_stall_s(self, uncached: int) -> float: ...
+
+
+def own_and_imposed_s(est: CostModel, c: int, load: int, uncached: int, out: float, externality: float) -> float:
+    """Predicted seconds: this request's own TTFT + decode, plus `externality` x what it adds to
+    the requests running beside it."""
+    acc = est.accept_at(c)
+    step = est.step_s(load + 1)
+    decode = out * step / acc
+    cost = est.prefill_s(uncached) + decode
+    cap = est.max_running
+    if load >= cap:
+        cost += (load + 1 - cap) / cap * decode
+    if externality and load:
+        running = load if load < cap else cap
+        slower = step - est.step_s(load)
+        rest = 0.5 * out / acc  # passes a running request has left, on average
+        cost += externality * running * (est.prefill_stall_s(uncached) + rest * (slower if slower > 0 else 0.0))
+    return cost
+
+
+def throughput_gain(est: CostModel, c: int, load: int, uncached: int, out: float) -> float:
+    """Tok/s the backend's aggregate gains with one more request, less what its prefill costs the
+    running ones, spread over the request's decode time."""
+    acc = est.accept_at(c)
+    cap = est.max_running
+    after = acc * (load + 1 if load + 1 < cap else cap) / est.step_s(load + 1)
+    before = acc * (load if load < cap else cap) / est.step_s(load) if load > 0 else 0.0
+    gain = after - before
+    if load and uncached:
+        decode = out * est.step_s(load + 1) / acc
+        gain -= before * est.prefill_stall_s(uncached) / (decode if decode > 0 else 1.0)
+    return gain

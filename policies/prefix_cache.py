@@ -1,0 +1,198 @@
+"""Which backend holds which conversation prefix, in bounded memory.
+
+Each backend has a set of the block hashes (`policies.prefix`) of the requests sent to it, holding
+at most its KV budget in blocks (`max_total_num_tokens / BLOCK_TOKENS`): the server's radix cache
+cannot keep more either, so a block this tracker forgot is one the server has most likely evicted
+too. The least recently used blocks go first. Memory is O(sum of capacities), whatever the number
+of conversations.
+
+A request stamps all its blocks at once, so a block's ancestors are always at least as recent as
+it is and eviction takes leaves no later than their roots, as the radix cache does. The held part
+of any chain is therefore a prefix of it, and the depth held is found by binary search.
+
+Lookups go through one index over all backends, block hash -> bit mask of the backends holding it
+(bit = the backend's slot), so that a request is matched against the whole pool in a few lookups:
+one when no backend holds its first block (a new conversation), and otherwise one binary search per
+distinct depth among the holders (typically two: the backend holding the conversation and those
+holding only a shared system prompt), not one per backend.
+"""
+
+from __future__ import annotations
+
+from itertools import islice, repeat
+
+from policies.prefix import BLOCK_TOKENS
+
+__all__ = ["DEFAULT_KV_TOKENS", "BackendBlocks", "PrefixCache"]
+
+# Assumption when a backend does not report `max_total_num_tokens`: about what SGLang gives K2.6
+# at TP8 with ~19 GB of KV per GPU (the twin's profiles use 260,000).
+DEFAULT_KV_TOKENS = 262_144
+_MIN_BLOCKS = 16
+_SAMPLE = 128  # stamps sampled to place an eviction's cutoff
+
+
+class BackendBlocks:
+    """The block hashes one backend is believed to hold, each with the stamp of its last use."""
+
+    __slots__ = ("blocks", "capacity", "evicted", "bit", "_stamp", "_index")
+
+    def __init__(self, capacity: int, bit: int, index: dict[int, int]) -> None:
+        self.blocks: dict[int, int] = {}
+        self.capacity = capacity
+        self.evicted = 0
+        self.bit = bit
+        self._stamp = 0
+        self._index = index
+
+    def depth(self, chain: tuple[int, ...]) -> int:
+        """How many leading blocks of `chain` are held here."""
+        blocks = self.blocks
+        if not chain or chain[0] not in blocks:
+            return 0
+        lo, hi = 0, len(chain) - 1  # chain[lo] is held; find the deepest held index
+        if chain[hi] in blocks:
+            return hi + 1
+        while lo < hi - 1:
+            mid = (lo + hi) >> 1
+            if chain[mid] in blocks:
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1
+
+    def record(self, chain: tuple[int, ...], held: int = 0) -> None:
+        """The backend served `chain`: all of it is held now, stamped as just used. `held`: how
+        many leading blocks it held before (`depth`), so only the new ones enter the index."""
+        self._stamp += 1
+        blocks = self.blocks
+        blocks.update(zip(chain, repeat(self._stamp)))
+        if held < len(chain):
+            index, bit = self._index, self.bit
+            get = index.get
+            for h in islice(chain, held, None):
+                index[h] = get(h, 0) | bit
+        if len(blocks) > self.capacity:
+            self._evict(len(blocks) - (self.capacity * 3) // 4)
+
+    def _evict(self, drop: int) -> None:
+        """Drop about `drop` of the least recently used blocks, by stamp.
+
+        Every use of a block stamps all its ancestors alike, so an ancestor's stamp is never older
+        than its descendants': dropping by stamp takes leaves no later than their roots and the
+        held part of a chain stays a prefix. Done in bulk (one pass over the dict per quarter of
+        the capacity inserted) so that it costs O(1) amortized per block instead of an ordered
+        structure's bookkeeping on every touch. The cutoff comes from a strided sample of the
+        stamps: sorting them all would cost more than the pass."""
+        blocks = self.blocks
+        step = max(len(blocks) // _SAMPLE, 1)
+        sample = sorted(islice(blocks.values(), 0, None, step))
+        cutoff = sample[min(len(sample) - 1, drop * len(sample) // len(blocks))]
+        if cutoff <= sample[0]:  # too few distinct stamps to split finely: drop the oldest one whole
+            cutoff = sample[0] + 1
+        kept = {h: s for h, s in blocks.items() if s >= cutoff}
+        index, clear = self._index, ~self.bit
+        get = index.get
+        for h in blocks.keys() - kept.keys():
+            m = get(h, 0) & clear
+            if m:
+                index[h] = m
+            else:
+                del index[h]
+        self.evicted += len(blocks) - len(kept)
+        self.blocks = kept
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+        if len(self.blocks) > capacity:
+            self._evict(len(self.blocks) - capacity)
+
+    def clear(self) -> None:
+        index, clear = self._index, ~self.bit
+        for h in self.blocks:
+            m = index.get(h, 0) & clear
+            if m:
+                index[h] = m
+            else:
+                index.pop(h, None)
+        self.evicted += len(self.blocks)
+        self.blocks = {}
+
+
+class PrefixCache:
+    """Per-backend `BackendBlocks`, created on first sight and sized from the KV budget, plus the
+    pool-wide index that answers "how deep does each backend hold this chain" in a few lookups."""
+
+    def __init__(self, default_kv_tokens: int = DEFAULT_KV_TOKENS) -> None:
+        if default_kv_tokens < BLOCK_TOKENS:
+            raise ValueError(f"default_kv_tokens must be >= {BLOCK_TOKENS}, got {default_kv_tokens}")
+        self.default_kv_tokens = default_kv_tokens
+        self.backends: dict[str, BackendBlocks] = {}
+        self.bits: dict[str, int] = {}  # backend name -> its bit (kept when it leaves: names are few)
+        self.names: dict[int, str] = {}  # and back
+        self.index: dict[int, int] = {}
+
+    @staticmethod
+    def capacity_for(kv_tokens: int) -> int:
+        return max(kv_tokens // BLOCK_TOKENS, _MIN_BLOCKS)
+
+    def of(self, name: str, kv_tokens: int | None = None) -> BackendBlocks:
+        """The tracker of backend `name`, resized when its reported KV budget changed."""
+        b = self.backends.get(name)
+        if b is None:
+            bit = self.bits.get(name)
+            if bit is None:
+                bit = self.bits[name] = 1 << len(self.bits)
+                self.names[bit] = name
+            cap = self.capacity_for(kv_tokens or self.default_kv_tokens)
+            b = self.backends[name] = BackendBlocks(cap, bit, self.index)
+        elif kv_tokens and kv_tokens > 0:
+            cap = self.capacity_for(kv_tokens)
+            if cap != b.capacity:
+                b.resize(cap)
+        return b
+
+    def depths(self, chain: tuple[int, ...]) -> dict[str, int]:
+        """Name of each backend holding the first block of `chain` -> how many leading blocks it
+        holds. Empty when no backend holds any of it."""
+        get = self.index.get
+        remaining = get(chain[0], 0) if chain else 0
+        if not remaining:
+            return {}
+        out: dict[str, int] = {}
+        names = self.names
+        hi = len(chain)
+        while remaining and hi > 0:
+            # the deepest index below hi that some remaining backend holds (chain[0] is held by all)
+            lo = hi - 1
+            if not get(chain[lo], 0) & remaining:
+                lo, top = 0, hi - 1
+                while lo < top - 1:
+                    mid = (lo + top) >> 1
+                    if get(chain[mid], 0) & remaining:
+                        lo = mid
+                    else:
+                        top = mid
+            holders = get(chain[lo], 0) & remaining
+            if not holders:  # a hash collision broke the prefix property: stop, count the rest as 0
+                break
+            while holders:
+                bit = holders & -holders
+                out[names[bit]] = lo + 1
+                holders ^= bit
+                remaining &= ~bit
+            hi = lo
+        return out
+
+    def forget(self, name: str) -> None:
+        """The backend restarted or left: its cache is gone."""
+        b = self.backends.pop(name, None)
+        if b is not None:
+            b.clear()
+
+    def held_blocks(self) -> int:
+        return sum(len(b.blocks) for b in self.backends.values())
+
+    def describe(self) -> dict[str, dict[str, int]]:
+        return {name: {"blocks": len(b.blocks), "capacity": b.capacity, "evicted": b.evicted}
+                for name, b in self.backends.items()}
