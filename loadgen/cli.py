@@ -94,6 +94,29 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _temperature_list(text: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        try:
+            t = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a temperature: {part!r}") from None
+        if not 0.0 <= t <= 2.0:
+            raise argparse.ArgumentTypeError(f"temperature must be within [0, 2]: {part}")
+        out.append(t)
+    return out
+
+
+def _top_p(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"top_p must be within (0, 1]: {text}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loadgen",
@@ -131,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-prompts",
         type=_positive_int,
         default=None,
-        help="requests per level (default 2 x concurrency, 64 when uncapped)",
+        help="requests per level, sessions for session datasets (default 2 x concurrency, 64 when uncapped)",
     )
     p.add_argument(
         "--duration",
@@ -163,13 +186,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
+        default=None,
+        help="generate exactly max-tokens like bench_serving (default on, except for requests that offer "
+        "tools: a tool call needs the model to stop)",
+    )
+    p.add_argument(
+        "--continuous-usage",
+        action=argparse.BooleanOptionalAction,
         default=True,
-        help="generate exactly max-tokens like bench_serving (default on)",
+        help="ask for stream_options.continuous_usage_stats: usage on every chunk, exact tokens per chunk "
+        "for per-token ITL (default on; without it ITL splits tokens by text length)",
+    )
+    p.add_argument(
+        "--thinking",
+        choices=("default", "on", "off", "mix"),
+        default="default",
+        help="chat_template_kwargs.thinking: on, off, mix (alternating by request, or by session), or "
+        "default (send nothing: the server's template decides); a dataset line's 'thinking' wins",
+    )
+    p.add_argument(
+        "--max-turns",
+        type=_positive_int,
+        default=None,
+        help="session datasets: replay at most this many user turns of each conversation",
     )
     p.add_argument(
         "--endpoint", choices=("chat", "completions"), default="chat", help="OpenAI route to load (default chat)"
     )
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument(
+        "--temperature",
+        type=_temperature_list,
+        default=[0.0],
+        help="sampling temperature, or a comma-separated mix taken in turn by request (by session for "
+        "session datasets), e.g. 0,0.6,1.0 (default 0); a dataset line's 'temperature' wins",
+    )
+    p.add_argument("--top-p", type=_top_p, default=None, help="top_p to send (default: none sent)")
     p.add_argument(
         "--timeout",
         type=_positive_float,
@@ -210,7 +261,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         args.random_range_ratio,
         max(args.num_prompts or 0, 2 * max((c or 32) for c in args.concurrency)),
     )
-    dataset = load_dataset(args.dataset, seed=args.seed, random_spec=random_spec)
+    dataset = load_dataset(args.dataset, seed=args.seed, random_spec=random_spec, max_turns=args.max_turns)
     levels = [
         LevelSpec(
             concurrency=c,
@@ -228,7 +279,11 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         stream=args.stream,
         spec_details=args.spec_details,
         ignore_eos=args.ignore_eos,
-        temperature=args.temperature,
+        temperature=args.temperature[0],
+        temperatures=tuple(args.temperature),
+        top_p=args.top_p,
+        thinking=args.thinking,
+        continuous_usage=args.continuous_usage,
         api_key=args.api_key,
         timeout=args.timeout,
     )

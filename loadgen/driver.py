@@ -6,6 +6,12 @@ exponential inter-arrival times at rate R (seeded) and, when capped by C, makes 
 for a free slot (like bench_serving's --max-concurrency); latency counts from the actual send.
 Warmup requests run first at the level's own concurrency and are drained and discarded, so the
 measured level starts with warm connections and the same cold queue as a "batch" of the studies.
+
+With a session dataset the unit of concurrency is the conversation: a closed-loop worker (an
+open-loop arrival) takes one session and sends its turns one after the other, each with the
+history of the answers the server actually gave, so C workers keep at most C requests in flight
+and every turn after the first finds its prefix on the server that served the last one, if the
+server kept it. `num_prompts` counts sessions; records carry `session` and `turn`.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ import itertools
 import math
 import random
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import aiohttp
 import msgspec
 
 from loadgen.client import RequestOptions, Target, send
-from loadgen.datasets import Dataset, Prompt
+from loadgen.conversations import assistant_message, session_messages
+from loadgen.datasets import Dataset, Message, Prompt, Session
 from loadgen.metrics import Gap, summarize
 from loadgen.summary import Level, RequestRecord
 
@@ -58,10 +65,90 @@ def arrival_offsets(rate: float, rng: random.Random) -> Iterator[float]:
             t += rng.expovariate(rate)
 
 
-def _prompts(dataset: Dataset, spec: LevelSpec) -> Iterator[tuple[int, Prompt]]:
+Work = Prompt | Session  # what one closed-loop worker or one open-loop arrival takes
+
+
+def _work(dataset: Dataset, spec: LevelSpec) -> Iterator[tuple[int, Work]]:
+    items: Sequence[Work] = dataset.sessions if dataset.is_sessions else dataset.prompts
     if spec.duration is not None:
-        return enumerate(itertools.cycle(dataset.prompts))
+        return enumerate(itertools.cycle(items))
+    if dataset.is_sessions:
+        return enumerate(dataset.take_sessions(spec.num_prompts))
     return enumerate(dataset.take(spec.num_prompts))
+
+
+class _Level:
+    """What every request of one level shares, and where its results go."""
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        target: Target,
+        opts: RequestOptions,
+        spec: LevelSpec,
+        *,
+        deadline: float | None = None,
+        on_record: OnRecord | None = None,
+    ) -> None:
+        self.http, self.target, self.opts, self.spec = http, target, opts, spec
+        self.deadline = deadline
+        self.on_record = on_record
+        self.t0 = time.perf_counter()
+        self.records: list[RequestRecord] = []
+        self.gaps: list[Gap] = []
+        self._turn_index = itertools.count()
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def record(self, index: int, domain: str) -> RequestRecord:
+        return RequestRecord(
+            index=index,
+            target=self.target.label,
+            max_concurrency=self.spec.concurrency,
+            request_rate=self.spec.request_rate,
+            domain=domain,
+            start_s=time.perf_counter() - self.t0,
+            ok=False,
+        )
+
+    def done(self, rec: RequestRecord, gaps: list[Gap]) -> None:
+        self.gaps.extend(gaps)
+        self.records.append(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+
+    async def run(self, i: int, work: Work) -> None:
+        if isinstance(work, Session):
+            await self._session(i, work)
+            return
+        rec = self.record(i, work.domain)
+        sent = await send(self.http, self.target, work, self.opts, rec, index=i)
+        self.done(rec, sent.gaps)
+
+    async def _session(self, i: int, s: Session) -> None:
+        """The turns of one conversation in order, each with the answers the server gave so far.
+        A failed turn ends its session (later turns would carry a history that never happened);
+        after the level's deadline no new turn starts."""
+        history: list[Message] = []
+        for turn in range(len(s.turns)):
+            if turn and self.expired():
+                return
+            prompt = Prompt(
+                messages=session_messages(s, history, turn),
+                domain=s.domain,
+                max_tokens=s.max_tokens,
+                thinking=s.thinking,
+                temperature=s.temperature,
+                top_p=s.top_p,
+            )
+            rec = self.record(next(self._turn_index), s.domain)
+            rec.session, rec.turn = i, turn
+            sent = await send(self.http, self.target, prompt, self.opts, rec, index=i, keep_answer=True)
+            self.done(rec, sent.gaps)
+            if not rec.ok or sent.answer is None:
+                return
+            history += [Message("user", s.turns[turn]), assistant_message(sent.answer.content, sent.answer.tool_calls)]
 
 
 async def run_level(
@@ -77,24 +164,21 @@ async def run_level(
     """Run warmup then the measured level; every issued request ends up in the records."""
     if spec.warmup > 0:
         width = spec.concurrency or spec.warmup
-        warm = dataset.take(spec.warmup, offset=len(dataset.prompts) // 2)
-        await _closed(
-            session, target, iter(enumerate(warm)), width, opts, spec, None, time.perf_counter(), [], [], None
-        )
-    records: list[RequestRecord] = []
-    gaps: list[Gap] = []
-    t0 = time.perf_counter()
-    deadline = t0 + spec.duration if spec.duration is not None else None
-    it = _prompts(dataset, spec)
+        size = len(dataset.sessions or dataset.prompts)
+        warm = dataset.take(spec.warmup, offset=size // 2)
+        await _closed(_Level(session, target, opts, spec), iter(enumerate(warm)), width)
+    deadline = time.perf_counter() + spec.duration if spec.duration is not None else None
+    lv = _Level(session, target, opts, spec, deadline=deadline, on_record=on_record)
+    it = _work(dataset, spec)
     if spec.request_rate is None:
-        await _closed(session, target, it, spec.concurrency or 1, opts, spec, deadline, t0, records, gaps, on_record)
+        await _closed(lv, it, spec.concurrency or 1)
     else:
-        await _open(session, target, it, opts, spec, deadline, t0, records, gaps, on_record, random.Random(seed))
-    duration = time.perf_counter() - t0
-    records.sort(key=lambda r: r.index)
+        await _open(lv, it, random.Random(seed))
+    duration = time.perf_counter() - lv.t0
+    records = sorted(lv.records, key=lambda r: r.index)
     level = summarize(
         records,
-        gaps,
+        lv.gaps,
         duration=duration,
         max_concurrency=spec.concurrency,
         request_rate=spec.request_rate,
@@ -103,90 +187,36 @@ async def run_level(
     return LevelResult(level, records)
 
 
-def _record(i: int, prompt: Prompt, target: Target, spec: LevelSpec, t0: float) -> RequestRecord:
-    return RequestRecord(
-        index=i,
-        target=target.label,
-        max_concurrency=spec.concurrency,
-        request_rate=spec.request_rate,
-        domain=prompt.domain,
-        start_s=time.perf_counter() - t0,
-        ok=False,
-    )
-
-
-async def _one(
-    session: aiohttp.ClientSession,
-    target: Target,
-    i: int,
-    prompt: Prompt,
-    opts: RequestOptions,
-    spec: LevelSpec,
-    t0: float,
-    records: list[RequestRecord],
-    gaps: list[Gap],
-    on_record: OnRecord | None,
-) -> None:
-    rec = _record(i, prompt, target, spec, t0)
-    gaps.extend(await send(session, target, prompt, opts, rec))
-    records.append(rec)
-    if on_record is not None:
-        on_record(rec)
-
-
-async def _closed(
-    session: aiohttp.ClientSession,
-    target: Target,
-    it: Iterator[tuple[int, Prompt]],
-    width: int,
-    opts: RequestOptions,
-    spec: LevelSpec,
-    deadline: float | None,
-    t0: float,
-    records: list[RequestRecord],
-    gaps: list[Gap],
-    on_record: OnRecord | None,
-) -> None:
+async def _closed(lv: _Level, it: Iterator[tuple[int, Work]], width: int) -> None:
     async def worker() -> None:
-        # The iterator is shared: next() runs between awaits, so no prompt is taken twice.
-        for i, prompt in it:
-            if deadline is not None and time.perf_counter() >= deadline:
+        # The iterator is shared: next() runs between awaits, so no item is taken twice.
+        for i, work in it:
+            if lv.expired():
                 return
-            await _one(session, target, i, prompt, opts, spec, t0, records, gaps, on_record)
+            await lv.run(i, work)
 
     await asyncio.gather(*(worker() for _ in range(width)))
 
 
-async def _open(
-    session: aiohttp.ClientSession,
-    target: Target,
-    it: Iterator[tuple[int, Prompt]],
-    opts: RequestOptions,
-    spec: LevelSpec,
-    deadline: float | None,
-    t0: float,
-    records: list[RequestRecord],
-    gaps: list[Gap],
-    on_record: OnRecord | None,
-    rng: random.Random,
-) -> None:
+async def _open(lv: _Level, it: Iterator[tuple[int, Work]], rng: random.Random) -> None:
+    spec = lv.spec
     slots = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
     rate = spec.request_rate or math.inf
 
-    async def gated(i: int, prompt: Prompt) -> None:
+    async def gated(i: int, work: Work) -> None:
         if slots is None:
-            await _one(session, target, i, prompt, opts, spec, t0, records, gaps, on_record)
+            await lv.run(i, work)
             return
         async with slots:
-            await _one(session, target, i, prompt, opts, spec, t0, records, gaps, on_record)
+            await lv.run(i, work)
 
     tasks: list[asyncio.Task[None]] = []
-    for (i, prompt), offset in zip(it, arrival_offsets(rate, rng)):
-        due = t0 + offset
-        if deadline is not None and due >= deadline:
+    for (i, work), offset in zip(it, arrival_offsets(rate, rng), strict=False):
+        due = lv.t0 + offset
+        if lv.deadline is not None and due >= lv.deadline:
             break
         wait = due - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)
-        tasks.append(asyncio.create_task(gated(i, prompt)))
+        tasks.append(asyncio.create_task(gated(i, work)))
     await asyncio.gather(*tasks)

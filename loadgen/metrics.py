@@ -29,11 +29,12 @@ Definitions (the README repeats them; names match SGLang's bench_serving where m
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from common.percentile import percentile, weighted_percentile
-from loadgen.stream import ContentChunk, StreamParser
-from loadgen.summary import Level, RequestRecord
+from common.stream_clock import TokenMark, chunk_token_counts
+from loadgen.stream import StreamParser
+from loadgen.summary import Level, RequestRecord, TurnLevel
 
 Gap = tuple[float, int]  # (per-token gap in seconds, number of tokens it stands for)
 
@@ -63,24 +64,22 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     return out
 
 
-def chunk_tokens(chunks: Sequence[ContentChunk], server_tokens: int | None) -> list[int]:
-    """Tokens carried by each content chunk, by the rule of the module docstring."""
-    if chunks and all(c.cum_tokens is not None for c in chunks):
-        out, prev = [], 0
-        for c in chunks:
-            cum = c.cum_tokens or 0
-            out.append(max(0, cum - prev))
-            prev = max(prev, cum)
-        return out
+def chunk_tokens(chunks: Sequence[TokenMark], server_tokens: int | None) -> tuple[list[int], str]:
+    """Tokens carried by each generated chunk and how they are known: "usage" (the exact counts
+    of continuous usage, `common.stream_clock.chunk_token_counts`) or "text_length" (the server's
+    total split by `apportion`, the fallback when some chunk came without usage)."""
+    exact = chunk_token_counts(chunks)
+    if exact is not None and chunks:
+        return exact, "usage"
     total = server_tokens if server_tokens is not None else len(chunks)
-    return apportion(total, [c.chars for c in chunks])
+    return apportion(total, [c.chars for c in chunks]), "text_length"
 
 
-def token_gaps(chunks: Sequence[ContentChunk], tokens: Sequence[int]) -> list[Gap]:
+def token_gaps(chunks: Sequence[TokenMark], tokens: Sequence[int]) -> list[Gap]:
     """ITL samples of one request as (gap per token, count) pairs."""
     out: list[Gap] = []
     prev: float | None = None
-    for c, k in zip(chunks, tokens):
+    for c, k in zip(chunks, tokens, strict=True):
         if k <= 0:
             continue
         if prev is not None:
@@ -99,11 +98,15 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool, record: RequestRecord) -> list[Gap]:
     """Fill the timing and token fields of `record` from a finished exchange; return its ITL
-    samples. Called for failed requests too (their partial figures help debugging)."""
+    samples. Called for failed requests too (their partial figures help debugging).
+
+    Streamed: the stream clock's figures (common/stream_clock.py), relative to `t_send`.
+    Non-streamed: the whole answer arrives at the end, so every first-token time is E2E."""
     chunks = parser.chunks
-    usage_n = parser.usage.completion_tokens if parser.usage is not None else None
+    usage = parser.usage
+    usage_n = usage.completion_tokens if usage is not None else None
     record.client_chunks = len(chunks)
-    record.input_tokens = parser.usage.prompt_tokens if parser.usage is not None else None
+    record.input_tokens = usage.prompt_tokens if usage is not None else None
     record.finish_reason = parser.finish_reason
     if usage_n is None:
         n = len(chunks)
@@ -116,24 +119,41 @@ def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool
         if record.ok:
             record.token_mismatch = _mismatch(chunks, usage_n)
     record.output_tokens = n
+    if usage is not None:
+        record.reasoning_tokens = usage.reasoning
+        record.cached_tokens = usage.cached
+    if parser.answer is not None:
+        record.tool_calls = len(parser.answer.tool_calls)
     e2e = t_end - t_send
     record.e2e_ms = e2e * 1000
     if e2e > 0:
         record.output_throughput = n / e2e
+    clock = parser.clock
     if chunks:
-        first, last = chunks[0].time, chunks[-1].time
-        record.ttft_ms = (first - t_send) * 1000 if streamed else e2e * 1000
-        if streamed and n > 1:
-            record.tpot_ms = (e2e - (first - t_send)) / (n - 1) * 1000
-            if last > first:
-                record.decode_throughput = (n - 1) / (last - first)
+        if streamed:
+            clock.t_start = t_send
+            f = clock.figures(completion_tokens=n)
+            record.ttft_ms = _ms(f.ttft)
+            record.ttft_reasoning_ms = _ms(f.ttft_reasoning)
+            record.ttft_answer_ms = _ms(f.ttft_answer)
+            record.decode_throughput = f.decode_tok_s
+            if n > 1 and f.ttft is not None:
+                record.tpot_ms = (e2e - f.ttft) / (n - 1) * 1000
+        else:
+            record.ttft_ms = e2e * 1000
+            if clock.t_first_reasoning is not None:
+                record.ttft_reasoning_ms = e2e * 1000
+            if clock.t_first_answer is not None:
+                record.ttft_answer_ms = e2e * 1000
     spec = parser.spec
     if spec is not None and spec.spec_verify_ct:
         record.spec_verify_ct = spec.spec_verify_ct
         record.accept_length = n / spec.spec_verify_ct
     if not streamed:
         return []
-    gaps = token_gaps(chunks, chunk_tokens(chunks, usage_n))
+    tokens, source = chunk_tokens(chunks, usage_n)
+    record.itl_token_counts = source if chunks else None
+    gaps = token_gaps(chunks, tokens)
     if gaps:
         count = sum(k for _, k in gaps)
         record.itl_mean_ms = sum(g * k for g, k in gaps) / count * 1000
@@ -141,17 +161,27 @@ def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool
     return gaps
 
 
-def _mismatch(chunks: Sequence[ContentChunk], server_n: int) -> str | None:
-    """The client-side checks a server count must pass: every content chunk holds at least one
-    token, content implies tokens, and per-chunk cumulative usage ends at the final count."""
+def _mismatch(chunks: Sequence[TokenMark], server_n: int) -> str | None:
+    """The client-side checks a server count must pass. Content implies tokens. With per-chunk
+    usage: the cumulative counts never fall and never pass the final count (they may end below
+    it: a stop token or tool-call markers after the last chunk make no chunk). Without it: every
+    generated chunk holds at least one token."""
     m = len(chunks)
-    if server_n < m:
-        return f"server counted {server_n} tokens in {m} content chunks"
     if server_n > 0 and m == 0:
         return f"server counted {server_n} tokens but sent no content"
-    cums = [c.cum_tokens for c in chunks if c.cum_tokens is not None]
-    if cums and cums[-1] != server_n:
-        return f"per-chunk usage ends at {cums[-1]}, final usage says {server_n}"
+    cums = [c.cum_tokens for c in chunks]
+    if cums and all(c is not None for c in cums):
+        prev = 0
+        for c in cums:
+            assert c is not None
+            if c < prev:
+                return f"per-chunk usage went down from {prev} to {c}"
+            prev = c
+        if prev > server_n:
+            return f"per-chunk usage reaches {prev}, final usage says {server_n}"
+        return None
+    if server_n < m:
+        return f"server counted {server_n} tokens in {m} content chunks"
     return None
 
 
@@ -177,6 +207,9 @@ def summarize(
     spec = [r for r in ok if r.spec_verify_ct]
     verify = sum(r.spec_verify_ct or 0 for r in spec)
     chunks = sum(r.client_chunks for r in ok)
+    answer = [r.ttft_answer_ms for r in ok if r.ttft_answer_ms is not None]
+    cached = [r for r in ok if r.cached_tokens is not None and r.input_tokens]
+    itl_sources = Counter(r.itl_token_counts for r in ok if r.itl_token_counts)
     return Level(
         max_concurrency=max_concurrency,
         completed=len(ok),
@@ -214,7 +247,70 @@ def summarize(
         mean_tokens_per_chunk=out_tokens / chunks if chunks else None,
         domains=dict(Counter(r.domain for r in records)),
         accept_length_by_domain=_accept_by_domain(spec),
+        median_ttft_answer_ms=percentile(answer, 50),
+        p90_ttft_answer_ms=percentile(answer, 90),
+        p99_ttft_answer_ms=percentile(answer, 99),
+        mean_ttft_answer_ms=_mean(answer),
+        median_ttft_reasoning_ms=percentile([r.ttft_reasoning_ms for r in ok if r.ttft_reasoning_ms is not None], 50),
+        total_reasoning_tokens=sum(r.reasoning_tokens or 0 for r in ok),
+        reasoning_requests=sum(1 for r in ok if r.reasoning_tokens),
+        total_cached_tokens=sum(r.cached_tokens or 0 for r in cached) if cached else None,
+        cache_hit_rate=_hit_rate(cached),
+        itl_token_counts=_itl_source(itl_sources),
+        itl_exact_requests=itl_sources["usage"],
+        finish_reasons=dict(Counter(r.finish_reason for r in ok if r.finish_reason)),
+        tool_call_requests=sum(1 for r in ok if r.tool_calls or r.finish_reason == "tool_calls"),
+        thinking=dict(Counter(_thinking_label(r.thinking) for r in records)),
+        temperatures=dict(Counter(f"{r.temperature:g}" for r in records if r.temperature is not None)),
+        sessions=len({r.session for r in records}) if any(r.session is not None for r in records) else None,
+        turns=turn_levels(records),
     )
+
+
+def _thinking_label(thinking: bool | None) -> str:
+    return "default" if thinking is None else ("on" if thinking else "off")
+
+
+def _hit_rate(cached: Sequence[RequestRecord]) -> float | None:
+    """sum(cached) / sum(input) over requests that reported both."""
+    prompt = sum(r.input_tokens or 0 for r in cached)
+    return sum(r.cached_tokens or 0 for r in cached) / prompt if prompt else None
+
+
+def _itl_source(sources: Counter[str]) -> str | None:
+    if not sources:
+        return None
+    if len(sources) == 1:
+        return next(iter(sources))
+    return "mixed"
+
+
+def turn_levels(records: Sequence[RequestRecord]) -> list[TurnLevel]:
+    """Per-turn figures of session datasets: the requests of each turn index (empty otherwise)."""
+    by_turn: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.turn is not None:
+            by_turn.setdefault(r.turn, []).append(r)
+    out = []
+    for turn in sorted(by_turn):
+        rs = by_turn[turn]
+        ok = [r for r in rs if r.ok]
+        cached = [r for r in ok if r.cached_tokens is not None and r.input_tokens]
+        inputs = [float(r.input_tokens) for r in ok if r.input_tokens is not None]
+        out.append(
+            TurnLevel(
+                turn=turn,
+                completed=len(ok),
+                failed=len(rs) - len(ok),
+                median_ttft_ms=percentile([r.ttft_ms for r in ok if r.ttft_ms is not None], 50),
+                median_ttft_answer_ms=percentile([r.ttft_answer_ms for r in ok if r.ttft_answer_ms is not None], 50),
+                median_e2e_latency_ms=percentile([r.e2e_ms for r in ok if r.e2e_ms is not None], 50),
+                mean_input_tokens=_mean(inputs),
+                mean_cached_tokens=_mean([float(r.cached_tokens or 0) for r in cached]),
+                cache_hit_rate=_hit_rate(cached),
+            )
+        )
+    return out
 
 
 def _accept_by_domain(spec: Sequence[RequestRecord]) -> dict[str, float]:

@@ -8,8 +8,9 @@ invocation reports failure at the end.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 import msgspec
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loadgen import report, timescale
 from loadgen.client import RequestOptions
 from loadgen.datasets import Dataset
-from loadgen.driver import LevelResult, LevelSpec, OnRecord, run_level
+from loadgen.driver import LevelResult, LevelSpec, run_level
 from loadgen.outputs import OutputDir
 from loadgen.summary import RequestRecord, Run, Summary
 from loadgen.targets import TargetError, resolve
@@ -79,6 +80,7 @@ async def execute(
                 url="",
                 dataset=plan.dataset.name,
                 time_scale=None if plan.time_scale == 1.0 else plan.time_scale,
+                dataset_skipped=dict(plan.dataset.skipped),
             )
             summary.runs.append(run)
             try:
@@ -95,13 +97,8 @@ async def execute(
                 target = msgspec.structs.replace(target, label=label)
             run.url, run.model = target.url, target.model
             for spec in plan.levels:
-                result = await _with_progress(
-                    plan,
-                    spec,
-                    label,
-                    err_console,
-                    lambda cb: run_level(session, target, plan.dataset, spec, plan.opts, seed=plan.seed, on_record=cb),
-                )
+                start = functools.partial(run_level, session, target, plan.dataset, spec, plan.opts, seed=plan.seed)
+                result = await _with_progress(plan, spec, label, err_console, start)
                 if plan.time_scale != 1.0:
                     result = timescale.to_simulated(result, plan.time_scale)
                 run.levels.append(result.level)
@@ -127,12 +124,12 @@ async def _with_progress(
     spec: LevelSpec,
     word: str,
     console: Console,
-    start: Callable[[OnRecord | None], Awaitable[LevelResult]],
+    start: Callable[..., Awaitable[LevelResult]],
 ) -> LevelResult:
-    """Run `start(on_record)` under a live progress bar when stderr is a terminal."""
+    """Run `start(on_record=...)` under a live progress bar when stderr is a terminal."""
     show = console.is_terminal if plan.progress is None else plan.progress
     if not show:
-        return await start(None)
+        return await start(on_record=None)
     total = None if spec.duration is not None else spec.num_prompts
     label = f"{word} C={spec.concurrency or 'inf'}"
     if spec.request_rate is not None:
@@ -154,6 +151,6 @@ async def _with_progress(
                 counts["tok"] += rec.output_tokens
             else:
                 counts["fail"] += 1
-            progress.update(task, advance=1, **counts)
+            progress.update(task, advance=1, tok=counts["tok"], fail=counts["fail"])
 
-        return await start(on_record)
+        return await start(on_record=on_record)

@@ -1,31 +1,20 @@
 """Incremental parser of an OpenAI/SGLang server-sent-event stream, kept free of I/O.
 
-The client feeds it bytes as they arrive, stamped with the arrival time; the parser keeps only
-what the metrics need: when each content-bearing chunk arrived, how much text it carried, the
-server's usage (final and, when the server sends continuous usage, per chunk), the `sglext`
-speculation details, the finish reason, and a mid-stream error. Being pure, it is what the
-crafted-stream tests drive directly.
+The client feeds it bytes as they arrive, stamped with the arrival time. Each `data:` event is
+decoded once and handed to the shared stream clock (`common/stream_clock.py`: what counts as a
+generated token, TTFT, first reasoning / answer token, per-chunk usage); the parser adds what only
+loadgen needs: the `sglext` speculation details, SSE framing, the outcome of the stream and, for
+multi-turn sessions, the answer text (so the next turn can send it back as history). Being
+pure, it is what the crafted-stream tests drive directly.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from common.stream_clock import Chunk, StreamClock, TokenMark, Usage
 
-class _Delta(msgspec.Struct):
-    content: str | None = None
-    reasoning_content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    delta: _Delta | None = None
-    text: str | None = None  # /v1/completions
-    finish_reason: str | None = None
-
-
-class Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+__all__ = ["AnswerText", "SpecDetails", "StreamParser", "TokenMark", "Usage", "first_spec"]
 
 
 class SpecDetails(msgspec.Struct):
@@ -37,29 +26,13 @@ class _Sglext(msgspec.Struct):
     spec_tokens_details: SpecDetails | list[SpecDetails] | None = None
 
 
-class _ErrorBody(msgspec.Struct):
-    message: str | None = None
-    type: str | None = None
-    code: int | str | None = None
+class _LoadgenChunk(Chunk):
+    """The clock's chunk plus SGLang's response-level extension."""
 
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] | None = None
-    usage: Usage | None = None
     sglext: _Sglext | None = None
-    error: _ErrorBody | str | None = None
 
 
-_decoder = msgspec.json.Decoder(_Chunk)
-
-
-class ContentChunk(msgspec.Struct, array_like=True):
-    """A chunk that carried output text: arrival time (s), text length (chars), and the server's
-    cumulative completion token count if it sent one with this chunk (continuous usage)."""
-
-    time: float
-    chars: int
-    cum_tokens: int | None = None
+_decoder = msgspec.json.Decoder(_LoadgenChunk)
 
 
 def first_spec(details: SpecDetails | list[SpecDetails] | None) -> SpecDetails | None:
@@ -69,22 +42,61 @@ def first_spec(details: SpecDetails | list[SpecDetails] | None) -> SpecDetails |
     return details
 
 
+class AnswerText(msgspec.Struct):
+    """What the server answered, as the next turn of a session sends it back."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, object]] = msgspec.field(default_factory=list)
+
+
 class StreamParser:
-    """Feed with `feed(data, now)` for every read, then call `close(now)` at end of stream."""
+    """Feed with `feed(data, now)` for every read, then call `close(now)` at end of stream.
 
-    __slots__ = ("_buf", "chunks", "usage", "spec", "finish_reason", "error", "done", "events", "bad", "last_time")
+    `clock.t_start` is the send time when the caller knows it (`StreamParser(t_send)`); the
+    figures loadgen reports are relative to the send time it passes to `measure` anyway."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_buf", "answer", "bad", "clock", "done", "events", "last_time", "spec")
+
+    def __init__(self, t_send: float = 0.0, *, keep_answer: bool = False) -> None:
         self._buf = b""
-        self.chunks: list[ContentChunk] = []
-        self.usage: Usage | None = None
+        self.clock = StreamClock(t_start=t_send, keep_marks=True)
         self.spec: SpecDetails | None = None
-        self.finish_reason: str | None = None
-        self.error: str | None = None  # message of a mid-stream `data: {"error": ...}`
         self.done = False  # saw `data: [DONE]`
         self.events = 0  # data events seen, [DONE] included
         self.bad: str | None = None  # first undecodable event, for the error detail
         self.last_time: float | None = None
+        self.answer: AnswerText | None = AnswerText() if keep_answer else None
+
+    # The clock's state under the names the metrics use.
+    @property
+    def chunks(self) -> list[TokenMark]:
+        """One mark per chunk that carried generated output (reasoning, content, tool call, text)."""
+        return self.clock.marks
+
+    @property
+    def usage(self) -> Usage | None:
+        return self.clock.usage
+
+    @usage.setter
+    def usage(self, value: Usage | None) -> None:
+        self.clock.usage = value
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.clock.finish_reason
+
+    @finish_reason.setter
+    def finish_reason(self, value: str | None) -> None:
+        self.clock.finish_reason = value
+
+    @property
+    def error(self) -> str | None:
+        """Message of a mid-stream `data: {"error": ...}`."""
+        err = self.clock.error
+        if err is None:
+            return None
+        return err.message or err.type or "error"
 
     def feed(self, data: bytes, now: float) -> None:
         """Parse every complete line in `data` (plus what was buffered); all events that arrive in
@@ -128,24 +140,37 @@ class StreamParser:
             if self.bad is None:
                 self.bad = f"undecodable event: {e}"
             return
-        if chunk.error is not None:
-            err = chunk.error
-            self.error = err if isinstance(err, str) else (err.message or err.type or "error")
-            return
-        cum = chunk.usage.completion_tokens if chunk.usage is not None else None
-        if chunk.usage is not None:
-            self.usage = chunk.usage
         if chunk.sglext is not None and chunk.sglext.spec_tokens_details is not None:
             self.spec = first_spec(chunk.sglext.spec_tokens_details)
-        if not chunk.choices:
-            return
-        choice = chunk.choices[0]
-        if choice.finish_reason is not None:
-            self.finish_reason = choice.finish_reason
-        delta = choice.delta
-        if delta is not None:
-            n = len(delta.content or "") + len(delta.reasoning_content or "")
-        else:
-            n = len(choice.text or "")
-        if n:
-            self.chunks.append(ContentChunk(now, n, cum))
+        self.observe(chunk, now)
+
+    def observe(self, chunk: Chunk, now: float) -> None:
+        """Account one decoded chunk (also how a non-streamed answer enters, as one chunk)."""
+        out = self.clock.observe(chunk, now)
+        if out and self.answer is not None:
+            _keep_answer(self.answer, chunk)
+
+
+def _keep_answer(answer: AnswerText, chunk: Chunk) -> None:
+    """Append a chunk's output to the answer: deltas concatenate; tool-call deltas merge by index
+    (the first delta of a call has its id and name, the later ones argument fragments)."""
+    assert chunk.choices
+    choice = chunk.choices[0]
+    if choice.delta is None:
+        answer.content += choice.text or ""
+        return
+    d = choice.delta
+    answer.content += d.content or ""
+    answer.reasoning += d.reasoning_content or ""
+    for call in d.tool_calls or ():
+        index = call.index if call.index is not None else len(answer.tool_calls)
+        while len(answer.tool_calls) <= index:
+            answer.tool_calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        slot = answer.tool_calls[index]
+        fn = slot["function"]
+        assert isinstance(fn, dict)
+        if call.id:
+            slot["id"] = call.id
+        if call.function is not None:
+            fn["name"] += call.function.name or ""
+            fn["arguments"] += call.function.arguments or ""

@@ -8,6 +8,7 @@ of the DESIGN schema can ignore them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -43,6 +44,32 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     decode_throughput: float | None = None  # (output_tokens - 1) / (last - first content) (tok/s)
     spec_verify_ct: int | None = None
     accept_length: float | None = None  # output_tokens / spec_verify_ct
+    # --- issue 15: thinking, tools, sessions (see docs/metrics.md) ---
+    session: int | None = None  # index of the conversation a turn belongs to (session datasets)
+    turn: int | None = None  # 0-based turn within its session
+    thinking: bool | None = None  # chat_template_kwargs.thinking sent; None: the server's default
+    temperature: float | None = None  # sent with this request
+    tools: int = 0  # tools offered in the request
+    tool_calls: int = 0  # tool calls in the answer
+    ttft_reasoning_ms: float | None = None  # send -> first reasoning_content
+    ttft_answer_ms: float | None = None  # send -> first answer token (content, tool call, text)
+    reasoning_tokens: int | None = None  # server usage (reasoning_tokens), when reported
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+    itl_token_counts: str | None = None  # usage (exact, continuous usage) | text_length (fallback split)
+
+
+class TurnLevel(msgspec.Struct, kw_only=True):
+    """The requests of one turn index across the sessions of a level (turn 0 = first user turn)."""
+
+    turn: int
+    completed: int
+    failed: int
+    median_ttft_ms: float | None = None
+    median_ttft_answer_ms: float | None = None
+    median_e2e_latency_ms: float | None = None
+    mean_input_tokens: float | None = None
+    mean_cached_tokens: float | None = None  # over the requests that reported cached tokens
+    cache_hit_rate: float | None = None  # sum(cached) / sum(input) over the same requests
 
 
 class Level(msgspec.Struct, kw_only=True):
@@ -85,6 +112,26 @@ class Level(msgspec.Struct, kw_only=True):
     mean_tokens_per_chunk: float | None = None
     domains: dict[str, int] = {}
     accept_length_by_domain: dict[str, float] = {}  # as accept_length, per prompt domain
+    # --- issue 15 additions (docs/metrics.md) ---
+    median_ttft_answer_ms: float | None = None  # send -> first answer token (not reasoning)
+    p90_ttft_answer_ms: float | None = None
+    p99_ttft_answer_ms: float | None = None
+    mean_ttft_answer_ms: float | None = None
+    median_ttft_reasoning_ms: float | None = None  # over requests that streamed reasoning
+    total_reasoning_tokens: int = 0
+    reasoning_requests: int = 0  # successful requests with reasoning tokens > 0
+    total_cached_tokens: int | None = None  # None: no request reported cached tokens
+    cache_hit_rate: float | None = None  # sum(cached) / sum(input) over requests that reported cached
+    # How tokens per chunk were known for per-token ITL: "usage" (continuous usage on every
+    # chunk: exact), "text_length" (the fallback split), "mixed"; None without streamed requests.
+    itl_token_counts: str | None = None
+    itl_exact_requests: int = 0  # successful streamed requests whose chunks all carried usage
+    finish_reasons: dict[str, int] = {}
+    tool_call_requests: int = 0  # successful requests whose answer called a tool
+    thinking: dict[str, int] = {}  # requests by chat_template_kwargs.thinking: on | off | default
+    temperatures: dict[str, int] = {}  # requests by temperature sent
+    sessions: int | None = None  # conversations replayed (session datasets)
+    turns: list[TurnLevel] = []  # per-turn figures of session datasets
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -96,6 +143,8 @@ class Run(msgspec.Struct, kw_only=True):
     levels: list[Level] = []
     model: str | None = None
     error: str | None = None  # why the run stopped early, if it did
+    # Dataset entries left out when it was loaded, by reason (e.g. "no user turn": 3).
+    dataset_skipped: dict[str, int] = {}
     # Set when the target ran time_scale x real time (twins with --time-scale): every figure of
     # the run is already converted back to simulated time (see timescale.py).
     time_scale: float | None = None
@@ -108,7 +157,7 @@ class Summary(msgspec.Struct, kw_only=True):
 _summary_decoder = msgspec.json.Decoder(Summary)
 
 
-def load_summary(source: Summary | dict | str | Path) -> Summary:
+def load_summary(source: Summary | dict[str, Any] | str | Path) -> Summary:
     """Accept a Summary, its dict form, or a path to summary.json (or to its directory)."""
     if isinstance(source, Summary):
         return source
@@ -120,5 +169,6 @@ def load_summary(source: Summary | dict | str | Path) -> Summary:
     return _summary_decoder.decode(path.read_bytes())
 
 
-def to_builtins(summary: Summary) -> dict:
-    return msgspec.to_builtins(summary)
+def to_builtins(summary: Summary) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(summary)
+    return out

@@ -8,6 +8,7 @@ one rule per kind of unit, and every field of the result schema is classified he
 - rates (tok/s, req/s): simulated = measured x F   (`RATE_FIELDS`)
 - counts and ratios (tokens, requests, accept length, tokens per chunk): unchanged
   (`UNSCALED_FIELDS`)
+- a level's per-turn figures (`turns`, a list of `TurnLevel`) by TurnLevel's own sets
 
 A field missing from all three sets is an error (a test checks it), so a field added to the
 schema later cannot silently keep wall-clock units. Client-side overhead (HTTP, event loop) is
@@ -16,11 +17,14 @@ divided by F as well: the smaller F, the more it weighs in the simulated figures
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
-from loadgen.summary import Level, RequestRecord
+from loadgen.summary import Level, RequestRecord, TurnLevel
+
+if TYPE_CHECKING:
+    from loadgen.driver import LevelResult
 
 LEVEL_TIME_FIELDS = frozenset(
     {
@@ -41,6 +45,12 @@ LEVEL_TIME_FIELDS = frozenset(
         "median_e2e_latency_ms",
         "p90_e2e_latency_ms",
         "p99_e2e_latency_ms",
+        "median_ttft_answer_ms",
+        "p90_ttft_answer_ms",
+        "p99_ttft_answer_ms",
+        "mean_ttft_answer_ms",
+        "median_ttft_reasoning_ms",
+        "turns",  # a list of TurnLevel: each one rescaled by its own classes
     }
 )
 LEVEL_RATE_FIELDS = frozenset(
@@ -68,7 +78,22 @@ LEVEL_UNSCALED_FIELDS = frozenset(
         "mean_tokens_per_chunk",
         "domains",
         "accept_length_by_domain",
+        "total_reasoning_tokens",
+        "reasoning_requests",
+        "total_cached_tokens",
+        "cache_hit_rate",
+        "itl_token_counts",
+        "itl_exact_requests",
+        "finish_reasons",
+        "tool_call_requests",
+        "thinking",
+        "temperatures",
+        "sessions",
     }
+)
+TURN_TIME_FIELDS = frozenset({"median_ttft_ms", "median_ttft_answer_ms", "median_e2e_latency_ms"})
+TURN_UNSCALED_FIELDS = frozenset(
+    {"turn", "completed", "failed", "mean_input_tokens", "mean_cached_tokens", "cache_hit_rate"}
 )
 
 RECORD_TIME_FIELDS = frozenset(
@@ -79,6 +104,8 @@ RECORD_TIME_FIELDS = frozenset(
         "tpot_ms",
         "itl_mean_ms",
         "itl_max_ms",
+        "ttft_reasoning_ms",
+        "ttft_answer_ms",
     }
 )
 RECORD_RATE_FIELDS = frozenset({"output_throughput", "decode_throughput", "request_rate"})
@@ -103,21 +130,31 @@ RECORD_UNSCALED_FIELDS = frozenset(
         "token_mismatch",
         "spec_verify_ct",
         "accept_length",
+        "session",
+        "turn",
+        "thinking",
+        "temperature",
+        "tools",
+        "tool_calls",
+        "reasoning_tokens",
+        "cached_tokens",
+        "itl_token_counts",
     }
 )
 
-_CLASSES = {
+_CLASSES: dict[type, tuple[frozenset[str], frozenset[str], frozenset[str]]] = {
     Level: (LEVEL_TIME_FIELDS, LEVEL_RATE_FIELDS, LEVEL_UNSCALED_FIELDS),
     RequestRecord: (RECORD_TIME_FIELDS, RECORD_RATE_FIELDS, RECORD_UNSCALED_FIELDS),
+    TurnLevel: (TURN_TIME_FIELDS, frozenset(), TURN_UNSCALED_FIELDS),
 }
 
-T = TypeVar("T", Level, RequestRecord)
+T = TypeVar("T", Level, RequestRecord, TurnLevel)
 
 
-def unclassified(cls: type) -> set[str]:
+def unclassified(cls: type[msgspec.Struct]) -> set[str]:
     """Fields of `cls` in none of its three sets, or in more than one (must be empty)."""
     time_f, rate_f, same_f = _CLASSES[cls]
-    fields = set(cls.__struct_fields__)
+    fields = {f.name for f in msgspec.structs.fields(cls)}
     counts = {f: (f in time_f) + (f in rate_f) + (f in same_f) for f in fields}
     stale = (time_f | rate_f | same_f) - fields
     return {f for f, n in counts.items() if n != 1} | stale
@@ -133,7 +170,9 @@ def rescale(obj: T, time_scale: float) -> T:
     changes = {}
     for name in time_f:
         v = getattr(obj, name)
-        if v is not None:
+        if name == "turns":
+            changes[name] = [rescale(t, time_scale) for t in v]
+        elif v is not None:
             changes[name] = v / time_scale
     for name in rate_f:
         v = getattr(obj, name)
@@ -142,6 +181,6 @@ def rescale(obj: T, time_scale: float) -> T:
     return msgspec.structs.replace(obj, **changes)
 
 
-def to_simulated(result, time_scale: float):
+def to_simulated(result: LevelResult, time_scale: float) -> LevelResult:
     """A driver `LevelResult` (level + records) converted to simulated time."""
     return type(result)(rescale(result.level, time_scale), [rescale(r, time_scale) for r in result.records])

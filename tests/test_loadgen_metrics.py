@@ -170,9 +170,9 @@ def test_reasoning_content_counts_as_first_token() -> None:
 
 def test_non_streamed_ttft_is_e2e_and_no_itl() -> None:
     p = StreamParser()
-    from loadgen.stream import ContentChunk, Usage
+    from loadgen.stream import TokenMark, Usage
 
-    p.chunks.append(ContentChunk(2.0, 40, None))
+    p.chunks.append(TokenMark(2.0, 40, None))
     p.usage = Usage(prompt_tokens=3, completion_tokens=10)
     rec = RequestRecord(index=0, target="t", max_concurrency=1, request_rate=None, domain="chat", start_s=0.0, ok=True)
     gaps = measure(p, t_send=0.0, t_end=2.0, streamed=False, record=rec)

@@ -220,8 +220,10 @@ def test_sharegpt_dataset_and_malformed_line(tmp_path: Path) -> None:
         )
     )
     ds = load_dataset(f"sharegpt:{good}")
-    assert [p.messages[0].content for p in ds.prompts] == ["q1", "q2"]
+    assert [p.messages[-1].content for p in ds.prompts] == ["q1", "q2"]
+    assert [m.role for m in ds.prompts[1].messages] == ["system", "user"]  # the leading system turn is kept
     assert {p.domain for p in ds.prompts} == {"sharegpt"}
+    assert ds.skipped == {"no user turn": 1}
     bad = tmp_path / "bad.json"
     bad.write_text('[\n {"conversations": []},\n {"conversations": [}\n]\n')
     with pytest.raises(DatasetError) as e:

@@ -18,7 +18,7 @@ import pytest
 from loadgen import checks, timescale
 from loadgen.studies import REFERENCES, STUDIES, Leg
 from loadgen.study import UsageError, apply_overrides, target_words
-from loadgen.summary import Level, RequestRecord, Run, Summary
+from loadgen.summary import Level, RequestRecord, Run, Summary, TurnLevel
 from loadgen.twins import Profile, gateway_config
 from tests.support import loadgen
 
@@ -212,6 +212,7 @@ def test_gateway_against_the_best_backend() -> None:
 def test_every_result_field_has_a_time_scale_rule() -> None:
     assert timescale.unclassified(Level) == set()
     assert timescale.unclassified(RequestRecord) == set()
+    assert timescale.unclassified(TurnLevel) == set()
 
 
 def test_rescale_divides_durations_and_multiplies_rates() -> None:
