@@ -26,7 +26,8 @@ def test_tiny_scenario_runs_every_contestant_with_sane_figures():
     res = run_scenario(TINY, seed=0)
     keys = set(res.phases[0].policies)
     assert keys == {"least_inflight", "round_robin", "threshold", "goodput/latency", "goodput/throughput",
-                    "clairvoyant/latency", "clairvoyant/throughput", "static/k26-ar", "static/k26-dflash"}
+                    "clairvoyant/latency", "clairvoyant/throughput", "static/k26-ar", "static/k26-dflash",
+                    "sglang/round_robin", "sglang/power_of_two", "sglang/least_load", "sglang/cache_aware"}
     for ph in res.phases:
         for key, m in ph.policies.items():
             assert m.requests > 0 and m.aggregate_tok_s > 0, key
@@ -43,7 +44,7 @@ def test_cli_writes_eval_json_with_the_schema(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "goodput/latency" in out and "== targets" in out
     doc = json.loads((tmp_path / "eval.json").read_text())
-    assert (tmp_path / "eval.md").read_text().startswith("Evaluation on the virtual clock")
+    assert (tmp_path / "eval.md").read_text().startswith("Closed loop on the virtual clock")
     assert doc["objectives"] == ["latency"] and doc["seed"] == 0
     phases = doc["scenarios"]["steady-1"]["phases"]
     assert list(phases) == ["math", "code", "chat"]

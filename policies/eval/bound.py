@@ -26,7 +26,7 @@ favour every policy alike, a few percent), so a measured mean can exceed them sl
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -136,5 +136,5 @@ def phase_ceiling(engines: dict[str, Engine], phase: Phase) -> PhaseCeiling:
             speeds[b, k, 1:] = [m.rate(i, n) for n in range(1, c + 1)]
     value, split = best_split(np.einsum("bdn,d->bn", speeds, weights), c)
     return PhaseCeiling(best_split_request_tok_s=value,
-                        best_split={m.name: n for m, n in zip(models, split) if n},
+                        best_split={m.name: n for m, n in zip(models, split, strict=False) if n},
                         bound_request_tok_s=policy_bound(speeds, weights, c))

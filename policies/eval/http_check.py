@@ -78,17 +78,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO
 
 import msgspec
 
 from backends import BackendSpec, Strategy
-from common.admin_api import decode_admin_backends
 from backends.procs import ProcessGroup, free_port, http_get
 from backends.sim.engine import Engine
 from backends.sim.profile import load_profile
+from common.admin_api import decode_admin_backends
 from policies.base import Domain, Outcome, Policy
 from policies.eval.metrics import phase_metrics
 from policies.eval.runner import contestants
@@ -268,7 +269,7 @@ def run_virtual(plan: CheckPlan, items: Sequence[tuple[str, int]]
         figures = []
         for c in plan.concurrencies:
             scn = plan.scenario(c)
-            run = simulate(scn, lambda _e, _s: policy, seed=plan.seed, poll_s=plan.poll_s)
+            run = simulate(scn, lambda _e, _s, policy=policy: policy, seed=plan.seed, poll_s=plan.poll_s)
             m = phase_metrics(run, scn, list(plan.pool))[0]
             figures.append(PhaseFigures(aggregate_tok_s=m.aggregate_tok_s,
                                         mean_request_tok_s=m.mean_request_tok_s,
@@ -445,7 +446,7 @@ def run_http(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda 
             servers.stop(f"gateway-{tag}")
             log(f"{policy_name}: " + "; ".join(
                 f"C={c}: req {m.mean_request_tok_s:.1f} agg {m.aggregate_tok_s:.1f}"
-                for c, m in zip(plan.concurrencies, results[policy_name])))
+                for c, m in zip(plan.concurrencies, results[policy_name], strict=False)))
     return results, warm
 
 
@@ -478,7 +479,7 @@ def run_check(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda
     virtual, v_warm = run_virtual(plan, warm_items)
     log("virtual clock: " + "; ".join(
         f"{p} " + " ".join(f"C={c} req {m.mean_request_tok_s:.1f} agg {m.aggregate_tok_s:.1f}"
-                           for c, m in zip(plan.concurrencies, virtual[p])) for p in plan.policies))
+                           for c, m in zip(plan.concurrencies, virtual[p], strict=False)) for p in plan.policies))
     http, h_warm = run_http(plan, out, log=log)
     rows = compare(plan, virtual, http)
     warm = {name: {"virtual": v_warm.get(name, 0.0), "http": h_warm.get(name, 0.0)}

@@ -26,7 +26,7 @@ not on this one's. The first phase is measured from t=0: its cold start is part 
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgspec
 

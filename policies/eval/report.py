@@ -31,8 +31,9 @@ objective; `clairvoyant_ratios` has both. `regret`: 1 - mean request tok/s / the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TextIO
 
 import msgspec
 
@@ -187,10 +188,10 @@ def _open_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
                 m = p[k]
                 lead = [res.name, ph.name, f"{ph.rate_rps:.2f}"] if first else ["", "", ""]
                 first = False
-                lines.append("| " + " | ".join(lead + [
-                    k, _f(m.mean_request_tok_s), f"{m.p50_ttft_ms:.0f}", f"{m.p99_ttft_ms:.0f}", f"{m.p99_tpot_ms:.0f}",
-                    f"{m.p99_e2e_s:.1f}", f"{m.slo_attainment:.2f}", f"{m.goodput_rps:.2f}", str(m.shed),
-                    f"{m.cached_share:.2f}"]) + " |")
+                cells = [*lead, k, _f(m.mean_request_tok_s), f"{m.p50_ttft_ms:.0f}", f"{m.p99_ttft_ms:.0f}",
+                         f"{m.p99_tpot_ms:.0f}", f"{m.p99_e2e_s:.1f}", f"{m.slo_attainment:.2f}",
+                         f"{m.goodput_rps:.2f}", str(m.shed), f"{m.cached_share:.2f}"]
+                lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -203,9 +204,9 @@ def markdown(results: Sequence[ScenarioResult], targets: Sequence[Target], *, se
     opened = [r for r in results if r not in closed]
     lines: list[str] = []
     if closed:
-        lines += _closed_table(closed, seed) + [""]
+        lines += [*_closed_table(closed, seed), ""]
     if opened:
-        lines += _open_table(opened, seed) + [""]
+        lines += [*_open_table(opened, seed), ""]
     lines += list(extra)
     lines += ["", "| target | holds | value |", "|---|---|---|"]
     for t in targets:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -139,7 +139,7 @@ def _recovery(goodput: RunResult, oracle: RunResult, scenario: Scenario, objecti
     end = scenario.duration_s
     g = window_series(goodput, deg.at_s, end, RECOVERY_WINDOW_S, RECOVERY_STEP_S, objective)
     o = window_series(oracle, deg.at_s, end, RECOVERY_WINDOW_S, RECOVERY_STEP_S, objective)
-    ratios = [(t - deg.at_s, (gv / ov) if ov > 0 else 1.0) for (t, gv), (_, ov) in zip(g, o)]
+    ratios = [(t - deg.at_s, (gv / ov) if ov > 0 else 1.0) for (t, gv), (_, ov) in zip(g, o, strict=False)]
 
     def rest(t: float) -> float:
         ref = _span_metric(oracle, deg.at_s + t, end, objective)

@@ -30,7 +30,8 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -121,12 +122,13 @@ class _Backend:
 
 class _Flight(msgspec.Struct, kw_only=True):
     rec: RequestRecord
+    features: RequestFeatures
     backend: _Backend
     inflight_at_dispatch: int
     integral_at_dispatch: float
     sim: SimRequest
     turn: Turn
-    stream: "_Stream"
+    stream: _Stream
 
 
 class _Stream:
@@ -183,7 +185,8 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
     specs = [BackendSpec(name=n, url=f"sim://{n}", model=MODEL, strategy=Strategy(e.profile.strategy))
              for n, e in engines.items()]
     policy = make_policy(engines, specs)
-    backends = [_Backend(s.name, engines[s.name], BackendView(spec=s)) for s in specs]
+    backends = [_Backend(s.name, engines[s.name],
+                         BackendView(spec=s, kv_tokens=engines[s.name].profile.max_total_num_tokens)) for s in specs]
     by_name = {b.name: b for b in backends}
     views = [b.view for b in backends]
     reasoning = _reasoning_model(engines)
@@ -289,7 +292,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         except QueueFull:
             # the 503 reaches the gateway at once: the policy hears of the failed attempt
             policy.observe(Outcome(backend=b.name, domain=Domain(turn.domain), inflight_at_dispatch=b.view.inflight + 1,
-                                   prompt_tokens=turn.prompt_tokens, error="queue_full"))
+                                   prompt_tokens=turn.prompt_tokens, error="queue_full", features=features))
             return b, None, decision.reason  # type: ignore[return-value]
         return b, sim_req, decision.reason
 
@@ -300,8 +303,12 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         stream.next_turn += 1
         rid = next_rid
         next_rid += 1
+        # A client of a thinking, agentic model does not know how long the answer will be: it sends
+        # no max_tokens (SGLang's default cap), so the policy predicts the length from what it has
+        # seen; issue 5's single requests keep their exact max_tokens (loadgen's ignore_eos runs).
         features = RequestFeatures(model=MODEL, domain=Domain(turn.domain), prompt_tokens=turn.prompt_tokens,
-                                   max_tokens=turn.max_tokens, stream=True, temperature=turn.temperature,
+                                   max_tokens=turn.max_tokens if stream.session.exact_length else None,
+                                   stream=True, temperature=turn.temperature,
                                    thinking=turn.thinking, tools=turn.tools, prefix=turn.chain)
         rec = RequestRecord(rid=rid, backend="", domain=turn.domain, t_send=now, client=stream.client or 0,
                             phase=phase, prompt_tokens=turn.prompt_tokens, reasoning_tokens=turn.reasoning_tokens,
@@ -323,7 +330,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         touch(b)
         b.view.inflight += 1
         b.waiting_tokens[str(rid)] = turn.prompt_tokens
-        inflight[str(rid)] = _Flight(rec=rec, backend=b, inflight_at_dispatch=b.view.inflight,
+        inflight[str(rid)] = _Flight(rec=rec, features=features, backend=b, inflight_at_dispatch=b.view.inflight,
                                      integral_at_dispatch=b.integral, sim=sim_req, turn=turn, stream=stream)
         kick(b)
 
@@ -342,7 +349,8 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             ttft_s=rec.t_first - rec.t_send, decode_s=rec.t_last - rec.t_first, verify_ct=verify_ct,
             accept_length=rec.tokens / verify_ct if verify_ct else None,
             finish_reason="tool_calls" if f.turn.tool_call else "stop",
-            cached_tokens=rec.cached_tokens, reasoning_tokens=rec.reasoning_tokens or None))
+            cached_tokens=rec.cached_tokens, reasoning_tokens=rec.reasoning_tokens or None,
+            features=f.features))
         finished.append(rec)
         stream = f.stream
         if stream.next_turn < len(stream.session.turns) and now < end:

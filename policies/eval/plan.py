@@ -1,0 +1,325 @@
+"""`specroute plan`: which N servers to run for a traffic, and whether to reshape them over the day.
+
+1. Every composition of N servers over the candidate types (profiles, DDTree budgets) is ranked
+   by the fluid model (`policies.eval.fluid`): span-weighted mean request tok/s of an ideal
+   domain-blind split, per phase at the phase's arrival rate.
+2. The best `shortlist` mixed fleets and the best `homogeneous` homogeneous fleets by that ranking
+   are simulated on the virtual clock (`policies.eval.sim`) over a `sample_s` sample of each
+   phase, each with its best policy: goodput (latency and throughput objectives) for every
+   fleet, and for homogeneous fleets also SGLang's router's policies (`policies.eval.peers`) and
+   least_inflight: a user's real alternative is a homogeneous fleet behind SGLang's router.
+3. Fleets are ranked by the simulated score: span-weighted over phases of the mean request
+   tok/s, where a request that was shed or never finished counts 0 (a fleet that sheds is not
+   faster), or, with `objective="goodput"`, of the requests/s that met the SLO.
+   The margin is over the best homogeneous fleet with its best policy.
+4. Reshape: for each phase, the composition the fluid model ranks best *for that phase alone* is
+   simulated on it; where it beats the day's winner, the schedule switches. The switches cost
+   what restarting servers costs: each server whose type changes is down for `restart_s` (rolling,
+   one at a time), and the fleet serves that phase one server short meanwhile (fluid model). The
+   day wraps around (the last phase is followed by the first).
+
+`exhaustive=True` simulates every composition instead (the check that the short list finds the
+best: within 3%, issue 16).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from policies.eval.fleet import FleetError, Member, fleet_label, parse_member
+from policies.eval.fluid import fleet_value, type_curve
+from policies.eval.metrics import PhaseMetrics, phase_metrics
+from policies.eval.runner import contestants
+from policies.eval.sim import fleet_servers, simulate
+from policies.eval.slo import DEFAULT_SLO, SLO
+from policies.eval.traffic import Traffic
+
+__all__ = ["DEFAULT_TYPES", "RESTART_S", "FleetFigures", "PlanResult", "Reshape", "compositions", "plan"]
+
+# The K2.6 family: AR, EAGLE-3, DFlash and DDTree at three budgets (32 is the profile's own).
+DEFAULT_TYPES: tuple[str, ...] = ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree:b=8", "k26-ddtree:b=16",
+                                  "k26-ddtree")
+# Restart of a 1T-parameter server (assumption): ~600 GB of INT4 weights read at ~1.5 GB/s
+# (~7 min), then the drafter, CUDA-graph capture and warm-up (~8 min).
+RESTART_S = 15 * 60.0
+MAX_SERVERS = 16
+MIXED_POLICIES = ("goodput/latency", "goodput/throughput")
+HOMOGENEOUS_POLICIES = ("goodput/latency", "least_inflight", "sglang/round_robin", "sglang/power_of_two",
+                        "sglang/least_load", "sglang/cache_aware")
+
+
+class PhaseFigures(msgspec.Struct, kw_only=True):
+    score: float  # the objective's figure for this phase
+    request_tok_s: float  # mean over completed requests
+    slo_attainment: float
+    goodput_rps: float
+    ttft_p99_ms: float
+    e2e_p99_s: float
+    shed: int
+    arrived: int
+
+
+class FleetFigures(msgspec.Struct, kw_only=True):
+    fleet: str
+    policy: str
+    score: float  # span-weighted over phases
+    fluid: float  # the fluid model's figure (mean request tok/s of an ideal split)
+    homogeneous: bool
+    phases: dict[str, PhaseFigures] = {}
+    margin: float = 0.0  # score / the best homogeneous fleet's score - 1
+    policies_tried: dict[str, float] = {}  # policy -> score
+
+
+class Switch(msgspec.Struct, kw_only=True):
+    before: str  # phase
+    after: str
+    fleet: str
+    servers_restarted: int
+    downtime_s: float
+    cost: float  # score-seconds lost
+
+
+class Reshape(msgspec.Struct, kw_only=True):
+    schedule: dict[str, str]  # phase -> fleet
+    static_score: float
+    reshape_score: float  # net of restart costs
+    gain: float  # reshape_score / static_score - 1
+    switches: list[Switch]
+    restart_s: float
+    advice: str
+
+
+class PlanResult(msgspec.Struct, kw_only=True):
+    servers: int
+    traffic: str
+    objective: str
+    slo: SLO
+    types: list[str]
+    rates_rps: dict[str, float]  # phase -> requests/s
+    spans_s: dict[str, float]
+    ranked: list[FleetFigures]
+    best_homogeneous: FleetFigures
+    reshape: Reshape | None
+    compositions: int
+    simulated: int
+    sample_s: float
+    assumptions: list[str]
+    wall_s: float = 0.0
+    exhaustive_best: FleetFigures | None = None
+
+
+def compositions(n_types: int, n: int) -> list[tuple[int, ...]]:
+    """Every way to put n servers on n_types types (counts per type)."""
+    out = []
+    for cut in itertools.combinations(range(n + n_types - 1), n_types - 1):
+        prev = -1
+        counts = []
+        for c in (*cut, n + n_types - 1):
+            counts.append(c - prev - 1)
+            prev = c
+        out.append(tuple(counts))
+    return out
+
+
+def _members(types: Sequence[Member], counts: Sequence[int]) -> tuple[Member, ...]:
+    return tuple(msgspec.structs.replace(t, count=k) for t, k in zip(types, counts, strict=False) if k)
+
+
+def _label(types: Sequence[Member], counts: Sequence[int]) -> str:
+    return fleet_label(_members(types, counts))
+
+
+def _phase_score(m: PhaseMetrics, objective: str) -> float:
+    if objective == "goodput":
+        return m.goodput_rps
+    return m.mean_request_tok_s * (m.requests / m.arrived) if m.arrived else 0.0
+
+
+class _Planner:
+    def __init__(self, n: int, traffic: Traffic, *, slo: SLO, types: Sequence[str], objective: str,
+                 sample_s: float, seed: int, log: Callable[[str], None]) -> None:
+        if not 1 <= n <= MAX_SERVERS:
+            raise FleetError(f"--servers must be between 1 and {MAX_SERVERS}, got {n}")
+        if objective not in ("tok_s", "goodput"):
+            raise ValueError(f"objective is tok_s or goodput, not {objective!r}")
+        if not types:
+            raise FleetError("no server types to plan over")
+        self.types = [parse_member(t) for t in types]
+        if any(t.count != 1 for t in self.types):
+            raise FleetError("plan's server types take no count (the planner chooses counts)")
+        labels = [t.label for t in self.types]
+        if len(set(labels)) != len(labels):
+            raise FleetError(f"a server type is listed twice: {labels}")
+        self.n = n
+        self.traffic = traffic
+        self.slo = slo
+        self.objective = objective
+        self.seed = seed
+        self.log = log
+        base = traffic.scenario
+        self.phases = [msgspec.structs.replace(p, duration_s=min(p.duration_s, sample_s)) for p in base.phases]
+        self.base = msgspec.structs.replace(base, phases=tuple(self.phases), degrade=None)
+        self.rates = [traffic.rate_of(i, n) for i in range(len(self.phases))]
+        self.spans = [p.span_s for p in self.phases]
+        self.simulated = 0
+
+    # ------------------------------------------------------------------ fluid
+    def fluid_by_phase(self, counts: Sequence[int]) -> list[float]:
+        curves_by_phase = []
+        for i, ph in enumerate(self.phases):
+            curves = [(k, type_curve(t, self.base, ph)) for t, k in zip(self.types, counts, strict=False) if k]
+            curves_by_phase.append(fleet_value(curves, self.rates[i]))
+        return curves_by_phase
+
+    def weighted(self, values: Sequence[float], spans: Sequence[float] | None = None) -> float:
+        spans = self.spans if spans is None else spans
+        return sum(v * s for v, s in zip(values, spans, strict=False)) / sum(spans)
+
+    # --------------------------------------------------------------- simulate
+    def simulate(self, counts: Sequence[int], policy: str, phase_index: int | None = None
+                 ) -> list[PhaseMetrics]:
+        members = _members(self.types, counts)
+        pool = tuple(m.label if m.count == 1 else f"{m.count}x{m.label}" for m in members)
+        scenario = msgspec.structs.replace(self.base, pool=pool)
+        rates = self.rates
+        if phase_index is not None:
+            scenario = msgspec.structs.replace(scenario, phases=(self.phases[phase_index],))
+            rates = [self.rates[phase_index]]
+        names = [s.name for s in fleet_servers(scenario)]
+        table = contestants(names, ("latency", "throughput"), self.seed, statics={})
+        _, factory = table[policy]
+        run = simulate(scenario, factory, seed=self.seed, phase_rates=rates)
+        self.simulated += 1
+        return phase_metrics(run, scenario, names, slo=self.slo)
+
+    def figures(self, counts: Sequence[int], fluid: float) -> FleetFigures:
+        homogeneous = sum(1 for k in counts if k) == 1
+        tried: dict[str, tuple[float, list[PhaseMetrics]]] = {}
+        for policy in (HOMOGENEOUS_POLICIES if homogeneous else MIXED_POLICIES):
+            ms = self.simulate(counts, policy)
+            tried[policy] = (self.weighted([_phase_score(m, self.objective) for m in ms]), ms)
+        policy, (score, ms) = max(tried.items(), key=lambda kv: kv[1][0])
+        label = _label(self.types, counts)
+        self.log(f"  simulated {label}: best {policy} {score:.2f} "
+                 f"({', '.join(f'{p} {s:.1f}' for p, (s, _) in tried.items())})")
+        return FleetFigures(
+            fleet=label, policy=policy, score=score, fluid=fluid, homogeneous=homogeneous,
+            policies_tried={p: round(s, 3) for p, (s, _) in tried.items()},
+            phases={ph.name: PhaseFigures(
+                score=_phase_score(m, self.objective), request_tok_s=m.mean_request_tok_s,
+                slo_attainment=m.slo_attainment, goodput_rps=m.goodput_rps, ttft_p99_ms=m.p99_ttft_ms,
+                e2e_p99_s=m.p99_e2e_s, shed=m.shed, arrived=m.arrived) for ph, m in zip(self.phases, ms, strict=False)})
+
+    # ---------------------------------------------------------------- reshape
+    def reshape(self, winner_counts: Sequence[int], winner: FleetFigures, fluid: dict[tuple[int, ...], list[float]],
+                restart_s: float) -> Reshape:
+        schedule: list[tuple[tuple[int, ...], float]] = []
+        for i, ph in enumerate(self.phases):
+            best = max(fluid, key=lambda c: fluid[c][i])
+            base_score = winner.phases[ph.name].score
+            if tuple(best) == tuple(winner_counts):
+                schedule.append((tuple(winner_counts), base_score))
+                continue
+            policy = "goodput/latency"
+            ms = self.simulate(best, policy, phase_index=i)
+            s = _phase_score(ms[0], self.objective)
+            if sum(1 for k in best if k) == 1:  # a homogeneous choice may do better behind its own router
+                s = max(s, _phase_score(self.simulate(best, "sglang/cache_aware", phase_index=i)[0], self.objective))
+            schedule.append((best, s) if s > base_score else (tuple(winner_counts), base_score))
+        switches: list[Switch] = []
+        total = sum(self.spans)
+        value = sum(s * span for (_, s), span in zip(schedule, self.spans, strict=False))
+        for i in range(len(schedule)):
+            prev, cur = schedule[i - 1][0], schedule[i][0]
+            if prev == cur or len(schedule) == 1:
+                continue
+            changed = sum(max(0, a - b) for a, b in zip(cur, prev, strict=False))
+            downtime = changed * restart_s
+            short = list(cur)
+            short[max(range(len(short)), key=lambda j: short[j])] -= 1  # one server down at a time
+            curves = [(k, type_curve(t, self.base, self.phases[i]))
+                      for t, k in zip(self.types, short, strict=True) if k]
+            degraded = fleet_value(curves, self.rates[i]) if curves else 0.0
+            # the simulated score of the phase, scaled by what one server fewer costs in the fluid model
+            full_fluid = fluid[cur][i]
+            kept = degraded / full_fluid if full_fluid > 0 else 0.0
+            cost = min(downtime, self.spans[i]) * schedule[i][1] * max(0.0, 1.0 - kept)
+            value -= cost
+            switches.append(Switch(before=self.phases[i - 1].name, after=self.phases[i].name,
+                                   fleet=_label(self.types, cur), servers_restarted=changed,
+                                   downtime_s=downtime, cost=cost))
+        reshape_score = value / total
+        gain = reshape_score / winner.score - 1 if winner.score > 0 else 0.0
+        sched = {ph.name: _label(self.types, c) for ph, (c, _) in zip(self.phases, schedule, strict=False)}
+        if not switches:
+            advice = f"keep {winner.fleet} all day: no phase's best fleet beats it in simulation"
+        elif gain <= 0.02:
+            advice = (f"keep {winner.fleet}: reshaping ({len(switches)} switches) would gain {100 * gain:+.1f}% "
+                      f"after {restart_s / 60:.0f} min restarts, not worth the risk")
+        else:
+            parts = ", ".join(f"{sw.after} -> {sw.fleet}" for sw in switches)
+            advice = (f"reshape over the day ({parts}): {100 * gain:+.1f}% over {winner.fleet} all day, "
+                      f"net of {restart_s / 60:.0f} min per restarted server")
+        return Reshape(schedule=sched, static_score=winner.score, reshape_score=reshape_score, gain=gain,
+                       switches=switches, restart_s=restart_s, advice=advice)
+
+
+def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
+    ref = p.traffic.scenario.reference
+    return [
+        f"servers: twin profiles on the virtual clock ({', '.join(t.label for t in p.types)}); "
+        "step times, acceptance and reasoning lengths as the profiles state (their provenance)",
+        f"load: phase rates {', '.join(f'{r:.2f}' for r in p.rates)} req/s"
+        + ("" if all(r is not None for r in p.traffic.rates) else
+           f" (loads are fractions of {p.n} x {ref}'s saturation rate on each phase's traffic)"),
+        f"each phase simulated for {sample_s:.0f} s of steady traffic, weighed by the part of the day it "
+        "stands for; results are one seed's",
+        "score: span-weighted mean request decode tok/s, shed or unfinished requests counting 0"
+        if p.objective == "tok_s" else f"score: span-weighted requests/s meeting the SLO ({p.slo.label})",
+        "policies: goodput for every fleet; homogeneous fleets also behind SGLang's router's policies "
+        "(implemented from its source) and least_inflight; each fleet ranked with its best",
+        f"restart of a 1T-parameter server: {restart_s / 60:.0f} min down (assumption: ~600 GB INT4 weights "
+        "at ~1.5 GB/s, drafter, CUDA graphs, warm-up), rolling one server at a time",
+        f"SGLang --max-queued-requests {p.base.max_queued} per server; a full queue is a 503, retried once "
+        "elsewhere, then shed",
+    ]
+
+
+def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[str] = DEFAULT_TYPES,
+         objective: str = "tok_s", shortlist: int = 4, homogeneous: int = 2, sample_s: float = 90.0,
+         seed: int = 0, restart_s: float = RESTART_S, exhaustive: bool = False,
+         log: Callable[[str], None] = lambda s: None) -> PlanResult:
+    t0 = time.perf_counter()
+    p = _Planner(n, traffic, slo=slo, types=types, objective=objective, sample_s=sample_s, seed=seed, log=log)
+    combos = compositions(len(p.types), n)
+    fluid_phase = {c: p.fluid_by_phase(c) for c in combos}
+    fluid = {c: p.weighted(v) for c, v in fluid_phase.items()}
+    ordered = sorted(combos, key=lambda c: -fluid[c])
+    homog = [c for c in ordered if sum(1 for k in c if k) == 1]
+    mixed = [c for c in ordered if sum(1 for k in c if k) > 1]
+    picked = homog[:homogeneous] + mixed[:shortlist]
+    log(f"fluid model: {len(combos)} compositions of {n} servers over {len(p.types)} types; "
+        f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked))
+    figures = {c: p.figures(c, fluid[c]) for c in picked}
+    ranked = sorted(figures.values(), key=lambda f: -f.score)
+    best_h = max((f for f in ranked if f.homogeneous), key=lambda f: f.score)
+    for f in ranked:
+        f.margin = f.score / best_h.score - 1 if best_h.score > 0 else 0.0
+    winner_counts = next(c for c, f in figures.items() if f is ranked[0])
+    reshape = p.reshape(winner_counts, ranked[0], fluid_phase, restart_s) if len(p.phases) > 1 else None
+    exhaustive_best = None
+    if exhaustive:
+        log(f"exhaustive: simulating all {len(combos)} compositions")
+        everything = {c: figures.get(c) or p.figures(c, fluid[c]) for c in combos}
+        exhaustive_best = max(everything.values(), key=lambda f: f.score)
+    return PlanResult(
+        servers=n, traffic=traffic.name, objective=objective, slo=slo, types=[t.label for t in p.types],
+        rates_rps={ph.name: round(r, 4) for ph, r in zip(p.phases, p.rates, strict=False)},
+        spans_s={ph.name: ph.span_s for ph in p.phases}, ranked=ranked, best_homogeneous=best_h,
+        reshape=reshape, compositions=len(combos), simulated=p.simulated, sample_s=sample_s,
+        assumptions=_assumptions(p, restart_s, sample_s), wall_s=time.perf_counter() - t0,
+        exhaustive_best=exhaustive_best)
