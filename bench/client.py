@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import httptools
 
@@ -18,8 +18,10 @@ _CONTENT = b'"content":" '  # a content delta with text (role chunks carry "cont
 
 def request_bytes(path: str, body: bytes, host: str, headers: Sequence[tuple[str, str]] = ()) -> bytes:
     extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
-    return (f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n{extra}\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
 
 
 class Connection(asyncio.Protocol):
@@ -96,8 +98,9 @@ class LevelResult:
         return len(self.latencies)
 
 
-async def closed_loop(host: str, port: int, raw: bytes, concurrency: int, *, requests: int | None = None,
-                      duration: float | None = None) -> LevelResult:
+async def closed_loop(
+    host: str, port: int, raw: bytes, concurrency: int, *, requests: int | None = None, duration: float | None = None
+) -> LevelResult:
     """`concurrency` clients each sending `raw` back to back, until `requests` are done or `duration` passes."""
     conns = [await connect(host, port) for _ in range(concurrency)]
     res = LevelResult()
@@ -127,6 +130,45 @@ async def closed_loop(host: str, port: int, raw: bytes, concurrency: int, *, req
             res.chunks += chunks
 
     await asyncio.gather(*(worker(c) for c in conns))
+    res.wall = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return res
+
+
+async def paced(host: str, port: int, raw: bytes, rate: float, duration: float, *, connections: int = 8) -> LevelResult:
+    """`rate` requests/s for `duration` s, spread over `connections` keep-alive connections: each
+    sends on its own schedule (every connections/rate s, staggered), or at once when its previous
+    answer came late. Latency counts from the actual send."""
+    conns = [await connect(host, port) for _ in range(connections)]
+    res = LevelResult()
+    interval = connections / rate
+    t0 = time.perf_counter() + 0.01
+    end = t0 + duration
+    clock = time.perf_counter
+
+    async def worker(k: int, conn: Connection) -> None:
+        due = t0 + k / rate
+        while due < end:
+            wait = due - clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            t = clock()
+            try:
+                status, t_first, t_end, chunks = await conn.request(raw)
+            except ConnectionError:
+                res.errors += 1
+                return
+            if status != 200:
+                res.errors += 1
+            else:
+                res.latencies.append(t_end - t)
+                if t_first:
+                    res.ttfts.append(t_first - t)
+                res.chunks += chunks
+            due += interval
+
+    await asyncio.gather(*(worker(k, c) for k, c in enumerate(conns)))
     res.wall = time.perf_counter() - t0
     for c in conns:
         c.close()

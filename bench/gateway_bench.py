@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bench.client import LevelResult, closed_loop, request_bytes
+from common.percentile import percentile
 
 REPO = Path(__file__).resolve().parent.parent
 API_KEY = "bench-key-0123456789"
@@ -105,9 +106,10 @@ def _pin_fn(cpu: int | None) -> Callable[[], None] | None:
 
 @contextlib.contextmanager
 def _process(cmd: list[str], log: Path, cpu: int | None, env: dict[str, str] | None = None,
-             ready_url: str | None = None, ready_timeout_s: float = 60.0) -> Iterator[subprocess.Popen]:
+             ready_url: str | None = None, ready_timeout_s: float = 60.0,
+             cwd: Path | None = None) -> Iterator[subprocess.Popen]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=out,
+        proc = subprocess.Popen(cmd, cwd=cwd or REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL, preexec_fn=_pin_fn(cpu), start_new_session=True)
     try:
         if ready_url:
@@ -207,11 +209,10 @@ def admin_state(target: Target) -> dict[str, Any]:
         return json.loads(r.read())
 
 
-def _pct(samples: list[float], q: float) -> float:
-    if not samples:
-        return float("nan")
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
+def _ms(samples: list[float], q: float) -> float:
+    """The q-th percentile (0-100, `common.percentile`) of samples in seconds, in ms; NaN for none."""
+    value = percentile(samples, q)
+    return float("nan") if value is None else value * 1e3
 
 
 async def run_level(target: Target, body: bytes, concurrency: int, *, requests: int | None = None,
@@ -221,11 +222,10 @@ async def run_level(target: Target, body: bytes, concurrency: int, *, requests: 
                                          requests=requests, duration=duration)
     cpu = (cpu_seconds(target.pid) - cpu0) if target.pid else None
     target.requests += res.count + res.errors
-    ms = 1e3
     out = {"n": res.count, "errors": res.errors, "wall_s": res.wall, "rps": res.count / res.wall,
            "chunks": res.chunks, "chunks_per_s": res.chunks / res.wall,
-           "lat_p50_ms": _pct(res.latencies, 0.5) * ms, "lat_p99_ms": _pct(res.latencies, 0.99) * ms,
-           "ttft_p50_ms": _pct(res.ttfts, 0.5) * ms, "ttft_p99_ms": _pct(res.ttfts, 0.99) * ms}
+           "lat_p50_ms": _ms(res.latencies, 50), "lat_p99_ms": _ms(res.latencies, 99),
+           "ttft_p50_ms": _ms(res.ttfts, 50), "ttft_p99_ms": _ms(res.ttfts, 99)}
     if cpu is not None:
         out["cpu_s"] = cpu
         out["cpu_us_per_request"] = cpu / max(1, res.count) * 1e6

@@ -8,10 +8,9 @@ a microsecond); every 32 requests or 100 ms the buffer is written to a pipe. The
 (`python -m gateway.span_export`, started with the gateway, ends with it) builds the SDK exporter
 the standard way (OTLP over HTTP/protobuf or gRPC, or the console, from the OTEL_* settings) and
 batches for the collector as the SDK's batch processor does (OTEL_BSP_SCHEDULE_DELAY,
-OTEL_BSP_MAX_EXPORT_BATCH_SIZE). It expands the records into spans (`spans.expand`). For OTLP over
-HTTP/protobuf, the default, it encodes them itself (`gateway.otlp_wire`: the SDK encoder's message
-at under a fifth of its CPU) and sends them through the SDK exporter's HTTP client; the other
-exporters get the SDK's spans (`spans.to_readable`).
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE). It expands the records into spans (`spans.expand`), makes the SDK's
+`ReadableSpan`s of them (`spans.to_readable`) and hands those to the SDK exporter, which encodes
+and sends them: the request path never waits for any of it.
 
 Bounded: the pipe write is non-blocking; when the exporter falls behind (a slow or unreachable
 collector), at most `max_pending_bytes` wait in the gateway and further batches are dropped and
@@ -37,14 +36,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import msgspec
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from gateway.config import TracingSection
-from gateway.otlp_wire import TraceRequestEncoder
 from gateway.spans import SpanRecord, TraceRecord, expand, to_readable
 
 log = logging.getLogger("specroute.tracing")
@@ -310,19 +308,6 @@ class SpanShipper:
         self.sink.close(timeout_s)
 
 
-def wire_sender(exporter: SpanExporter) -> Callable[[bytes], bool] | None:
-    """For the SDK's OTLP/HTTP exporter: a function that sends an `ExportTraceServiceRequest`
-    encoded by `gateway.otlp_wire` through the exporter's own HTTP client (its endpoint, headers,
-    compression, timeout and retries, all from the standard OTEL_* settings). None for any other
-    exporter, or an SDK whose exporter is built differently: those get the SDK's spans."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    client = getattr(exporter, "_client", None)  # not public API: checked, with the SDK path behind it
-    if type(exporter) is not OTLPSpanExporter or not callable(getattr(client, "export", None)):
-        return None
-    return lambda data: bool(client.export(data).success)
-
-
 def _env_number(name: str, default: int) -> int:
     try:
         value = int(os.environ.get(name, default))
@@ -384,24 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     if exporter is None:
         return 0
     resource = resource_for(section)
-    send = wire_sender(exporter)
-    # A batch holds what `prepare` makes of each arriving frame's spans; `ship` sends a batch.
-    prepare: Callable[[list[SpanRecord]], list[Any]]
-    ship: Callable[[list[Any]], object]
-    if send is not None:  # OTLP/HTTP: encoded here, sent by the SDK exporter's client
-        encoder = TraceRequestEncoder(resource)
-        # Spans are encoded as their frame arrives and the batch keeps bytes: a frame's objects die
-        # at once, so this process's working set stays small (it shares the CPUs' caches with the
-        # gateway), instead of holding up to a batch of records to encode at export.
-        prepare = encoder.span_fields
-        ship = lambda batch: send(encoder.request_of(batch))  # noqa: E731
-    else:  # gRPC, console: the SDK's spans
-        prepare = list
-        ship = lambda batch: exporter.export(to_readable(batch, resource))  # noqa: E731
 
-    def export(batch: list[Any]) -> None:
+    def export(batch: list[SpanRecord]) -> None:
         try:
-            ship(batch)
+            exporter.export(to_readable(batch, resource))
         except Exception as e:  # one failed batch must not end the process
             log.warning("span export failed: %s", e)
 
@@ -412,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     frames = _Frames(sys.stdin.fileno())
-    batch: list[Any] = []
+    batch: list[SpanRecord] = []
     due = 0.0
     try:
         while True:
@@ -423,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 for payload in payloads:
                     try:
-                        spans = prepare(expand(_decoder.decode(payload)))
+                        spans = expand(_decoder.decode(payload))
                     except (msgspec.DecodeError, TypeError, ValueError) as e:  # a bad batch: warn, keep going
                         log.warning("span batch dropped: %s", e)
                         continue

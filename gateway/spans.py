@@ -4,9 +4,9 @@ makes of it (`SpanRecord`), their attributes, and the SDK's `ReadableSpan`s.
 The request path never builds OpenTelemetry SDK span objects, nor attribute dicts: it encodes one
 flat record of raw facts per request (ids, times, status, the upstream address, the request's
 record as the access log's JSON) with msgspec. The export side, in its own process, expands each
-record into its SERVER and CLIENT spans, names the attributes (`attributes_of`) and encodes them
-(`gateway.otlp_wire`) or hands `ReadableSpan`s to a standard SDK exporter (gRPC, console, a
-test's in-memory one).
+record into its SERVER and CLIENT spans, names the attributes (`attributes_of`) and hands the
+SDK's `ReadableSpan`s (`to_readable`) to a standard SDK exporter (OTLP over HTTP or gRPC, the
+console, a test's in-memory one), which encodes them.
 """
 
 from __future__ import annotations
