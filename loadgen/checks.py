@@ -9,8 +9,9 @@ stopped) fails; a figure of a target the user left out of `--target` is skipped.
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 from rich.console import Console
@@ -182,8 +183,8 @@ def _order_row(chk: Check, ref: Reference, summary: Summary, base: dict) -> Row:
             status="not measured",
             measured_text="-",
         )
-    ok = all(a > b for a, b in zip(values, values[1:]))  # type: ignore[operator]
-    text = (" > " if ok else " vs ").join(f"{n} {v:.2f}" for n, v in zip(names, values))
+    ok = all(a > b for a, b in itertools.pairwise(values))  # type: ignore[operator]
+    text = (" > " if ok else " vs ").join(f"{n} {v:.2f}" for n, v in zip(names, values, strict=False))
     return Row(
         **base,
         reference=order,

@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         "for per-token ITL (default on; without it ITL splits tokens by text length)",
     )
     p.add_argument(
+        "--save-chunks",
+        action="store_true",
+        help="requests.jsonl: each generated chunk's arrival (ms after the send) and tokens (chunk_times_ms, "
+        "chunk_tokens), like bench_serving's per-request itls",
+    )
+    p.add_argument(
         "--thinking",
         choices=("default", "on", "off", "mix"),
         default="default",
@@ -284,6 +290,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         top_p=args.top_p,
         thinking=args.thinking,
         continuous_usage=args.continuous_usage,
+        save_chunks=args.save_chunks,
         api_key=args.api_key,
         timeout=args.timeout,
     )

@@ -43,6 +43,7 @@ class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
     top_p: float | None = None
     thinking: str = "default"  # default (send nothing) | on | off | mix (alternate by request / session)
     continuous_usage: bool = True  # stream_options.continuous_usage_stats: exact tokens per chunk
+    save_chunks: bool = False  # requests.jsonl keeps each chunk's arrival time and token count
     api_key: str | None = None
     timeout: float = 600.0  # seconds without a byte before a request counts as timed out
 
@@ -227,7 +228,9 @@ async def send(
     except aiohttp.ClientError as e:
         t_end = time.perf_counter()
         _fail(record, "bad_response", str(e) or type(e).__name__)
-    gaps = measure(parser, t_send=t_send, t_end=t_end, streamed=opts.stream, record=record)
+    gaps = measure(
+        parser, t_send=t_send, t_end=t_end, streamed=opts.stream, record=record, save_chunks=opts.save_chunks
+    )
     return Sent(gaps if record.ok else [], parser.answer if record.ok else None)
 
 

@@ -96,7 +96,15 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool, record: RequestRecord) -> list[Gap]:
+def measure(
+    parser: StreamParser,
+    *,
+    t_send: float,
+    t_end: float,
+    streamed: bool,
+    record: RequestRecord,
+    save_chunks: bool = False,
+) -> list[Gap]:
     """Fill the timing and token fields of `record` from a finished exchange; return its ITL
     samples. Called for failed requests too (their partial figures help debugging).
 
@@ -153,6 +161,9 @@ def measure(parser: StreamParser, *, t_send: float, t_end: float, streamed: bool
         return []
     tokens, source = chunk_tokens(chunks, usage_n)
     record.itl_token_counts = source if chunks else None
+    if save_chunks:
+        record.chunk_times_ms = [(c.time - t_send) * 1000 for c in chunks]
+        record.chunk_tokens = tokens
     gaps = token_gaps(chunks, tokens)
     if gaps:
         count = sum(k for _, k in gaps)

@@ -7,8 +7,8 @@ results of the levels it finished.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import msgspec
 

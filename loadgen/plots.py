@@ -12,9 +12,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from loadgen.summary import Level, Summary, load_summary  # noqa: E402
+from loadgen.summary import Level, Summary, load_summary
 
 PLOTS = {
     "throughput_aggregate.png": ("aggregate output tok/s", "output_throughput"),

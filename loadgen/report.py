@@ -7,8 +7,9 @@ sit next to each other at every level.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -41,9 +42,11 @@ _COLUMNS: tuple[tuple[str, Callable[[Level], str]], ...] = (
     ("wall s", lambda lv: _num(lv.duration, 2)),
     ("TTFT p50 ms", lambda lv: _num(lv.median_ttft_ms)),
     ("TTFT p99 ms", lambda lv: _num(lv.p99_ttft_ms)),
+    ("answer p50 ms", lambda lv: _num(lv.median_ttft_answer_ms)),
     ("TPOT ms", lambda lv: _num(lv.mean_tpot_ms, 2)),
     ("ITL p50 ms", lambda lv: _num(lv.median_itl_ms, 2)),
     ("accept", lambda lv: _num(lv.accept_length, 2)),
+    ("cache %", lambda lv: _num(None if lv.cache_hit_rate is None else 100 * lv.cache_hit_rate)),
     ("ok/fail", lambda lv: f"{lv.completed}/{lv.failed}"),
     ("backends", _backends),
 )
@@ -73,10 +76,57 @@ def print_level(run: Run, level: Level, console: Console | None = None) -> None:
         console.print(f"[yellow]  errors: {errs}[/]")
     if level.token_count_mismatches:
         console.print(f"[yellow]  token count mismatches (client vs server usage): {level.token_count_mismatches}[/]")
+    for note in level_notes(level):
+        console.print(f"  {note}")
+    if level.turns:
+        console.print(turn_table(level))
+
+
+def level_notes(level: Level) -> list[str]:
+    """One line per thing a level's row does not show: how ITL knew tokens per chunk, thinking,
+    tool calls."""
+    notes = []
+    if level.itl_token_counts in ("text_length", "mixed"):
+        exact = level.itl_exact_requests
+        notes.append(
+            f"ITL: tokens per chunk split by text length for {level.completed - exact} of {level.completed} requests "
+            "(no per-chunk usage from the server: --continuous-usage needs stream_options.continuous_usage_stats)"
+        )
+    if level.reasoning_requests:
+        per = level.total_reasoning_tokens / level.reasoning_requests
+        notes.append(
+            f"thinking: {level.reasoning_requests} requests, {per:,.0f} reasoning tokens each; "
+            f"first reasoning p50 {_num(level.median_ttft_reasoning_ms)} ms, "
+            f"first answer p50 {_num(level.median_ttft_answer_ms)} ms"
+        )
+    if level.tool_call_requests:
+        notes.append(f"tool calls: {level.tool_call_requests} of {level.completed} answers")
+    return notes
+
+
+def turn_table(level: Level) -> Table:
+    """Per-turn figures of a session level: how the later turns (longer history, cached prefix) fare."""
+    t = Table(title=f"per turn ({level.sessions} sessions)", title_justify="left", header_style="bold")
+    for name in ("turn", "ok/fail", "TTFT p50 ms", "answer p50 ms", "E2E p50 ms", "input tok", "cached tok", "cache %"):
+        t.add_column(name, justify="right")
+    for tl in level.turns:
+        t.add_row(
+            str(tl.turn + 1),
+            f"{tl.completed}/{tl.failed}",
+            _num(tl.median_ttft_ms),
+            _num(tl.median_ttft_answer_ms),
+            _num(tl.median_e2e_latency_ms),
+            _num(tl.mean_input_tokens, 0),
+            _num(tl.mean_cached_tokens, 0),
+            _num(None if tl.cache_hit_rate is None else 100 * tl.cache_hit_rate),
+        )
+    return t
 
 
 def print_table(
-    summary: Summary | dict | str | Path, console: Console | None = None, title: str | None = "loadgen results"
+    summary: Summary | dict[str, Any] | str | Path,
+    console: Console | None = None,
+    title: str | None = "loadgen results",
 ) -> None:
     """Side-by-side table of every target of a summary, grouped by load level."""
     summary = load_summary(summary)
@@ -93,6 +143,9 @@ def print_table(
         _row(t, run, lv, end_section=last)
     console.print(t)
     for run in summary.runs:
+        if run.dataset_skipped:
+            skipped = ", ".join(f"{n} with {why}" for why, n in sorted(run.dataset_skipped.items()))
+            console.print(f"[yellow]{run.target}: dataset entries skipped: {skipped}[/]")
         if run.error:
             console.print(f"[red]{run.target}: {run.error}[/]")
 
@@ -103,6 +156,7 @@ _RATIOS: tuple[tuple[str, str], ...] = (
     ("wall s", "duration"),
     ("TTFT p50", "median_ttft_ms"),
     ("TTFT p99", "p99_ttft_ms"),
+    ("answer p50", "median_ttft_answer_ms"),
     ("TPOT", "mean_tpot_ms"),
     ("ITL p50", "median_itl_ms"),
     ("accept", "accept_length"),
@@ -113,11 +167,13 @@ def _pairs(a: Summary, b: Summary) -> list[tuple[Run, Run]]:
     """Runs of the same target; with no common target, the runs in order."""
     by_name = {r.target: r for r in b.runs}
     common = [(r, by_name[r.target]) for r in a.runs if r.target in by_name]
-    return common or list(zip(a.runs, b.runs))
+    return common or list(zip(a.runs, b.runs, strict=False))
 
 
 def compare(
-    a_src: Summary | dict | str | Path, b_src: Summary | dict | str | Path, console: Console | None = None
+    a_src: Summary | dict[str, Any] | str | Path,
+    b_src: Summary | dict[str, Any] | str | Path,
+    console: Console | None = None,
 ) -> list[dict[str, float | None]]:
     """Print B / A for each metric at each level both summaries measured; return the ratios."""
     a, b = load_summary(a_src), load_summary(b_src)

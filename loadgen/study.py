@@ -29,8 +29,8 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import msgspec
 from rich.console import Console
@@ -44,7 +44,7 @@ from loadgen.report import make_console, print_table
 from loadgen.runner import Plan, execute
 from loadgen.studies import REFERENCES, STUDIES, Reference, Study
 from loadgen.summary import Summary
-from loadgen.twins import Children, ChildError, start_topology
+from loadgen.twins import ChildError, Children, start_topology
 
 QUICK_TIME_SCALE = 0.05
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
@@ -184,7 +184,7 @@ def target_words(study: Study, given: str) -> dict[str, str]:
             f"--target: {len(bare)} unnamed targets for {len(free)} study "
             f"target(s) ({', '.join(free) or 'none left'}); use NAME=URL"
         )
-    words.update(zip(free, bare))
+    words.update(zip(free, bare, strict=False))
     return words
 
 
@@ -202,7 +202,7 @@ def _list(console: Console) -> None:
             console.print(f"    {k:<10} {r.system}, {r.load}: {r.figure}  [dim]({r.provenance})[/]")
 
 
-def _sigterm(signum, frame) -> None:  # noqa: ARG001
+def _sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
 

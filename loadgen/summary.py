@@ -56,6 +56,9 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     reasoning_tokens: int | None = None  # server usage (reasoning_tokens), when reported
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
     itl_token_counts: str | None = None  # usage (exact, continuous usage) | text_length (fallback split)
+    # --save-chunks: per generated chunk, its arrival (ms after the send) and the tokens counted in it
+    chunk_times_ms: list[float] | None = None
+    chunk_tokens: list[int] | None = None
 
 
 class TurnLevel(msgspec.Struct, kw_only=True):

@@ -9,8 +9,6 @@ that is not OpenAI-compatible fails here with one line, before any load is sent.
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import msgspec
 
@@ -55,7 +53,7 @@ async def _get(session: aiohttp.ClientSession, url: str, what: str, api_key: str
     except aiohttp.ClientConnectorError as e:
         reason = e.os_error.strerror if e.os_error and e.os_error.strerror else str(e)
         raise TargetError(f"{what}: cannot connect to {url} ({reason})") from None
-    except (asyncio.TimeoutError, aiohttp.ClientError) as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         raise TargetError(f"{what}: request to {url} failed ({type(e).__name__}: {e})") from None
 
 

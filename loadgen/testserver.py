@@ -67,6 +67,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     tool_calls: bool = True  # a request with tools gets a call of its first tool
     enable_cache_report: bool = False  # report usage.prompt_tokens_details.cached_tokens
     log_steps: bool = False  # keep per-request step times and token counts (/steps)
+    keep_bodies: int = 0  # keep the last N request bodies (`TestServer.bodies`, for in-process tests)
     backends: list[dict[str, Any]] = []  # served at /admin/backends, as the gateway does
 
 
@@ -87,6 +88,7 @@ class StepLog(msgspec.Struct):
     request_id: str
     times: list[float] = []
     tokens: list[int] = []
+    chunks: list[int] = []  # chunks with generated output the step wrote (0: a marker, no text)
 
 
 _WORDS = [f" w{i}" for i in range(97)]
@@ -107,6 +109,7 @@ class TestServer:
         self.config = config or ServerConfig()
         self.stats = Stats()
         self.steps: collections.deque[StepLog] = collections.deque(maxlen=MAX_LOGGED_REQUESTS)
+        self.bodies: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.config.keep_bodies or None)
         self._prompts: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
         self._ids = itertools.count(1)
         self._gate = asyncio.Event()
@@ -166,6 +169,8 @@ class TestServer:
             return _flat_error(400, "malformed JSON")
         if not isinstance(body, dict):
             return _flat_error(400, "the body must be a JSON object")
+        if self.config.keep_bodies:
+            self.bodies.append(body)
         st = self.stats
         st.requests += 1
         nth = st.requests
@@ -402,6 +407,7 @@ class _Exchange:
             usage = self._usage(done, reasoning) if continuous else None
             if self.chat:
                 frames = self._chat_frames(step, i == 0, usage)
+                n_out = len(frames) - (1 if i == 0 else 0)  # the role chunk carries no output
             else:
                 last = i == len(steps) - 1
                 text = "".join(t.text for t in step if t.kind == "content")
@@ -413,12 +419,13 @@ class _Exchange:
                     "matched_stop": None,
                 }
                 frames = [self._frame([choice], usage=usage)]
+                n_out = int(bool(text))
             if frames:
                 await resp.write(b"".join(frames))
             if log is not None:
                 log.times.append(time.perf_counter() - t0)
                 log.tokens.append(done)
-            n_out = len(frames) - (1 if self.chat and i == 0 else 0)  # the role chunk carries no output
+                log.chunks.append(n_out)
             chunks += n_out
             st.chunks += n_out
             if fail and chunks >= cfg.error_after_chunks:

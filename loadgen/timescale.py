@@ -106,6 +106,7 @@ RECORD_TIME_FIELDS = frozenset(
         "itl_max_ms",
         "ttft_reasoning_ms",
         "ttft_answer_ms",
+        "chunk_times_ms",  # a list: each element rescaled
     }
 )
 RECORD_RATE_FIELDS = frozenset({"output_throughput", "decode_throughput", "request_rate"})
@@ -139,6 +140,7 @@ RECORD_UNSCALED_FIELDS = frozenset(
         "reasoning_tokens",
         "cached_tokens",
         "itl_token_counts",
+        "chunk_tokens",
     }
 )
 
@@ -172,6 +174,8 @@ def rescale(obj: T, time_scale: float) -> T:
         v = getattr(obj, name)
         if name == "turns":
             changes[name] = [rescale(t, time_scale) for t in v]
+        elif isinstance(v, list):
+            changes[name] = [x / time_scale for x in v]
         elif v is not None:
             changes[name] = v / time_scale
     for name in rate_f:

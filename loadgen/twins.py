@@ -25,8 +25,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, NamedTuple, Sequence
+from typing import IO, NamedTuple
 
 import msgspec
 
@@ -54,8 +55,10 @@ def specroute_script() -> str:
     found = shutil.which("specroute")
     if found:
         return found
-    raise ChildError(f"the 'specroute' command is not installed next to {sys.executable} "
-                     "(install the project, or point the study at servers with --target)")
+    raise ChildError(
+        f"the 'specroute' command is not installed next to {sys.executable} "
+        "(install the project, or point the study at servers with --target)"
+    )
 
 
 def list_profiles(script: str) -> dict[str, Profile]:
@@ -71,8 +74,7 @@ def list_profiles(script: str) -> dict[str, Profile]:
     for line in p.stdout.splitlines():
         parts = line.split(None, 3)
         if len(parts) >= 3:
-            out[parts[0]] = Profile(parts[0], parts[1], parts[2],
-                                    parts[3] if len(parts) > 3 else "")
+            out[parts[0]] = Profile(parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else "")
     return out
 
 
@@ -104,7 +106,7 @@ class Children:
         self.log_dir = log_dir
         self._children: dict[str, _Child] = {}
 
-    def __enter__(self) -> "Children":
+    def __enter__(self) -> Children:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,9 +125,14 @@ class Children:
             out = log.open("wb")
         parent = os.getpid()
         try:
-            proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=lambda: _die_with_parent(parent))
+            proc = subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=lambda: _die_with_parent(parent),
+            )
         except OSError as e:
             raise ChildError(f"cannot start {name} ({cmd[0]}): {e.strerror or e}") from None
         finally:
@@ -142,14 +149,15 @@ class Children:
                 child = self._children[name]
                 code = child.proc.poll()
                 if code is not None:
-                    raise ChildError(f"{name} exited with code {code} during start-up"
-                                     f"{self._tail(child)}")
+                    raise ChildError(f"{name} exited with code {code} during start-up{self._tail(child)}")
                 if _get(url) is not None:
                     del pending[name]
             if pending:
                 if time.monotonic() > deadline:
-                    raise ChildError(f"not ready after {timeout:.0f}s: {', '.join(pending)}"
-                                     f"{self._tail(self._children[next(iter(pending))])}")
+                    raise ChildError(
+                        f"not ready after {timeout:.0f}s: {', '.join(pending)}"
+                        f"{self._tail(self._children[next(iter(pending))])}"
+                    )
                 time.sleep(0.1)
 
     def check_alive(self) -> list[str]:
@@ -186,23 +194,33 @@ class Children:
 
 def _get(url: str, timeout: float = 2.0) -> bytes | None:
     """Body of a 200 answer, None for anything else."""
-    with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            if r.status == 200:
-                return r.read()
+    with (
+        contextlib.suppress(urllib.error.URLError, OSError, ValueError),
+        urllib.request.urlopen(url, timeout=timeout) as r,
+    ):
+        if r.status == 200:
+            return r.read()
     return None
 
 
-def gateway_config(listen: str, backends: Sequence[tuple[str, str, Profile]],
-                   policy: str | None = None) -> str:
+def gateway_config(listen: str, backends: Sequence[tuple[str, str, Profile]], policy: str | None = None) -> str:
     """TOML of a gateway over `(name, url, profile)` backends (README "Configuration")."""
-    lines = ["# written by `loadgen study`: a gateway over the twins it started", "[gateway]",
-             f"listen = {json.dumps(listen)}"]
+    lines = [
+        "# written by `loadgen study`: a gateway over the twins it started",
+        "[gateway]",
+        f"listen = {json.dumps(listen)}",
+    ]
     if policy:
         lines.append(f"policy = {json.dumps(policy)}")
     for name, url, prof in backends:
-        lines += ["", "[[backends]]", f"name = {json.dumps(name)}", f"url = {json.dumps(url)}",
-                  f"model = {json.dumps(prof.model)}", f"strategy = {json.dumps(prof.strategy)}"]
+        lines += [
+            "",
+            "[[backends]]",
+            f"name = {json.dumps(name)}",
+            f"url = {json.dumps(url)}",
+            f"model = {json.dumps(prof.model)}",
+            f"strategy = {json.dumps(prof.strategy)}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -225,9 +243,16 @@ class Topology(NamedTuple):
     gateway_url: str | None
 
 
-def start_topology(children: Children, targets: Sequence[str], *, time_scale: float,
-                   seed: int, policy: str | None, config_dir: Path,
-                   ready_timeout: float = 90.0) -> Topology:
+def start_topology(
+    children: Children,
+    targets: Sequence[str],
+    *,
+    time_scale: float,
+    seed: int,
+    policy: str | None,
+    config_dir: Path,
+    ready_timeout: float = 90.0,
+) -> Topology:
     """Start a twin per profile of `targets`, then (if "gateway" is among them) a gateway over
     those twins with a config file written into `config_dir`; wait until all are ready."""
     script = specroute_script()
@@ -235,13 +260,14 @@ def start_topology(children: Children, targets: Sequence[str], *, time_scale: fl
     twins = [t for t in targets if t != "gateway"]
     unknown = [t for t in twins if t not in profiles]
     if unknown:
-        raise ChildError(f"twin profile(s) {', '.join(unknown)} unknown to '{script} sim --list'"
-                         f" (known: {', '.join(sorted(profiles)) or 'none'})")
+        raise ChildError(
+            f"twin profile(s) {', '.join(unknown)} unknown to '{script} sim --list'"
+            f" (known: {', '.join(sorted(profiles)) or 'none'})"
+        )
     urls: dict[str, str] = {}
     for name in twins:
         port = free_port()
-        cmd = [script, "sim", "--profile", name, "--host", "127.0.0.1", "--port", str(port),
-               "--seed", str(seed)]
+        cmd = [script, "sim", "--profile", name, "--host", "127.0.0.1", "--port", str(port), "--seed", str(seed)]
         if time_scale != 1.0:
             cmd += ["--time-scale", repr(time_scale)]
         children.start(name, cmd)
@@ -252,13 +278,11 @@ def start_topology(children: Children, targets: Sequence[str], *, time_scale: fl
     port = free_port()
     config_dir.mkdir(parents=True, exist_ok=True)
     config = config_dir / "gateway.toml"
-    config.write_text(gateway_config(f"127.0.0.1:{port}",
-                                     [(n, urls[n], profiles[n]) for n in twins], policy))
+    config.write_text(gateway_config(f"127.0.0.1:{port}", [(n, urls[n], profiles[n]) for n in twins], policy))
     children.start("gateway", [script, "serve", "--config", str(config)])
     gw = f"http://127.0.0.1:{port}"
     children.wait_ready({"gateway": gw + "/health"}, ready_timeout)
     if not wait_backends_healthy(gw):
-        print("loadgen: warning: the gateway does not report all backends healthy yet",
-              file=sys.stderr)
+        print("loadgen: warning: the gateway does not report all backends healthy yet", file=sys.stderr)
     urls["gateway"] = gw
     return Topology(urls, gw)
