@@ -127,11 +127,13 @@ def test_server_info_speculative_and_ar(spec_url, ar_url):
         assert info["max_running_requests"] == 48
         assert info["served_model_name"] == "kimi-k2.6"
         st = info["internal_states"][0]
-        assert {"avg_spec_accept_length", "effective_max_running_requests_per_dp",
-                "last_gen_throughput"} <= set(st)
+        assert {"effective_max_running_requests_per_dp", "last_gen_throughput"} <= set(st)
     _, ar = get(f"{ar_url}/server_info")
     assert ar["speculative_algorithm"] is None
-    assert ar["max_running_requests"] > 48
+    # SGLang sets it only from the flag or its speculative hooks: null on AR without the flag
+    assert ar["max_running_requests"] is None
+    assert ar["internal_states"][0]["effective_max_running_requests_per_dp"] > 48
+    assert "avg_spec_accept_length" not in ar["internal_states"][0]
 
 
 def test_model_info(spec_url):
@@ -142,19 +144,28 @@ def test_model_info(spec_url):
 
 
 def test_loads_core_and_spec_sections(spec_url, ar_url):
+    # 300 tokens at ~4 per step: more than 40 decode steps, so the lifetime average is published
+    post(f"{spec_url}/v1/chat/completions", {**CHAT, "max_tokens": 300})
     status, body = get(f"{spec_url}/v1/loads")
     assert status == 200 and {"timestamp", "version", "loads"} <= set(body)
+    assert isinstance(body["timestamp"], str) and "T" in body["timestamp"]  # ISO-8601
     load = body["loads"][0]
-    for key in ("dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
-                "max_total_num_tokens", "max_running_requests", "token_usage",
-                "gen_throughput", "cache_hit_rate", "utilization", "speculative"):
+    for key in ("timestamp", "dp_rank", "num_running_reqs", "num_waiting_reqs",
+                "num_used_tokens", "max_total_num_tokens", "max_running_requests",
+                "token_usage", "gen_throughput", "cache_hit_rate", "utilization",
+                "speculative", "queues"):
         assert key in load, key
     assert set(load["speculative"]) == {"accept_length", "accept_rate"}
+    assert 2 < load["speculative"]["accept_length"] < 8
     _, only_spec = get(f"{spec_url}/v1/loads?include=spec")
-    assert "num_running_reqs" not in only_spec["loads"][0]
-    assert "speculative" in only_spec["loads"][0]
+    assert "num_running_reqs" in only_spec["loads"][0]  # core keys are always there
+    assert "speculative" in only_spec["loads"][0] and "queues" not in only_spec["loads"][0]
+    _, core = get(f"{spec_url}/v1/loads?include=core")
+    assert "speculative" not in core["loads"][0]
+    status, err = get(f"{spec_url}/v1/loads?include=bogus")
+    assert status == 400 and err["code"] == 400 and "Invalid include sections" in err["message"]
     _, ar = get(f"{ar_url}/v1/loads")
-    assert ar["loads"][0]["speculative"] is None
+    assert "speculative" not in ar["loads"][0]  # absent on AR servers
 
 
 def test_health_ready(spec_url):
@@ -180,11 +191,14 @@ def test_chat_non_stream_with_spec_details(spec_url):
     assert usage["completion_tokens"] == 24
     assert usage["total_tokens"] == usage["prompt_tokens"] + 24
     d = body["sglext"]["spec_tokens_details"]
-    assert set(d) == {"spec_verify_ct", "spec_accept_length", "spec_accept_rate",
-                      "spec_num_correct_drafts", "spec_num_proposed_drafts",
-                      "spec_correct_drafts_histogram"}
+    assert list(d) == ["spec_accept_rate", "spec_accept_length", "spec_cap_length",
+                       "spec_block_accept_length", "spec_num_correct_drafts",
+                       "spec_num_proposed_drafts", "spec_verify_ct",
+                       "spec_correct_drafts_histogram", "spec_cap_lens_histogram"]
     assert d["spec_accept_length"] == pytest.approx(24 / d["spec_verify_ct"])
-    assert sum(d["spec_correct_drafts_histogram"]) == d["spec_verify_ct"]
+    hist = d["spec_correct_drafts_histogram"]
+    assert sum(hist) == d["spec_verify_ct"]
+    assert hist[-1] > 0  # grows only to the largest count seen
 
 
 def test_sglext_only_when_requested(spec_url):
@@ -242,8 +256,11 @@ def test_completion_stream_order(spec_url):
                   "return_spec_tokens_details": True})
     assert events[-1] == "[DONE]"
     assert events[-2]["choices"] == [] and "sglext" in events[-2]
-    assert events[-3]["choices"][0]["finish_reason"] == "length"
-    text = "".join(c["choices"][0]["text"] for c in events[:-3])
+    # no separate finish chunk: the last text chunk carries finish_reason
+    last = events[-3]["choices"][0]
+    assert last["finish_reason"] == "length" and last["text"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in events[:-3])
+    text = "".join(c["choices"][0]["text"] for c in events[:-2])
     assert len(text.split()) == 12
     assert all(c["object"] == "text_completion" for c in events[:-1])
 
@@ -256,17 +273,26 @@ def test_completion_defaults_to_16_tokens(spec_url):
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("path,body,param", [
+@pytest.mark.parametrize("path,body,needle", [
     ("/v1/chat/completions", {"model": "m"}, "messages"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}, "max_tokens"),
     ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
+    ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
 ])
-def test_bad_request_is_flat_400(spec_url, path, body, param):
+def test_bad_request_is_flat_400(spec_url, path, body, needle):
     status, err = post(spec_url + path, body)
     assert status == 400
     assert set(err) == {"object", "message", "type", "param", "code"}
-    assert err["object"] == "error" and err["code"] == 400 and err["param"] == param
-    assert err["message"]
+    # request-schema errors: FastAPI's handler, type "Bad Request", param null
+    assert err["object"] == "error" and err["code"] == 400 and err["param"] is None
+    assert err["type"] == "Bad Request" and needle in err["message"]
+
+
+@pytest.mark.parametrize("prompt", ["", [], [""]])
+def test_completion_with_empty_prompt_is_400(spec_url, prompt):
+    status, err = post(f"{spec_url}/v1/completions", {"model": "m", "prompt": prompt})
+    assert status == 400 and err["message"] == "Prompt cannot be empty"
+    assert err["type"] == "BadRequestError"
 
 
 def test_non_json_content_type_and_malformed_json(spec_url):

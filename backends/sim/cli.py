@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 from backends.sim.profile import ProfileError, list_profiles, load_profile
 
@@ -25,7 +27,7 @@ class _ArgError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage and exiting (one-line errors)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise _ArgError(message)
 
 
@@ -39,7 +41,7 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -75,6 +77,12 @@ def _server_parser() -> _Parser:
                    type=_int_at_least(1), help="DDTree node budget (DDTree profiles only)")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="native /generate streams deltas instead of cumulative text")
+    p.add_argument("--enable-cache-report", action="store_true",
+                   help="report usage.prompt_tokens_details.cached_tokens")
+    p.add_argument("--reasoning-parser", choices=["kimi_k2"],
+                   help="split the model's reasoning into reasoning_content (thinking profiles)")
+    p.add_argument("--tool-call-parser", choices=["kimi_k2"],
+                   help="parse the model's tool-call markup into tool_calls")
     p.add_argument("--compat", choices=["0.5.9"],
                    help="imitate an older SGLang 0.5.x (no spec details, /get_load)")
     f = p.add_argument_group("fault knobs")
@@ -118,7 +126,8 @@ def _run_server(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests,
         served_model_name=args.served_model_name, enable_metrics=args.enable_metrics,
         compat=args.compat, incremental_streaming_output=args.incremental_streaming_output,
-        faults=faults)
+        enable_cache_report=args.enable_cache_report, reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser, faults=faults)
     return serve(profile, options)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 import msgspec
 
@@ -93,7 +94,7 @@ def render_rich(rows: list[CurveRow], title: str) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         print(f"specroute sim curves: error: {message}", file=sys.stderr)
         raise SystemExit(2)
 

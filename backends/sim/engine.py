@@ -343,6 +343,10 @@ class Engine:
     def get(self, rid: str) -> SimRequest | None:
         return self._by_rid.get(rid)
 
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the waiting queue (O(queue); for load reports, not per step)."""
+        return sum(r.prompt_tokens for r in self._waiting)
+
     def submit(self, rid: str, prompt_tokens: int, max_new_tokens: int, prompt_text: str = "",
                domain: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0,
                prefix_blocks: Sequence[int] = (), stop_after_tokens: int | None = None,

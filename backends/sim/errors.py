@@ -2,7 +2,7 @@
 
 OpenAI routes answer FLAT bodies `{"object":"error","message","type","param","code"}` with the
 HTTP status (validation is 400, not 422); native routes answer `{"error": "<text>"}`; errors after
-a stream started arrive as `data: {"error": {...}}` then `data: [DONE]`.
+a stream started arrive as `data: {"error": {...}}` then `data: [DONE]` (chunks.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-__all__ = ["ApiError", "flat_error", "native_error", "stream_error_frame"]
+__all__ = ["ApiError", "flat_error", "native_error"]
 
 _PHRASE = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
            503: "ServiceUnavailableError"}
@@ -19,17 +19,21 @@ _PHRASE = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerErr
 class ApiError(Exception):
     """Raised by request handling; rendered by the route in the route family's shape."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 err_type: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
+        # SGLang's `type` depends on where the error was raised: "BadRequestError" from a
+        # serving handler, "Bad Request" from the request-schema (pydantic) handler, the bare
+        # status ("503") from an HTTPException.
+        self.err_type = err_type or _PHRASE.get(status, "BadRequestError")
 
 
-def _body(err: ApiError) -> dict:
-    return {"object": "error", "message": err.message,
-            "type": _PHRASE.get(err.status, "BadRequestError"), "param": err.param,
-            "code": err.status}
+def _body(err: ApiError) -> dict[str, object]:
+    return {"object": "error", "message": err.message, "type": err.err_type,
+            "param": err.param, "code": err.status}
 
 
 def flat_error(err: ApiError) -> web.Response:
@@ -42,8 +46,3 @@ def native_error(err: ApiError) -> web.Response:
     """Native-route (`/generate`) error response: `{"error": "<text>"}`."""
     return web.Response(status=err.status, body=msgspec.json.encode({"error": err.message}),
                         content_type="application/json")
-
-
-def stream_error_frame(err: ApiError) -> bytes:
-    """The SSE frame SGLang sends for an error after the stream started."""
-    return b"data: " + msgspec.json.encode({"error": _body(err)}) + b"\n\n"

@@ -1,33 +1,42 @@
 """One admitted generation as the HTTP routes see it: admission, token flow, timing, meta_info.
 
-Shared by the OpenAI routes and native `/generate`, so that limits, faults, metrics and
-SGLang's `meta_info` are computed in one place whatever the route.
+Shared by the OpenAI routes and native `/generate`, so that limits, faults, metrics, the prefix
+cache and SGLang's `meta_info` are computed in one place whatever the route.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import msgspec
 
+from backends.sim.chat_output import EOS_TOKEN_ID
+from backends.sim.chunks import usage_info
 from backends.sim.engine import QueueFull, SimRequest
 from backends.sim.errors import ApiError
+from backends.sim.prefix_cache import chain_from_text
 from backends.sim.runtime import Channel
 from backends.sim.state import SimState, new_rid
 from backends.sim.text import TokenStream
 
-__all__ = ["Generation", "admit"]
+__all__ = ["Generation", "QUEUE_FULL_MESSAGE", "admit", "sampling_values"]
+
+QUEUE_FULL_MESSAGE = "The request queue is full."
 
 
 class Generation:
     """An admitted request: engine record, channel, deterministic tokens, timing."""
 
     __slots__ = ("state", "rid", "req", "channel", "tokens", "created", "prompt_tokens",
-                 "max_new_tokens", "t_start", "t_first", "t_last", "finish_reason")
+                 "max_new_tokens", "t_start", "t_first", "t_last", "finish_reason",
+                 "prompt_text")
 
     def __init__(self, state: SimState, rid: str, req: SimRequest | None,
-                 channel: Channel | None, prompt_tokens: int, max_new_tokens: int) -> None:
+                 channel: Channel | None, prompt_tokens: int, max_new_tokens: int,
+                 prompt_text: str = "") -> None:
         self.state = state
         self.rid = rid
         self.req = req
@@ -36,6 +45,7 @@ class Generation:
         self.created = int(time.time())
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
+        self.prompt_text = prompt_text
         self.t_start = time.perf_counter()
         self.t_first = 0.0
         self.t_last = 0.0
@@ -45,11 +55,19 @@ class Generation:
     def completion_tokens(self) -> int:
         return self.req.completion_tokens if self.req is not None else 0
 
+    @property
+    def cached_tokens(self) -> int:
+        return self.req.cached_tokens if self.req is not None else 0
+
+    @property
+    def seed(self) -> int:
+        return self.req.seed if self.req is not None else self.state.rng_seed
+
     async def steps(self) -> AsyncIterator[int]:
         """Token counts, one per engine step that produced tokens for this request.
 
-        `finish_reason` (`length` or `abort`) is set before the last step is yielded, so a
-        consumer can tell the last step apart; an abort may end the stream without tokens.
+        `finish_reason` (`length`, `stop` or `abort`) is set before the last step is yielded,
+        so a consumer can tell the last step apart; an abort may end the stream without tokens.
         """
         if self.channel is None:
             self.finish_reason = "length"
@@ -76,33 +94,39 @@ class Generation:
                         metrics.requests_total += 1
                     return
 
-    def usage(self) -> dict:
-        c = self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": c,
-                "total_tokens": self.prompt_tokens + c, "prompt_tokens_details": None,
-                "reasoning_tokens": 0}
+    def cache_report(self) -> int | None:
+        """Cached prompt tokens for `usage.prompt_tokens_details`, None without the flag."""
+        return self.cached_tokens if self.state.options.enable_cache_report else None
 
-    def spec_details(self) -> dict | None:
+    def usage(self, reasoning_tokens: int = 0) -> dict[str, Any]:
+        """SGLang's `UsageInfo` (field order of protocol.py)."""
+        return usage_info(self.prompt_tokens, self.completion_tokens, reasoning_tokens,
+                          self.cache_report())
+
+    def spec_details(self) -> dict[str, Any] | None:
         """SGLang 0.5.23 spec fields, or None (AR server, no verify pass)."""
         if self.req is None:
             return None
         d = self.req.spec_details()
         return msgspec.to_builtins(d) if d is not None else None
 
-    def meta_info(self, finished: bool, completion_tokens: int | None = None) -> dict:
+    def meta_info(self, finished: bool, completion_tokens: int | None = None) -> dict[str, Any]:
         """Native `meta_info`; speculative fields only on the finished output.
 
         `completion_tokens` overrides the engine's count for chunks streamed mid-way (the
         engine may already be a step ahead of what the client has received).
         """
         c = self.completion_tokens if completion_tokens is None else completion_tokens
-        meta: dict = {"id": self.rid, "finish_reason": None, "prompt_tokens": self.prompt_tokens,
-                      "completion_tokens": c, "cached_tokens": 0}
+        meta: dict[str, Any] = {"id": self.rid, "finish_reason": None,
+                                "prompt_tokens": self.prompt_tokens, "completion_tokens": c,
+                                "cached_tokens": self.cached_tokens}
         if not finished:
             return meta
         reason = self.finish_reason or "length"
         if reason == "abort":
             meta["finish_reason"] = {"type": "abort", "message": "Abort request"}
+        elif reason == "stop":
+            meta["finish_reason"] = {"type": "stop", "matched": EOS_TOKEN_ID}
         else:
             meta["finish_reason"] = {"type": "length", "length": c}
         scale = self.state.runtime.time_scale or 1.0
@@ -113,18 +137,45 @@ class Generation:
                 meta["spec_verify_ct"] = spec["spec_verify_ct"]
                 meta["spec_accept_token_num"] = spec["spec_num_correct_drafts"]
                 meta["spec_accept_histogram"] = spec["spec_correct_drafts_histogram"]
-            else:
-                meta.update(spec)
+            else:  # tokenizer_manager's order
+                for key in ("spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
+                            "spec_num_proposed_drafts", "spec_verify_ct",
+                            "spec_correct_drafts_histogram"):
+                    meta[key] = spec[key]
         return meta
+
+    def cache_output(self, generated_text: str, separator: str = "") -> None:
+        """Put prompt + output in the prefix cache, as SGLang's radix cache does on finish, so
+        a follow-up turn whose prompt repeats this text hits."""
+        if self.req is None or self.finish_reason == "abort" or not self.prompt_text:
+            return
+        self.state.engine.cache_output(chain_from_text(self.prompt_text + separator
+                                                       + generated_text))
 
     def release(self) -> None:
         """Free the engine slot if the request is still in flight (client gone, error)."""
         self.state.runtime.release(self.rid)
 
 
+def sampling_values(state: SimState, temperature: float | None,
+                    top_p: float | None) -> tuple[float, float]:
+    """Resolved temperature/top_p, validated as SGLang's SamplingParams.verify does."""
+    t = state.profile.default_temperature if temperature is None else temperature
+    p = 1.0 if top_p is None else top_p
+    if not math.isfinite(t) or t < 0.0:
+        raise ApiError(f"temperature must be a non-negative finite number, got {t}.")
+    if not 0.0 < p <= 1.0:
+        raise ApiError(f"top_p must be in (0, 1], got {p}.")
+    return min(t, 2.0), p
+
+
 async def admit(state: SimState, rid: str | None, prompt_text: str, prompt_tokens: int,
-                max_new_tokens: int) -> Generation:
-    """Validate limits, apply fault knobs, submit to the engine. Raises ApiError (4xx/5xx)."""
+                max_new_tokens: int, *, domain: str | None = None, key: int | None = None,
+                temperature: float = 0.0, top_p: float = 1.0,
+                stop_after_tokens: int | None = None,
+                prefix_blocks: Sequence[int] | None = None) -> Generation:
+    """Validate limits, apply fault knobs, submit to the engine. Raises ApiError (4xx/5xx);
+    a full queue is an ApiError with status 503 and QUEUE_FULL_MESSAGE."""
     if max_new_tokens < 0:
         raise ApiError(f"max_new_tokens must be at least 0, got {max_new_tokens}.",
                        param="max_tokens")
@@ -139,11 +190,15 @@ async def admit(state: SimState, rid: str | None, prompt_text: str, prompt_token
     await state.faults.before_generation()
     rid = rid or new_rid()
     if max_new_tokens == 0:
-        return Generation(state, rid, None, None, prompt_tokens, 0)
+        return Generation(state, rid, None, None, prompt_tokens, 0, prompt_text)
+    blocks = chain_from_text(prompt_text) if prefix_blocks is None else prefix_blocks
     try:
-        req, ch = state.runtime.submit(rid, prompt_tokens, max_new_tokens, prompt_text)
+        req, ch = state.runtime.submit(rid, prompt_tokens, max_new_tokens, prompt_text,
+                                       domain=domain, key=key, temperature=temperature,
+                                       top_p=top_p, stop_after_tokens=stop_after_tokens,
+                                       prefix_blocks=blocks)
     except QueueFull:
-        raise ApiError("The request queue is full.", status=503) from None
+        raise ApiError(QUEUE_FULL_MESSAGE, status=503, err_type="503") from None  # HTTPException
     except ValueError as e:
         raise ApiError(str(e)) from None
-    return Generation(state, rid, req, ch, prompt_tokens, max_new_tokens)
+    return Generation(state, rid, req, ch, prompt_tokens, max_new_tokens, prompt_text)

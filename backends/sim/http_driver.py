@@ -31,7 +31,8 @@ __all__ = ["HttpDriver", "TwinProcess"]
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class TwinProcess:

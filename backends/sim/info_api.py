@@ -1,7 +1,11 @@
 """Info, load and health endpoints: what the gateway's poller and a user's tooling read.
 
-Field lists follow SGLANG_API.md (SGLang 0.5.23). Loads are computed live from the engine
-(SGLang refreshes them every few decode iterations; live is a strictly fresher special case).
+Field lists follow SGLang 0.5.23 (`entrypoints/v1_loads.py`, `managers/load_snapshot.py`,
+`managers/scheduler_components/load_inquirer.py`). Queue and token gauges are live; the
+speculative section of `/v1/loads` is SGLang's: `accept_length` is the lifetime average since
+start and `accept_rate` the last interval's rate, both published every 40 decode steps, the
+section absent before the first publication and on AR servers. `cache_hit_rate` is the last
+prefill batch's hit rate, computed only with `--enable-metrics` (0.0 otherwise), as in SGLang.
 Rates are in simulated time: `gen_throughput` is what the real server would report, whatever
 `--time-scale` the twin runs at.
 """
@@ -9,6 +13,8 @@ Rates are in simulated time: `gen_throughput` is what the real server would repo
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -21,11 +27,14 @@ __all__ = ["routes"]
 _encode = msgspec.json.Encoder().encode
 
 
+_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+
+
 def _json(obj: object, status: int = 200) -> web.Response:
     return web.Response(body=_encode(obj), status=status, content_type="application/json")
 
 
-def server_args(state: SimState) -> dict:
+def server_args(state: SimState) -> dict[str, Any]:
     """Flat resolved server arguments, as `/server_info` reports them."""
     p = state.profile
     spec = p.speculative
@@ -39,13 +48,18 @@ def server_args(state: SimState) -> dict:
         "tp_size": p.tp_size,
         "dp_size": 1,
         "context_length": p.context_length,
-        "max_running_requests": state.max_running_requests,
+        # SGLang fills this only from the flag or its speculative hooks (48): null on AR.
+        "max_running_requests": (o.max_running_requests if o.max_running_requests is not None
+                                 else state.max_running_requests if spec else None),
         "max_queued_requests": o.max_queued_requests,
         "max_total_tokens": p.max_total_num_tokens,
         "attention_backend": p.attention_backend,
         "enable_metrics": o.enable_metrics,
         "incremental_streaming_output": o.incremental_streaming_output,
         "random_seed": o.seed,
+        "enable_cache_report": o.enable_cache_report,
+        "reasoning_parser": o.reasoning_parser,
+        "tool_call_parser": o.tool_call_parser,
         "speculative_algorithm": spec.algorithm if spec else None,
         "speculative_draft_model_path": spec.draft_model_path if spec else None,
         "speculative_num_steps": spec.num_steps if spec else None,
@@ -64,12 +78,14 @@ async def server_info(request: web.Request) -> web.Response:
     st = state.engine.stats()
     info = server_args(state)
     info["version"] = state.version
-    info["internal_states"] = [{
-        "avg_spec_accept_length": st.avg_accept_length if state.profile.is_speculative else None,
+    internal: dict[str, Any] = {
         "effective_max_running_requests_per_dp": state.max_running_requests,
         "last_gen_throughput": st.gen_throughput,
         "memory_usage": {"token_capacity": state.profile.max_total_num_tokens},
-    }]
+    }
+    if st.lifetime_accept_length is not None:  # internal_state.py: only once published
+        internal["avg_spec_accept_length"] = st.lifetime_accept_length
+    info["internal_states"] = [internal]
     return _json(info)
 
 
@@ -92,27 +108,50 @@ async def models(request: web.Request) -> web.Response:
         "max_model_len": state.profile.context_length}]})
 
 
-def load_entry(state: SimState, include: set[str] | None = None) -> dict:
-    """One DP rank's load; `include` selects sections (core, spec) like `?include=`."""
+def load_entry(state: SimState, include: set[str] | None = None) -> dict[str, Any]:
+    """One DP rank's `LoadSnapshot.to_dict(include)`: core keys always, sections by `include`."""
     st = state.engine.stats()
-    out: dict = {"dp_rank": 0}
-    if include is None or "core" in include:
-        out.update({
-            "num_running_reqs": st.num_running,
-            "num_waiting_reqs": st.num_waiting,
-            "num_used_tokens": st.num_used_tokens,
-            "max_total_num_tokens": state.profile.max_total_num_tokens,
-            "max_running_requests": state.max_running_requests,
-            "token_usage": round(st.token_usage, 6),
-            "gen_throughput": round(st.gen_throughput, 3),
-            "cache_hit_rate": 0.0,
-            "utilization": st.num_running / state.max_running_requests,
-        })
-    if include is None or "spec" in include:
-        out["speculative"] = ({"accept_length": round(st.accept_length, 4),
-                               "accept_rate": round(st.accept_rate, 4)}
-                              if state.profile.is_speculative else None)
-    return out
+    pending = state.engine.waiting_prompt_tokens()
+    load: dict[str, Any] = {
+        "timestamp": time.time(),
+        "dp_rank": 0,
+        "num_running_reqs": st.num_running,
+        "num_waiting_reqs": st.num_waiting,
+        "num_waiting_uncached_tokens": pending,
+        "num_used_tokens": st.num_used_tokens,
+        "num_total_tokens": st.num_used_tokens + pending,
+        "num_active_tokens": st.num_used_tokens + pending,
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": state.profile.max_total_num_tokens,
+        "max_running_requests": state.max_running_requests,
+        "token_usage": round(st.token_usage, 4),
+        "gen_throughput": round(st.gen_throughput, 2),
+        "cache_hit_rate": round(st.cache_hit_rate, 4) if state.options.enable_metrics else 0.0,
+        "utilization": round(st.num_running / state.max_running_requests, 4),
+        "total_prefill_uncached_tokens": st.total_prompt_tokens,
+        "total_prefill_busy_us": 0,
+        "decode_moments": None,
+    }
+    if include == {"core"}:
+        return load
+    sections = _SECTIONS if include is None or "all" in include else include
+    if "memory" in sections:
+        load["memory"] = {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0,
+                          "token_capacity": state.profile.max_total_num_tokens}
+    if st.lifetime_accept_length is not None and "spec" in sections:
+        load["speculative"] = {"accept_length": st.lifetime_accept_length,
+                               "accept_rate": st.accept_rate}
+    if "disagg" in sections:
+        load["disaggregation"] = {"mode": "null", "prefill_bootstrap_queue_reqs": 0,
+                                  "prefill_inflight_queue_reqs": 0,
+                                  "decode_prealloc_queue_reqs": 0,
+                                  "decode_transfer_queue_reqs": 0,
+                                  "decode_retracted_queue_reqs": 0,
+                                  "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
+    if "queues" in sections:
+        load["queues"] = {"waiting": st.num_waiting, "grammar": 0, "paused": 0, "retracted": 0,
+                          "prealloc_ready": 0}
+    return load
 
 
 async def loads(request: web.Request) -> web.Response:
@@ -121,9 +160,14 @@ async def loads(request: web.Request) -> web.Response:
         raise web.HTTPNotFound()
     inc = request.query.get("include")
     include = {s.strip() for s in inc.split(",")} if inc else None
-    if include and "all" in include:
-        include = None
-    return _json({"timestamp": time.time(), "version": state.version,
+    if include is not None and not include <= _SECTIONS:
+        bad = include - _SECTIONS
+        msg = f"Invalid include sections: {bad}. Valid options: {sorted(_SECTIONS)}"
+        return _json({"object": "error", "message": msg, "type": "400", "param": None,
+                      "code": 400}, status=400)
+    return _json({"timestamp": datetime.now(UTC).isoformat(), "version": state.version,
+                  "accelerator": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                  "num_accelerators": state.profile.tp_size,
                   "loads": [load_entry(state, include)]})
 
 

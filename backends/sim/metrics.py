@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import bisect
 
+from backends.sim.engine import EngineStats
+
 __all__ = ["Histogram", "Metrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -64,7 +66,7 @@ class Metrics:
                              _LATENCY_BUCKETS)
         self.requests_total = 0
 
-    def render(self, stats, speculative: bool) -> str:
+    def render(self, stats: EngineStats, speculative: bool) -> str:
         lab = self.labels
         lines: list[str] = []
 
@@ -81,7 +83,10 @@ class Metrics:
         metric("sglang:token_usage", "gauge", "The token usage.", stats.token_usage)
         metric("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
                stats.gen_throughput)
+        metric("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.",
+               stats.cache_hit_rate)
         if speculative:
+            # the last 40-decode-step interval (metrics_reporter.py), not the lifetime average
             metric("sglang:spec_accept_length", "gauge", "The average acceptance length.",
                    stats.accept_length)
             metric("sglang:spec_accept_rate", "gauge", "The average acceptance rate.",

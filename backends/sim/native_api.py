@@ -7,11 +7,13 @@ the gateway for older servers read `meta_info` from here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from aiohttp import web
 
-from backends.sim.errors import ApiError, native_error
-from backends.sim.generation import admit
+from backends.sim.errors import ApiError, flat_error, native_error
+from backends.sim.generation import admit, sampling_values
 from backends.sim.protocol import GENERATE_DEFAULT_MAX_NEW_TOKENS, GenerateRequest, decode_body
 from backends.sim.state import STATE_KEY
 from backends.sim.text import count_prompt_tokens, detokenize
@@ -32,7 +34,16 @@ def _prompt(body: GenerateRequest) -> tuple[str, int]:
     return " ".join(map(str, ids)), len(ids)
 
 
-def _max_new_tokens(params: dict) -> int:
+def _number(params: dict[str, Any], name: str, default: float) -> float:
+    value = params.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ApiError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _max_new_tokens(params: dict[str, Any]) -> int:
     value = params.get("max_new_tokens", GENERATE_DEFAULT_MAX_NEW_TOKENS)
     if value is None:
         return GENERATE_DEFAULT_MAX_NEW_TOKENS
@@ -46,14 +57,21 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         body: GenerateRequest = await decode_body(request, GenerateRequest)
         text, ntok = _prompt(body)
-        gen = await admit(state, body.rid, text, ntok, _max_new_tokens(body.sampling_params))
+        params = body.sampling_params
+        # SamplingParams: temperature 1.0 and top_p 1.0 when unset
+        temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0),
+                                             _number(params, "top_p", 1.0))
+        gen = await admit(state, body.rid, text, ntok, _max_new_tokens(params),
+                          temperature=temperature, top_p=top_p)
     except ApiError as e:
-        return native_error(e)
+        # schema errors (bad JSON, wrong field types) come from FastAPI's handler: flat shape
+        return flat_error(e) if e.err_type == "Bad Request" else native_error(e)
     try:
         if not body.stream:
             ids: list[int] = []
             async for n in gen.steps():
                 ids.extend(gen.tokens.take_ids(n))
+            gen.cache_output(detokenize(ids))
             return web.Response(body=_encode({"text": detokenize(ids), "output_ids": ids,
                                               "meta_info": gen.meta_info(finished=True)}),
                                 content_type="application/json")
@@ -75,6 +93,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             await resp.write(_chunk(final_ids, all_ids, incremental, gen.meta_info(True))
                              + b"data: [DONE]\n\n")
             await resp.write_eof()
+            gen.cache_output(detokenize(all_ids))
         except ConnectionResetError:
             state.runtime.abort(gen.rid)
         return resp
@@ -82,7 +101,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         gen.release()
 
 
-def _chunk(new_ids: list[int], all_ids: list[int], incremental: bool, meta: dict) -> bytes:
+def _chunk(new_ids: list[int], all_ids: list[int], incremental: bool,
+           meta: dict[str, Any]) -> bytes:
     ids = new_ids if incremental else list(all_ids)
     obj = {"text": detokenize(ids), "output_ids": ids, "meta_info": meta, "index": 0}
     return b"data: " + _encode(obj) + b"\n\n"

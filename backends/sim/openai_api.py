@@ -1,122 +1,58 @@
-"""`/v1/chat/completions` and `/v1/completions` with SGLang's shapes and chunk order.
+"""`/v1/chat/completions` and `/v1/completions` with SGLang 0.5.23's shapes, order and timing.
 
-Stream order (SGLANG_API.md item 5): role chunk (chat only) -> one content chunk per engine step
-(all tokens accepted in that step) -> finish_reason chunk -> `choices: []` chunk with `sglext`
-when spec details were requested on a speculative server -> `choices: []` usage chunk when
-`stream_options.include_usage` -> `data: [DONE]`.
+Chat stream (`serving_chat._generate_chat_stream`): role chunk -> per engine step the reasoning
+and/or content chunks (or tool-call chunks) of the tokens accepted in that step -> finish chunk ->
+`choices: []` chunk with `sglext` (if requested, speculative) -> `choices: []` usage chunk (if
+`include_usage`) -> `data: [DONE]`. Completions streams have no role chunk and no separate finish
+chunk: the last text chunk carries `finish_reason` (`serving_completions.py`).
+
+As in SGLang, the response (status, headers, first frame) starts only once the first token
+exists: the handler awaits the first engine step before preparing the stream, so queueing and
+prefill count against a client's time to first byte. A streamed request that finds the queue full
+gets HTTP 200, `data: {"error": {... "code": 503}}` and `[DONE]`; a non-streamed one gets 503.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
+from backends.sim import chunks
+from backends.sim.chat_output import EOS_TOKEN_ID, ChatChunker, OutputScript
+from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import ApiError, flat_error
-from backends.sim.generation import Generation, admit
-from backends.sim.protocol import ChatRequest, CompletionRequest, decode_body, message_text
+from backends.sim.generation import QUEUE_FULL_MESSAGE, Generation, admit, sampling_values
+from backends.sim.protocol import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    decode_body,
+    history_tool_calls,
+    message_text,
+)
 from backends.sim.state import STATE_KEY, SimState
 from backends.sim.text import count_prompt_tokens, render_chat
+from backends.sim.thinking import reasoning_tokens
+from backends.sim.tools import (
+    ARG_BEGIN,
+    CALL_BEGIN,
+    CALL_END,
+    SECTION_BEGIN,
+    SECTION_END,
+    ToolError,
+    fastapi_message,
+    plan_call,
+    validate_tools,
+)
 
 __all__ = ["routes"]
 
-_encode = msgspec.json.Encoder().encode
-_DONE = b"data: [DONE]\n\n"
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-def _frame(obj: Any) -> bytes:
-    return b"data: " + _encode(obj) + b"\n\n"
-
-
-class _Format:
-    """Chunk and response shapes of one OpenAI route."""
-
-    chunk_object = ""
-    object = ""
-
-    def __init__(self, gen: Generation, model: str) -> None:
-        self.id = gen.rid
-        self.created = gen.created
-        self.model = model
-
-    def _chunk(self, choices: list, **extra: Any) -> dict:
-        out = {"id": self.id, "object": self.chunk_object, "created": self.created,
-               "model": self.model, "choices": choices}
-        out.update(extra)
-        return out
-
-    def tail(self, reason: str | None, usage: dict, sglext: dict | None,
-             include_usage: bool) -> list[dict]:
-        """Chunks after the last content chunk, in SGLang's order."""
-        out = [self.finish_chunk(reason)]
-        if sglext is not None:
-            out.append(self._chunk([], usage=None, sglext=sglext))
-        if include_usage:
-            out.append(self._chunk([], usage=usage))
-        return out
-
-    def finish_chunk(self, reason: str | None) -> dict:
-        raise NotImplementedError
-
-    def content_chunk(self, text: str) -> dict:
-        raise NotImplementedError
-
-    def response(self, text: str, reason: str | None, usage: dict) -> dict:
-        raise NotImplementedError
-
-
-class _ChatFormat(_Format):
-    chunk_object = "chat.completion.chunk"
-    object = "chat.completion"
-
-    @staticmethod
-    def _delta(role: str | None, content: str | None) -> dict:
-        return {"role": role, "content": content, "reasoning_content": None, "tool_calls": None}
-
-    def role_chunk(self) -> dict:
-        return self._chunk([{"index": 0, "delta": self._delta("assistant", ""), "logprobs": None,
-                             "finish_reason": None, "matched_stop": None}], usage=None)
-
-    def content_chunk(self, text: str) -> dict:
-        return self._chunk([{"index": 0, "delta": self._delta(None, text), "logprobs": None,
-                             "finish_reason": None, "matched_stop": None}], usage=None)
-
-    def finish_chunk(self, reason: str | None) -> dict:
-        return self._chunk([{"index": 0, "delta": self._delta(None, None), "logprobs": None,
-                             "finish_reason": reason, "matched_stop": None}], usage=None)
-
-    def response(self, text: str, reason: str | None, usage: dict) -> dict:
-        return {"id": self.id, "object": self.object, "created": self.created,
-                "model": self.model,
-                "choices": [{"index": 0,
-                             "message": {"role": "assistant", "content": text,
-                                         "reasoning_content": None, "tool_calls": None},
-                             "logprobs": None, "finish_reason": reason, "matched_stop": None}],
-                "usage": usage}
-
-
-class _CompletionFormat(_Format):
-    chunk_object = "text_completion"
-    object = "text_completion"
-
-    def content_chunk(self, text: str) -> dict:
-        return self._chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": None,
-                             "matched_stop": None}], usage=None)
-
-    def finish_chunk(self, reason: str | None) -> dict:
-        return self._chunk([{"index": 0, "text": "", "logprobs": None, "finish_reason": reason,
-                             "matched_stop": None}], usage=None)
-
-    def response(self, text: str, reason: str | None, usage: dict) -> dict:
-        return {"id": self.id, "object": self.object, "created": self.created,
-                "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None,
-                             "finish_reason": reason, "matched_stop": None}],
-                "usage": usage}
-
-
-def _sglext(state: SimState, gen: Generation, requested: bool) -> dict | None:
+def _sglext(state: SimState, gen: Generation, requested: bool) -> dict[str, Any] | None:
     """`sglext` only when asked, on a speculative server, with verify passes, on 0.5.23.
 
     Older 0.5.x servers (`--compat`) do not know the flag and ignore it.
@@ -124,77 +60,158 @@ def _sglext(state: SimState, gen: Generation, requested: bool) -> dict | None:
     if not requested or state.legacy:
         return None
     details = gen.spec_details()
-    return {"spec_tokens_details": details} if details is not None else None
+    return {"spec_tokens_details": chunks.spec_tokens_details(details)} if details else None
 
 
-async def _stream(request: web.Request, state: SimState, gen: Generation, fmt: _Format,
-                  include_usage: bool, want_spec: bool) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
+async def _queue_full_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
-    try:
-        if isinstance(fmt, _ChatFormat):
-            await resp.write(_frame(fmt.role_chunk()))
-        async for n in gen.steps():
-            await resp.write(_frame(fmt.content_chunk(gen.tokens.take(n))))
-        tail = fmt.tail(gen.finish_reason, gen.usage(), _sglext(state, gen, want_spec),
-                        include_usage)
-        await resp.write(b"".join(_frame(c) for c in tail) + _DONE)
-        await resp.write_eof()
-    except ConnectionResetError:
-        state.runtime.abort(gen.rid)
+    await resp.write(chunks.stream_error_frame(QUEUE_FULL_MESSAGE, "SERVICE_UNAVAILABLE", 503)
+                     + chunks.DONE)
+    await resp.write_eof()
     return resp
 
 
-async def _collect(state: SimState, gen: Generation, fmt: _Format, want_spec: bool,
-                   want_meta: bool) -> web.Response:
-    parts = [gen.tokens.take(n) async for n in gen.steps()]
-    body = fmt.response("".join(parts), gen.finish_reason, gen.usage())
-    if want_meta:
-        body["choices"][0]["meta_info"] = gen.meta_info(finished=True)
-    sglext = _sglext(state, gen, want_spec)
-    if sglext is not None:
-        body["sglext"] = sglext
-    return web.Response(body=_encode(body), content_type="application/json")
+def _rendered(m: ChatMessage) -> str:
+    """A message as the twin's stand-in chat template renders it: assistant tool calls in the
+    same Kimi-K2 markup the model emitted, so a follow-up turn repeats the cached text."""
+    text = message_text(m)
+    for call in m.tool_calls or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            args = fn.get("arguments")
+            args = args if isinstance(args, str) else ("{}" if args is None else str(args))
+            text += (f"{SECTION_BEGIN}{CALL_BEGIN}{call.get('id', '')}{ARG_BEGIN}{args}"
+                     f"{CALL_END}{SECTION_END}")
+    return text
 
 
-async def _serve(request: web.Request, state: SimState, gen: Generation, fmt: _Format,
-                 stream: bool, include_usage: bool, want_spec: bool,
-                 want_meta: bool = False) -> web.StreamResponse:
-    try:
-        if stream:
-            return await _stream(request, state, gen, fmt, include_usage, want_spec)
-        return await _collect(state, gen, fmt, want_spec, want_meta)
-    finally:
-        # Client gone (handler cancelled) or finished: either way the slot must be freed.
-        gen.release()
+def _thinking(state: SimState, body: ChatRequest) -> bool:
+    """Does the model think on this turn? K2.6 thinks unless the template is told not to:
+    `chat_template_kwargs.thinking` false, or `reasoning_effort: "none"` (protocol.py sets
+    thinking false then). Unknown template kwargs are ignored, as Jinja ignores them."""
+    if state.profile.reasoning is None:
+        return False
+    kwargs = body.chat_template_kwargs or {}
+    thinking = kwargs.get("thinking")
+    if thinking is None and body.reasoning_effort == "none":
+        thinking = False
+    return thinking is not False
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    stream = False
     try:
         body: ChatRequest = await decode_body(request, ChatRequest)
+        stream = body.stream
         if not body.messages:
-            raise ApiError("messages must contain at least one message", param="messages")
+            raise ApiError("Messages cannot be empty.")
+        try:
+            tools, tool_choice = validate_tools(body.tools, body.tool_choice)
+        except ToolError as e:
+            raise ApiError(e.message, err_type="Bad Request" if e.schema else None) from None
         if body.n != 1:
             raise ApiError("the twin serves n=1 only", param="n")
         if body.return_meta_info and body.stream:
             raise ApiError("return_meta_info is only supported for non-streaming requests",
                            param="return_meta_info")
-        text = render_chat([(m.role, message_text(m)) for m in body.messages])
+        temperature, top_p = sampling_values(state, body.temperature, body.top_p)
+        turns = [(m.role, _rendered(m)) for m in body.messages]
+        # Templates render the tool schemas ahead of the conversation: they count as prompt
+        # tokens and stay a stable (cacheable) prefix across turns.
+        conversation = render_chat(turns)
+        text = (f"tools: {json.dumps(tools, ensure_ascii=False)}\n" if tools else "") + conversation
+        domain = classify(conversation)  # what is being written, not the tool schemas
+        key = prompt_key(text)
+        thinking = _thinking(state, body)
+        reasoning = reasoning_tokens(state.profile.reasoning, domain, key) if thinking else 0
+        call = (plan_call(tools, tool_choice, turns, history_tool_calls(body.messages))
+                if tools and tool_choice != "none" else None)
+        script_len = OutputScript(0, reasoning, call).natural_length
         gen = await admit(state, body.rid, text, count_prompt_tokens(text),
-                          body.requested_max_tokens)
+                          body.requested_max_tokens, domain=domain, key=key,
+                          temperature=temperature, top_p=top_p, stop_after_tokens=script_len)
     except ApiError as e:
+        if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
+            return await _queue_full_stream(request)
         return flat_error(e)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _serve(request, state, gen, _ChatFormat(gen, body.model), body.stream,
-                        include_usage, body.return_spec_tokens_details, body.return_meta_info)
+    opts = state.options
+    stream_options = body.stream_options
+    chunker = ChatChunker(
+        gen.rid, gen.created, body.model,
+        reasoning_parser=opts.reasoning_parser is not None,
+        separate_reasoning=body.separate_reasoning, thinking=thinking,
+        tool_parsing=opts.tool_call_parser is not None and bool(tools) and tool_choice != "none",
+        continuous_usage=bool(stream_options and stream_options.continuous_usage_stats),
+        prompt_tokens=gen.prompt_tokens, cached_tokens=None, call=call)
+    script = OutputScript(gen.seed, reasoning, call)
+    include_usage = bool(stream_options and stream_options.include_usage)
+    try:
+        if body.stream:
+            return await _chat_stream(request, state, gen, chunker, script, include_usage,
+                                      body.return_spec_tokens_details)
+        return await _chat_collect(state, gen, chunker, script, body.return_spec_tokens_details,
+                                   body.return_meta_info)
+    finally:
+        # Client gone (handler cancelled) or finished: either way the slot must be freed.
+        gen.release()
+
+
+async def _chat_stream(request: web.Request, state: SimState, gen: Generation,
+                       chunker: ChatChunker, script: OutputScript, include_usage: bool,
+                       want_spec: bool) -> web.StreamResponse:
+    steps = gen.steps()
+    first = await anext(steps, None)  # headers go out with the first token, as in SGLang
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    await resp.prepare(request)
+    try:
+        chunker.cached_tokens = gen.cache_report()
+        out = chunker.role_chunk()
+        if first is not None:
+            out += chunker.step(script.take(first))
+        await resp.write(out)
+        async for n in steps:
+            await resp.write(chunker.step(script.take(n)))
+        tail = [chunker.finish_chunk(gen.finish_reason)]
+        sglext = _sglext(state, gen, want_spec)
+        if sglext is not None:
+            tail.append(chunks.chat_tail_chunk(gen.rid, gen.created, chunker.model,
+                                               sglext=sglext))
+        if include_usage:
+            tail.append(chunks.chat_tail_chunk(gen.rid, gen.created, chunker.model,
+                                               usage=chunker.usage()))
+        await resp.write(b"".join(tail) + chunks.DONE)
+        await resp.write_eof()
+        gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+    except ConnectionResetError:
+        state.runtime.abort(gen.rid)
+    return resp
+
+
+async def _chat_collect(state: SimState, gen: Generation, chunker: ChatChunker,
+                        script: OutputScript, want_spec: bool,
+                        want_meta: bool) -> web.Response:
+    async for n in gen.steps():
+        chunker.step(script.take(n))
+    chunker.cached_tokens = gen.cache_report()
+    meta = gen.meta_info(finished=True) if want_meta else None
+    body = chunker.response(gen.finish_reason, meta, _sglext(state, gen, want_spec))
+    gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+    return web.Response(body=body, content_type="application/json")
+
+
+# ----------------------------------------------------------------------- completions
 
 
 def _completion_prompt(prompt: str | list[Any]) -> tuple[str, int]:
     if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError("Prompt cannot be empty")
         return prompt, count_prompt_tokens(prompt)
-    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if not prompt or all(not p for p in prompt):
+        raise ApiError("Prompt cannot be empty")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return " ".join(map(str, prompt)), len(prompt)
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0], count_prompt_tokens(prompt[0])
@@ -202,19 +219,102 @@ def _completion_prompt(prompt: str | list[Any]) -> tuple[str, int]:
                    param="prompt")
 
 
+def _max_tokens_error(value: int) -> ApiError:
+    """CompletionRequest's `validate_max_tokens_positive`, reported by FastAPI's handler."""
+    err = {"type": "value_error", "loc": ("body", "max_tokens"),
+           "msg": "Value error, max_tokens must be positive", "input": value,
+           "ctx": {"error": "max_tokens must be positive"}}
+    endpoint = ('  File "sglang/srt/entrypoints/http_server.py", line 1861, in '
+                'openai_v1_completions\n    POST /v1/completions')
+    return ApiError(fastapi_message([err], endpoint), err_type="Bad Request")
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    stream = False
     try:
         body: CompletionRequest = await decode_body(request, CompletionRequest)
+        stream = body.stream
+        if body.max_tokens is not None and body.max_tokens <= 0:
+            raise _max_tokens_error(body.max_tokens)
         if body.n != 1:
             raise ApiError("the twin serves n=1 only", param="n")
         text, ntok = _completion_prompt(body.prompt)
-        gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens)
+        temperature, top_p = sampling_values(state, body.temperature, body.top_p)
+        gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens,
+                          temperature=temperature, top_p=top_p)
     except ApiError as e:
+        if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
+            return await _queue_full_stream(request)
         return flat_error(e)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _serve(request, state, gen, _CompletionFormat(gen, body.model), body.stream,
-                        include_usage, body.return_spec_tokens_details)
+    stream_options = body.stream_options
+    include_usage = bool(stream_options and stream_options.include_usage)
+    continuous = bool(stream_options and stream_options.continuous_usage_stats)
+    try:
+        if body.stream:
+            return await _completion_stream(request, state, gen, body.model, include_usage,
+                                            continuous, body.return_spec_tokens_details)
+        parts = [gen.tokens.take(n) async for n in gen.steps()]
+        out = "".join(parts)
+        reason, matched = _completion_reason(gen)
+        resp_body = chunks.completion_response(
+            gen.rid, gen.created, body.model, out, reason, matched, gen.usage(),
+            _sglext(state, gen, body.return_spec_tokens_details))
+        gen.cache_output(out)
+        return web.Response(body=resp_body, content_type="application/json")
+    finally:
+        gen.release()
+
+
+def _completion_reason(gen: Generation) -> tuple[str | None, int | None]:
+    if gen.finish_reason == "stop":
+        return "stop", EOS_TOKEN_ID
+    return gen.finish_reason, None
+
+
+async def _completion_stream(request: web.Request, state: SimState, gen: Generation,
+                             model: str, include_usage: bool, continuous: bool,
+                             want_spec: bool) -> web.StreamResponse:
+    steps = gen.steps()
+    first = await anext(steps, None)
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    await resp.prepare(request)
+    done = 0
+    parts: list[str] = []
+    finish_sent = False
+
+    def chunk(n: int) -> bytes:
+        nonlocal done, finish_sent
+        done += n
+        text = gen.tokens.take(n)
+        parts.append(text)
+        last = gen.finish_reason is not None
+        finish_sent = last
+        reason, matched = _completion_reason(gen) if last else (None, None)
+        usage = (chunks.usage_info(gen.prompt_tokens, done) if continuous else None)
+        return chunks.completion_chunk(gen.rid, gen.created, model, text, reason, matched,
+                                       usage)
+
+    try:
+        if first is not None:
+            await resp.write(chunk(first))
+        async for n in steps:
+            await resp.write(chunk(n))
+        tail: list[bytes] = []
+        if not finish_sent:
+            tail.append(chunk(0))  # ended without tokens in its last step (an abort)
+        sglext = _sglext(state, gen, want_spec)
+        if sglext is not None:
+            tail.append(chunks.completion_tail_chunk(gen.rid, gen.created, model, sglext))
+        if include_usage:
+            tail.append(chunks.completion_usage_chunk(gen.rid, gen.created, model,
+                                                      gen.usage()))
+        await resp.write(b"".join(tail) + chunks.DONE)
+        await resp.write_eof()
+        gen.cache_output("".join(parts))
+    except ConnectionResetError:
+        state.runtime.abort(gen.rid)
+    return resp
 
 
 def routes() -> list[web.RouteDef]:

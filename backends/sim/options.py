@@ -32,4 +32,7 @@ class ServerOptions(msgspec.Struct, kw_only=True):
     enable_metrics: bool = False
     compat: str | None = None  # "0.5.9": imitate an older 0.5.x
     incremental_streaming_output: bool = False
+    enable_cache_report: bool = False  # usage.prompt_tokens_details.cached_tokens
+    reasoning_parser: str | None = None  # "kimi_k2": reasoning_content split from content
+    tool_call_parser: str | None = None  # "kimi_k2": delta.tool_calls parsed from the markup
     faults: FaultOptions = msgspec.field(default_factory=FaultOptions)

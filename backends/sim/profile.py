@@ -9,9 +9,9 @@ provenance entry: calibration is only as trustworthy as the sources it can name.
 from __future__ import annotations
 
 import tomllib
-from typing import Any
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import msgspec
 

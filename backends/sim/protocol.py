@@ -1,14 +1,18 @@
 """Request bodies the twin accepts, validated at the boundary with msgspec.
 
 Only the fields the twin acts on are typed; every other OpenAI or SGLang extra field
-(`top_k`, `min_p`, `regex`, `chat_template_kwargs`, ...) is accepted and ignored, as SGLang
-passes them to sampling the twin does not model. Defaults follow SGLang 0.5.23's protocol:
-completions default to `max_tokens` 16; chat without `max_tokens`/`max_completion_tokens`
-uses the native default of 128 new tokens (`SamplingParams.max_new_tokens`).
+(`top_k`, `min_p`, `regex`, ...) is accepted and ignored, as SGLang passes them to sampling the
+twin does not model. `tools` and `tool_choice` stay untyped here: tools.py validates them the
+way SGLang's pydantic models do, so that errors carry SGLang's messages. `chat_template_kwargs`
+is any JSON object; the twin reads `thinking` from it and ignores every other key. Defaults
+follow SGLang 0.5.23's protocol: completions default to `max_tokens` 16; chat without
+`max_tokens`/`max_completion_tokens` uses the native default of 128 new tokens
+(`SamplingParams.max_new_tokens`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -26,6 +30,7 @@ __all__ = [
     "COMPLETION_DEFAULT_MAX_TOKENS",
     "GENERATE_DEFAULT_MAX_NEW_TOKENS",
     "decode_body",
+    "history_tool_calls",
     "message_text",
 ]
 
@@ -42,6 +47,10 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -62,6 +71,12 @@ class ChatRequest(_Common, kw_only=True):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     return_meta_info: bool = False
+    tools: Any = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    reasoning_effort: str | float | None = None
 
     @property
     def requested_max_tokens(self) -> int:
@@ -92,6 +107,11 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     rid: str | None = None
 
 
+def history_tool_calls(messages: list[ChatMessage]) -> int:
+    """Tool calls already made in the conversation (Kimi-K2 numbers call ids by it)."""
+    return sum(len(m.tool_calls or []) for m in messages if m.role == "assistant")
+
+
 def message_text(msg: ChatMessage) -> str:
     """Text of a chat message; multimodal parts contribute their `text` fields only."""
     content = msg.content
@@ -103,19 +123,32 @@ def message_text(msg: ChatMessage) -> str:
 
 
 async def decode_body(request: web.Request, typ: type) -> Any:
-    """Parse a JSON body into `typ`; non-JSON content type, bad JSON or bad fields -> 400."""
+    """Parse a JSON body into `typ`; non-JSON content type, bad JSON or bad fields -> 400.
+
+    Errors are SGLang's request-schema errors: FastAPI's handler turns them into a flat body with
+    `type: "Bad Request"` and `param: null`. Bad JSON is reported as FastAPI reports it (a
+    `json_invalid` error at the byte offset); field errors carry msgspec's description.
+    """
     if request.content_type != "application/json":
-        raise ApiError("Unsupported Media Type: Only 'application/json' is allowed")
+        raise ApiError("Unsupported Media Type: Only 'application/json' is allowed",
+                       err_type="Bad Request")
     raw = await request.read()
     try:
         return msgspec.json.decode(raw, type=typ)
     except msgspec.ValidationError as e:
-        param = None
-        msg = str(e)
-        if "at `$." in msg:
-            param = msg.rsplit("at `$.", 1)[1].rstrip("`").split("[")[0].split(".")[0]
-        elif "missing required field" in msg:
-            param = msg.rsplit("`", 2)[-2]
-        raise ApiError(f"1 validation error: {msg}", param=param) from None
-    except msgspec.DecodeError as e:
-        raise ApiError(f"JSON decode error: {e}") from None
+        raise ApiError(f"1 validation error:\n  {e}", err_type="Bad Request") from None
+    except msgspec.DecodeError:
+        raise ApiError(_json_error_message(raw), err_type="Bad Request") from None
+
+
+def _json_error_message(raw: bytes) -> str:
+    try:
+        json.loads(raw)
+        pos, why = 0, "Invalid JSON"
+    except json.JSONDecodeError as e:
+        pos, why = e.pos, e.msg
+    except UnicodeDecodeError:
+        pos, why = 0, "Invalid UTF-8"
+    err = {"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error",
+           "input": {}, "ctx": {"error": why}}
+    return f"1 validation error:\n  {err} [{err}]"

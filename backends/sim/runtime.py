@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
+from typing import Any
 
 from backends.sim.engine import Engine, SimRequest
 
@@ -48,10 +50,11 @@ class Runtime:
         self.engine = engine
         self.time_scale = time_scale
         self.started_at = time.monotonic()
-        self.on_tokens: list = []  # callables(n_tokens) run after each delivery (fault knobs)
+        # callables(n_tokens) run after each delivery (fault knobs)
+        self.on_tokens: list[Callable[[int], None]] = []
         self._channels: dict[str, Channel] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._hung = False
         self.last_step_s = 0.0
 
@@ -69,9 +72,12 @@ class Runtime:
                 await self._task
 
     def submit(self, rid: str, prompt_tokens: int, max_new_tokens: int,
-               prompt_text: str) -> tuple[SimRequest, Channel]:
-        """Queue a request in the engine (may raise QueueFull) and open its channel."""
-        req = self.engine.submit(rid, prompt_tokens, max_new_tokens, prompt_text)
+               prompt_text: str, **engine_args: Any) -> tuple[SimRequest, Channel]:
+        """Queue a request in the engine (may raise QueueFull, ValueError) and open its channel.
+
+        `engine_args` go to Engine.submit (domain, temperature, prefix_blocks, ...).
+        """
+        req = self.engine.submit(rid, prompt_tokens, max_new_tokens, prompt_text, **engine_args)
         ch = Channel()
         self._channels[rid] = ch
         self._wake.set()

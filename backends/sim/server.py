@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -23,18 +24,21 @@ log = logging.getLogger("backends.sim")
 
 _SHUTDOWN_GRACE_S = 1.0  # in-flight requests are aborted at shutdown; this bounds the rest
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
 
 
 @web.middleware
-async def _guard(request: web.Request, handler) -> web.StreamResponse:
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """No traceback ever reaches a client; generation routes are 503 until ready."""
     state = request.app[STATE_KEY]
     if request.path in _GENERATION_PATHS and not state.ready:
         err = ApiError("The server is not ready yet.", status=503)
         return native_error(err) if request.path == "/generate" else flat_error(err)
     try:
-        return await handler(request)
+        response: web.StreamResponse = await handler(request)
+        return response
     except web.HTTPException as e:
         if e.status == 404:
             return web.Response(status=404, body=b'{"detail":"Not Found"}',
@@ -62,7 +66,7 @@ def build_app(profile: Profile, options: ServerOptions) -> web.Application:
     app.add_routes(info_api.routes())
     app.add_routes(native_api.routes())
 
-    async def lifecycle(app: web.Application):
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         runtime.start()
         state.faults.install()
         delay = options.faults.slow_ready_s

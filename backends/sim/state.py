@@ -7,6 +7,7 @@ import uuid
 
 from aiohttp import web
 
+from backends.sim.engine import Engine
 from backends.sim.faults import Faults
 from backends.sim.metrics import Metrics
 from backends.sim.options import ServerOptions
@@ -35,7 +36,7 @@ class SimState:
         self.metrics = Metrics(self.served_model_name) if options.enable_metrics else None
 
     @property
-    def engine(self):
+    def engine(self) -> Engine:
         return self.runtime.engine
 
     @property
