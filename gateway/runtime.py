@@ -23,6 +23,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.poller import Poller
 from gateway.pool import Backend, Pools
 from gateway.proxy import Proxy
+from gateway.seeding import start_seeding
 from gateway.tracing import Tracing
 from policies import Policy, make_policy
 
@@ -47,6 +48,7 @@ class Runtime:
         self.poller = Poller(config.health, on_change=self.admission.kick)
         self.retiring: dict[str, Backend] = {}
         self._retire_tasks: set[asyncio.Task] = set()
+        self._seeding: asyncio.Task[None] | None = None
         for entry in config.backends:
             self._add(entry)
         self._build_policies()
@@ -159,9 +161,13 @@ class Runtime:
 
     async def start(self) -> None:
         self.poller.start()
+        # policies start from a short measurement of each backend, not the studies' priors
+        self._seeding = start_seeding(self.config.backend_specs(), self.policies)
 
     async def stop(self) -> None:
         await self.poller.stop()
+        if self._seeding is not None:
+            self._seeding.cancel()
         for task in list(self._retire_tasks):
             task.cancel()
         await self.pools.close()

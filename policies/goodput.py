@@ -48,8 +48,7 @@ from policies.cost import own_and_imposed_s, throughput_gain
 from policies.estimates import BackendEstimate, Estimates
 from policies.lengths import OutputLengths
 from policies.measure import Measurement
-from policies.prefix import BLOCK_TOKENS
-from policies.prefix_cache import PrefixCache
+from policies.prefix_cache import TRACKED_TOKENS, PrefixCache, tracked
 from policies.priors import DOMAIN_INDEX, DOMAINS, cell_of
 from policies.steptime import StepCurve
 
@@ -104,9 +103,8 @@ class Goodput:
         out = self.lengths.expected(request)
         prompt = request.prompt_tokens
         prefixes = self.prefixes
-        chain = request.prefix if prefixes is not None else ()
+        chain = tracked(request.prefix) if prefixes is not None else ()
         depths = prefixes.depths(chain) if chain else None  # type: ignore[union-attr]
-        stand_in = self.estimates.stand_in
         backends = self.estimates.backends
         latency = self._latency
         weight = self.externality
@@ -151,11 +149,11 @@ class Goodput:
             if depths:
                 held = depths.get(name, 0)
                 if held:
-                    uncached -= held * BLOCK_TOKENS
+                    uncached -= held * TRACKED_TOKENS
                     if uncached < 0:
                         uncached = 0
             # an unmeasured AR backend is predicted like its measured AR peers (Estimates.stand_in)
-            guess = est if est.observed or est.speculative else stand_in(est)
+            guess = est if est.observed or est.speculative else self.estimates.stand_in(est)
             if not latency:
                 cost = -throughput_gain(guess, cell, load, uncached, out)
             elif type(guess) is BackendEstimate:  # policies.cost.own_and_imposed_s, inlined
@@ -215,7 +213,7 @@ class Goodput:
             self._incumbent[d] = best_view.spec.name
         else:
             best_load, best_uncached = view_load(best_view), self._uncached(best_view, request)
-            best_held = (prompt - best_uncached) // BLOCK_TOKENS if best_uncached < prompt else 0
+            best_held = (prompt - best_uncached) // TRACKED_TOKENS if best_uncached < prompt else 0
         best_est.last_chosen = self._tick
         best_est.note_dispatch(cell)
         if chain:
@@ -233,8 +231,8 @@ class Goodput:
     def _uncached(self, v: BackendView, request: RequestFeatures) -> int:
         if not request.prefix or self.prefixes is None or v.spec.name not in self.prefixes.backends:
             return request.prompt_tokens
-        held = self.prefixes.backends[v.spec.name].depth(request.prefix)
-        return max(request.prompt_tokens - held * BLOCK_TOKENS, 0)
+        held = self.prefixes.backends[v.spec.name].depth(tracked(request.prefix))
+        return max(request.prompt_tokens - held * TRACKED_TOKENS, 0)
 
     def _explore(self, d: int, cell: int, request: RequestFeatures, candidates: Sequence[BackendView],
                  best_cost: float) -> tuple[BackendView, BackendEstimate] | None:

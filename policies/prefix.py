@@ -21,15 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-# 256 tokens per block. Affinity pays where a history is long (a re-prefill of thousands of tokens
-# costs a second or more on K2.6); there a quarter-block of slack is noise, while every block a
-# request adds costs the tracker an insert and, later, an eviction on the request path. A turn of a
-# chat (~150-token question, ~400-token answer) adds about two blocks. The 4 characters per token
-# are the gateway's own prompt-size estimate (proxy.py).
-BLOCK_TOKENS = 256
+# 64 tokens per block, the twin's radix-cache block (backends/sim/prefix_cache.py), so that one chain
+# serves the gateway, the evaluator and the twin alike. The prefix tracker keeps every fourth element
+# only (`policies.prefix_cache.TRACK_STRIDE`). The 4 characters per token are the gateway's own
+# prompt-size estimate (proxy.py).
+BLOCK_TOKENS = 64
 CHARS_PER_TOKEN = 4
 BLOCK_CHARS = BLOCK_TOKENS * CHARS_PER_TOKEN
-MAX_BLOCKS = 512  # 128k tokens: K2.6's context is 256k; past this the cost of hashing outweighs the gain
+MAX_BLOCKS = 2048  # 128k tokens: K2.6's context is 256k; past this the cost of hashing outweighs the gain
 
 # Separators no ordinary text contains, so that moving text between role and content or between
 # two messages changes the rendering.

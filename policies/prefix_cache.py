@@ -1,7 +1,14 @@
 """Which backend holds which conversation prefix, in bounded memory.
 
-Each backend has a set of the block hashes (`policies.prefix`) of the requests sent to it, holding
-at most its KV budget in blocks (`max_total_num_tokens / BLOCK_TOKENS`): the server's radix cache
+The tracker works on every `TRACK_STRIDE`-th element of a request's chain (`policies.prefix`):
+element 4k+3 identifies the first 4(k+1) 64-token blocks, so a tracked block is 256 tokens.
+Affinity pays where a history is long (a re-prefill of thousands of tokens costs a second or more
+on K2.6); there 256 tokens of slack are noise, while every block a request adds costs an insert and,
+later, an eviction on the request path. A chat turn (~150-token question, ~400-token answer) adds
+about two tracked blocks.
+
+Each backend has a set of the tracked block hashes of the requests sent to it, holding at most its
+KV budget in blocks (`max_total_num_tokens / TRACKED_TOKENS`): the server's radix cache
 cannot keep more either, so a block this tracker forgot is one the server has most likely evicted
 too. The least recently used blocks go first. Memory is O(sum of capacities), whatever the number
 of conversations.
@@ -23,7 +30,16 @@ from itertools import islice, repeat
 
 from policies.prefix import BLOCK_TOKENS
 
-__all__ = ["DEFAULT_KV_TOKENS", "BackendBlocks", "PrefixCache"]
+__all__ = ["DEFAULT_KV_TOKENS", "TRACKED_TOKENS", "TRACK_STRIDE", "BackendBlocks", "PrefixCache", "tracked"]
+
+TRACK_STRIDE = 4
+TRACKED_TOKENS = TRACK_STRIDE * BLOCK_TOKENS  # tokens per tracked block
+
+
+def tracked(chain: tuple[int, ...]) -> tuple[int, ...]:
+    """The elements of a request's chain the tracker keeps (each identifies a 256-token prefix)."""
+    return chain[TRACK_STRIDE - 1::TRACK_STRIDE]
+
 
 # Assumption when a backend does not report `max_total_num_tokens`: about what SGLang gives K2.6
 # at TP8 with ~19 GB of KV per GPU (the twin's profiles use 260,000).
@@ -124,8 +140,8 @@ class PrefixCache:
     pool-wide index that answers "how deep does each backend hold this chain" in a few lookups."""
 
     def __init__(self, default_kv_tokens: int = DEFAULT_KV_TOKENS) -> None:
-        if default_kv_tokens < BLOCK_TOKENS:
-            raise ValueError(f"default_kv_tokens must be >= {BLOCK_TOKENS}, got {default_kv_tokens}")
+        if default_kv_tokens < TRACKED_TOKENS:
+            raise ValueError(f"default_kv_tokens must be >= {TRACKED_TOKENS}, got {default_kv_tokens}")
         self.default_kv_tokens = default_kv_tokens
         self.backends: dict[str, BackendBlocks] = {}
         self.bits: dict[str, int] = {}  # backend name -> its bit (kept when it leaves: names are few)
@@ -134,7 +150,7 @@ class PrefixCache:
 
     @staticmethod
     def capacity_for(kv_tokens: int) -> int:
-        return max(kv_tokens // BLOCK_TOKENS, _MIN_BLOCKS)
+        return max(kv_tokens // TRACKED_TOKENS, _MIN_BLOCKS)
 
     def of(self, name: str, kv_tokens: int | None = None) -> BackendBlocks:
         """The tracker of backend `name`, resized when its reported KV budget changed."""
@@ -153,8 +169,8 @@ class PrefixCache:
         return b
 
     def depths(self, chain: tuple[int, ...]) -> dict[str, int]:
-        """Name of each backend holding the first block of `chain` -> how many leading blocks it
-        holds. Empty when no backend holds any of it."""
+        """Name of each backend holding the first block of `chain` (tracked elements) -> how many
+        leading blocks it holds. Empty when no backend holds any of it."""
         get = self.index.get
         remaining = get(chain[0], 0) if chain else 0
         if not remaining:

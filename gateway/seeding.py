@@ -1,0 +1,58 @@
+"""At startup, measure every backend briefly and seed the policies with what it measured.
+
+The goodput policy's priors are the studies' figures; a backend on other hardware, another model or
+another drafter setting would start with a head start or a handicap it does not have. Each backend
+gets a short measurement (`backends.launch.measure`: three greedy requests and one long prompt, a
+few seconds on real K2.6 servers) in a thread of its own, in the background: requests arriving
+meanwhile are routed by the priors, and each backend's estimates switch to its measurement as soon
+as it is in. A backend that cannot be measured keeps its prior (logged). Set
+`SPECROUTE_MEASURE_BACKENDS=0` to skip it (the priors then stand until telemetry corrects them).
+Backends added later (reload, admin API) are learned from telemetry alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterable
+
+from backends import BackendSpec
+from backends.launch.measure import measure_quietly
+from policies import Policy
+
+log = logging.getLogger("specroute.seeding")
+
+__all__ = ["start_seeding"]
+
+
+def _enabled() -> bool:
+    return os.environ.get("SPECROUTE_MEASURE_BACKENDS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+async def _seed_one(spec: BackendSpec, policies: Iterable[Policy]) -> None:
+    m = await asyncio.to_thread(measure_quietly, spec.url, spec.upstream_model, api_key=spec.api_key,
+                                speculative=spec.strategy.speculative)
+    if m is None:
+        log.warning("backend %s could not be measured at startup; its policy keeps the strategy prior", spec.name)
+        return
+    for policy in policies:
+        seed = getattr(policy, "seed", None)
+        if seed is not None:
+            seed(spec, m)
+    log.warning("backend %s measured at startup: step %s ms, accept %s, prefill %s ms/1k tokens", spec.name,
+                None if m.step_s is None else round(m.step_s * 1000, 2),
+                {d.value: round(a, 2) for d, a in m.accept_length.items()},
+                None if m.prefill_per_token_s is None else round(m.prefill_per_token_s * 1e6, 1))
+
+
+def start_seeding(specs: Iterable[BackendSpec], policies: dict[str, Policy]) -> asyncio.Task[None] | None:
+    """Measure each backend in the background and seed its model's policy; None when disabled."""
+    if not _enabled():
+        return None
+    jobs = [_seed_one(spec, [p for model, p in policies.items() if model == spec.model]) for spec in specs]
+
+    async def run() -> None:
+        await asyncio.gather(*jobs, return_exceptions=True)
+
+    return asyncio.create_task(run())
