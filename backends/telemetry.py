@@ -1,4 +1,4 @@
-"""Parsing the telemetry SGLang attaches to finished responses.
+"""Parsing the telemetry SGLang attaches to finished responses: usage and speculative details.
 
 Acceptance length is computed as completion_tokens / spec_verify_ct (SGLang's own definition,
 bonus token included): the other spec field names changed across 0.5.x releases, these two did not.
@@ -17,8 +17,16 @@ class SpecStats(msgspec.Struct, frozen=True):
 
 
 class Usage(msgspec.Struct, frozen=True):
+    """A response's `usage`. `reasoning_tokens` and `cached_tokens` are None when not reported."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # OpenAI's `completion_tokens_details.reasoning_tokens`, else SGLang's top-level copy; SGLang
+    # counts the thinking segment through its end marker, and sends 0 without a reasoning parser.
+    reasoning_tokens: int | None = None
+    # `prompt_tokens_details.cached_tokens`: prompt tokens the radix cache served (SGLang sends
+    # it only with --enable-cache-report).
+    cached_tokens: int | None = None
 
 
 def spec_stats(sglext: Any, completion_tokens: int) -> SpecStats | None:
@@ -37,9 +45,25 @@ def spec_stats(sglext: Any, completion_tokens: int) -> SpecStats | None:
 
 
 def usage(obj: Any) -> Usage | None:
+    """A `usage` object as decoded JSON; None when absent or malformed (never raises)."""
     if not isinstance(obj, dict):
         return None
     p, c = obj.get("prompt_tokens"), obj.get("completion_tokens")
-    if not isinstance(p, int) or not isinstance(c, int):
+    if not isinstance(p, int) or not isinstance(c, int) or not _count(p) or not _count(c):
         return None
-    return Usage(prompt_tokens=p, completion_tokens=c)
+    reasoning = _detail(obj.get("completion_tokens_details"), "reasoning_tokens")
+    if reasoning is None and _count(obj.get("reasoning_tokens")):
+        reasoning = obj["reasoning_tokens"]
+    return Usage(prompt_tokens=p, completion_tokens=c, reasoning_tokens=reasoning,
+                 cached_tokens=_detail(obj.get("prompt_tokens_details"), "cached_tokens"))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _detail(details: Any, name: str) -> int | None:
+    if isinstance(details, dict) and _count(details.get(name)):
+        value: int = details[name]
+        return value
+    return None

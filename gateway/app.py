@@ -13,14 +13,13 @@ import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath
-from litestar.response import Stream
 
 from common.admin_api import AdminBackends, BackendState
 from gateway.access_log import AccessLog
 from gateway.auth import AuthGate
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError
-from gateway.fast_routes import FastRoutes, Reply
+from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
@@ -54,15 +53,6 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
             except ConfigError as e:  # the old config stays
                 raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
             return await rt.reload(new)
-
-    # Normally answered by FastRoutes before litestar; these serve the path variants it leaves here.
-    @post("/v1/chat/completions", status_code=200)
-    async def chat_completions(request: Request) -> Response:
-        return _litestar_response(await rt.proxy.handle(await request.body(), "chat", request.headers))
-
-    @post("/v1/completions", status_code=200)
-    async def completions(request: Request) -> Response:
-        return _litestar_response(await rt.proxy.handle(await request.body(), "completion", request.headers))
 
     @get("/v1/models")
     async def models() -> Response[bytes]:
@@ -166,7 +156,7 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
         await rt.stop()
 
     app = Litestar(
-        route_handlers=[chat_completions, completions, models, health, ready, prometheus, server_info,
+        route_handlers=[models, health, ready, prometheus, server_info,
                         admin_backends, add_backend, remove_backend, drain, undrain, reload],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         request_max_body_size=config.gateway.max_body_bytes,
@@ -188,15 +178,12 @@ def create_asgi(config: Config, **kwargs: Any) -> Any:
     # SERVER spans (tracing on): FastRoutes makes those of the generation routes, the middleware
     # those of litestar's routes but probes and scrapes.
     inner: Any = rt.tracing.server_span_middleware(app) if rt.tracing.enabled else app
-    fast = FastRoutes(inner, lambda body, kind, headers, trace: rt.proxy.handle(body, kind, headers, trace),
+    # The generation routes (POST /v1/chat/completions, /v1/completions, under any root_path) are
+    # answered by FastRoutes alone; rt.proxy is looked up per request (a reload may replace it).
+    fast = FastRoutes(inner, lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace,
+                                                                                        client),
                       config.gateway.max_body_bytes, rt.tracing)
     return AuthGate(fast, config.auth, lambda: rt.config.auth)
-
-
-def _litestar_response(reply: Reply) -> Response:
-    if reply.stream is not None:
-        return Stream(reply.stream, media_type="text/event-stream", headers=reply.headers, status_code=reply.status)
-    return Response(reply.body, media_type="application/json", headers=reply.headers, status_code=reply.status)
 
 
 def _policies(rt: Runtime) -> dict[str, Any]:

@@ -26,6 +26,10 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     temperature: float | None   # as asked, when a number (the backend judges its range)
     client_wants_usage: bool
     client_wants_spec: bool
+    # `chat_template_kwargs.thinking` (Kimi's switch; Qwen's is `enable_thinking`) when a boolean;
+    # None leaves it to the server's default.
+    thinking: bool | None = None
+    tools: bool = False         # the request offers tools (a non-empty `tools` array)
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -73,7 +77,19 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         temperature = None
     return ParsedRequest(kind=kind, body=body, model=model, stream=stream, prompt_text=prompt_text,
                          max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
-                         client_wants_usage=wants_usage, client_wants_spec=wants_spec)
+                         client_wants_usage=wants_usage, client_wants_spec=wants_spec,
+                         thinking=_thinking(body.get("chat_template_kwargs")),
+                         tools=bool(body.get("tools")) and isinstance(body.get("tools"), list))
+
+
+def _thinking(kwargs: Any) -> bool | None:
+    if not isinstance(kwargs, dict):
+        return None
+    for key in ("thinking", "enable_thinking"):
+        if isinstance(kwargs.get(key), bool):
+            value: bool = kwargs[key]
+            return value
+    return None
 
 
 _TYPE_NAMES = {str: "a string", list: "an array", dict: "an object", bool: "a boolean", int: "an integer"}

@@ -1,9 +1,44 @@
-"""One record per finished request: what the policy learns from, what metrics, traces and the
-access log report. Built once at the end of the request, off the per-chunk path."""
+"""What one request produced: the upstream's answer as the gateway read it (`Result`), and the one
+record per finished request (`RequestRecord`) that the policy learns from and that metrics, traces
+and the access log report. The record is built once at the end of the request, off the per-chunk path."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
+
+from backends.telemetry import SpecStats, Usage, spec_stats
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """What an upstream answer told the gateway, filled as it arrives: by the SSE relay for a stream,
+    from the body for a complete answer. The times are `time.perf_counter()` readings.
+
+    The clock is `common.stream_clock`'s definition: a generated token is one of any kind
+    (reasoning, content, tool call, completions text); `t_first_answer` skips reasoning."""
+
+    status: int = 200
+    t_first: float | None = None         # first chunk with generated output of any kind
+    t_first_answer: float | None = None  # first content, tool call or text
+    t_last: float | None = None          # last chunk with generated output
+    usage: Usage | None = None
+    sglext: Any = None                   # the raw `sglext` object, read once the token count is known
+    spec: SpecStats | None = None
+    finish_reason: str | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    done: bool = False                   # a stream's `data: [DONE]` arrived
+    error: str | None = None
+    error_type: str | None = None
+    error_code: Any = None               # `code` of a stream's error event (SGLang: 503 for a full queue)
+
+    def read_spec(self, speculative: bool) -> bool:
+        """Spec stats from `sglext` (they need the final token count, which SGLang sends after it);
+        returns whether telemetry a speculative backend should have sent is missing."""
+        if self.sglext is not None and self.usage is not None:
+            self.spec = spec_stats(self.sglext, self.usage.completion_tokens)
+        return speculative and self.sglext is None
 
 
 class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -26,9 +61,12 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     attempt: int = 1
     queue_s: float = 0.0               # waiting for capacity (admission)
     prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float | None = None        # gateway received -> first non-empty content
-    decode_s: float | None = None      # first -> last content chunk
+    completion_tokens: int = 0         # all generated tokens, reasoning included
+    reasoning_tokens: int | None = None  # of completion_tokens, the thinking segment's (when reported)
+    cached_tokens: int | None = None   # of prompt_tokens, served by the prefix cache (when reported)
+    ttft_s: float | None = None        # gateway received -> first generated token of any kind
+    ttft_answer_s: float | None = None  # gateway received -> first answer token (content, tool call, text)
+    decode_s: float | None = None      # first -> last generated token
     decode_tok_s: float | None = None  # (completion_tokens - 1) / decode_s
     tpot_s: float | None = None        # (e2e - ttft) / (completion_tokens - 1)
     accept_length: float | None = None

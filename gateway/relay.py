@@ -1,53 +1,52 @@
 """SSE relay filter: forwards upstream events as they arrive, reading only what telemetry needs.
 
-Content chunks are recognised by a byte search and forwarded untouched (no JSON decode: that is
-the hot path). Only the few other events are decoded: the finish chunk, SGLang's `choices: []`
-chunks carrying `sglext` or `usage`, and errors. Telemetry the gateway requested for itself
-(spec details, usage) is removed unless the client asked for it.
+The stream clock is `common.stream_clock`'s definition (docs/metrics.md): a chunk carries generated
+output when it has non-empty `delta.reasoning_content`, `delta.content`, a `delta.tool_calls` entry,
+or completions `text`; TTFT runs to the first such chunk of any kind, decode speed over first to
+last. tests/test_relay.py checks that this relay and that definition agree on SGLang-shaped bytes.
+
+Chunks in flight (`"finish_reason":null`, not `choices: []`) are recognised by byte searches and
+forwarded untouched: no JSON decode on the hot path. The searches are exact for compact JSON: inside
+a JSON string every quote is escaped, so `"content":"` can only be a key and its value's opening
+quote, and the next byte says whether the value is empty. Every other event (finish chunk, SGLang's
+`choices: []` chunks with `sglext` or `usage`, errors, JSON with spaces) is decoded. Telemetry the
+gateway requested for itself (spec details, usage) is removed unless the client asked for it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
-from backends.telemetry import SpecStats, Usage, spec_stats, usage
+from backends.telemetry import usage
+from gateway.records import Result
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
-_CONTENT_CHUNK = b'"finish_reason":null'
+_IN_FLIGHT = b'"finish_reason":null'
 _EMPTY_CHOICES = b'"choices":[]'
-_EMPTY_CONTENT = (b'"content":""', b'"text":""')
-_HAS_CONTENT = (b'"content":"', b'"text":"')
-
-
-class StreamTelemetry(msgspec.Struct, kw_only=True):
-    """What one relayed stream told us."""
-
-    t_first: float | None = None  # first non-empty content
-    t_last: float | None = None  # last non-empty content
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    spec: SpecStats | None = None
-    sglext: Any = None
-    done: bool = False
-    error: str | None = None
-    response_id: str | None = None
-    response_model: str | None = None
+_QUOTE = 0x22
+# A key and its string value's opening quote: the value is non-empty when the next byte is not `"`.
+_CONTENT, _TEXT, _REASONING = b'"content":"', b'"text":"', b'"reasoning_content":"'
+_CONTENT_LEN, _TEXT_LEN, _REASONING_LEN = len(_CONTENT), len(_TEXT), len(_REASONING)
+_TOOL_CALL = b'"tool_calls":[{'
 
 
 class SseRelay:
-    """Feed it upstream bytes; it returns the bytes to send to the client (possibly empty)."""
+    """Feed it upstream bytes; it returns the bytes to send to the client (possibly empty) and
+    fills `result` as the events go by."""
 
-    __slots__ = ("keep_usage", "keep_spec", "telemetry", "_buf", "_clock")
+    __slots__ = ("keep_usage", "keep_spec", "result", "_buf", "_clock")
 
-    def __init__(self, keep_usage: bool, keep_spec: bool, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, keep_usage: bool, keep_spec: bool, clock: Callable[[], float] = time.perf_counter,
+                 result: Result | None = None) -> None:
         self.keep_usage = keep_usage
         self.keep_spec = keep_spec
-        self.telemetry = StreamTelemetry()
+        self.result = result if result is not None else Result()
         self._buf = b""
         self._clock = clock
 
@@ -75,29 +74,28 @@ class SseRelay:
         """Bytes of an unterminated last event (a broken upstream stream)."""
         return self._buf
 
-    def finish_spec(self) -> None:
-        """Spec stats need the final token count, which arrives after `sglext` in SGLang's order."""
-        t = self.telemetry
-        if t.sglext is not None and t.usage is not None:
-            t.spec = spec_stats(t.sglext, t.usage.completion_tokens)
-
     def _event(self, event: bytes) -> bytes | None:
         # rfind: finish_reason sits near the end of a chunk, so the search stops early (~3x cheaper
         # than `in`, which scans from the start); the test is the same, presence.
-        if event.rfind(_CONTENT_CHUNK) >= 0 and _EMPTY_CHOICES not in event:
-            if not (_EMPTY_CONTENT[0] in event or _EMPTY_CONTENT[1] in event) and (
-                _HAS_CONTENT[0] in event or _HAS_CONTENT[1] in event
-            ):
-                self._mark_content()
+        if event.rfind(_IN_FLIGHT) >= 0 and _EMPTY_CHOICES not in event:
+            i = event.find(_CONTENT)
+            if i >= 0 and event[i + _CONTENT_LEN] != _QUOTE:  # the usual chunk: content, first search
+                self._generated(True)
+            elif (i := event.find(_REASONING)) >= 0 and event[i + _REASONING_LEN] != _QUOTE:
+                self._generated(False)
+            elif ((i := event.find(_TEXT)) >= 0 and event[i + _TEXT_LEN] != _QUOTE) or _TOOL_CALL in event:
+                self._generated(True)
             return event
         return self._slow(event)
 
-    def _mark_content(self) -> None:
+    def _generated(self, answer: bool) -> None:
         now = self._clock()
-        t = self.telemetry
-        if t.t_first is None:
-            t.t_first = now
-        t.t_last = now
+        r = self.result
+        if r.t_first is None:
+            r.t_first = now
+        if answer and r.t_first_answer is None:
+            r.t_first_answer = now
+        r.t_last = now
 
     def _slow(self, event: bytes) -> bytes | None:
         payload = event.strip()
@@ -105,7 +103,7 @@ class SseRelay:
             return event  # comments / other SSE fields pass through
         payload = payload[5:].strip()
         if payload == b"[DONE]":
-            self.telemetry.done = True
+            self.result.done = True
             return event
         try:
             obj = _decoder.decode(payload)
@@ -113,32 +111,32 @@ class SseRelay:
             return event
         if not isinstance(obj, dict):
             return event
-        t = self.telemetry
+        r = self.result
         if "error" in obj:
             err = obj["error"]
-            t.error = err.get("message", "upstream error") if isinstance(err, dict) else str(err)
+            if isinstance(err, dict):
+                message = err.get("message")
+                r.error = message if isinstance(message, str) else "upstream error"
+                r.error_code = err.get("code")
+            else:
+                r.error = str(err)
             return event
         choices = obj.get("choices")
         if choices:
+            if obj.get("usage") is not None:  # continuous usage stats: the latest wins
+                r.usage = usage(obj["usage"]) or r.usage
             for c in choices:
                 if isinstance(c, dict):
-                    if c.get("finish_reason"):
-                        t.finish_reason = c["finish_reason"]
-                        t.response_id = obj.get("id") if isinstance(obj.get("id"), str) else None
-                        t.response_model = obj.get("model") if isinstance(obj.get("model"), str) else None
-                    delta = c.get("delta")
-                    text = delta.get("content") if isinstance(delta, dict) else c.get("text")
-                    if isinstance(text, str) and text:
-                        self._mark_content()
+                    self._choice(c, obj)
             return event
         changed = False
         if "sglext" in obj:
-            t.sglext = obj["sglext"]
+            r.sglext = obj["sglext"]
             if not self.keep_spec:
                 del obj["sglext"]
                 changed = True
         if obj.get("usage") is not None:
-            t.usage = usage(obj["usage"])
+            r.usage = usage(obj["usage"]) or r.usage
             if not self.keep_usage:
                 obj["usage"] = None
                 changed = True
@@ -147,3 +145,22 @@ class SseRelay:
         if obj.get("usage") is None and "sglext" not in obj:
             return None  # a telemetry-only chunk the client did not ask for
         return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+    def _choice(self, c: dict[str, Any], obj: dict[str, Any]) -> None:
+        r = self.result
+        if c.get("finish_reason"):
+            r.finish_reason = c["finish_reason"]
+            r.response_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+            r.response_model = obj.get("model") if isinstance(obj.get("model"), str) else None
+        delta = c.get("delta")
+        if isinstance(delta, dict):
+            if _text(delta.get("content")) or (isinstance(delta.get("tool_calls"), list) and delta["tool_calls"]):
+                self._generated(True)
+            elif _text(delta.get("reasoning_content")):
+                self._generated(False)
+        elif _text(c.get("text")):
+            self._generated(True)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)

@@ -1,5 +1,5 @@
-"""Streams answered by litestar's route handlers (the generation routes under a root_path, which
-`FastRoutes` leaves to litestar): complete, and a client disconnect still aborts upstream."""
+"""The generation routes under a root_path (which litestar's router strips; `FastRoutes` matches them
+the same way): streams complete, and a client disconnect still aborts upstream."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ MSG = [{"role": "user", "content": "Natalia sold clips to 48 friends and then ha
 
 @pytest.fixture(scope="module")
 def litestar_gateway(twin_factory):
-    """The gateway in-process behind a root_path, so litestar (not FastRoutes) answers the routes."""
+    """The gateway in-process behind a root_path."""
     backend = twin_factory("k26-ar")
     config = config_from_dict({"backends": [{"name": "a", "url": backend, "model": "kimi-k2.6", "strategy": "ar"}]})
     with serve_in_thread(config, root_path="/api", access_log=AccessLog(False)) as url:

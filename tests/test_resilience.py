@@ -142,7 +142,9 @@ def test_chaos_kill_and_restart_a_backend_under_load(tmp_path, twins):
                     # kill `a` while streams that already sent bytes are on it, not after a fixed time
                     await a_is_streaming.wait()
                     a.kill()
-                await asyncio.gather(killer(), *(worker(i) for i in range(32)))
+                kill = asyncio.create_task(killer())
+                await asyncio.gather(*(worker(i) for i in range(32)))
+                kill.cancel()  # never hang: if the kill did not happen, the assertions below say so
                 return results
         results = asyncio.run(run())
         non_stream = [r for r in results if "done" not in r]
@@ -246,5 +248,5 @@ def test_stalled_stream_ends_with_an_error_event_after_idle_stream_s(tmp_path, t
         result, elapsed = asyncio.run(run())
         assert wait_until(lambda: get_json(f"{url}/admin/backends")["inflight"] == 0)
     assert result["status"] == 200 and result["done"]
-    assert "upstream stream broke: SocketTimeoutError" in result["error"]["message"]
+    assert "upstream stream idle for more than 0.5s" in result["error"]["message"]
     assert 0.5 <= elapsed < 5

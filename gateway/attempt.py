@@ -1,0 +1,148 @@
+"""One upstream attempt, as `async with Attempt(...)`: it owns what the attempt holds and gives each
+back exactly once, on exit, however the attempt ends (answered, refused, failed, client gone):
+
+- the lease on its backend (the request counts as in flight there from dispatch to exit);
+- its CLIENT span (ended with the attempt's record);
+- its upstream response: released to the connection pool when it was read to the end, closed
+  otherwise, which makes SGLang abort the request (a client that left, a broken stream).
+
+An attempt that fails before anything reached the client raises `UpstreamFailure`: the caller
+may try another backend. Any other exit makes it the request's last attempt, and the request's
+single record is written (by the proxy, through `AttemptHost.attempt_ended`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+
+from gateway.errors import ApiError, translate_upstream_error
+from gateway.records import Result
+
+if TYPE_CHECKING:
+    from gateway.admission import Admission
+    from gateway.pool import Backend, Lease
+    from gateway.proxy import Request
+    from gateway.tracing import Tracing
+    from policies import Decision
+
+REQUEST_ID_HEADER = "x-request-id"
+# Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
+RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+# 503 (a full queue) and 429 mean busy, not broken: they do not count against the circuit.
+BUSY = frozenset({429, 503})
+NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class UpstreamFailure(Exception):
+    """A failure before anything reached the client: safe to try another backend. `kind` names it
+    in metrics and spans; `health` says whether it counts against the backend's circuit."""
+
+    def __init__(self, kind: str, error: ApiError, health: bool = True) -> None:
+        super().__init__(error.message)
+        self.kind = kind
+        self.error = error
+        self.health = health
+
+
+class AttemptHost(Protocol):
+    """What an attempt needs from the proxy that runs it."""
+
+    admission: Admission
+    tracing: Tracing
+
+    def attempt_failed(self, attempt: Attempt, failure: UpstreamFailure) -> None: ...
+
+    def attempt_ended(self, attempt: Attempt, error: BaseException | None, mean_inflight: float) -> None: ...
+
+
+class Attempt:
+    """`async with Attempt(host, req, backend, decision) as attempt:` then `await attempt.post(...)`."""
+
+    __slots__ = ("_host", "req", "backend", "decision", "result", "lease", "span", "upstream_headers", "response",
+                 "reusable", "inflight", "t_dispatch", "_area0")
+
+    lease: Lease
+    span: tuple[Any, ...] | None  # tracing.ClientSpan
+    upstream_headers: dict[str, str]
+    inflight: int
+    t_dispatch: float
+    _area0: float
+
+    def __init__(self, host: AttemptHost, req: Request, backend: Backend, decision: Decision) -> None:
+        self._host = host
+        self.req = req
+        self.backend = backend
+        self.decision = decision
+        self.result = Result()
+        self.response: aiohttp.ClientResponse | None = None
+        self.reusable = False  # the response was read to its end: its connection can serve another request
+
+    async def __aenter__(self) -> Attempt:
+        backend, req = self.backend, self.req
+        headers = {REQUEST_ID_HEADER: req.request_id}
+        for h in ("traceparent", "tracestate"):  # passed on as they came, unless tracing replaces them
+            if h in req.headers:
+                headers[h] = req.headers[h]
+        self.upstream_headers = headers
+        self.span = self._host.tracing.start_client_span(req.trace, backend.address, headers)
+        req.tried.append(backend.name)
+        # The lease last: from here on nothing can fail before __aexit__ gives it back.
+        self.lease = self._host.admission.lease(backend)
+        self.inflight = backend.inflight
+        self.t_dispatch = time.perf_counter()
+        self._area0 = backend.inflight_area(self.t_dispatch)
+        return self
+
+    async def post(self, path: str, body: bytes, timeouts: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        """Send the request; returns the response once its status is 200 (the attempt owns it).
+        Raises UpstreamFailure for what another backend may still answer, ApiError for the rest."""
+        backend = self.backend
+        try:
+            resp = await backend.client.post(path, body, self.upstream_headers, timeouts)
+        except NET_ERRORS as e:
+            if isinstance(e, asyncio.TimeoutError):
+                raise self.failure("timeout", 504, f"timed out before answering: {type(e).__name__}") from None
+            raise self.failure("connect", 502, f"unreachable: {type(e).__name__}") from None
+        self.response = resp
+        if resp.status == 200:
+            return resp
+        try:
+            raw = await resp.read()
+            self.reusable = True
+        except NET_ERRORS:
+            raw = b""
+        error = translate_upstream_error(resp.status, raw, backend.name)
+        if resp.status in RETRYABLE:
+            raise UpstreamFailure(f"http_{resp.status}", error, health=resp.status not in BUSY)
+        raise error
+
+    def failure(self, kind: str, status: int, what: str, health: bool = True) -> UpstreamFailure:
+        """An UpstreamFailure naming this attempt's backend: `backend NAME <what>`."""
+        return UpstreamFailure(kind, ApiError(status, f"backend {self.backend.name} {what}"), health)
+
+    def mean_inflight(self) -> float:
+        """Time-weighted in-flight on the backend over the attempt's life (itself included)."""
+        now = time.perf_counter()
+        span = now - self.t_dispatch
+        return (self.backend.inflight_area(now) - self._area0) / span if span > 0 else float(self.inflight)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        resp = self.response
+        if resp is not None:
+            # Closing, not releasing, an unfinished response drops its connection: SGLang aborts the request.
+            if self.reusable:
+                resp.release()
+            else:
+                resp.close()
+        mean_inflight = self.mean_inflight()  # before the release: the attempt counts itself
+        self.lease.release()
+        if isinstance(exc, UpstreamFailure):
+            self._host.attempt_failed(self, exc)
+        else:
+            self._host.attempt_ended(self, exc, mean_inflight)

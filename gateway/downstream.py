@@ -1,0 +1,111 @@
+"""The client side of one generation request: its answer sent over ASGI, and a watch that ends the
+request when the client goes away.
+
+`Downstream.watch()` is the request's task group of two: the request's own task and a listener
+that waits for `http.disconnect` (what starlette's `listen_for_disconnect` does for its streaming
+responses, here for every answer, streamed or not, and for requests still waiting in the admission
+queue). If the client leaves before the response is complete, the listener cancels the request's
+task; whatever it was awaiting (a place in the queue, the upstream's headers, its body, the next
+chunk) raises `CancelledError`, so the upstream connection is closed at once (SGLang aborts a
+request whose connection closes) and every `async with` on the way releases what it holds. The
+cancellation ends at the watch's exit, as `asyncio.timeout` ends its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from types import TracebackType
+from typing import Any
+
+from gateway.errors import ApiError
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = b"application/json"
+EVENT_STREAM = b"text/event-stream; charset=utf-8"
+
+
+def raw_headers(headers: dict[str, str], content_type: bytes, body: bytes | None) -> list[tuple[bytes, bytes]]:
+    """ASGI headers: the route's own first, then `content-type` (and `content-length` for a body)."""
+    out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    out.append((b"content-type", content_type))
+    if body is not None:
+        out.append((b"content-length", str(len(body)).encode()))
+    return out
+
+
+class Downstream:
+    """One client connection's answer. `complete` turns True just before the last byte is handed to
+    the server: from then on a disconnect is the server's end-of-response notice, not a client leaving."""
+
+    __slots__ = ("_receive", "_send", "complete", "status")
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+        self.complete = False
+        self.status = 0  # sent so far; 0 until the response starts
+
+    async def send_json(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status,
+                          "headers": raw_headers(headers, JSON, body)})
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def send_error(self, error: ApiError) -> None:
+        await self.send_json(error.status, error.headers, error.body())
+
+    async def start_stream(self, headers: dict[str, str]) -> None:
+        self.status = 200
+        await self._send({"type": "http.response.start", "status": 200,
+                          "headers": raw_headers(headers, EVENT_STREAM, None)})
+
+    async def send_chunk(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end_stream(self) -> None:
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def watch(self) -> DisconnectWatch:
+        return DisconnectWatch(self)
+
+
+class DisconnectWatch:
+    """`async with downstream.watch():` cancels the block if the client disconnects; `gone` says it did."""
+
+    __slots__ = ("_downstream", "_task", "_listener", "_cancelling", "gone")
+
+    def __init__(self, downstream: Downstream) -> None:
+        self._downstream = downstream
+        self.gone = False
+
+    async def __aenter__(self) -> DisconnectWatch:
+        task = asyncio.current_task()
+        assert task is not None, "a watch runs inside a task"
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._listener = asyncio.get_running_loop().create_task(self._listen())
+        return self
+
+    async def _listen(self) -> None:
+        receive = self._downstream._receive
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self._downstream.complete:
+                    self.gone = True
+                    self._task.cancel()
+                return
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        self._listener.cancel()
+        if not self.gone:
+            return False
+        # Ours was the cancellation (the count says whether someone else's is pending too): end it here.
+        return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
