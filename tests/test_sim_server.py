@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -19,12 +21,16 @@ SCALE = "0.02"
 
 
 def _start(profile: str, *extra: str) -> Iterator[str]:
+    """Yield the URL of a twin process for the duration of the generator (fixtures)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", SCALE,
                     *extra)
     with running(cmd, ready_url=f"{url}/ready"):
         yield url
+
+
+twin = contextlib.contextmanager(_start)
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +358,7 @@ def _open_stream(url: str, path: str, body: dict) -> http.client.HTTPConnection:
 
 
 def test_queue_cap_answers_503_and_disconnect_frees_slot():
-    for url in _start("k26-ar", "--max-running-requests", "1", "--max-queued-requests", "1"):
+    with twin("k26-ar", "--max-running-requests", "1", "--max-queued-requests", "1") as url:
         long = {**CHAT, "max_tokens": 100000}
         a = _open_stream(url, "/v1/chat/completions", long)
         resp_a = a.getresponse()
@@ -371,7 +377,7 @@ def test_queue_cap_answers_503_and_disconnect_frees_slot():
 
 
 def test_ddtree_budget_override_is_reported():
-    for url in _start("k26-ddtree", "--ddtree-budget", "16", "--served-model-name", "k2"):
+    with twin("k26-ddtree", "--ddtree-budget", "16", "--served-model-name", "k2") as url:
         _, info = get(f"{url}/server_info")
         assert info["speculative_algorithm"] == "DDTREE"
         assert info["speculative_ddtree_budget"] == 16

@@ -163,6 +163,7 @@ class SimRequest:
         self.temperature = temperature
         self.top_p = top_p
         self.prefix_blocks = prefix_blocks
+        del max_drafts  # the histogram grows as needed; kept in the signature for callers
         if stop_after_tokens is not None and stop_after_tokens < max_new_tokens:
             self.limit, self.limit_reason = max(1, stop_after_tokens), "stop"
         else:
@@ -172,7 +173,8 @@ class SimRequest:
         self.verify_ct = 0
         self.correct_drafts = 0
         self.proposed_drafts = 0
-        self.histogram = [0] * (max_drafts + 1) if max_drafts else []
+        # SGLang grows it to the largest accepted count seen (schedule_batch.py), not the depth
+        self.histogram: list[int] = []
         self.state = "waiting"  # waiting | prefilling | running | finished | aborted
         self.finish_reason: str | None = None
         self._rng = random.Random(seed)
@@ -521,7 +523,10 @@ class Engine:
                     if a > m:
                         a = m
                 r.verify_ct += 1
-                r.histogram[a] += 1
+                h = r.histogram
+                if a >= len(h):
+                    h.extend([0] * (a + 1 - len(h)))
+                h[a] += 1
                 r.correct_drafts += a
                 r.proposed_drafts += proposed
                 correct += a
