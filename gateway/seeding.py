@@ -7,7 +7,8 @@ few seconds on real K2.6 servers) in a thread of its own, in the background: req
 meanwhile are routed by the priors, and each backend's estimates switch to its measurement as soon
 as it is in. A backend that cannot be measured keeps its prior (logged). Set
 `SPECROUTE_MEASURE_BACKENDS=0` to skip it (the priors then stand until telemetry corrects them).
-Backends added later (reload, admin API) are learned from telemetry alone.
+Backends added later (reload, admin API) are learned from telemetry alone, and a pool whose backends
+all share one strategy is not measured (they all start from the same prior: no head start).
 """
 
 from __future__ import annotations
@@ -37,9 +38,7 @@ async def _seed_one(spec: BackendSpec, policies: Iterable[Policy]) -> None:
         log.warning("backend %s could not be measured at startup; its policy keeps the strategy prior", spec.name)
         return
     for policy in policies:
-        seed = getattr(policy, "seed", None)
-        if seed is not None:
-            seed(spec, m)
+        policy.seed(spec, m)  # type: ignore[attr-defined]
     log.warning("backend %s measured at startup: step %s ms, accept %s, prefill %s ms/1k tokens", spec.name,
                 None if m.step_s is None else round(m.step_s * 1000, 2),
                 {d.value: round(a, 2) for d, a in m.accept_length.items()},
@@ -50,7 +49,17 @@ def start_seeding(specs: Iterable[BackendSpec], policies: dict[str, Policy]) -> 
     """Measure each backend in the background and seed its model's policy; None when disabled."""
     if not _enabled():
         return None
-    jobs = [_seed_one(spec, [p for model, p in policies.items() if model == spec.model]) for spec in specs]
+    # Only pools whose policy learns from a measurement and that mix strategies: in a pool of one
+    # strategy every backend starts from the same prior, so there is no head start to remove, and
+    # its backends are spared the extra requests.
+    specs = list(specs)
+    strategies: dict[str, set[str]] = {}
+    for spec in specs:
+        strategies.setdefault(spec.model, set()).add(spec.strategy.value)
+    jobs = [_seed_one(spec, [policies[spec.model]]) for spec in specs
+            if spec.model in policies and hasattr(policies[spec.model], "seed") and len(strategies[spec.model]) > 1]
+    if not jobs:
+        return None
 
     async def run() -> None:
         await asyncio.gather(*jobs, return_exceptions=True)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from backends import BackendSpec, Strategy
+from policies import BackendView, Domain, Goodput, RequestFeatures
 from policies.prefix import BLOCK_CHARS, MAX_BLOCKS, message_blocks, render_history, text_blocks
+from policies.prefix_cache import TRACKED_TOKENS, PrefixCache
 
 
 def _turns() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
@@ -48,3 +51,49 @@ def test_odd_shapes_are_read_not_rejected() -> None:
            {"role": "assistant", "content": None,
             "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}, "junk"]}]
     assert len(message_blocks(odd)) == len(render_history(odd)) // BLOCK_CHARS >= 9
+
+
+def test_prefix_tracking_stays_bounded_at_a_million_distinct_conversations() -> None:
+    cache = PrefixCache()
+    names = [f"b{i}" for i in range(4)]
+    kv = [65_536, 131_072, 262_144, 16_384]  # different KV budgets: different capacities
+    for i in range(1_000_000):  # two tracked blocks per conversation, none shared
+        cache.of(names[i & 3], kv[i & 3]).record((i << 2, i << 2 | 1))
+    for name, budget in zip(names, kv, strict=True):
+        b = cache.backends[name]
+        assert b.capacity == budget // TRACKED_TOKENS and len(b.blocks) <= b.capacity
+        assert b.evicted >= 500_000 - b.capacity
+    # the pool-wide index holds exactly what the backends hold, nothing left behind by evictions
+    assert len(cache.index) == cache.held_blocks() <= sum(k // TRACKED_TOKENS for k in kv)
+    # recent conversations are still found, old ones are gone
+    last = 999_999
+    assert cache.depths((last << 2, last << 2 | 1)) == {names[last & 3]: 2}
+    assert cache.depths((0, 1)) == {}
+
+
+def test_the_policy_remembers_where_a_conversation_is_and_goes_back() -> None:
+    views = [BackendView(spec=BackendSpec(name=n, url="http://x", model="m", strategy=Strategy.DFLASH))
+             for n in ("a", "b", "c")]
+    policy = Goodput(seed=0, epsilon=0.0)
+    # a long agent history (~16k tokens): re-prefilling it elsewhere costs more than waiting
+    history = [{"role": "system", "content": "Be brief. " * 300},
+               {"role": "user", "content": "Summarise the design. " * 2800}]
+    turn1 = RequestFeatures(model="m", domain=Domain.CHAT, prompt_tokens=16000, prefix=message_blocks(history))
+    first = policy.choose(turn1, views).backend
+    first.inflight += 3  # busier than the others now, yet its cache holds the conversation
+    history += [{"role": "assistant", "content": "It routes. " * 100}, {"role": "user", "content": "More?"}]
+    turn2 = RequestFeatures(model="m", domain=Domain.CHAT, prompt_tokens=16300, prefix=message_blocks(history))
+    again = policy.choose(turn2, views)
+    assert again.backend is first and "cached" in again.reason
+    other = RequestFeatures(model="m", domain=Domain.CHAT, prompt_tokens=16000,
+                            prefix=message_blocks([{"role": "user", "content": "Unrelated. " * 6000}]))
+    assert policy.choose(other, views).backend is not first  # nothing cached anywhere: the least loaded
+
+
+def test_a_forgotten_backend_holds_nothing() -> None:
+    cache = PrefixCache()
+    cache.of("a").record((1, 2, 3))
+    cache.of("b").record((1, 2))
+    assert cache.depths((1, 2, 3)) == {"a": 3, "b": 2}
+    cache.forget("a")
+    assert cache.depths((1, 2, 3)) == {"b": 2} and set(cache.index) == {1, 2}
