@@ -65,9 +65,11 @@ class ToolError(Exception):
 
 
 # ----------------------------------------------------------------- schema (pydantic) layer
+# The class names are SGLang's: pydantic tags union errors with the member's class name
+# ("ToolChoice"), and that tag is part of the error text a client sees.
 
 
-class _Function(BaseModel):
+class Function(BaseModel):
     description: str | None = Field(default=None)
     name: str
     parameters: object | None = None
@@ -86,23 +88,23 @@ class _Function(BaseModel):
         return data
 
 
-class _Tool(BaseModel):
+class Tool(BaseModel):
     type: str = Field(default="function")
-    function: _Function
+    function: Function
     defer_loading: bool | None = None
 
 
-class _ToolChoiceName(BaseModel):
+class ToolChoiceFuncName(BaseModel):
     name: str | None = None
 
 
-class _ToolChoice(BaseModel):
-    function: _ToolChoiceName
+class ToolChoice(BaseModel):
+    function: ToolChoiceFuncName
     type: Literal["function"] = Field(default="function")
 
 
-_TOOLS = TypeAdapter(list[_Tool] | None)
-_CHOICE = TypeAdapter(_ToolChoice | Literal["auto", "required", "none"])
+_TOOLS = TypeAdapter(list[Tool] | None)
+_CHOICE = TypeAdapter(ToolChoice | Literal["auto", "required", "none"])
 _CHAT_ENDPOINT = ('  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
                   'openai_v1_chat_completions\n    POST /v1/chat/completions')
 
@@ -135,7 +137,7 @@ def validate_tools(tools: Any, tool_choice: Any, messages_have_tools: bool = Fal
     `set_tool_choice_default`). Raises ToolError.
     """
     errors: list[dict[str, Any]] = []
-    parsed: list[_Tool] | None = None
+    parsed: list[Tool] | None = None
     try:
         parsed = _TOOLS.validate_python(tools)
     except ValidationError as e:
@@ -152,7 +154,7 @@ def validate_tools(tools: Any, tool_choice: Any, messages_have_tools: bool = Fal
     tool_list = parsed or []
     if isinstance(choice, str) and choice.lower() == "required" and not tool_list:
         raise ToolError("Tools cannot be empty if tool choice is set to required.", schema=False)
-    if isinstance(choice, _ToolChoice):
+    if isinstance(choice, ToolChoice):
         if not tool_list:
             raise ToolError("Tools cannot be empty if tool choice is set to a specific tool.",
                             schema=False)
@@ -168,7 +170,7 @@ def validate_tools(tools: Any, tool_choice: Any, messages_have_tools: bool = Fal
             raise ToolError(f"Tool {i} function has invalid 'parameters' schema: {problem}",
                             schema=False)
     resolved = ({"type": "function", "function": {"name": choice.function.name}}
-                if isinstance(choice, _ToolChoice) else choice)
+                if isinstance(choice, ToolChoice) else choice)
     return [t.model_dump() for t in tool_list], resolved
 
 
