@@ -34,6 +34,7 @@ class Connection(asyncio.Protocol):
         self.t_first = 0.0
         self.chunks = 0
         self.status = 0
+        self.reads = 0  # socket reads (data_received calls) for the current response
         self.closed: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -46,6 +47,7 @@ class Connection(asyncio.Protocol):
             self.closed.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1
         self.parser.feed_data(data)
 
     def on_headers_complete(self) -> None:
@@ -67,6 +69,7 @@ class Connection(asyncio.Protocol):
         self.t_first = 0.0
         self.chunks = 0
         self.status = 0
+        self.reads = 0
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(raw)  # type: ignore[union-attr]
         return self.waiter
@@ -84,7 +87,7 @@ async def connect(host: str, port: int) -> Connection:
 class LevelResult:
     """Raw samples of one closed-loop level."""
 
-    __slots__ = ("latencies", "ttfts", "chunks", "errors", "wall")
+    __slots__ = ("latencies", "ttfts", "chunks", "errors", "wall", "reads")
 
     def __init__(self) -> None:
         self.latencies: list[float] = []
@@ -92,6 +95,7 @@ class LevelResult:
         self.chunks = 0
         self.errors = 0
         self.wall = 0.0
+        self.reads = 0  # socket reads the answers took (the raw client counts them; 0 otherwise)
 
     @property
     def count(self) -> int:
@@ -128,6 +132,7 @@ async def closed_loop(
             if t_first:
                 ttft.append(t_first - t)
             res.chunks += chunks
+            res.reads += conn.reads
 
     await asyncio.gather(*(worker(c) for c in conns))
     res.wall = time.perf_counter() - t0

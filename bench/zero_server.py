@@ -45,10 +45,14 @@ def _event(obj: dict) -> bytes:
 
 def _chunk_obj(delta: dict, finish: str | None) -> dict:
     # The field set SGLang 0.5.x writes on every chat chunk (nulls included): realistic byte sizes.
-    return {"id": "5f2d7a0c9b1e4c3a8d6f0e1b2a3c4d5e", "object": "chat.completion.chunk", "created": 1767225600,
-            "model": "bench-model", "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                 "finish_reason": finish, "matched_stop": None}],
-            "usage": None}
+    return {
+        "id": "5f2d7a0c9b1e4c3a8d6f0e1b2a3c4d5e",
+        "object": "chat.completion.chunk",
+        "created": 1767225600,
+        "model": "bench-model",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+        "usage": None,
+    }
 
 
 class Answers:
@@ -59,24 +63,46 @@ class Answers:
         words = [f" w{i % 97}" for i in range(chunks)]
         text = "".join(words)
         usage = {"prompt_tokens": 12, "completion_tokens": chunks, "total_tokens": 12 + chunks}
-        full = {"id": "5f2d7a0c9b1e4c3a8d6f0e1b2a3c4d5e", "object": "chat.completion", "created": 1767225600,
-                "model": "bench-model",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                                     "tool_calls": None},
-                             "logprobs": None, "finish_reason": "length", "matched_stop": None}],
-                "usage": usage}
+        full = {
+            "id": "5f2d7a0c9b1e4c3a8d6f0e1b2a3c4d5e",
+            "object": "chat.completion",
+            "created": 1767225600,
+            "model": "bench-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None},
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "matched_stop": None,
+                }
+            ],
+            "usage": usage,
+        }
         body = _enc.encode(full)
-        self.full = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                     % len(body)) + body
-        self.stream_head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-                            b"transfer-encoding: chunked\r\n\r\n")
+        self.full = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+        ) + body
+        self.stream_head = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
         self.role = _event(_chunk_obj({"role": "assistant", "content": ""}, None))
-        self.content = [_event(_chunk_obj({"role": None, "content": w, "reasoning_content": None,
-                                           "tool_calls": None}, None)) for w in words]
-        self.finish = _event(_chunk_obj({"role": None, "content": None, "reasoning_content": None,
-                                         "tool_calls": None}, "length"))
-        usage_chunk = {"id": "5f2d7a0c9b1e4c3a8d6f0e1b2a3c4d5e", "object": "chat.completion.chunk",
-                       "created": 1767225600, "model": "bench-model", "choices": [], "usage": usage}
+        self.content = [
+            _event(_chunk_obj({"role": None, "content": w, "reasoning_content": None, "tool_calls": None}, None))
+            for w in words
+        ]
+        self.finish = _event(
+            _chunk_obj({"role": None, "content": None, "reasoning_content": None, "tool_calls": None}, "length")
+        )
+        usage_chunk = {
+            "id": "5f2d7a0c9b1e4c3a8d6f0e1b2a3c4d5e",
+            "object": "chat.completion.chunk",
+            "created": 1767225600,
+            "model": "bench-model",
+            "choices": [],
+            "usage": usage,
+        }
         self.usage = _event(usage_chunk)
         self.done = _event_raw(b"data: [DONE]\n\n") + b"0\r\n\r\n"
         self.ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
@@ -95,6 +121,7 @@ class Stats:
 
 
 _GOLDEN = 0.6180339887498949
+_paced_tasks: set[asyncio.Future[None]] = set()
 
 
 def _hold(mean_s: float) -> float:
@@ -154,7 +181,9 @@ class ZeroProtocol(asyncio.Protocol):
                 interval = float(opts.get("bench_interval_ms") or 0) / 1000
                 if hold or interval:
                     self.busy = True
-                    asyncio.ensure_future(self._paced(stream, b'"include_usage":true' in body, hold, interval))
+                    task = asyncio.ensure_future(self._paced(stream, b'"include_usage":true' in body, hold, interval))
+                    _paced_tasks.add(task)  # held until done: the loop keeps only a weak reference
+                    task.add_done_callback(_paced_tasks.discard)
                     return
             if not stream:
                 t.write(a.full)
@@ -175,8 +204,9 @@ class ZeroProtocol(asyncio.Protocol):
             t.write(a.ok)
         elif url == b"/stats":
             data = _enc.encode({"requests": Stats.requests, "chunks": Stats.chunks})
-            t.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(data), data))
+            t.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
+            )
         else:
             t.write(a.not_found)
 
@@ -225,8 +255,9 @@ async def serve(host: str, port: int, chunks: int, ready_fd: int | None = None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.zero_server", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.zero_server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8199)
     p.add_argument("--chunks", type=int, default=64, help="content chunks per streamed answer")
