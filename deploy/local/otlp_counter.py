@@ -15,6 +15,7 @@ so that it needs only the standard library.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import threading
@@ -159,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in servers[1:]:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     print(f"otlp_counter: listening on {', '.join(args.listen or ['0.0.0.0:4318'])}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         servers[0].serve_forever()
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -6,7 +6,8 @@ FROM ${BASE}
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && install -d -o prometheus -g prometheus /var/lib/prometheus/data
 # The package's own user and data directory; the compose command line sets the config file.
 USER prometheus
 WORKDIR /var/lib/prometheus
