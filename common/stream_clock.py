@@ -43,7 +43,6 @@ ignored, so servers that add fields (`sglext`, `logprobs`, `matched_stop`) decod
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 
 import msgspec
@@ -153,12 +152,16 @@ def decode_chunk(payload: bytes) -> Chunk:
     return _decoder.decode(payload)
 
 
-class Output(enum.IntFlag):
-    """What generated output one chunk carried."""
+class Output:
+    """What generated output one chunk carried: bits of an int (plain ints rather than an
+    enum.IntFlag, whose operators cost microseconds per chunk on a client's hot path)."""
 
     NONE = 0
     REASONING = 1  # non-empty delta.reasoning_content
     ANSWER = 2  # non-empty delta.content, delta.tool_calls, or completions text
+
+
+_REASONING, _ANSWER = Output.REASONING, Output.ANSWER
 
 
 def _tool_chars(calls: list[ToolCallDelta]) -> int:
@@ -169,26 +172,26 @@ def _tool_chars(calls: list[ToolCallDelta]) -> int:
     return n
 
 
-def chunk_output(chunk: Chunk) -> tuple[Output, int]:
+def chunk_output(chunk: Chunk) -> tuple[int, int]:
     """The kinds of generated output in a chunk (first choice; loadgen and the gateway send n = 1)
     and its length in characters (reasoning + content + tool-call name and arguments + text)."""
     if not chunk.choices:
-        return Output.NONE, 0
+        return 0, 0
     choice = chunk.choices[0]
     delta = choice.delta
     if delta is None:
         text = choice.text
-        return (Output.ANSWER, len(text)) if text else (Output.NONE, 0)
-    out = Output.NONE
+        return (_ANSWER, len(text)) if text else (0, 0)
+    out = 0
     chars = 0
     if delta.reasoning_content:
-        out |= Output.REASONING
+        out |= _REASONING
         chars += len(delta.reasoning_content)
     if delta.content:
-        out |= Output.ANSWER
+        out |= _ANSWER
         chars += len(delta.content)
     if delta.tool_calls:
-        out |= Output.ANSWER
+        out |= _ANSWER
         chars += _tool_chars(delta.tool_calls)
     return out, chars
 
@@ -234,12 +237,12 @@ class StreamClock(msgspec.Struct, kw_only=True):
     generated_chunks: int = 0
     marks: list[TokenMark] = msgspec.field(default_factory=list)
 
-    def observe(self, chunk: Chunk, now: float) -> Output:
+    def observe(self, chunk: Chunk, now: float) -> int:
         """Account one decoded chunk that arrived at `now`; returns what output it carried."""
         if chunk.error is not None:
             err = chunk.error
             self.error = StreamError(message=err) if isinstance(err, str) else err
-            return Output.NONE
+            return 0
         if chunk.usage is not None:
             self.usage = chunk.usage
         out, chars = chunk_output(chunk)
@@ -249,9 +252,9 @@ class StreamClock(msgspec.Struct, kw_only=True):
             return out
         if self.t_first is None:
             self.t_first = now
-        if out & Output.REASONING and self.t_first_reasoning is None:
+        if out & _REASONING and self.t_first_reasoning is None:
             self.t_first_reasoning = now
-        if out & Output.ANSWER and self.t_first_answer is None:
+        if out & _ANSWER and self.t_first_answer is None:
             self.t_first_answer = now
         self.t_last = now
         self.generated_chunks += 1
@@ -260,7 +263,7 @@ class StreamClock(msgspec.Struct, kw_only=True):
             self.marks.append(TokenMark(now, chars, cum))
         return out
 
-    def observe_payload(self, payload: bytes, now: float) -> Output:
+    def observe_payload(self, payload: bytes, now: float) -> int:
         """`observe(decode_chunk(payload), now)`; raises msgspec.DecodeError."""
         return self.observe(_decoder.decode(payload), now)
 

@@ -100,6 +100,16 @@ class _Token(msgspec.Struct, array_like=True):
     text: str = ""
 
 
+class _Step(msgspec.Struct, kw_only=True):
+    """One decode step: how many tokens it made and the text the parsers made of them."""
+
+    tokens: int
+    reasoning_tokens: int
+    reasoning: str
+    content: str
+    calls: list[_Token]
+
+
 class TestServer:
     """The aiohttp application plus its counters; `app` is ready to run."""
 
@@ -245,6 +255,8 @@ class _Exchange:
         cfg = server.config
         self.server, self.cfg, self.body, self.chat, self.rid = server, cfg, body, chat, rid
         self.model = body.get("model")
+        self.created = int(time.time())  # one per response, as SGLang's
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.n = int(body.get("max_tokens") or 16)
         words = _prompt_words(body)
         self.prompt_tokens = len(words)
@@ -279,12 +291,12 @@ class _Exchange:
         out += [_Token("content", _WORDS[i % 97]) for i in range(n - len(out))]
         return out
 
-    def _steps(self) -> list[list[_Token]]:
+    def _steps(self) -> list[_Step]:
         pattern = self.cfg.chunk_pattern or [max(1, self.cfg.tokens_per_chunk)]
         steps, i, cyc = [], 0, itertools.cycle(pattern)
         while i < len(self.tokens):
             k = max(1, next(cyc))  # a pattern starting with 1 imitates the prefill step's single token
-            steps.append(self.tokens[i : i + k])
+            steps.append(_step(self.tokens[i : i + k]))
             i += k
         return steps
 
@@ -342,30 +354,18 @@ class _Exchange:
         return web.Response(body=_enc.encode(out), content_type="application/json", headers=headers)
 
     def _frame(self, choices: list[Any], **extra: Any) -> bytes:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return (
-            b"data: "
-            + _enc.encode(
-                {
-                    "id": self.rid,
-                    "object": obj,
-                    "created": int(time.time()),
-                    "model": self.model,
-                    "choices": choices,
-                    **extra,
-                }
-            )
-            + b"\n\n"
-        )
+        chunk = {"id": self.rid, "object": self.obj, "created": self.created, "model": self.model, "choices": choices}
+        if extra:
+            chunk.update(extra)
+        return b"data: " + _enc.encode(chunk) + b"\n\n"
 
-    def _chat_frames(self, step: list[_Token], first: bool, usage: dict[str, Any] | None) -> list[bytes]:
+    def _chat_frames(self, step: _Step, first: bool, usage: dict[str, Any] | None) -> list[bytes]:
         """The frames of one step, in serving_chat.py's order and shapes."""
         out = []
         extra = {"usage": usage} if usage is not None else {}
         if first:
             out.append(self._frame([_choice({"reasoning_content": None, "role": "assistant", "content": ""})]))
-        reasoning = "".join(t.text for t in step if t.kind == "reasoning")
-        content = "".join(t.text for t in step if t.kind == "content")
+        reasoning, content = step.reasoning, step.content
         if reasoning and self.separate:
             out.append(self._frame([_choice({"reasoning_content": reasoning})], **extra))
         elif reasoning:
@@ -374,7 +374,7 @@ class _Exchange:
             if content:
                 out.append(self._frame([_choice({"reasoning_content": None, "content": content})], **extra))
             return out
-        for t in step:  # the tool-call path: pydantic-dumped chunks (serving_chat._process_tool_call_stream)
+        for t in step.calls:  # the tool-call path: pydantic-dumped chunks (serving_chat._process_tool_call_stream)
             if t.kind == "call_name":
                 call = {
                     "id": f"functions.{t.text}:0",
@@ -382,10 +382,8 @@ class _Exchange:
                     "type": "function",
                     "function": {"name": t.text, "arguments": ""},
                 }
-            elif t.kind == "call_args":
-                call = {"id": None, "index": 0, "type": "function", "function": {"name": None, "arguments": t.text}}
             else:
-                continue
+                call = {"id": None, "index": 0, "type": "function", "function": {"name": None, "arguments": t.text}}
             delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": [call]}
             out.append(self._frame([_choice(delta)], usage=usage))
         return out
@@ -402,15 +400,15 @@ class _Exchange:
         done = reasoning = chunks = 0
         steps = self._steps()
         for i, step in enumerate(steps):
-            done += len(step)
-            reasoning += sum(1 for t in step if t.kind in ("reasoning", "think_end"))
+            done += step.tokens
+            reasoning += step.reasoning_tokens
             usage = self._usage(done, reasoning) if continuous else None
             if self.chat:
                 frames = self._chat_frames(step, i == 0, usage)
                 n_out = len(frames) - (1 if i == 0 else 0)  # the role chunk carries no output
             else:
                 last = i == len(steps) - 1
-                text = "".join(t.text for t in step if t.kind == "content")
+                text = step.content
                 choice = {
                     "index": 0,
                     "text": text,
@@ -454,6 +452,28 @@ class _Exchange:
         if log is not None:
             self.server.steps.append(log)
         return resp
+
+
+def _step(tokens: list[_Token]) -> _Step:
+    reasoning, content, calls, n_reasoning = [], [], [], 0
+    for t in tokens:
+        kind = t.kind
+        if kind == "content":
+            content.append(t.text)
+        elif kind == "reasoning":
+            reasoning.append(t.text)
+            n_reasoning += 1
+        elif kind == "think_end":
+            n_reasoning += 1
+        elif kind != "eos":
+            calls.append(t)
+    return _Step(
+        tokens=len(tokens),
+        reasoning_tokens=n_reasoning,
+        reasoning="".join(reasoning),
+        content="".join(content),
+        calls=calls,
+    )
 
 
 def _choice(
