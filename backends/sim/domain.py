@@ -4,6 +4,15 @@ Acceptance in speculative decoding depends on what is being written (math and co
 predictable than open chat), so the twin needs a domain per prompt. These rules are the twin's
 own, deliberately independent of the gateway's classifier in `policies/`: the policy must learn
 from what the backend *does*, not from sharing the backend's code.
+
+Math is what asks for a computed answer: explicit math vocabulary (solve, equation, integral,
+probability, ...) or an ordinary word problem, i.e. quantities (numbers, money, units) together
+with a question or relation that needs arithmetic on them (how many / how much / how old / how
+long / how far, total, each, per, twice, half, more than, older than, left, average, percent).
+Ages, rates, travel, prices and work problems are math even without the word "solve". A number
+alone does not make math ("Plan a 3-day trip"), nor does a question without quantities.
+Code needs code vocabulary or code syntax and wins ties: code prompts often contain numbers; a
+prompt that contains code to complete (a definition, a fence, a doctest) is code outright.
 """
 
 from __future__ import annotations
@@ -15,37 +24,69 @@ __all__ = ["DOMAINS", "classify", "prompt_key", "prompt_variation"]
 
 DOMAINS: tuple[str, ...] = ("math", "code", "chat")
 
+_FLAGS = re.IGNORECASE | re.MULTILINE
+
 _CODE = re.compile(
-    r"```|\bdef |\bclass \w+\s*[:({]|\bimport |\breturn\b|\bfunction\b|\bpython\b|\bjavascript\b|"
-    r"\bbash\b|\bscript\b|\bshell\b|\bgo\b func|\bjson\b|\bunit tests?\b|\brefactor|"
-    r"\btypescript\b|\brust\b|\bjava\b|\bc\+\+|\bsql\b|\bcode\b|\bimplement\b|\bcompile|"
-    r"\bbug\b|\bregex\b|\balgorithm\b|\bprogram\b|\bsnippet\b|\bapi\b|\(\)|;\s*$|\{\s*$",
-    re.IGNORECASE | re.MULTILINE,
+    r"```|\bdef \w+\s*\(|\bclass \w+\s*[:({]|\bfrom [\w.]+ import\b|^\s*import \w+|>>> |\"\"\"|"
+    r"\breturn\b|\bfunction\b|"
+    r"\bpython\b|\bjavascript\b|\btypescript\b|\bbash\b|\bscript\b|\bshell\b|\bgolang\b|"
+    r"\bjson\b|\bunit tests?\b|\brefactor|\brust\b|\bjava\b|\bc\+\+|\bsql\b|\bcode\b|"
+    r"\bimplement\b|\bcompile|\bbug\b|\bregex\b|\balgorithm\b|\bprogram\b|\bsnippet\b|\bapi\b|"
+    r"\bstack trace\b|\bexception\b|\bvariable\b|\barray\b|\bstring\b|\binteger overflow\b|"
+    r"\w\(\)|;\s*$|\{\s*$|=>|->|\bfor \w+ in \b|\bwhile \(|\bconsole\.|\bprint\(",
+    _FLAGS,
 )
-_MATH = re.compile(
-    r"\bsolve\b|\bcalculate\b|\bcompute\b|\bequation\b|\bhow many\b|\bhow much\b|\bsum\b|"
-    r"\bproduct\b|\binteger\b|\bprove\b|\btheorem\b|\bprobability\b|\bderivative\b|\bintegral\b|"
-    r"\bmath\b|\bdivid|\bmultipl|\bpercent|\bfraction\b|\bremainder\b|\d+\s*[-+*/^=]\s*\d+|\$\d|"
-    r"\baverage\b|\bper hour\b|\btotal\b|\bratio\b|\bspeed\b|\barea\b|\bwidth\b|"
-    r"\breasoning\b|\bstep by step\b|\bfinal answer\b",
-    re.IGNORECASE,
+# code itself in the prompt (a definition to complete, a fence, a doctest): the answer is code
+_CODE_SYNTAX = re.compile(r"```|\bdef \w+\s*\(|\bclass \w+\s*[:({]|\bfrom [\w.]+ import\b|>>> |"
+                          r"\bfunction \w+\s*\(|\bfunc \w+\s*\(|\bfn \w+\s*\(", _FLAGS)
+# explicit mathematics: one of these is enough
+_MATH_WORDS = re.compile(
+    r"\bsolve\b|\bequation|\bcalculate\b|\bcompute\b|\bprove\b|\btheorem\b|\bprobability\b|"
+    r"\bderivative\b|\bintegral\b|\bfactorial\b|\bprime (number|factor)|\bpolynomial\b|"
+    r"\bremainder\b|\bfraction\b|\bmath\b|\barithmetic\b|\bgeometry\b|\balgebra\b|"
+    r"\bsquare root\b|\bperimeter\b|\barea of\b|\bvolume of\b|\bdivisible\b|\bgcd\b|\blcm\b|"
+    r"\d\s*[-+*/^×÷=]\s*\d|\b[xyn]\s*[-+*/^=]\s*\d|\bdigits?\b",
+    _FLAGS,
+)
+# a question or relation that needs arithmetic on the quantities
+_COMPUTE = re.compile(
+    r"\bhow (many|much|old|long|far|fast|often)\b|\bwhat (is|was|will be) the (total|sum|"
+    r"difference|product|average|cost|price|speed|distance|ratio|number)\b|\bin total\b|"
+    r"\baltogether\b|\btotal\b|\beach\b|\bper\b|\bevery\b|\btwice\b|\bthrice\b|\bhalf\b|"
+    r"\bdouble\b|\btriple\b|\btimes (as|more)\b|\b(more|less|fewer|older|younger|taller|"
+    r"shorter|faster|slower|cheaper) than\b|\bleft\b|\bremain|\baverage\b|\bpercent|%|"
+    r"\bdiscount\b|\binterest\b|\bprofit\b|\bshare[sd]? equally\b|\bsplit\b|\brate\b|"
+    r"\bspeed\b|\bearn|\bspend|\bspent\b|\bsave[sd]?\b|\bcosts?\b|\bpays?\b|\bpaid\b|"
+    r"\bfinish the (job|work)\b|\bworking together\b|\bwhen will\b|\bwhat time\b",
+    _FLAGS,
+)
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?![\w.])|\b(one|two|three|four|five|six|seven|"
+                     r"eight|nine|ten|twelve|twenty|hundred|thousand|dozen)\b", _FLAGS)
+_MONEY_UNITS = re.compile(
+    r"[$€£¥]\s*\d|\b\d+(?:\.\d+)?\s*(dollars?|cents?|euros?|pounds?|yen|years? old|years?|"
+    r"months?|weeks?|days?|hours?|minutes?|seconds?|miles?|km|kilometers?|meters?|feet|"
+    r"inches|kg|kilograms?|grams?|pounds?|liters?|litres?|gallons?|mph|km/h|%)\b",
+    _FLAGS,
 )
 
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
+def _math_score(text: str) -> int:
+    explicit = len(_MATH_WORDS.findall(text))
+    quantities = len(_NUMBER.findall(text)) + len(_MONEY_UNITS.findall(text))
+    compute = len(_COMPUTE.findall(text))
+    word_problem = quantities >= 1 and compute >= 1 and (quantities + compute) >= 3
+    return 2 * explicit + (min(quantities, 4) + min(compute, 4) if word_problem else 0)
 
 
 def classify(text: str) -> str:
-    """Domain of a prompt by keyword rules; code keywords weigh double (code prompts often
-    contain numbers and words like "total").
-
-    Several numbers in a prompt count as math evidence: word problems are mostly numbers.
-    """
-    code = 2 * len(_CODE.findall(text))  # code keywords are specific; numbers are not
-    math = len(_MATH.findall(text)) + (2 if len(_NUMBER.findall(text)) >= 3 else 0)
+    """Domain of a prompt by keyword rules (see the module docstring)."""
+    if _CODE_SYNTAX.search(text):
+        return "code"
+    code = 2 * len(_CODE.findall(text))  # code vocabulary is specific; numbers are not
+    math = _math_score(text)
     if code and code >= math:
         return "code"
-    if math:
+    if math >= 2:
         return "math"
     return "chat"
 
