@@ -20,6 +20,8 @@ def _parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("eval", help="evaluate the policies on the twin's engine, virtual clock (--scenario all)",
                    add_help=False)
+    sub.add_parser("plan", help="which N servers to run for a traffic: fleet search on the virtual clock",
+                   add_help=False)
     sub.add_parser("backends", help="launch profiles of the real SGLang servers: list/show/launch/systemd/check",
                    add_help=False)
     sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)",
@@ -46,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         from policies.eval.cli import main as eval_main
 
         return eval_main(argv[1:])
+    if argv and argv[0] == "plan":
+        from gateway.cli_plan import main as plan_main
+
+        return plan_main(argv[1:])
     if argv and argv[0] in ("backends", "config"):
         from gateway import cli_backends, cli_config
 

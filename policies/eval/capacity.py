@@ -20,8 +20,8 @@ from policies.eval.scenarios import Phase, Scenario
 
 __all__ = ["WARMUP_S", "MEASURE_S", "reference_rate", "server_capacity"]
 
-WARMUP_S = 60.0
-MEASURE_S = 240.0
+WARMUP_S = 45.0
+MEASURE_S = 150.0
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,11 +1,18 @@
 """`specroute eval`: run scenarios on the virtual clock, print tables, write `DIR/eval.json`.
 
-    specroute eval --scenario NAME|all --output DIR [--seed S] [--objective latency|throughput]
+    specroute eval --scenario NAME[,NAME...]|all --output DIR [--seed S] [--objective latency|throughput]
+                   [--fleet FLEET|plan|homogeneous ...] [--servers N] [--slo ttft=S,tpot=S]
 
-Writes `DIR/eval.json` (schema in `policies.eval.report`) and `DIR/eval.md` (a compact
-markdown table for the README). Without `--objective` both objectives run (goodput and clairvoyant once each). Exit status 0
-when the runs completed (targets are reported, not enforced: this is a benchmark), 2 on bad
-arguments.
+Writes `DIR/eval.json` (schema in `policies.eval.report`) and `DIR/eval.md` (markdown tables for
+docs/evaluation.md). Without `--objective` both objectives run (goodput and clairvoyant once each).
+
+`--fleet` (repeatable) runs each scenario on that fleet instead of its own pool
+(`policies.eval.fleet`: `2xk26-ddtree:b=16,2xk26-dflash`); `plan` is the fleet `specroute plan`
+picks for the scenario's traffic (open-loop scenarios), `homogeneous` every homogeneous fleet of
+`--servers` (default: the scenario's pool size) over plan's server types, behind specroute's and
+SGLang's router's policies. With `plan` and `homogeneous` both given, issue 16's fleet targets
+are checked (`policies.eval.fleet_targets`). Exit status 0 when the runs completed (targets are
+reported, not enforced: this is a benchmark), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -13,15 +20,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
+from policies.eval.fleet import FleetError, parse_fleet
 from policies.eval.report import markdown, print_scenario, print_targets, to_json, write_json
-from policies.eval.runner import run_scenario
-from policies.eval.scenarios import SCENARIOS
-from policies.eval.targets import check_targets
+from policies.eval.runner import ScenarioResult, on_fleet, run_scenario
+from policies.eval.scenarios import SCENARIOS, Scenario
+from policies.eval.slo import DEFAULT_SLO, SloError, parse_slo
+from policies.eval.targets import Target, check_targets
 from policies.goodput import OBJECTIVES
 
 __all__ = ["main", "parser"]
+
+# On a homogeneous fleet the contestants that matter: the SGLang router's policies (the user's
+# alternative), specroute's, and the clairvoyant references the ratios need.
+HOMOGENEOUS_CONTESTANTS = ("least_inflight", "goodput/latency", "sglang/round_robin", "sglang/power_of_two",
+                           "sglang/least_load", "sglang/cache_aware", "clairvoyant/e2e")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,12 +46,45 @@ def parser() -> argparse.ArgumentParser:
         prog="specroute eval",
         description="Evaluate routing policies against the twin's engine on a virtual clock.")
     ap.add_argument("--scenario", default="all",
-                    help=f"scenario name or 'all' (known: {', '.join(SCENARIOS)})")
+                    help=f"scenario name(s), comma-separated, or 'all' (known: {', '.join(SCENARIOS)})")
     ap.add_argument("--output", required=True, type=Path, help="directory for eval.json")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--objective", choices=OBJECTIVES, default=None,
                     help="run goodput/clairvoyant for this objective only (default: both)")
+    ap.add_argument("--fleet", action="append", default=[],
+                    help="run on this fleet (repeatable): FLEET, 'plan' or 'homogeneous'")
+    ap.add_argument("--servers", type=int, default=None,
+                    help="fleet size for --fleet plan/homogeneous (default: the scenario's pool size)")
+    ap.add_argument("--slo", default=None, help=f"ttft=S,tpot=S in seconds (default {DEFAULT_SLO.label})")
     return ap
+
+
+def _fleets_for(scenario: Scenario, specs: list[str], servers: int | None, seed: int,
+                log: Callable[[str], None]) -> list[tuple[str, str]]:
+    """(role, fleet) pairs: role is 'own', 'given', 'plan' or 'homogeneous'."""
+    from policies.eval.plan import DEFAULT_TYPES
+
+    n = servers or sum(m.count for m in parse_fleet(",".join(scenario.pool)))
+    out: list[tuple[str, str]] = []
+    for spec in specs or ["own"]:
+        if spec == "own":
+            out.append(("own", ",".join(scenario.pool)))
+        elif spec == "homogeneous":
+            out += [("homogeneous", f"{n}x{t}") for t in DEFAULT_TYPES]
+        elif spec == "plan":
+            from policies.eval.plan import plan
+            from policies.eval.traffic import Traffic
+
+            if not scenario.open_loop:
+                raise FleetError(f"--fleet plan needs an open-loop scenario; {scenario.name} is closed loop")
+            log(f"planning {n} servers for {scenario.name} ...")
+            res = plan(n, Traffic(name=scenario.name, scenario=scenario, rates=tuple(None for _ in scenario.phases)),
+                       seed=seed, log=log)
+            out.append(("plan", res.ranked[0].fleet))
+        else:
+            parse_fleet(spec)
+            out.append(("given", spec))
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -49,20 +99,56 @@ def main(argv: list[str]) -> int:
         print(f"specroute eval: unknown scenario {unknown[0]!r} (known: all, {', '.join(SCENARIOS)})",
               file=sys.stderr)
         return 2
+    try:
+        slo = parse_slo(args.slo) if args.slo is not None else DEFAULT_SLO
+        for spec in args.fleet:
+            if spec not in ("plan", "homogeneous"):
+                parse_fleet(spec)
+        if args.servers is not None and not 1 <= args.servers <= 16:
+            raise FleetError(f"--servers {args.servers}: between 1 and 16")
+    except (SloError, FleetError) as e:
+        print(f"specroute eval: {e}", file=sys.stderr)
+        return 2
     objectives = [args.objective] if args.objective else list(OBJECTIVES)
     primary = objectives[0]
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     t0 = time.perf_counter()
-    results = []
+    results: list[ScenarioResult] = []
+    groups: dict[str, list[tuple[str, ScenarioResult]]] = {}
     for name in names:
-        res = run_scenario(SCENARIOS[name], seed=args.seed, objectives=objectives, primary=primary)
-        print_scenario(res, sys.stdout)
-        sys.stdout.flush()
-        results.append(res)
-    targets = check_targets(results)
+        scenario = SCENARIOS[name]
+        try:
+            fleets = _fleets_for(scenario, args.fleet, args.servers, args.seed, log)
+        except FleetError as e:
+            print(f"specroute eval: {e}", file=sys.stderr)
+            return 2
+        for role, fleet in fleets:
+            moved = scenario if role == "own" else on_fleet(scenario, fleet)
+            only = HOMOGENEOUS_CONTESTANTS if role == "homogeneous" else None
+            res = run_scenario(moved, seed=args.seed, objectives=objectives, primary=primary, slo=slo, only=only)
+            if len(fleets) > 1:
+                res = msgspec.structs.replace(res, name=f"{name}@{res.fleet}")
+            print_scenario(res, sys.stdout)
+            sys.stdout.flush()
+            results.append(res)
+            groups.setdefault(name, []).append((role, res))
+    targets: list[Target] = check_targets([r for r in results if "@" not in r.name])
+    extra: list[str] = []
+    fleets_doc: dict = {}
+    if any(role == "plan" for g in groups.values() for role, _ in g):
+        from policies.eval.fleet_targets import check_fleet_targets, fleet_table
+
+        fleet_t, fleets_doc = check_fleet_targets(groups, args.seed)
+        targets += fleet_t
+        extra = fleet_table(groups)
     print_targets(targets, sys.stdout)
     path = args.output / "eval.json"
-    write_json(path, to_json(results, targets, seed=args.seed, objectives=objectives, primary=primary))
-    (args.output / "eval.md").write_text(markdown(results, targets, seed=args.seed))
+    write_json(path, to_json(results, targets, seed=args.seed, objectives=objectives, primary=primary,
+                             fleets=fleets_doc))
+    (args.output / "eval.md").write_text(markdown(results, targets, seed=args.seed, extra=extra))
     print(f"\nwrote {path} and eval.md ({time.perf_counter() - t0:.1f} s)")
     return 0
 

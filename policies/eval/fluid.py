@@ -24,7 +24,9 @@ measures. A rate no allocation can carry scores 0.
 from __future__ import annotations
 
 import functools
+import heapq
 import random
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -37,7 +39,7 @@ from policies.eval.fleet import Member
 from policies.eval.scenarios import Phase, Scenario
 from policies.eval.workload import Mix, draw_session, single_request
 
-__all__ = ["GRID", "TypeCurve", "fleet_value", "type_curve"]
+__all__ = ["GRID", "PhaseGrid", "TypeCurve", "fleet_value", "request_rates", "type_curve"]
 
 GRID = 48  # points of a type's curve between 0 and its saturation rate
 SAMPLE_SESSIONS = 240
@@ -97,77 +99,130 @@ class TypeCurve(msgspec.Struct, frozen=True, kw_only=True):
         return float(np.interp(x, self.rates, self.values))
 
 
+def request_rates(member: Member, scenario: Scenario, phase: Phase, x: float) -> np.ndarray | None:
+    """Each sampled request's decode tok/s on a server of `member` serving x requests/s of the
+    phase (the load Little's law gives), in sample order; None beyond saturation."""
+    rates = _rates_at(member, msgspec.json.encode(phase), scenario.min_tokens, scenario.max_tokens, round(x, 6))
+    return np.array(rates) if rates is not None else None
+
+
+@functools.lru_cache(maxsize=512)
+def _rates_at(member: Member, phase_json: bytes, min_tokens: int, max_tokens: int, x: float
+              ) -> tuple[float, ...] | None:
+    model = _model(member, phase_json, min_tokens, max_tokens)
+    n = model.load_for(x)
+    return None if n is None else tuple(model.rates(n))
+
+
 def type_curve(member: Member, scenario: Scenario, phase: Phase) -> TypeCurve:
     return _curve(member, msgspec.json.encode(phase), scenario.min_tokens, scenario.max_tokens)
 
 
-@functools.lru_cache(maxsize=512)
-def _curve(member: Member, phase_json: bytes, min_tokens: int, max_tokens: int) -> TypeCurve:
-    engine = Engine(member.build_profile(), seed=0)
-    reasoning = engine.profile.reasoning
-    samples = _samples(phase_json, min_tokens, max_tokens, msgspec.json.encode(reasoning))
-    m = engine.profile.max_accept_drafts
-    acc = np.array([expected_accept(engine.accept_prob(s.domain, s.key, temperature=s.temperature,
-                                                       context_tokens=s.prompt) * member.accept_scale, m)
-                    for s in samples])
-    prefill = np.array([engine.prefill_time(s.prompt - s.cached, 1, s.cached) for s in samples])
-    tokens = np.array([float(s.tokens) for s in samples])
-    kv_mean = float(np.mean([s.prompt + s.tokens / 2 for s in samples]))
-    reserve = float(np.mean([s.prompt + s.tokens for s in samples]))
-    cap = engine.max_running
-    n_max = max(1.0, min(float(cap), engine.profile.max_total_num_tokens / reserve))
+class _Model:
+    """One server type on one phase's sampled requests: rates and Little's-law load."""
 
-    def at_load(n: float) -> tuple[float, float]:
+    def __init__(self, member: Member, phase_json: bytes, min_tokens: int, max_tokens: int) -> None:
+        engine = Engine(member.build_profile(), seed=0)
+        samples = _samples(phase_json, min_tokens, max_tokens, msgspec.json.encode(engine.profile.reasoning))
+        m = engine.profile.max_accept_drafts
+        self.engine = engine
+        self.acc = np.array([expected_accept(engine.accept_prob(s.domain, s.key, temperature=s.temperature,
+                                                                context_tokens=s.prompt) * member.accept_scale, m)
+                             for s in samples])
+        self.prefill = np.array([engine.prefill_time(s.prompt - s.cached, 1, s.cached) for s in samples])
+        self.tokens = np.array([float(s.tokens) for s in samples])
+        self.kv_mean = float(np.mean([s.prompt + s.tokens / 2 for s in samples]))
+        reserve = float(np.mean([s.prompt + s.tokens for s in samples]))
+        self.cap = engine.max_running
+        self.n_max = max(1.0, min(float(self.cap), engine.profile.max_total_num_tokens / reserve))
+
+    def rates(self, n: float) -> np.ndarray:
+        b = max(1, min(round(n), self.cap))
+        return self.acc / self.engine.step_time(b, kv_tokens=int(b * self.kv_mean))
+
+    def at_load(self, n: float) -> tuple[float, float]:
         """(mean request tok/s, mean request time) with n requests in flight."""
-        b = max(1, min(round(n), cap))
-        step = engine.step_time(b, kv_tokens=int(b * kv_mean))
-        rate = acc / step
-        return float(np.mean(rate)), float(np.mean(prefill + tokens / rate))
+        rate = self.rates(n)
+        return float(np.mean(rate)), float(np.mean(self.prefill + self.tokens / rate))
 
-    def load_for(x: float) -> float | None:
-        lo, hi = 0.0, n_max
-        if x * at_load(hi)[1] > hi:
+    def load_for(self, x: float) -> float | None:
+        if x <= 0:
+            return 1.0
+        lo, hi = 0.0, self.n_max
+        if x * self.at_load(hi)[1] > hi:
             return None
         for _ in range(30):
             mid = (lo + hi) / 2
-            if x * at_load(mid)[1] > mid:
+            if x * self.at_load(mid)[1] > mid:
                 lo = mid
             else:
                 hi = mid
         return hi
 
+
+@functools.lru_cache(maxsize=512)
+def _model(member: Member, phase_json: bytes, min_tokens: int, max_tokens: int) -> _Model:
+    return _Model(member, phase_json, min_tokens, max_tokens)
+
+
+@functools.lru_cache(maxsize=512)
+def _curve(member: Member, phase_json: bytes, min_tokens: int, max_tokens: int) -> TypeCurve:
+    model = _model(member, phase_json, min_tokens, max_tokens)
     # saturation: the largest x whose Little's-law load fits under n_max
-    sat = n_max / at_load(n_max)[1]
+    sat = model.n_max / model.at_load(model.n_max)[1]
     rates = [sat * j / GRID for j in range(GRID + 1)]
     values = []
     for x in rates:
-        n = load_for(x) if x > 0 else 1.0
-        values.append(x * at_load(n if n is not None else n_max)[0])
+        n = model.load_for(x)
+        values.append(x * model.at_load(n if n is not None else model.n_max)[0])
     return TypeCurve(rates=tuple(rates), values=tuple(values), saturation_rps=sat)
+
+
+class PhaseGrid:
+    """Each type's curve sampled at multiples of rate / STEPS, for valuing many fleets on one phase."""
+
+    def __init__(self, curves: Sequence[TypeCurve], rate: float) -> None:
+        self.rate = rate
+        h = rate / STEPS if rate > 0 else 0.0
+        self.marginals: list[list[float]] = []
+        for c in curves:
+            if h <= 0:
+                self.marginals.append([])
+                continue
+            steps = min(STEPS, int(c.saturation_rps / h + 1e-9))
+            xs = np.arange(steps + 1) * h
+            f = np.interp(xs, c.rates, c.values)
+            self.marginals.append(list(np.diff(f)))
+
+    def value(self, counts: Sequence[int]) -> float:
+        """Mean request tok/s with counts[t] servers of type t: STEPS increments of the rate, each
+        to the server whose F grows most (greedy water-filling); 0 if the rate does not fit."""
+        if self.rate <= 0:
+            return 0.0
+        heap = []
+        for t, k in enumerate(counts):
+            m = self.marginals[t]
+            if k and m:
+                for s in range(k):
+                    heap.append((-m[0], t, s, 0))
+        heapq.heapify(heap)
+        total = 0.0
+        for _ in range(STEPS):
+            if not heap:
+                return 0.0
+            neg, t, s, j = heapq.heappop(heap)
+            total -= neg
+            m = self.marginals[t]
+            if j + 1 < len(m):
+                heapq.heappush(heap, (-m[j + 1], t, s, j + 1))
+        return total / self.rate
 
 
 def fleet_value(curves: list[tuple[int, TypeCurve]], rate: float) -> float:
     """Mean request tok/s of `rate` requests/s over k servers of each curve's type, split by
     water-filling; 0 when no split can carry the rate."""
-    if rate <= 0:
-        return 0.0
-    x = [0.0] * len(curves)
-    f = [0.0] * len(curves)
-    step = rate / STEPS
-    for _ in range(STEPS):
-        best, best_gain, best_f = -1, -np.inf, 0.0
-        for i, (k, c) in enumerate(curves):
-            nf = c.value_at(x[i] + step / k)
-            if nf is None:
-                continue
-            gain = k * (nf - f[i])
-            if gain > best_gain:
-                best, best_gain, best_f = i, gain, nf
-        if best < 0:
-            return 0.0
-        x[best] += step / curves[best][0]
-        f[best] = best_f
-    return sum(k * fv for (k, _), fv in zip(curves, f, strict=False)) / rate
+    grid = PhaseGrid([c for _, c in curves], rate)
+    return grid.value([k for k, _ in curves])
 
 
 def mix_of(phase: Phase) -> Mix:

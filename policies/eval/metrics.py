@@ -21,6 +21,9 @@ requests of the previous phase drain during the first seconds of the next one (a
 to 1 client, seven requests finish in the first seconds of the 1-client phase and would count
 for ~10% of its tokens), and how much is left to drain depends on the previous phase's routing,
 not on this one's. The first phase is measured from t=0: its cold start is part of the result.
+An open-loop phase starts from a drained fleet (`policies.eval.sim`) and is measured from
+`OPEN_SETTLE_S` after its start (a quarter of it at most), once its queues have filled to their
+steady state; the cold start of the run is reported on its own (`ScenarioResult.cold_start`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from policies.eval.slo import DEFAULT_SLO, SLO
 __all__ = ["SETTLE_S", "PhaseMetrics", "metric_of", "phase_metrics", "window_series"]
 
 SETTLE_S = 10.0
+OPEN_SETTLE_S = 30.0  # an open-loop phase starts from a drained fleet: skip its fill-up
 
 
 class PhaseMetrics(msgspec.Struct, kw_only=True):
@@ -77,20 +81,24 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
                   settle_s: float = SETTLE_S, slo: SLO = DEFAULT_SLO) -> list[PhaseMetrics]:
     starts: list[float] = []  # measured window of each phase: [start, end)
     ends: list[float] = []
+    begins: list[float] = []  # when each phase began
     t = 0.0
+    began = run.phase_starts if len(run.phase_starts) == len(scenario.phases) else None
     for i, ph in enumerate(scenario.phases):
-        starts.append(t + (min(settle_s, ph.duration_s / 2) if i else 0.0))
-        t += ph.duration_s
+        t0 = began[i] if began is not None else t
+        settle = min(OPEN_SETTLE_S, ph.duration_s / 4) if ph.open_loop else (
+            min(settle_s, ph.duration_s / 2) if i else 0.0)
+        begins.append(t0)
+        starts.append(t0 + settle)
+        t = t0 + ph.duration_s
         ends.append(t)
     n = len(ends)
     open_loop = [ph.open_loop for ph in scenario.phases]
 
     def index(when: float) -> int | None:
-        """Phase whose measured window holds `when`, or None in a settling stretch or the drain."""
-        if when >= ends[-1]:
-            return None
-        i = min(bisect.bisect_right(ends, when), n - 1)
-        return i if when >= starts[i] else None
+        """Phase whose measured window holds `when`, or None in a settling stretch or a drain."""
+        i = bisect.bisect_right(starts, when) - 1
+        return i if i >= 0 and when < ends[i] else None
 
     tokens = [0] * n
     for when, k in run.tokens_at:
@@ -111,7 +119,7 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
             judged[i].append(r)
     for r in (*run.records, *run.failed):
         if r.backend:
-            j = min(bisect.bisect_right(ends, r.t_send), n - 1)
+            j = max(bisect.bisect_right(begins, r.t_send) - 1, 0)
             sent[j][r.backend] = sent[j].get(r.backend, 0) + 1
     out = []
     for i in range(n):

@@ -24,16 +24,20 @@ best: within 3%, issue 16).
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
+import multiprocessing
+import os
 import time
 from collections.abc import Callable, Sequence
 
 import msgspec
 
 from policies.eval.fleet import FleetError, Member, fleet_label, parse_member
-from policies.eval.fluid import fleet_value, type_curve
+from policies.eval.fluid import PhaseGrid, fleet_value, type_curve
 from policies.eval.metrics import PhaseMetrics, phase_metrics
 from policies.eval.runner import contestants
+from policies.eval.scenarios import Scenario
 from policies.eval.sim import fleet_servers, simulate
 from policies.eval.slo import DEFAULT_SLO, SLO
 from policies.eval.traffic import Traffic
@@ -47,9 +51,12 @@ DEFAULT_TYPES: tuple[str, ...] = ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddt
 # (~7 min), then the drafter, CUDA-graph capture and warm-up (~8 min).
 RESTART_S = 15 * 60.0
 MAX_SERVERS = 16
+RESHAPE_HINT = 0.03  # a phase's own best fleet is simulated when the fluid model puts it this far ahead
 MIXED_POLICIES = ("goodput/latency", "goodput/throughput")
-HOMOGENEOUS_POLICIES = ("goodput/latency", "least_inflight", "sglang/round_robin", "sglang/power_of_two",
-                        "sglang/least_load", "sglang/cache_aware")
+# The SGLang router's policies that can win on a homogeneous fleet: cache_aware (prefix affinity)
+# and least_load (queued work); round_robin and power_of_two never beat least_inflight here (the
+# evaluation runs all four, `specroute eval`).
+HOMOGENEOUS_POLICIES = ("goodput/latency", "least_inflight", "sglang/least_load", "sglang/cache_aware")
 
 
 class PhaseFigures(msgspec.Struct, kw_only=True):
@@ -112,6 +119,32 @@ class PlanResult(msgspec.Struct, kw_only=True):
     exhaustive_best: FleetFigures | None = None
 
 
+class _Task(msgspec.Struct, frozen=True):
+    """One simulation: a fleet (pool strings) under one policy on some phases at given rates."""
+
+    scenario: Scenario
+    rates: tuple[float, ...]
+    policy: str
+    seed: int
+    slo: SLO
+
+
+def _run(task: _Task) -> list[PhaseMetrics]:
+    names = [s.name for s in fleet_servers(task.scenario)]
+    _, factory = contestants(names, ("latency", "throughput"), task.seed, statics={})[task.policy]
+    run = simulate(task.scenario, factory, seed=task.seed, phase_rates=list(task.rates))
+    return phase_metrics(run, task.scenario, names, slo=task.slo)
+
+
+def _map(tasks: Sequence[_Task], jobs: int) -> list[list[PhaseMetrics]]:
+    """Run the simulations, in `jobs` worker processes when there is more than one."""
+    if jobs <= 1 or len(tasks) <= 1:
+        return [_run(t) for t in tasks]
+    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        return list(pool.map(_run, tasks))
+
+
 def compositions(n_types: int, n: int) -> list[tuple[int, ...]]:
     """Every way to put n servers on n_types types (counts per type)."""
     out = []
@@ -141,7 +174,7 @@ def _phase_score(m: PhaseMetrics, objective: str) -> float:
 
 class _Planner:
     def __init__(self, n: int, traffic: Traffic, *, slo: SLO, types: Sequence[str], objective: str,
-                 sample_s: float, seed: int, log: Callable[[str], None]) -> None:
+                 sample_s: float, seed: int, log: Callable[[str], None], jobs: int = 1) -> None:
         if not 1 <= n <= MAX_SERVERS:
             raise FleetError(f"--servers must be between 1 and {MAX_SERVERS}, got {n}")
         if objective not in ("tok_s", "goodput"):
@@ -166,22 +199,19 @@ class _Planner:
         self.rates = [traffic.rate_of(i, n) for i in range(len(self.phases))]
         self.spans = [p.span_s for p in self.phases]
         self.simulated = 0
+        self.jobs = jobs
 
     # ------------------------------------------------------------------ fluid
-    def fluid_by_phase(self, counts: Sequence[int]) -> list[float]:
-        curves_by_phase = []
-        for i, ph in enumerate(self.phases):
-            curves = [(k, type_curve(t, self.base, ph)) for t, k in zip(self.types, counts, strict=False) if k]
-            curves_by_phase.append(fleet_value(curves, self.rates[i]))
-        return curves_by_phase
+    def grids(self) -> list[PhaseGrid]:
+        return [PhaseGrid([type_curve(t, self.base, ph) for t in self.types], self.rates[i])
+                for i, ph in enumerate(self.phases)]
 
     def weighted(self, values: Sequence[float], spans: Sequence[float] | None = None) -> float:
         spans = self.spans if spans is None else spans
         return sum(v * s for v, s in zip(values, spans, strict=False)) / sum(spans)
 
     # --------------------------------------------------------------- simulate
-    def simulate(self, counts: Sequence[int], policy: str, phase_index: int | None = None
-                 ) -> list[PhaseMetrics]:
+    def task(self, counts: Sequence[int], policy: str, phase_index: int | None = None) -> _Task:
         members = _members(self.types, counts)
         pool = tuple(m.label if m.count == 1 else f"{m.count}x{m.label}" for m in members)
         scenario = msgspec.structs.replace(self.base, pool=pool)
@@ -189,47 +219,69 @@ class _Planner:
         if phase_index is not None:
             scenario = msgspec.structs.replace(scenario, phases=(self.phases[phase_index],))
             rates = [self.rates[phase_index]]
-        names = [s.name for s in fleet_servers(scenario)]
-        table = contestants(names, ("latency", "throughput"), self.seed, statics={})
-        _, factory = table[policy]
-        run = simulate(scenario, factory, seed=self.seed, phase_rates=rates)
-        self.simulated += 1
-        return phase_metrics(run, scenario, names, slo=self.slo)
+        return _Task(scenario=scenario, rates=tuple(rates), policy=policy, seed=self.seed, slo=self.slo)
 
-    def figures(self, counts: Sequence[int], fluid: float) -> FleetFigures:
-        homogeneous = sum(1 for k in counts if k) == 1
-        tried: dict[str, tuple[float, list[PhaseMetrics]]] = {}
-        for policy in (HOMOGENEOUS_POLICIES if homogeneous else MIXED_POLICIES):
-            ms = self.simulate(counts, policy)
-            tried[policy] = (self.weighted([_phase_score(m, self.objective) for m in ms]), ms)
-        policy, (score, ms) = max(tried.items(), key=lambda kv: kv[1][0])
-        label = _label(self.types, counts)
-        self.log(f"  simulated {label}: best {policy} {score:.2f} "
-                 f"({', '.join(f'{p} {s:.1f}' for p, (s, _) in tried.items())})")
-        return FleetFigures(
-            fleet=label, policy=policy, score=score, fluid=fluid, homogeneous=homogeneous,
-            policies_tried={p: round(s, 3) for p, (s, _) in tried.items()},
-            phases={ph.name: PhaseFigures(
-                score=_phase_score(m, self.objective), request_tok_s=m.mean_request_tok_s,
-                slo_attainment=m.slo_attainment, goodput_rps=m.goodput_rps, ttft_p99_ms=m.p99_ttft_ms,
-                e2e_p99_s=m.p99_e2e_s, shed=m.shed, arrived=m.arrived) for ph, m in zip(self.phases, ms, strict=False)})
+    def run_all(self, tasks: Sequence[_Task]) -> list[list[PhaseMetrics]]:
+        self.simulated += len(tasks)
+        return _map(tasks, self.jobs)
+
+    def figures_all(self, fleets: Sequence[tuple[tuple[int, ...], float]]) -> dict[tuple[int, ...], FleetFigures]:
+        """Simulate each fleet under each of its candidate policies (in parallel) and keep the best."""
+        jobs: list[tuple[tuple[int, ...], str]] = []
+        for counts, _ in fleets:
+            homogeneous = sum(1 for k in counts if k) == 1
+            jobs += [(counts, pol) for pol in (HOMOGENEOUS_POLICIES if homogeneous else MIXED_POLICIES)]
+        results = self.run_all([self.task(c, pol) for c, pol in jobs])
+        tried: dict[tuple[int, ...], dict[str, tuple[float, list[PhaseMetrics]]]] = {}
+        for (counts, pol), ms in zip(jobs, results, strict=True):
+            tried.setdefault(counts, {})[pol] = (self.weighted([_phase_score(m, self.objective) for m in ms]), ms)
+        out = {}
+        for counts, fluid in fleets:
+            policy, (score, ms) = max(tried[counts].items(), key=lambda kv: kv[1][0])
+            label = _label(self.types, counts)
+            self.log(f"  simulated {label}: best {policy} {score:.2f} "
+                     f"({', '.join(f'{p} {s:.1f}' for p, (s, _) in tried[counts].items())})")
+            out[counts] = FleetFigures(
+                fleet=label, policy=policy, score=score, fluid=fluid,
+                homogeneous=sum(1 for k in counts if k) == 1,
+                policies_tried={p: round(s, 3) for p, (s, _) in tried[counts].items()},
+                phases={ph.name: PhaseFigures(
+                    score=_phase_score(m, self.objective), request_tok_s=m.mean_request_tok_s,
+                    slo_attainment=m.slo_attainment, goodput_rps=m.goodput_rps, ttft_p99_ms=m.p99_ttft_ms,
+                    e2e_p99_s=m.p99_e2e_s, shed=m.shed, arrived=m.arrived)
+                    for ph, m in zip(self.phases, ms, strict=True)})
+        return out
 
     # ---------------------------------------------------------------- reshape
     def reshape(self, winner_counts: Sequence[int], winner: FleetFigures, fluid: dict[tuple[int, ...], list[float]],
                 restart_s: float) -> Reshape:
+        winner_counts = tuple(winner_counts)
+        best_of = [max(fluid, key=lambda c, i=i: fluid[c][i]) for i in range(len(self.phases))]
+        # like for like: both fleets on the phase alone (cold caches and estimates for both)
+        jobs: list[tuple[int, tuple[int, ...], str]] = []
+        for i, best in enumerate(best_of):
+            # worth a simulation only where the fluid model sees a clear gain for the phase
+            if best == winner_counts or fluid[best][i] < (1 + RESHAPE_HINT) * fluid[winner_counts][i]:
+                best_of[i] = winner_counts
+                continue
+            jobs.append((i, winner_counts, winner.policy))
+            policies = ("goodput/latency", "sglang/cache_aware") if sum(1 for k in best if k) == 1 else MIXED_POLICIES
+            jobs += [(i, best, pol) for pol in policies]
+        results = self.run_all([self.task(c, pol, phase_index=i) for i, c, pol in jobs])
+        alone: dict[tuple[int, tuple[int, ...]], float] = {}
+        for (i, c, _), ms in zip(jobs, results, strict=True):
+            alone[(i, c)] = max(alone.get((i, c), -1.0), _phase_score(ms[0], self.objective))
         schedule: list[tuple[tuple[int, ...], float]] = []
         for i, ph in enumerate(self.phases):
-            best = max(fluid, key=lambda c: fluid[c][i])
+            best = best_of[i]
             base_score = winner.phases[ph.name].score
-            if tuple(best) == tuple(winner_counts):
-                schedule.append((tuple(winner_counts), base_score))
+            if best == winner_counts:
+                schedule.append((winner_counts, base_score))
                 continue
-            policy = "goodput/latency"
-            ms = self.simulate(best, policy, phase_index=i)
-            s = _phase_score(ms[0], self.objective)
-            if sum(1 for k in best if k) == 1:  # a homogeneous choice may do better behind its own router
-                s = max(s, _phase_score(self.simulate(best, "sglang/cache_aware", phase_index=i)[0], self.objective))
-            schedule.append((best, s) if s > base_score else (tuple(winner_counts), base_score))
+            mine, cand = alone[(i, winner_counts)], alone[(i, best)]
+            s = base_score * cand / mine if mine > 0 else 0.0
+            self.log(f"  reshape {ph.name}: {_label(self.types, best)} {cand:.1f} vs {winner.fleet} {mine:.1f} alone")
+            schedule.append((best, s) if s > base_score else (winner_counts, base_score))
         switches: list[Switch] = []
         total = sum(self.spans)
         value = sum(s * span for (_, s), span in zip(schedule, self.spans, strict=False))
@@ -290,13 +342,16 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
 
 
 def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[str] = DEFAULT_TYPES,
-         objective: str = "tok_s", shortlist: int = 4, homogeneous: int = 2, sample_s: float = 90.0,
+         objective: str = "tok_s", shortlist: int = 3, homogeneous: int = 2, sample_s: float = 90.0,
          seed: int = 0, restart_s: float = RESTART_S, exhaustive: bool = False,
-         log: Callable[[str], None] = lambda s: None) -> PlanResult:
+         jobs: int | None = None, log: Callable[[str], None] = lambda s: None) -> PlanResult:
     t0 = time.perf_counter()
-    p = _Planner(n, traffic, slo=slo, types=types, objective=objective, sample_s=sample_s, seed=seed, log=log)
+    jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
+    p = _Planner(n, traffic, slo=slo, types=types, objective=objective, sample_s=sample_s, seed=seed, log=log,
+                 jobs=jobs)
     combos = compositions(len(p.types), n)
-    fluid_phase = {c: p.fluid_by_phase(c) for c in combos}
+    grids = p.grids()
+    fluid_phase = {c: [g.value(c) for g in grids] for c in combos}
     fluid = {c: p.weighted(v) for c, v in fluid_phase.items()}
     ordered = sorted(combos, key=lambda c: -fluid[c])
     homog = [c for c in ordered if sum(1 for k in c if k) == 1]
@@ -304,7 +359,7 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
     picked = homog[:homogeneous] + mixed[:shortlist]
     log(f"fluid model: {len(combos)} compositions of {n} servers over {len(p.types)} types; "
         f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked))
-    figures = {c: p.figures(c, fluid[c]) for c in picked}
+    figures = p.figures_all([(c, fluid[c]) for c in picked])
     ranked = sorted(figures.values(), key=lambda f: -f.score)
     best_h = max((f for f in ranked if f.homogeneous), key=lambda f: f.score)
     for f in ranked:
@@ -314,7 +369,7 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
     exhaustive_best = None
     if exhaustive:
         log(f"exhaustive: simulating all {len(combos)} compositions")
-        everything = {c: figures.get(c) or p.figures(c, fluid[c]) for c in combos}
+        everything = {**p.figures_all([(c, fluid[c]) for c in combos if c not in figures]), **figures}
         exhaustive_best = max(everything.values(), key=lambda f: f.score)
     return PlanResult(
         servers=n, traffic=traffic.name, objective=objective, slo=slo, types=[t.label for t in p.types],

@@ -23,6 +23,12 @@ a 503 before any byte reached the client, and then counts the request shed. A sh
 session. Open-loop scenarios run past the last phase until what is in flight has finished (at
 most `DRAIN_S`), so the last phase's requests are measured too; what is still unfinished then is
 recorded as such. No HTTP, no sleeping: minutes of traffic run in seconds.
+
+Open-loop phases are independent samples of steady traffic (a day's stretch of hours is simulated
+for minutes): at a phase's end arrivals stop, sessions send no further turns, and what is in
+flight finishes (at most `DRAIN_S`; the rest is aborted and recorded unfinished) before the next
+phase starts. A backlog built in a simulated minute of peak would otherwise weigh on hours of the
+next stretch. The policy, the servers' caches and the clock carry over, as in one long run.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from policies.eval.workload import Mix, Session, Turn, draw_session, single_requ
 
 __all__ = ["DRAIN_S", "MODEL", "RequestRecord", "RunResult", "build_engines", "fleet_servers", "simulate"]
 
-_STEP, _POLL, _PEER_POLL, _DEGRADE, _PHASE, _ARRIVAL, _TURN = range(7)
+_STEP, _POLL, _PEER_POLL, _DEGRADE, _PHASE, _ARRIVAL, _TURN, _PHASE_END, _DRAIN_DEADLINE = range(9)
 MODEL = "eval-model"
 DRAIN_S = 300.0
 
@@ -105,6 +111,7 @@ class RunResult(msgspec.Struct, kw_only=True):
     duration_s: float
     failed: list[RequestRecord] = []  # shed and unfinished requests
     phase_rates: list[float] = []  # open-loop request rate per phase (0 for closed loop)
+    phase_starts: list[float] = []  # when each phase began (open loop: after the previous one drained)
 
 
 class _Backend:
@@ -201,14 +208,20 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         seq += 1
         heapq.heappush(heap, (t, seq, kind, payload))
 
-    t_phase = 0.0
-    starts = []
-    for i, ph in enumerate(scenario.phases):
-        starts.append(t_phase)
-        push(t_phase, _PHASE, i)
-        t_phase += ph.duration_s
-    end = t_phase
-    stop = end + (DRAIN_S if scenario.open_loop else 0.0)
+    independent = scenario.open_loop
+    starts: list[float] = []
+    if independent:
+        push(0.0, _PHASE, 0)
+        end = math.inf  # known when the last phase has drained
+    else:
+        t_phase = 0.0
+        for i, ph in enumerate(scenario.phases):
+            starts.append(t_phase)
+            push(t_phase, _PHASE, i)
+            t_phase += ph.duration_s
+        end = t_phase
+    accepting = True  # open loop: False while a phase drains
+    draining = False
     push(0.0, _POLL, None)
     peer_poll = getattr(policy, "update_loads", None)
     choose_turn = getattr(policy, "choose_turn", None)  # the clairvoyant reads the turn itself
@@ -268,7 +281,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
 
     def end_stream(stream: _Stream) -> None:
         c = stream.client
-        if c is None or now >= end:
+        if c is None or now >= end or not accepting:
             return
         if c < target and not scenario.phases[phase].open_loop:
             start(c)
@@ -353,18 +366,32 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             features=f.features))
         finished.append(rec)
         stream = f.stream
-        if stream.next_turn < len(stream.session.turns) and now < end:
+        if stream.next_turn < len(stream.session.turns) and now < end and accepting:
             delay = 0.0 if ignore_delays else stream.session.turns[stream.next_turn].delay_s
             push(now + delay, _TURN, stream)
         else:
             end_stream(stream)
 
+    def next_phase() -> None:
+        """Open loop: the drained phase is over; the next one starts now (or the run ends)."""
+        nonlocal draining, accepting, end
+        draining = False
+        for f in list(inflight.values()):  # past the drain deadline: aborted, counted unfinished
+            f.backend.engine.abort(str(f.rec.rid))
+            touch(f.backend)
+            f.backend.view.inflight -= 1
+            f.rec.status = "unfinished"
+            failed.append(f.rec)
+        inflight.clear()
+        if phase + 1 < len(scenario.phases):
+            push(now, _PHASE, phase + 1)
+        else:
+            end = now
+
     while heap:
         t, _, kind, payload = heapq.heappop(heap)
-        if t > stop:
+        if t > end:
             break
-        if t > end and kind != _STEP:
-            continue  # draining: no new requests, no polls
         now = t
         if kind == _STEP:
             b, res = payload
@@ -386,19 +413,30 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
                     complete(f)
             tokens_at.append((now, total))
             kick(b)
-            if now > end and not inflight:
-                break
+            if draining and not inflight:
+                next_phase()
         elif kind == _TURN:
-            if now < end:
+            if now < end and accepting:
                 send(payload)
         elif kind == _ARRIVAL:
             ph_index, when = payload
-            if ph_index == phase and arrivals is not None:
+            if ph_index == phase and arrivals is not None and accepting:
                 start(None)
                 arrived += 1
                 nxt = arrivals.next_after(when)
                 if nxt < starts[phase] + scenario.phases[phase].duration_s:
                     push(nxt, _ARRIVAL, (phase, nxt))
+        elif kind == _PHASE_END:
+            accepting = False
+            arrivals = None
+            if inflight:
+                draining = True
+                push(now + DRAIN_S, _DRAIN_DEADLINE, payload)
+            else:
+                next_phase()
+        elif kind == _DRAIN_DEADLINE:
+            if draining and payload == phase:
+                next_phase()
         elif kind == _PHASE:
             ph = scenario.phases[payload]
             domains = list(ph.domains)
@@ -406,6 +444,10 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             phase = payload
             arrived = 0
             arrivals = None
+            if independent:
+                starts.append(now)
+                accepting = True
+                push(now + ph.duration_s, _PHASE_END, phase)
             if ph.open_loop:
                 target = 0
                 mix = ph.mix or Mix()
@@ -449,5 +491,6 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
     for f in inflight.values():
         f.rec.status = "unfinished"
         failed.append(f.rec)
-    return RunResult(records=finished, tokens_at=tokens_at, duration_s=end, failed=failed,
-                     phase_rates=[r if math.isfinite(r) else 0.0 for r in rates])
+    return RunResult(records=finished, tokens_at=tokens_at, duration_s=end if math.isfinite(end) else now,
+                     failed=failed, phase_rates=[r if math.isfinite(r) else 0.0 for r in rates],
+                     phase_starts=starts)

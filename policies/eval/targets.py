@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from policies.eval.runner import ScenarioResult
+from policies.eval.runner import PhaseResult, ScenarioResult
 
 __all__ = ["Target", "check_targets"]
 
@@ -76,7 +76,10 @@ def _speedup_target(by_name: dict[str, ScenarioResult]) -> Target:
         split = sum(c.best_split_request_tok_s for c in ceilings) / len(ceilings) / mean_li
         bound = sum(c.bound_request_tok_s for c in ceilings) / len(ceilings) / mean_li
         ceiling = f"; best fixed split {split:.2f}x, no policy above {bound:.2f}x"
-    per_phase = [f"{r.name}/{ph.name}: {ph.policies['goodput/latency'].mean_request_tok_s / ph.policies['least_inflight'].mean_request_tok_s:.2f}x"
+    def gain(ph: PhaseResult) -> float:
+        return ph.policies["goodput/latency"].mean_request_tok_s / ph.policies["least_inflight"].mean_request_tok_s
+
+    per_phase = [f"{r.name}/{ph.name}: {gain(ph):.2f}x"
                  for r in runs for ph in r.phases if ph.policies["least_inflight"].mean_request_tok_s > 0]
     return Target(name=name, holds=phase_ratio >= SPEEDUP,
                   value=f"phase-mean {phase_ratio:.2f}x, request-weighted {req_ratio:.2f}x{ceiling}",
@@ -108,7 +111,8 @@ def _recovery_target(by_name: dict[str, ScenarioResult]) -> list[Target]:
     out = []
     for obj, rec in (res.recovery.items() if res else ()):
         t = rec["recovery_s"]
-        out.append(Target(name=f"goodput/{obj} back to {RATIO} x clairvoyant within {RECOVERY_S:.0f} s after the degrade drop",
+        out.append(Target(name=f"goodput/{obj} back to {RATIO} x clairvoyant within {RECOVERY_S:.0f} s after the "
+                               "degrade drop",
                           holds=t is not None and t <= RECOVERY_S,
                           value="never" if t is None else f"{t:.0f} s",
                           detail=[f"+{w:.0f}s: {r:.3f}" for w, r in rec["ratios"]]))
