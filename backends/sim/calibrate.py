@@ -1,4 +1,5 @@
-"""`specroute sim calibrate`: the twin against every reference figure R1-R8 of STUDIES.md.
+"""`specroute sim calibrate`: the twin against every reference figure R1-R8 of STUDIES.md, and
+(calibrate_axes.py) one row per traffic axis with its published or derived source figure.
 
 Each figure is measured through a *driver* (anything with `level(profile, concurrency,
 num_requests, max_tokens, domain) -> LevelResult`): the engine on a virtual clock for all of
@@ -171,7 +172,10 @@ def main(argv: list[str]) -> int:
         args = p.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
+    from backends.sim.calibrate_axes import axis_checks
+
     checks = evaluate(EngineDriver())  # the engine is fast: always the full figure set
+    checks.extend(axis_checks())  # thinking, tools' costs, cache, temperature, context
     if not args.no_http:
         from backends.sim.http_driver import HttpDriver
 

@@ -91,6 +91,8 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str,
                max_tokens: int) -> _Record:
     body = {"model": "default", "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "stream": True, "return_spec_tokens_details": True,
+            # the studies' benchmarks decode greedily; SGLang's default would be 1.0
+            "temperature": 0,
             "stream_options": {"include_usage": True}}
     rec = _Record(start=time.perf_counter())
     async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
