@@ -89,8 +89,9 @@ def _records(out: Path) -> list[dict]:
 def test_thinking_tools_and_sessions_against_a_k26_twin(twin_factory, tmp_path: Path) -> None:
     """The issue-15 axes on the real twin (kimi_k2 reasoning and tool parsers, cache report):
     thinking on and off, tool-calling requests, multi-turn sessions; exact tokens per chunk all along."""
-    url = twin_factory("k26-dflash", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
-                       "--enable-cache-report")
+    url = twin_factory(
+        "k26-dflash", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-cache-report"
+    )
     common = ("--target", url, "--concurrency", "2", "--num-prompts", "4", "--no-plots", "--no-progress")
 
     think = tmp_path / "think"
@@ -116,8 +117,19 @@ def test_thinking_tools_and_sessions_against_a_k26_twin(twin_factory, tmp_path: 
     assert lv["median_ttft_answer_ms"] == lv["median_ttft_ms"]
 
     tools = tmp_path / "tools"
-    p = _run(*common, "--dataset", "tools", "--num-prompts", "6", "--max-tokens", "300", "--thinking", "off",
-             "--output", str(tools))
+    p = _run(
+        *common,
+        "--dataset",
+        "tools",
+        "--num-prompts",
+        "6",
+        "--max-tokens",
+        "300",
+        "--thinking",
+        "off",
+        "--output",
+        str(tools),
+    )
     assert p.returncode == 0, p.stderr
     lv = _level(tools)
     assert lv["completed"] == 6 and lv["token_count_mismatches"] == 0
@@ -127,8 +139,19 @@ def test_thinking_tools_and_sessions_against_a_k26_twin(twin_factory, tmp_path: 
         assert (r["finish_reason"] == "tool_calls") == (r["tool_calls"] >= 1)
 
     sessions = tmp_path / "sessions"
-    p = _run(*common, "--dataset", "sessions", "--max-turns", "3", "--max-tokens", "120", "--thinking", "off",
-             "--output", str(sessions))
+    p = _run(
+        *common,
+        "--dataset",
+        "sessions",
+        "--max-turns",
+        "3",
+        "--max-tokens",
+        "120",
+        "--thinking",
+        "off",
+        "--output",
+        str(sessions),
+    )
     assert p.returncode == 0, p.stderr
     lv = _level(sessions)
     assert lv["sessions"] == 4 and lv["completed"] == 12 and [t["turn"] for t in lv["turns"]] == [0, 1, 2]
