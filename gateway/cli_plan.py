@@ -63,8 +63,9 @@ def parser() -> argparse.ArgumentParser:
                     help="also simulate every composition and report how far the plan's pick is from the best")
     ap.add_argument("--verify", action="store_true",
                     help="run the winner and the best homogeneous fleet over HTTP with twins, gateway and loadgen")
-    ap.add_argument("--verify-time-scale", type=float, default=0.1,
-                    help="twins run at this fraction of real time during --verify (default 0.1)")
+    ap.add_argument("--verify-time-scale", type=float, default=0.5,
+                    help="each simulated second takes this many wall seconds during --verify (default 0.5; "
+                         "smaller is faster but needs CPU headroom for twins, gateway and loadgen)")
     return ap
 
 

@@ -192,7 +192,7 @@ class PhaseGrid:
             steps = min(STEPS, int(c.saturation_rps / h + 1e-9))
             xs = np.arange(steps + 1) * h
             f = np.interp(xs, c.rates, c.values)
-            self.marginals.append(list(np.diff(f)))
+            self.marginals.append([float(v) for v in np.diff(f)])
 
     def value(self, counts: Sequence[int]) -> float:
         """Mean request tok/s with counts[t] servers of type t: STEPS increments of the rate, each
@@ -215,7 +215,7 @@ class PhaseGrid:
             m = self.marginals[t]
             if j + 1 < len(m):
                 heapq.heappush(heap, (-m[j + 1], t, s, j + 1))
-        return total / self.rate
+        return float(total / self.rate)
 
 
 def fleet_value(curves: list[tuple[int, TypeCurve]], rate: float) -> float:

@@ -41,6 +41,7 @@ from policies.eval.traffic import Traffic
 __all__ = ["TOLERANCE", "VerifyResult", "print_verify", "verify"]
 
 TOLERANCE = 0.15
+CPU_BOUND = 3.0  # HTTP e2e p99 this many times the virtual clock's: the processes could not keep up
 SERVED_MODEL = "kimi-k2.6"
 PHASE_S = 90.0
 
@@ -179,3 +180,8 @@ def print_verify(v: VerifyResult, out: TextIO) -> None:
                   f"{r.virtual_e2e_p99_s:6.1f}/{r.http_e2e_p99_s:<6.1f} {r.http_errors:6d}\n")
     out.write(f"winner / homogeneous: virtual {v.virtual_ratio:.3f}, http {v.http_ratio:.3f} ({100 * v.diff:+.1f}%): "
               f"{'agrees' if v.agrees else 'DISAGREES'} within {TOLERANCE:.0%}\n")
+    slow = max((r.http_e2e_p99_s / r.virtual_e2e_p99_s for r in v.runs if r.virtual_e2e_p99_s > 0), default=1.0)
+    if slow > CPU_BOUND:
+        out.write(f"warning: e2e p99 over HTTP is {slow:.1f}x the virtual clock's: the twins, gateway and loadgen "
+                  "look CPU-bound at this acceleration (each simulated second runs in "
+                  f"{v.time_scale} s); rerun with a larger --verify-time-scale or on a less busy machine\n")

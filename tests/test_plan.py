@@ -1,0 +1,115 @@
+"""`specroute plan`: fleet search on the virtual clock, its bad-input errors and traffic files."""
+
+import json
+
+import pytest
+
+from gateway.cli_plan import main
+from policies.eval.plan import compositions, plan
+from policies.eval.traffic import TrafficError, load_traffic
+
+TINY = [
+    {"settings": {"min_tokens": 64, "max_tokens": 128}},
+    {"name": "quiet", "hours": 6, "load": 0.25, "domains": {"math": 1}},
+    {"name": "busy", "hours": 2, "rate": 6.0, "domains": {"chat": 1, "code": 1}},
+]
+
+
+def _traffic(tmp_path, rows, name="traffic.jsonl"):
+    path = tmp_path / name
+    path.write_text("# a comment line\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_compositions_are_every_way_to_fill_n_servers():
+    assert sorted(compositions(2, 3)) == [(0, 3), (1, 2), (2, 1), (3, 0)]
+    assert len(compositions(6, 8)) == 1287  # C(13, 5)
+    assert all(sum(c) == 4 for c in compositions(5, 4))
+
+
+def test_a_tiny_plan_ranks_fleets_against_the_best_homogeneous_and_matches_exhaustive_search(tmp_path):
+    traffic = load_traffic(str(_traffic(tmp_path, TINY)))
+    assert traffic.rates == (None, 6.0)
+    res = plan(2, traffic, types=("k26-ar", "k26-dflash"), sample_s=30.0, jobs=1, exhaustive=True)
+    assert res.compositions == 3 and res.servers == 2
+    labels = [f.fleet for f in res.ranked]
+    assert set(labels) == {"2xk26-ar", "2xk26-dflash", "k26-ar,k26-dflash"}
+    assert [f.score for f in res.ranked] == sorted((f.score for f in res.ranked), reverse=True)
+    best_h = res.best_homogeneous
+    assert best_h.homogeneous and best_h.margin == pytest.approx(0.0)
+    for f in res.ranked:
+        assert f.margin == pytest.approx(f.score / best_h.score - 1)
+        assert set(f.phases) == {"quiet", "busy"}
+    # AR decodes ~26 tok/s per request, DFlash several times that: an AR-only fleet is last
+    assert res.ranked[-1].fleet == "2xk26-ar"
+    assert res.rates_rps["busy"] == 6.0 and res.spans_s == {"quiet": 6 * 3600.0, "busy": 2 * 3600.0}
+    assert res.exhaustive_best is not None and res.ranked[0].score >= 0.97 * res.exhaustive_best.score
+    assert any("restart" in a for a in res.assumptions) and any("fractions" in a for a in res.assumptions)
+    assert res.reshape is not None and set(res.reshape.schedule) == {"quiet", "busy"}
+
+
+def test_plan_cli_prints_the_ranking_and_what_it_assumed(tmp_path, capsys):
+    path = _traffic(tmp_path, TINY)
+    out_dir = tmp_path / "out"
+    assert main(["--servers", "2", "--traffic", str(path), "--types", "k26-ar,k26-dflash", "--sample-s", "30",
+                 "--jobs", "1", "--output", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "winner:" in out and "vs best homog." in out and "assumed:" in out and "over the day:" in out
+    doc = json.loads((out_dir / "plan.json").read_text())
+    assert doc["servers"] == 2 and doc["ranked"][0]["fleet"] in out
+
+
+def test_plan_help_says_what_is_assumed(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Assumes" in out and "restart" in out and "--slo" in out
+
+
+@pytest.mark.parametrize(("args", "culprit"), [
+    (["--servers", "0", "--traffic", "day"], "--servers 0"),
+    (["--servers", "99", "--traffic", "day"], "--servers 99"),
+    (["--servers", "2", "--traffic", "day", "--types", "k26-dflash,k26-nope"], "unknown profile 'k26-nope'"),
+    (["--servers", "2", "--traffic", "day", "--types", "2xk26-dflash"], "take no count"),
+    (["--servers", "2", "--traffic", "day", "--slo", "ttft=fast"], "ttft='fast'"),
+    (["--servers", "2", "--traffic", "day", "--slo", "latency=3"], "latency=3"),
+    (["--servers", "2", "--traffic", "no-such-traffic"], "unknown traffic 'no-such-traffic'"),
+    (["--servers", "2", "--traffic", "missing/file.jsonl"], "no such traffic file"),
+])
+def test_bad_input_is_refused_naming_the_culprit(args, culprit, capsys):
+    assert main(args) == 2
+    assert culprit in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("lines", "line", "culprit"), [
+    (['{"name": "a", "load": 0.5}', '{"name": "b", "load": 0.5'], 3, "not JSON"),
+    (['{"name": "a", "load": 0.5, "speed": 3}'], 2, "unknown key 'speed'"),
+    (['{"name": "a"}'], 2, "exactly one of rate"),
+    (['{"name": "a", "rate": -1}'], 2, "rate must be a positive number"),
+    (['{"name": "a", "load": 0.5}', '{"name": "a", "load": 0.4}'], 3, "used twice"),
+    (['{"name": "a", "load": 0.5, "domains": {"poetry": 1}}'], 2, "unknown domain 'poetry'"),
+    (['{"name": "a", "load": 0.5, "mix": {"chat": 2}}'], 2, "mix.chat"),
+    (['{"name": "a", "load": 0.5, "mix": {"vibes": 1}}'], 2, "vibes"),
+    (['{"name": "a", "load": 0.5, "arrival": "closed"}'], 2, "open loop"),
+    (['{"name": "a", "load": 0.5}', '{"settings": {"min_tokens": 8}}'], 3, "comes first"),
+    (['{"settings": {"color": 1}}'], 2, "unknown setting 'color'"),
+    (['[1, 2]'], 2, "JSON object"),
+])
+def test_traffic_file_errors_give_the_file_and_line(tmp_path, lines, line, culprit):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("# header\n" + "\n".join(lines) + "\n")
+    with pytest.raises(TrafficError) as err:
+        load_traffic(str(path))
+    assert f"{path}:{line}:" in str(err.value) and culprit in str(err.value)
+
+
+def test_an_empty_traffic_file_is_refused(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("# nothing\n\n")
+    with pytest.raises(TrafficError, match="no phases"):
+        load_traffic(str(path))
+
+
+def test_named_traffic_is_an_open_loop_scenario():
+    t = load_traffic("day")
+    assert len(t.scenario.phases) == 8 and all(r is None for r in t.rates)
+    assert sum(p.span_s for p in t.scenario.phases) == 24 * 3600
