@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint install install-dev clean bench-loadgen soak bench bench-instructions
+.PHONY: demo test lint install install-dev clean bench-loadgen soak bench bench-instructions bench-routers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ bench-instructions: install
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self
+
+# specroute beside SGLang's router and LiteLLM on the same twins; the peers get venvs of their own
+# (.venv-bench/), created on first use. Table on stdout, JSON in bench/routers/results/.
+bench-routers: install
+	$(BIN)/python -m bench.routers
 
 clean:
 	rm -rf $(VENV) build *.egg-info

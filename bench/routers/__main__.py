@@ -1,0 +1,3 @@
+from bench.routers.run import main
+
+raise SystemExit(main())
