@@ -1,4 +1,5 @@
-"""loadgen: the specroute load generator (HTTP only; imports nothing from the other packages).
+"""loadgen: the specroute load generator (HTTP only; imports nothing from gateway/, backends/ or
+policies/; the stream clock and percentiles come from the neutral common/).
 
 Public API:
 - `print_table(summary)`: side-by-side table of a summary.json (path, dict or Summary).

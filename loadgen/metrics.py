@@ -1,29 +1,26 @@
 """Metric definitions: what one request measured, and what a level of requests adds up to.
 
-Definitions (the README repeats them; names match SGLang's bench_serving where meanings match):
+docs/metrics.md has every definition; in short (names match SGLang's bench_serving where the
+meanings match):
 
-- TTFT: send -> arrival of the first chunk with non-empty content (`delta.content`,
-  `delta.reasoning_content`, or completions `text`); the empty role chunk does not count.
-  Non-streamed requests: TTFT = E2E (the whole answer is the first content).
-- E2E latency: send -> end of the response body.
-- Output tokens n: the server's `usage.completion_tokens`; the client-side count (content
-  chunks, each of which holds at least one token) is the fallback and the cross-check.
+- A streamed request is timed by the shared stream clock (`common/stream_clock.py`): TTFT to the
+  first generated token of any kind (reasoning, content, tool call, completions text), to the first
+  reasoning and to the first answer token; decode tok/s = (n - 1) / (last - first generated chunk).
+  Non-streamed requests: every first-token time = E2E (the whole answer is the first output).
+- Output tokens n: the server's `usage.completion_tokens`; the client-side count (generated chunks)
+  is the fallback and the cross-check. Reasoning and cached tokens come from usage too.
 - TPOT = (E2E - TTFT) / (n - 1), for n > 1 and streamed requests.
-- ITL per token: tokens per chunk are the server's (cumulative `usage` on each chunk when the
-  server sends continuous usage; otherwise the server's n split over the content chunks, at least
-  one token each, otherwise in proportion to the chunk's text length, largest remainder). A chunk
-  carrying k tokens after a gap g since the previous content chunk contributes k samples of g/k.
-  Tokens that arrive with the first token add no sample (they are part of TTFT), so ITL samples
-  sum to (last - first content arrival). Raw chunk gaps would overstate ITL by the accept length
-  under speculation. Level percentiles pool the samples of all successful requests.
-- Single-request output tok/s = n / E2E per request; `mean_request_output_throughput` is its mean.
-- Decode tok/s = (n - 1) / (last - first content arrival), as in DESIGN.md.
+- ITL per token: a chunk carrying k tokens after a gap g since the previous chunk with tokens
+  contributes k samples of g/k; the first chunk adds none (its tokens are part of TTFT). k is exact
+  from continuous usage (`chunk_token_counts`); without it the server's n is split over the chunks
+  by text length (`apportion`), and the record says which (`itl_token_counts`). Raw chunk gaps
+  would overstate ITL by the accept length under speculation. Level percentiles pool the samples.
 - Aggregate output tok/s = total output tokens of successful requests / level wall time, the
   wall time running from the first send to the last response end of the level.
 - Accept length = n / spec_verify_ct from `sglext.spec_tokens_details` (per request); per level,
-  sum(n) / sum(spec_verify_ct) over requests that reported it; null when none did. The same
-  ratio per prompt domain is `accept_length_by_domain`.
-- Percentiles interpolate linearly between order statistics (numpy's default).
+  sum(n) / sum(spec_verify_ct) over requests that reported it; null when none did.
+- Sessions: per-turn figures (`TurnLevel`) over the requests of each turn index.
+- Percentiles: `common/percentile.py` (linear interpolation, numpy's default).
 """
 
 from __future__ import annotations

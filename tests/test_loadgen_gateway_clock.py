@@ -84,6 +84,8 @@ def test_gateway_and_loadgen_time_a_thinking_stream_alike(tmp_path: Path) -> Non
         logged = _access_log(output(gw))
     records = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert len(records) == 3
+    level = json.loads((out / "summary.json").read_text())["runs"][0]["levels"][0]
+    assert level["itl_token_counts"] == "usage"  # per-chunk usage passes through the gateway
     ttft, decode = [], []
     for r in records:
         g = logged[r["request_id"]]
