@@ -33,7 +33,7 @@ from loadgen.datasets import (
     check_messages,
     check_sampling,
     first_turn,
-    read_text,
+    read_bytes,
 )
 
 USER_SPEAKERS = frozenset({"human", "user"})
@@ -61,9 +61,10 @@ _entry_decoder = msgspec.json.Decoder(_Entry)
 _raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def entries_with_lines(text: str, where: str) -> list[tuple[int, bytes]]:
-    """The entries of a JSON array or JSONL file, each with the line it starts on (1-based)."""
-    data = text.encode()
+def entries_with_lines(data: bytes, where: str) -> list[tuple[int, bytes]]:
+    """The entries of a JSON array or JSONL file, each with the line it starts on (1-based). Bytes
+    throughout: a ShareGPT dump runs to hundreds of MB, and a str of it would be 1-4x that again
+    (invalid UTF-8 is caught where each entry is decoded, with its line)."""
     if data.lstrip()[:1] == b"[":
         try:
             raws = _raw_list_decoder.decode(data)
@@ -76,7 +77,7 @@ def entries_with_lines(text: str, where: str) -> list[tuple[int, bytes]]:
             pos = at + len(chunk)
             out.append((data.count(b"\n", 0, at) + 1, chunk))
         return out
-    return [(n, line.encode()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    return [(n, line) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
 
 
 def _line_of_error(data: bytes, err: msgspec.DecodeError) -> str:
@@ -88,11 +89,11 @@ def _line_of_error(data: bytes, err: msgspec.DecodeError) -> str:
 
 
 def parse_sessions(
-    text: str, where: str, *, default_domain: str, max_turns: int | None = None
+    data: bytes, where: str, *, default_domain: str, max_turns: int | None = None
 ) -> tuple[list[Session], Counter[str]]:
     sessions: list[Session] = []
     skipped: Counter[str] = Counter()
-    for lineno, raw in entries_with_lines(text, where):
+    for lineno, raw in entries_with_lines(data, where):
         at = f"{where}:{lineno}"
         try:
             entry = _entry_decoder.decode(raw)
@@ -159,18 +160,18 @@ def _speaker_role(speaker: str, at: str, index: int) -> str:
 
 def load_sessions(path: Path, max_turns: int | None = None) -> tuple[list[Session], Counter[str]]:
     """`sessions:PATH`: every conversation of the file, replayed turn by turn."""
-    return parse_sessions(read_text(path), str(path), default_domain="sessions", max_turns=max_turns)
+    return parse_sessions(read_bytes(path), str(path), default_domain="sessions", max_turns=max_turns)
 
 
 def load_sharegpt(path: Path) -> tuple[list[Prompt], Counter[str]]:
     """`sharegpt:PATH`: the first user turn of each conversation, as single requests."""
-    sessions, skipped = parse_sessions(read_text(path), str(path), default_domain="sharegpt")
+    sessions, skipped = parse_sessions(read_bytes(path), str(path), default_domain="sharegpt")
     return [first_turn(s) for s in sessions], skipped
 
 
 def builtin_sessions(max_turns: int | None = None) -> tuple[list[Session], Counter[str]]:
-    text = resources.files("loadgen").joinpath("data", "sessions.jsonl").read_text("utf-8")
-    return parse_sessions(text, "<built-in sessions>", default_domain="chat", max_turns=max_turns)
+    data = resources.files("loadgen").joinpath("data", "sessions.jsonl").read_bytes()
+    return parse_sessions(data, "<built-in sessions>", default_domain="chat", max_turns=max_turns)
 
 
 def session_messages(session: Session, history: list[Message], turn: int) -> tuple[Message, ...]:

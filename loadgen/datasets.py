@@ -195,6 +195,13 @@ def _interleave(groups: Sequence[Sequence[Prompt]]) -> list[Prompt]:
     return out
 
 
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"cannot read dataset {path}: {e.strerror or e}") from None
+
+
 def read_text(path: Path) -> str:
     try:
         return path.read_text("utf-8")

@@ -288,3 +288,13 @@ def test_malformed_dataset_sends_nothing(tmp_path: Path) -> None:
     p, requests = asyncio.run(main())
     assert p.returncode == 2 and requests == 0
     assert f"{f}:3:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_invalid_utf8_in_a_conversation_file_names_the_entry_line(tmp_path: Path) -> None:
+    f = tmp_path / "c.json"
+    f.write_bytes(
+        b'[\n {"conversations": [{"from": "human", "value": "a"}]},\n'
+        b' {"conversations": [{"from": "human", "value": "\xff"}]}\n]\n'
+    )
+    with pytest.raises(DatasetError, match=r"c\.json:3: .*UTF-8"):
+        load_dataset(f"sessions:{f}")
