@@ -118,7 +118,6 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     acceptance: AcceptanceModel | None = None
     temperature: TemperatureModel | None = None  # acceptance vs sampling temperature
     reasoning: ReasoningModel | None = None  # a thinking model behind a reasoning parser
-    tool_call_parser: str | None = None  # SGLang --tool-call-parser (kimi_k2)
     # Temperature when a request sets none: SGLang's protocol default (1.0) unless the model's
     # generation_config.json says otherwise (entrypoints/openai/protocol.py).
     default_temperature: float = 1.0
