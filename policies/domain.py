@@ -8,6 +8,10 @@ Rules (documented in the README and tested):
   "python", "function", "implement", "compile", "bug", "regex", "sql" and bracket-heavy text;
 - math: digits next to arithmetic operators, words such as "how many", "calculate", "solve",
   "equation", "percent", "total", "sum", "integral", "probability";
+- math, too: ordinary word problems (ages, rates, travel, prices, work) that have no symbol or
+  textbook word. They are told by their shape, not their topic: at least two numbers, plus a
+  quantity question ("how old", "how long", "how far", "at what speed", "when will", "find the")
+  or two quantity words (units, "per hour", "twice", "older", "discount", "each", "together");
 - otherwise chat. Code wins ties with math: code prompts often contain numbers too.
 """
 
@@ -44,6 +48,32 @@ _MATH_ASCII = re.compile(
 )
 
 
+# Word problems: the shape of a quantitative question, on the lower-cased window.
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
+_QUANTITY_QUESTION = re.compile(
+    r"\bhow (?:old|long|far|fast|many|much|soon|tall|heavy|often|big)\b|\bwhat time\b|"
+    r"\bat what (?:speed|rate|time|price|age)\b|\bwhen will\b|\bfind (?:the|his|her|their|its|how)\b|"
+    r"\bwork out\b|\bwhat (?:is|was|will be) (?:the|his|her|their|its) (?:age|speed|rate|cost|price|total|"
+    r"average|area|volume|distance|time|profit|share|ratio|percentage|change)\b"
+)
+_QUANTITY_WORDS = re.compile(
+    r"\b(?:years? old|older|younger|twice|half|thrice|triple|double|times as|per (?:hour|minute|second|day|week|"
+    r"month|year|kg|kilogram|unit|item|piece|person)|mph|km/h|km|kilomet\w*|miles?|hours?|minutes?|seconds|litres?|"
+    r"liters?|gallons?|kg|grams?|speed|rate|discount|profit|interest|salary|wages?|earns?|earned|spent|spends?|"
+    r"costs?|each|together|alone|pipes?|tank|workers?|dozen|tickets?|ratio|shares?)\b"
+)
+
+
+def _word_problem(window: str) -> int:
+    """2 when the window reads like a quantitative word problem, else 0."""
+    lower = window.lower()
+    if len(_NUMBER.findall(lower)) < 2:
+        return 0
+    if _QUANTITY_QUESTION.search(lower) or len(_QUANTITY_WORDS.findall(lower)) >= 2:
+        return 2
+    return 0
+
+
 def _words(window: str) -> tuple[int, int]:
     """(code cue words, math cue words) in the window."""
     if window.isascii():
@@ -56,7 +86,7 @@ def classify(text: str) -> Domain:
     window = text[-_WINDOW:]
     code_words, math_words = _words(window)
     code = code_words + (window.count("{") + window.count(";")) // 4
-    math = math_words + len(_ARITHMETIC.findall(window))
+    math = math_words + len(_ARITHMETIC.findall(window)) + _word_problem(window)
     if code and code >= math:
         return Domain.CODE
     if math >= 1:
