@@ -36,7 +36,8 @@ API:
     f = clock.figures()                         # ClockFigures: ttft, decode_tok_s, tokens, ...
     exact = chunk_token_counts(clock.marks)     # tokens per generated chunk, or None
 
-`chunk_output(chunk)` classifies one decoded chunk (an `Output` flag set). `decode_chunk` raises
+`chunk_output(chunk)` classifies one decoded chunk: (`Output` bits, characters of output);
+`StreamClock.observe` returns the same bits. `decode_chunk` raises
 `msgspec.DecodeError` on bytes that are not a JSON object of this shape; unknown fields are
 ignored, so servers that add fields (`sglext`, `logprobs`, `matched_stop`) decode the same.
 """
