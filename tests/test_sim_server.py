@@ -163,6 +163,9 @@ def test_loads_core_and_spec_sections(spec_url, ar_url):
         assert key in load, key
     assert set(load["speculative"]) == {"accept_length", "accept_rate"}
     assert 2 < load["speculative"]["accept_length"] < 8
+    steps, batch, step_us, _, _, generated = load["decode_moments"]  # scheduler.py's six sums
+    assert steps >= 1 and batch >= steps and step_us > 0
+    assert 2 < generated / batch < 8  # tokens per verify pass, the accept length again
     _, only_spec = get(f"{spec_url}/v1/loads?include=spec")
     assert "num_running_reqs" in only_spec["loads"][0]  # core keys are always there
     assert "speculative" in only_spec["loads"][0] and "queues" not in only_spec["loads"][0]

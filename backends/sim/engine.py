@@ -131,6 +131,11 @@ class EngineStats(msgspec.Struct, frozen=True):
     lifetime_cache_hit_rate: float  # cached / all prompt tokens since start
     cached_blocks_tokens: int  # tokens held by the prefix cache
     busy_s: float  # simulated seconds spent in steps
+    # SGLang's `decode_moments` (scheduler.py `_accumulate_decode_moment`): decode steps and the
+    # sums of batch size, step time (us), batch^2, batch * time and tokens generated; None before
+    # the first decode step. Prefill busy time and computed prompt tokens likewise.
+    decode_moments: tuple[float, ...] | None = None
+    total_prefill_busy_us: int = 0
 
     @property
     def avg_accept_length(self) -> float:
@@ -266,6 +271,8 @@ class Engine:
         self._total_cached = 0
         self._last_hit_rate = 0.0
         self._busy_s = 0.0
+        self._moments = [0.0] * 6
+        self._prefill_busy_us = 0
         st = profile.step
         self._t0 = st.t0_ms / 1000.0
         self._k = st.k_ms / 1000.0
@@ -499,6 +506,7 @@ class Engine:
             self._prefill(batch) if (self._waiting or self._chunked is not None)
             else (0.0, [], 0, 0, 0))
         duration += prefill_s
+        self._prefill_busy_us += int(prefill_s * 1e6)
         self._total_prompt += computed
         self._total_cached += cached
         emissions: list[Emission] = []
@@ -575,6 +583,16 @@ class Engine:
         self._running = still
         if batch:
             self._count_decode(batch if spec else 0, verify_tokens, correct)
+            step_us = float(int((duration - prefill_s) * 1e6))
+            if step_us > 0:
+                mo = self._moments
+                decoded = verify_tokens if spec else batch
+                mo[0] += 1.0
+                mo[1] += batch
+                mo[2] += step_us
+                mo[3] += batch * batch
+                mo[4] += batch * step_us
+                mo[5] += decoded
         self._total_generated += generated
         self._busy_s += duration
         if batch or computed:
@@ -634,4 +652,6 @@ class Engine:
             lifetime_cache_hit_rate=self._total_cached / prompt_all if prompt_all else 0.0,
             cached_blocks_tokens=self.cache.num_tokens,
             busy_s=self._busy_s,
+            decode_moments=tuple(self._moments) if self._moments[0] else None,
+            total_prefill_busy_us=self._prefill_busy_us,
         )

@@ -129,8 +129,8 @@ def load_entry(state: SimState, include: set[str] | None = None) -> dict[str, An
         "cache_hit_rate": round(st.cache_hit_rate, 4) if state.options.enable_metrics else 0.0,
         "utilization": round(st.num_running / state.max_running_requests, 4),
         "total_prefill_uncached_tokens": st.total_prompt_tokens,
-        "total_prefill_busy_us": 0,
-        "decode_moments": None,
+        "total_prefill_busy_us": st.total_prefill_busy_us,
+        "decode_moments": list(st.decode_moments) if st.decode_moments else None,
     }
     if include == {"core"}:
         return load
