@@ -91,6 +91,8 @@ class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     threshold: int | None = None     # threshold: speculative backends below this many in flight
     epsilon: float | None = None     # goodput exploration probability
     hysteresis: float | None = None  # goodput: margin a challenger needs over the incumbent
+    externality: float | None = None  # goodput: weight of the time a request imposes on others (0 = selfish)
+    prefix_tracking: bool | None = None  # goodput: prefix-cache affinity (default on)
     seed: int | None = None
 
 
@@ -147,6 +149,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         section = self.models.get(model) or ModelSection()
         options: dict[str, Any] = {"pinned_backend": section.pinned_backend, "threshold": section.threshold,
                                    "epsilon": section.epsilon, "hysteresis": section.hysteresis,
+                                   "externality": section.externality, "prefix_tracking": section.prefix_tracking,
                                    "seed": section.seed, "objective": section.objective or self.gateway.objective}
         return {k: v for k, v in options.items() if v is not None and k in POLICY_OPTIONS.get(policy, ())}
 
