@@ -1,32 +1,83 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# The venv is rebuilt only when pyproject.toml changes (stamp files), so re-runs are fast.
-PYTHON ?= python3
-VENV   := .venv
-BIN    := $(VENV)/bin
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+#
+# Everything installs from the lock files, with uv (itself installed from PyPI into .venv-tools):
+#   requirements.lock         what `make demo` runs on (the runtime dependencies)
+#   requirements-dev.lock     what `make test` runs on (runtime + the dev extra)
+#   requirements-floors.lock  the lowest versions pyproject.toml's floors allow: `make test` runs the
+#                             unit tests once more on them (`make floors`)
+# `make lock` regenerates all three from pyproject.toml (docs/dependencies.md). An environment is
+# synced again only when its lock or pyproject.toml changes (stamp files), so re-runs are fast.
+PYTHON     ?= python3
+UV_VERSION := 0.13.9
+VENV       := .venv
+BIN        := $(VENV)/bin
+TOOLS      := .venv-tools
+UV         := $(TOOLS)/bin/uv
+FLOORS     := .venv-floors
+ROUTER     := .venv-router
+# The bench-only environment of SGLang's Rust router (`make bench` measures it beside the gateway).
+SGLANG_ROUTER := sglang-router==0.3.2
+# One resolution for every platform and Python version the project supports, with hashes.
+COMPILE := $(UV) pip compile pyproject.toml --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command "make lock"
+# After a sync: pyproject.toml's requirements are all met by what the lock installed (or the lock is stale).
+CHECK = $(UV) pip check --quiet --python $(1)/bin/python || \
+	{ echo "$(1): the installed lock does not satisfy pyproject.toml; run 'make lock'" >&2; exit 1; }
 
-.PHONY: demo test lint install install-dev clean bench-loadgen soak bench bench-instructions bench-routers
+.PHONY: demo test floors lint lock install install-dev clean bench-loadgen soak bench bench-instructions
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --disable-pip-version-check -q 'uv==$(UV_VERSION)'
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(PIP) install -e .
+# --seed: pip inside the venv, so `.venv/bin/pip install` keeps working for a quick experiment.
+$(BIN)/python: | $(UV)
+	$(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
+
+# `uv pip sync` makes the venv hold exactly the lock; `--no-deps -e .`: the project itself, editable.
+$(VENV)/.installed: requirements.lock pyproject.toml | $(BIN)/python
+	$(UV) pip sync --quiet --python $(BIN)/python requirements.lock
+	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
+	@$(call CHECK,$(VENV))
+	rm -f $(VENV)/.installed-dev
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[dev]'
+$(VENV)/.installed-dev: requirements-dev.lock pyproject.toml | $(BIN)/python
+	$(UV) pip sync --quiet --python $(BIN)/python requirements-dev.lock
+	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
+	@$(call CHECK,$(VENV))
 	touch $(VENV)/.installed $@
+
+$(FLOORS)/.installed: requirements-floors.lock pyproject.toml | $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(FLOORS)
+	$(UV) pip sync --quiet --python $(FLOORS)/bin/python requirements-floors.lock
+	$(UV) pip install --quiet --python $(FLOORS)/bin/python --no-deps -e .
+	@$(call CHECK,$(FLOORS))
+	touch $@
+
+$(ROUTER)/.installed: Makefile | $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(ROUTER)
+	$(UV) pip install --quiet --python $(ROUTER)/bin/python '$(SGLANG_ROUTER)'
+	touch $@
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+
+lock: | $(UV)
+	$(COMPILE) -o requirements.lock
+	$(COMPILE) --extra dev -o requirements-dev.lock
+	$(COMPILE) --extra dev --resolution lowest-direct -o requirements-floors.lock
 
 demo: install
 	$(BIN)/specroute demo
 
 test: install-dev
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory floors
+
+# The unit tests (no child process: tests/unit_only.py) on the lowest versions the floors allow.
+floors: $(FLOORS)/.installed
+	$(FLOORS)/bin/python -m pytest -q -rfE -p tests.unit_only -p no:cacheprovider
 
 # ruff (lint + format check) and mypy; settings in pyproject.toml.
 lint: install-dev
@@ -37,8 +88,8 @@ lint: install-dev
 soak: install-dev
 	$(BIN)/python -m pytest -m soak -s
 
-bench: install
-	$(BIN)/python -m bench.gateway_bench
+bench: install $(ROUTER)/.installed
+	$(BIN)/python -m bench.gateway_bench --rust-router $(ROUTER)/bin/python
 
 bench-instructions: install
 	$(BIN)/python -m bench.instructions
@@ -46,10 +97,5 @@ bench-instructions: install
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self
 
-# specroute beside SGLang's router and LiteLLM on the same twins; the peers get venvs of their own
-# (.venv-bench/), created on first use. Table on stdout, JSON in bench/routers/results/.
-bench-routers: install
-	$(BIN)/python -m bench.routers
-
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(TOOLS) $(FLOORS) $(ROUTER) build *.egg-info
