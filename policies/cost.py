@@ -40,16 +40,18 @@ class CostModel(Protocol):
     def prefill_stall_s(self, uncached: int) -> float: ...
 
 
-def own_and_imposed_s(est: CostModel, c: int, load: int, uncached: int, out: float, externality: float) -> float:
-    """Predicted seconds: this request's own TTFT + decode, plus `externality` x what it adds to
-    the requests running beside it."""
+def own_and_imposed_s(est: CostModel, c: int, load: int, uncached: int, out: float, externality: float,
+                      ttft_weight: float = 1.0) -> float:
+    """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
+    what it adds to the requests running beside it."""
     acc = est.accept_at(c)
     step = est.step_s(load + 1)
     decode = out * step / acc
-    cost = est.prefill_s(uncached) + decode
+    ttft = est.prefill_s(uncached)
     cap = est.max_running
     if load >= cap:
-        cost += (load + 1 - cap) / cap * decode
+        ttft += (load + 1 - cap) / cap * decode
+    cost = ttft_weight * ttft + decode
     if externality and load:
         running = load if load < cap else cap
         slower = step - est.step_s(load)

@@ -17,7 +17,7 @@ For every healthy candidate it predicts (`policies.cost`) what this request woul
 
 Objectives:
 - `latency` (default): least predicted time, own plus imposed (`externality` weight, 1.0; 0.0 is
-  the selfish rule);
+  the selfish rule; `ttft_weight` counts a second of TTFT as that many seconds, 1.0);
 - `throughput`: the largest gain in the pool's total tok/s (a loaded speculative backend can lose
   throughput by taking another sequence, an AR backend gains ~one sequence's worth), less the
   tokens the others lose while its prefill holds them up.
@@ -65,7 +65,7 @@ class Goodput:
 
     def __init__(self, objective: str = "latency", *, seed: int | None = None,
                  epsilon: float = 0.05, explore_gap: int = 100, explore_floor: float = 0.5,
-                 bonus: float = 0.1, hysteresis: float = 0.05, externality: float = 1.0,
+                 bonus: float = 0.1, hysteresis: float = 0.05, externality: float = 1.0, ttft_weight: float = 1.0,
                  prefix_tracking: bool = True, estimates: Estimates | None = None,
                  backends: Iterable[BackendSpec] = (), rng: random.Random | None = None) -> None:
         """`estimates` may be any object with the interface of `Estimates` (the evaluator's
@@ -78,6 +78,9 @@ class Goodput:
             raise ValueError("hysteresis, bonus and explore_gap must be >= 0, explore_floor in [0, 1]")
         if not 0.0 <= externality <= 10.0:
             raise ValueError(f"externality must be in [0, 10], got {externality}")
+        if not 0.0 < ttft_weight <= 10.0:
+            raise ValueError(f"ttft_weight must be in (0, 10], got {ttft_weight}")
+        self.ttft_weight = ttft_weight
         self.objective = objective
         self.epsilon = epsilon
         self.explore_floor = explore_floor
@@ -108,6 +111,7 @@ class Goodput:
         backends = self.estimates.backends
         latency = self._latency
         weight = self.externality
+        wt = self.ttft_weight
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
         memo_top = StepCurve.MEMO
@@ -165,10 +169,11 @@ class Goodput:
                     step = guess.step_s(n1)
                 decode = out * step / acc
                 pre = guess.prefill
-                cost = pre.base_s + pre.per_token_s * uncached + decode
+                ttft = pre.base_s + pre.per_token_s * uncached
                 cap = guess.max_running
                 if load >= cap:
-                    cost += (n1 - cap) / cap * decode
+                    ttft += (n1 - cap) / cap * decode
+                cost = wt * ttft + decode
                 if weight and load:
                     s0 = memo[load] if load <= memo_top else 0.0
                     if not s0:
@@ -177,7 +182,7 @@ class Goodput:
                     cost += weight * (load if load < cap else cap) * (
                         pre.per_token_s * uncached + 0.5 * out / acc * slower)
             else:
-                cost = own_and_imposed_s(guess, cell, load, uncached, out, weight)
+                cost = own_and_imposed_s(guess, cell, load, uncached, out, weight, wt)
             k = est.seen[d]
             cost -= (cost if cost > 0 else -cost) * bonus_table[k if k < top else top]
             if name == incumbent:
@@ -262,7 +267,7 @@ class Goodput:
         if not est.observed:
             est = self.estimates.stand_in(est)
         if self._latency:
-            return own_and_imposed_s(est, cell, load, uncached, out, self.externality)
+            return own_and_imposed_s(est, cell, load, uncached, out, self.externality, self.ttft_weight)
         return -throughput_gain(est, cell, load, uncached, out)
 
     # ------------------------------------------------------------------- learn

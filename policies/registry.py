@@ -22,7 +22,7 @@ POLICY_OPTIONS: dict[str, frozenset[str]] = {
     "least_inflight": frozenset({"seed"}),
     "threshold": frozenset({"threshold", "seed"}),
     "goodput": frozenset({"objective", "seed", "epsilon", "explore_gap", "explore_floor", "bonus",
-                          "hysteresis", "externality", "prefix_tracking", "backends"}),
+                          "hysteresis", "externality", "ttft_weight", "prefix_tracking", "backends"}),
 }
 
 
@@ -32,7 +32,8 @@ def make_policy(name: str, **options: Any) -> Policy:
     pinned: pinned_backend (required). least_inflight: seed. threshold: threshold (default 16),
     seed. goodput: objective ("latency" | "throughput"), seed, epsilon, explore_gap,
     explore_floor, bonus, hysteresis, externality (weight of the time a request imposes on the
-    others, 1.0; 0.0 = selfish), prefix_tracking (True) (see `policies.goodput`), backends
+    others, 1.0; 0.0 = selfish), ttft_weight (seconds of TTFT counted as this many seconds of
+    decode, 1.0), prefix_tracking (True) (see `policies.goodput`), backends
     (BackendSpecs to register before the first request).
     """
     if name not in POLICY_OPTIONS:
