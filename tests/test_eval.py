@@ -36,7 +36,6 @@ def test_tiny_scenario_runs_every_contestant_with_sane_figures():
         assert ph.policies["static/k26-ar"].backend_share["k26-ar"] == 1.0
         # AR decodes ~26 tok/s per request (STUDIES R1): the virtual clock keeps real time units
         assert ph.policies["static/k26-ar"].mean_request_tok_s == pytest.approx(26, rel=0.1)
-    assert res.wall_s < 5
 
 
 def test_cli_writes_eval_json_with_the_schema(tmp_path, capsys):

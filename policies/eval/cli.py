@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -137,13 +138,19 @@ def main(argv: list[str]) -> int:
             groups.setdefault(name, []).append((role, res))
     targets: list[Target] = check_targets([r for r in results if "@" not in r.name])
     extra: list[str] = []
-    fleets_doc: dict = {}
-    if any(role == "plan" for g in groups.values() for role, _ in g):
+    fleets_doc: dict[str, Any] = {}
+    if any(role == "plan" for g in groups.values() for role, _ in g) or "sessions" in groups:
         from policies.eval.fleet_targets import check_fleet_targets, fleet_table
 
         fleet_t, fleets_doc = check_fleet_targets(groups, args.seed)
         targets += fleet_t
         extra = fleet_table(groups)
+    for res in results:
+        for key, c in res.cold_start.items():
+            targets.append(Target(name=f"{res.name}: cold-start regret of {key} (first {c['window_s']:.0f} s vs "
+                                       "the clairvoyant)", holds=None,
+                                  value=f"{100 * c['regret']:.1f}% ({c['request_tok_s']} vs {c['reference_tok_s']} "
+                                        "req tok/s)"))
     print_targets(targets, sys.stdout)
     path = args.output / "eval.json"
     write_json(path, to_json(results, targets, seed=args.seed, objectives=objectives, primary=primary,

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 
 from policies.eval.fleet import parse_fleet, parse_member
 from policies.eval.fluid import PhaseGrid, request_rates, type_curve
 from policies.eval.metrics import PhaseMetrics
-from policies.eval.runner import ScenarioResult
+from policies.eval.runner import PhaseResult, ScenarioResult
 from policies.eval.scenarios import SCENARIOS
 from policies.eval.targets import Target
 
@@ -83,91 +84,124 @@ def _bound(scenario_name: str, phase_name: str, n: int, rate: float, baseline_to
             "fluid_optimism": round(optimism, 3), "bound_ratio": round(bound, 3)}
 
 
+class Bound(msgspec.Struct, kw_only=True):
+    composition: float
+    affinity: float
+    fluid_optimism: float
+    bound_ratio: float
+
+
+class PhaseCheck(msgspec.Struct, kw_only=True):
+    phase: str
+    rate_rps: float
+    plan_tok_s: float
+    baseline: str  # "FLEET behind POLICY"
+    baseline_tok_s: float
+    ratio: float
+    e2e_p99_s: tuple[float, float]  # plan, baseline
+    ttft_p99_ms: tuple[float, float]
+    clairvoyant_ratio: float
+    vs_least_inflight: float | None
+    vs_best_static: float | None
+    bound: Bound | None = None
+
+    @property
+    def worse_tail(self) -> bool:
+        return self.e2e_p99_s[0] > self.e2e_p99_s[1] or self.ttft_p99_ms[0] > self.ttft_p99_ms[1]
+
+
+def _check_phase(scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult], n: int) -> PhaseCheck | None:
+    mine = ph.policies[POLICY]
+    base = _baseline(homog, ph.name)
+    if base is None:
+        return None
+    fleet, peer, b = base
+    top_static = max((m.mean_request_tok_s for k, m in ph.policies.items() if k.startswith("static/")), default=0.0)
+    li = ph.policies["least_inflight"].mean_request_tok_s
+    ratio = mine.mean_request_tok_s / b.mean_request_tok_s if b.mean_request_tok_s else 0.0
+    return PhaseCheck(
+        phase=ph.name, rate_rps=round(ph.rate_rps, 3), plan_tok_s=round(mine.mean_request_tok_s, 2),
+        baseline=f"{fleet} behind {peer}", baseline_tok_s=round(b.mean_request_tok_s, 2), ratio=round(ratio, 3),
+        e2e_p99_s=(round(mine.p99_e2e_s, 1), round(b.p99_e2e_s, 1)),
+        ttft_p99_ms=(round(mine.p99_ttft_ms), round(b.p99_ttft_ms)),
+        clairvoyant_ratio=round(mine.clairvoyant_ratio or 0.0, 3),
+        vs_least_inflight=round(mine.mean_request_tok_s / li, 3) if li else None,
+        vs_best_static=round(mine.mean_request_tok_s / top_static, 3) if top_static else None,
+        bound=msgspec.convert(_bound(scenario, ph.name, n, ph.rate_rps, b.mean_request_tok_s), Bound)
+        if ratio < SPEEDUP else None)
+
+
+def _fleet_targets(scenario: str, plan: ScenarioResult, rows: Sequence[PhaseCheck]) -> list[Target]:
+    where = f"{scenario} ({plan.fleet})"
+    worst = min(rows, key=lambda r: r.ratio)
+    bounds = [r.bound.bound_ratio for r in rows if r.bound is not None]
+    bound_txt = f"; bound (fluid, any fleet and policy) min {min(bounds):.2f}x" if bounds else ""
+    detail = []
+    for r in rows:
+        line = f"{r.phase}: {r.plan_tok_s} vs {r.baseline_tok_s} ({r.baseline}) = {r.ratio}x"
+        if r.bound is not None:
+            line += (f", bound {r.bound.bound_ratio}x (composition {r.bound.composition}, affinity "
+                     f"{r.bound.affinity}, fluid/measured {r.bound.fluid_optimism})")
+        detail.append(line)
+    out = [Target(
+        name=f"{where}: goodput >= {SPEEDUP}x best homogeneous fleet behind the best SGLang router, judged phases",
+        holds=all(r.ratio >= SPEEDUP for r in rows),
+        value=f"min {worst.ratio:.2f}x ({worst.phase} vs {worst.baseline}), "
+              f"mean {sum(r.ratio for r in rows) / len(rows):.2f}x{bound_txt}", detail=detail)]
+    worse = [r for r in rows if r.worse_tail]
+    out.append(Target(
+        name=f"{where}: e2e p99 and TTFT p99 no worse than that baseline", holds=not worse,
+        value=f"{len(rows) - len(worse)} of {len(rows)} phases",
+        detail=[f"{r.phase}: e2e p99 {r.e2e_p99_s[0]} vs {r.e2e_p99_s[1]} s, TTFT p99 "
+                f"{r.ttft_p99_ms[0]} vs {r.ttft_p99_ms[1]} ms" for r in worse]))
+    low = min(rows, key=lambda r: r.clairvoyant_ratio)
+    out.append(Target(
+        name=f"{where}: goodput >= {CLAIRVOYANT}x clairvoyant in every judged phase",
+        holds=all(r.clairvoyant_ratio >= CLAIRVOYANT for r in rows),
+        value=f"min {low.clairvoyant_ratio:.3f} ({low.phase})"))
+    floor = min(min(r.vs_least_inflight or 9.9, r.vs_best_static or 9.9) for r in rows)
+    out.append(Target(
+        name=f"{where}: goodput never below least_inflight or the best single backend",
+        holds=floor >= 1.0, value=f"min {floor:.3f}x",
+        detail=[f"{r.phase}: vs least_inflight {r.vs_least_inflight}, vs best static {r.vs_best_static}"
+                for r in rows]))
+    return out
+
+
+def _session_target(res: ScenarioResult) -> Target | None:
+    rows = []
+    for ph in res.phases:
+        g, c = ph.policies.get(POLICY), ph.policies.get("sglang/cache_aware")
+        if g is not None and c is not None:
+            rows.append((ph.name, g.p50_ttft_ms, c.p50_ttft_ms, g.mean_request_tok_s, c.mean_request_tok_s))
+    if not rows:
+        return None
+    return Target(
+        name=f"sessions ({res.fleet}): goodput TTFT p50 <= cache_aware's, request tok/s kept",
+        holds=all(t <= ct and r >= cr for _, t, ct, r, cr in rows),
+        value="; ".join(f"{n}: TTFT p50 {t:.0f} vs {ct:.0f} ms, {r:.1f} vs {cr:.1f} tok/s" for n, t, ct, r, cr in rows))
+
+
 def check_fleet_targets(groups: dict[str, list[tuple[str, ScenarioResult]]], seed: int
-                        ) -> tuple[list[Target], dict]:
+                        ) -> tuple[list[Target], dict[str, object]]:
     targets: list[Target] = []
-    doc: dict = {}
+    doc: dict[str, object] = {}
     for scenario, runs in groups.items():
         plan = next((r for role, r in runs if role == "plan"), None)
         homog = [r for role, r in runs if role == "homogeneous"]
-        if plan is None or not homog:
-            continue
-        n = sum(m.count for m in parse_fleet(plan.fleet))
-        judged = _judged(scenario, [p.name for p in plan.phases])
-        rows = []
-        for name in judged:
-            ph = next(p for p in plan.phases if p.name == name)
-            mine = ph.policies[POLICY]
-            base = _baseline(homog, name)
-            if base is None:
-                continue
-            fleet, peer, b = base
-            statics = [m.mean_request_tok_s for k, m in ph.policies.items() if k.startswith("static/")]
-            row = {
-                "phase": name, "rate_rps": round(ph.rate_rps, 3), "plan_tok_s": round(mine.mean_request_tok_s, 2),
-                "baseline": f"{fleet} behind {peer}", "baseline_tok_s": round(b.mean_request_tok_s, 2),
-                "ratio": round(mine.mean_request_tok_s / b.mean_request_tok_s, 3) if b.mean_request_tok_s else 0.0,
-                "e2e_p99": (round(mine.p99_e2e_s, 1), round(b.p99_e2e_s, 1)),
-                "ttft_p99_ms": (round(mine.p99_ttft_ms), round(b.p99_ttft_ms)),
-                "clairvoyant_ratio": round(mine.clairvoyant_ratio or 0.0, 3),
-                "vs_least_inflight": round(mine.mean_request_tok_s / li, 3) if (
-                    li := ph.policies["least_inflight"].mean_request_tok_s) else None,
-                "vs_best_static": round(mine.mean_request_tok_s / max(statics), 3) if statics else None,
-            }
-            if row["ratio"] < SPEEDUP:
-                row["bound"] = _bound(scenario, name, n, ph.rate_rps, b.mean_request_tok_s)
-            rows.append(row)
-        doc[scenario] = {"plan_fleet": plan.fleet, "homogeneous": [r.fleet for r in homog], "phases": rows}
-        if not rows:
-            continue
-        where = f"{scenario} ({plan.fleet})"
-        worst = min(rows, key=lambda r: r["ratio"])
-        bounds = [r["bound"]["bound_ratio"] for r in rows if "bound" in r]
-        bound_txt = f"; bound (fluid, any fleet and policy) min {min(bounds):.2f}x" if bounds else ""
-        targets.append(Target(
-            name=f"{where}: goodput >= {SPEEDUP}x best homogeneous fleet behind the best SGLang router, judged phases",
-            holds=all(r["ratio"] >= SPEEDUP for r in rows),
-            value=f"min {worst['ratio']:.2f}x ({worst['phase']} vs {worst['baseline']}), "
-                  f"mean {sum(r['ratio'] for r in rows) / len(rows):.2f}x{bound_txt}",
-            detail=[f"{r['phase']}: {r['plan_tok_s']} vs {r['baseline_tok_s']} ({r['baseline']}) = {r['ratio']}x"
-                    + (f", bound {r['bound']['bound_ratio']}x (composition {r['bound']['composition']}, "
-                       f"affinity {r['bound']['affinity']}, fluid/measured {r['bound']['fluid_optimism']})"
-                       if "bound" in r else "") for r in rows]))
-        worse = [r for r in rows if r["e2e_p99"][0] > r["e2e_p99"][1] or r["ttft_p99_ms"][0] > r["ttft_p99_ms"][1]]
-        targets.append(Target(
-            name=f"{where}: e2e p99 and TTFT p99 no worse than that baseline", holds=not worse,
-            value=f"{len(rows) - len(worse)} of {len(rows)} phases",
-            detail=[f"{r['phase']}: e2e p99 {r['e2e_p99'][0]} vs {r['e2e_p99'][1]} s, TTFT p99 "
-                    f"{r['ttft_p99_ms'][0]} vs {r['ttft_p99_ms'][1]} ms" for r in worse]))
-        low = min(rows, key=lambda r: r["clairvoyant_ratio"])
-        targets.append(Target(
-            name=f"{where}: goodput >= {CLAIRVOYANT}x clairvoyant in every judged phase",
-            holds=all(r["clairvoyant_ratio"] >= CLAIRVOYANT for r in rows),
-            value=f"min {low['clairvoyant_ratio']:.3f} ({low['phase']})"))
-        floor = min(min(r["vs_least_inflight"] or 9.9, r["vs_best_static"] or 9.9) for r in rows)
-        targets.append(Target(
-            name=f"{where}: goodput never below least_inflight or the best single backend",
-            holds=floor >= 1.0, value=f"min {floor:.3f}x",
-            detail=[f"{r['phase']}: vs least_inflight {r['vs_least_inflight']}, vs best static {r['vs_best_static']}"
-                    for r in rows]))
-    for scenario, runs in groups.items():
-        if scenario != "sessions":
-            continue
-        for role, res in runs:
-            if role not in ("plan", "own", "given"):
-                continue
-            rows = []
-            for ph in res.phases:
-                g, c = ph.policies.get(POLICY), ph.policies.get("sglang/cache_aware")
-                if g is None or c is None:
-                    continue
-                rows.append((ph.name, g.p50_ttft_ms, c.p50_ttft_ms, g.mean_request_tok_s, c.mean_request_tok_s))
+        if plan is not None and homog:
+            n = sum(m.count for m in parse_fleet(plan.fleet))
+            judged = set(_judged(scenario, [p.name for p in plan.phases]))
+            rows = [c for ph in plan.phases if ph.name in judged
+                    and (c := _check_phase(scenario, ph, homog, n)) is not None]
+            doc[scenario] = {"plan_fleet": plan.fleet, "homogeneous": [r.fleet for r in homog],
+                             "phases": msgspec.to_builtins(rows)}
             if rows:
-                targets.append(Target(
-                    name=f"sessions ({res.fleet}): goodput TTFT p50 <= cache_aware's, request tok/s kept",
-                    holds=all(t <= ct and r >= cr for _, t, ct, r, cr in rows),
-                    value="; ".join(f"{n}: TTFT p50 {t:.0f} vs {ct:.0f} ms, {r:.1f} vs {cr:.1f} tok/s"
-                                    for n, t, ct, r, cr in rows)))
+                targets += _fleet_targets(scenario, plan, rows)
+        if scenario == "sessions":
+            for role, res in runs:
+                if role in ("plan", "own", "given") and (t := _session_target(res)) is not None:
+                    targets.append(t)
     return targets, doc
 
 

@@ -81,7 +81,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import msgspec
 
@@ -158,7 +158,7 @@ class Row(msgspec.Struct, kw_only=True):
 
 
 class CheckResult(msgspec.Struct, kw_only=True):
-    plan: dict
+    plan: dict[str, Any]
     virtual: dict[str, list[PhaseFigures]]
     http: dict[str, list[PhaseFigures]]
     # per backend: C=1 decode tok/s of the warm-up requests, virtual vs HTTP (x F)
@@ -255,6 +255,10 @@ def virtual_warmup(policy: Policy, plan: CheckPlan, items: Sequence[tuple[str, i
     return rates
 
 
+def _given(policy: Policy) -> Callable[[dict[str, Engine], list[BackendSpec]], Policy]:
+    return lambda _e, _s: policy
+
+
 def run_virtual(plan: CheckPlan, items: Sequence[tuple[str, int]]
                 ) -> tuple[dict[str, list[PhaseFigures]], dict[str, float]]:
     """(a): per policy, the figures of every phase; and the warm-up's tok/s per backend."""
@@ -269,7 +273,7 @@ def run_virtual(plan: CheckPlan, items: Sequence[tuple[str, int]]
         figures = []
         for c in plan.concurrencies:
             scn = plan.scenario(c)
-            run = simulate(scn, lambda _e, _s, policy=policy: policy, seed=plan.seed, poll_s=plan.poll_s)
+            run = simulate(scn, _given(policy), seed=plan.seed, poll_s=plan.poll_s)
             m = phase_metrics(run, scn, list(plan.pool))[0]
             figures.append(PhaseFigures(aggregate_tok_s=m.aggregate_tok_s,
                                         mean_request_tok_s=m.mean_request_tok_s,
@@ -340,12 +344,12 @@ def _loadgen(args: Sequence[str], out_dir: Path, timeout: float) -> None:
                            f"(log: {out_dir / 'loadgen.log'})")
 
 
-def _records(out_dir: Path) -> list[dict]:
+def _records(out_dir: Path) -> list[dict[str, Any]]:
     path = out_dir / "requests.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def http_figures(records: Sequence[dict], plan: CheckPlan, pool: Sequence[str]) -> PhaseFigures:
+def http_figures(records: Sequence[dict[str, Any]], plan: CheckPlan, pool: Sequence[str]) -> PhaseFigures:
     """One loadgen level's requests -> the harness's phase figures, in simulated seconds.
 
     Times: `start_s` (after the level's start), `ttft_ms`, and the last content arrival

@@ -102,21 +102,21 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
 
     tokens = [0] * n
     for when, k in run.tokens_at:
-        i = index(when)
-        if i is not None:
-            tokens[i] += k
+        at = index(when)
+        if at is not None:
+            tokens[at] += k
     judged: list[list[RequestRecord]] = [[] for _ in range(n)]
     sent: list[dict[str, int]] = [{name: 0 for name in pool} for _ in range(n)]
     for r in run.records:
-        i = index(r.t_send)
-        if i is not None and open_loop[i]:
-            judged[i].append(r)
-        elif (j := index(r.t_last)) is not None and not open_loop[j]:
-            judged[j].append(r)
+        at = index(r.t_send)
+        if at is not None and open_loop[at]:
+            judged[at].append(r)
+        elif (done_at := index(r.t_last)) is not None and not open_loop[done_at]:
+            judged[done_at].append(r)
     for r in run.failed:
-        i = index(r.t_send)
-        if i is not None and open_loop[i]:
-            judged[i].append(r)
+        at = index(r.t_send)
+        if at is not None and open_loop[at]:
+            judged[at].append(r)
     for r in (*run.records, *run.failed):
         if r.backend:
             j = max(bisect.bisect_right(begins, r.t_send) - 1, 0)
@@ -162,8 +162,7 @@ def window_series(run: RunResult, start_s: float, end_s: float, width_s: float, 
     t = start_s
     while t + width_s <= end_s + 1e-9:
         if objective == "latency":
-            vals = [r.decode_tok_s for r in run.records if t <= r.t_last < t + width_s]
-            vals = [v for v in vals if v is not None]
+            vals = [v for r in run.records if t <= r.t_last < t + width_s and (v := r.decode_tok_s) is not None]
             out.append((t, sum(vals) / len(vals) if vals else 0.0))
         else:
             k = sum(n for when, n in run.tokens_at if t <= when < t + width_s)

@@ -10,6 +10,7 @@ the goodput policy with it measures learning quality only, since both share the 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from backends import BackendSpec, Strategy
 from backends.sim.domain import prompt_key
@@ -117,7 +118,7 @@ class OracleModel(RateModel):
     def prefill_stall_s(self, uncached: int) -> float:
         return self.engine.prefill_time(uncached, 1)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"accept_length": {d.value: round(a, 3) for d, a in zip(DOMAINS, self._accepts(), strict=False)},
                 "step_ms": {str(b): round(self.step_s(b) * 1000, 2) for b in (1, 2, 4, 8, 16, 32, 64, 128)}}
 
@@ -146,5 +147,5 @@ class OracleEstimates:
     def observe(self, outcome: Outcome) -> bool:
         return True
 
-    def describe(self) -> dict[str, dict]:
+    def describe(self) -> dict[str, dict[str, Any]]:
         return {name: m.describe() for name, m in self.backends.items()}

@@ -161,9 +161,9 @@ class LeastLoad(_Peer):
         best = pool[0]
         best_score = self._score(best, nominal, has)
         for v in pool[1:]:
-            s = self._score(v, nominal, has)
-            if s < best_score:
-                best, best_score = v, s
+            score = self._score(v, nominal, has)
+            if score < best_score:
+                best, best_score = v, score
         self._inflight_tokens[best.name] = self._inflight_tokens.get(best.name, 0) + self.mean_prefill_tokens
         return Decision(backend=best, reason=f"least_load {best_score:.3f}", score=best_score)
 

@@ -256,7 +256,8 @@ class _Planner:
     def reshape(self, winner_counts: Sequence[int], winner: FleetFigures, fluid: dict[tuple[int, ...], list[float]],
                 restart_s: float) -> Reshape:
         winner_counts = tuple(winner_counts)
-        best_of = [max(fluid, key=lambda c, i=i: fluid[c][i]) for i in range(len(self.phases))]
+        best_of = [max(fluid, key=lambda c, i=i: fluid[c][i])  # type: ignore[misc]
+                   for i in range(len(self.phases))]
         # like for like: both fleets on the phase alone (cold caches and estimates for both)
         jobs: list[tuple[int, tuple[int, ...], str]] = []
         for i, best in enumerate(best_of):

@@ -144,8 +144,9 @@ def verify(res: PlanResult, traffic: Traffic, *, time_scale: float, seed: int, o
     ph = msgspec.structs.replace(scenario.phases[i], mix=None, duration_s=PHASE_S, represents_s=0.0)
     single = msgspec.structs.replace(scenario, phases=(ph,), degrade=None)
     n = res.servers
-    rate = ph.load * reference_rate(single, ph, n) if traffic.rates[i] is None else \
-        traffic.rates[i] / reference_rate(scenario, scenario.phases[i], n) * reference_rate(single, ph, n)
+    given = traffic.rates[i]
+    rate = ph.load * reference_rate(single, ph, n) if given is None else \
+        given / reference_rate(scenario, scenario.phases[i], n) * reference_rate(single, ph, n)
     win, hom = res.ranked[0], res.best_homogeneous
     homog_policy = max((p for p in hom.policies_tried if not p.startswith("sglang/")),
                        key=lambda p: hom.policies_tried[p])

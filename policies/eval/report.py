@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 
@@ -75,9 +75,9 @@ def print_scenario(res: ScenarioResult, out: TextIO) -> None:
         out.write(f"recovery after the drop ({obj}): {'never' if t is None else f'{t:.0f} s'}; "
                   f"{rec['window_s']:.0f} s windows: "
                   + " ".join(f"+{w:.0f}:{r:.2f}" for w, r in rec["ratios"]) + "\n")
-    for key, c in res.cold_start.items():
-        out.write(f"cold start ({key}): first {c['window_s']:.0f} s {c['request_tok_s']:.1f} req tok/s vs "
-                  f"clairvoyant {c['reference_tok_s']:.1f} (regret {100 * c['regret']:.1f}%)\n")
+    for key, cold in res.cold_start.items():
+        out.write(f"cold start ({key}): first {cold['window_s']:.0f} s {cold['request_tok_s']:.1f} req tok/s vs "
+                  f"clairvoyant {cold['reference_tok_s']:.1f} (regret {100 * cold['regret']:.1f}%)\n")
 
 
 def print_targets(targets: Sequence[Target], out: TextIO) -> None:
@@ -90,7 +90,7 @@ def print_targets(targets: Sequence[Target], out: TextIO) -> None:
                 out.write(f"         {line}\n")
 
 
-def scenario_json(res: ScenarioResult) -> dict:
+def scenario_json(res: ScenarioResult) -> dict[str, Any]:
     return {
         "description": res.description,
         "fleet": res.fleet,
@@ -108,7 +108,7 @@ def scenario_json(res: ScenarioResult) -> dict:
 
 
 def to_json(results: Sequence[ScenarioResult], targets: Sequence[Target], *, seed: int,
-            objectives: Sequence[str], primary: str, fleets: dict | None = None) -> dict:
+            objectives: Sequence[str], primary: str, fleets: dict[str, Any] | None = None) -> dict[str, Any]:
     scenarios = {}
     for res in results:
         scenarios[res.name] = scenario_json(res)
@@ -121,7 +121,7 @@ def to_json(results: Sequence[ScenarioResult], targets: Sequence[Target], *, see
     return doc
 
 
-def write_json(path: Path, doc: dict) -> None:
+def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=1))
 
@@ -154,12 +154,12 @@ def _closed_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
     return lines
 
 
-def _best_peer(policies: dict) -> str | None:
+def _best_peer(policies: dict[str, Any]) -> str | None:
     peers = [k for k in policies if k.startswith("sglang/")]
     return max(peers, key=lambda k: policies[k].mean_request_tok_s) if peers else None
 
 
-def _best_static(policies: dict) -> str | None:
+def _best_static(policies: dict[str, Any]) -> str | None:
     statics = [k for k in policies if k.startswith("static/")]
     return max(statics, key=lambda k: policies[k].mean_request_tok_s) if statics else None
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -76,7 +77,7 @@ class ScenarioResult(msgspec.Struct, kw_only=True):
     # per contestant over the whole scenario: mean of the phase figures and request-weighted mean
     summary: dict[str, dict[str, float]]
     # degrade only: per objective, seconds after the drop until goodput stays >= 0.95 x clairvoyant
-    recovery: dict[str, dict] = {}
+    recovery: dict[str, dict[str, Any]] = {}
     wall_s: float = 0.0
     fleet: str = ""
     slo: SLO = DEFAULT_SLO
@@ -93,26 +94,39 @@ def _static_names(scenario: Scenario) -> dict[str, str]:
 
 
 def contestants(pool: Sequence[str], objectives: Sequence[str], seed: int,
-                goodput_options: dict | None = None, *, statics: dict[str, str] | None = None,
+                goodput_options: dict[str, Any] | None = None, *, statics: dict[str, str] | None = None,
                 peers: bool = True, e2e_clairvoyant: bool = False) -> dict[str, tuple[str | None, Factory]]:
     """Name -> (objective or None, factory). Factories get the run's engines and specs."""
     opts = goodput_options or {}
+
+    def goodput(obj: str) -> Factory:
+        return lambda e, s: Goodput(obj, seed=seed, backends=s, **opts)
+
+    def clairvoyant(obj: str) -> Factory:
+        return lambda e, s: Goodput(obj, seed=seed, epsilon=0.0, bonus=0.0,
+                                    estimates=OracleEstimates(e))  # type: ignore[arg-type]
+
+    def peer(name: str) -> Factory:
+        return lambda e, s: make_peer(name, seed)  # type: ignore[return-value]
+
+    def pinned(server: str) -> Factory:
+        return lambda e, s: Pinned(server)
+
     out: dict[str, tuple[str | None, Factory]] = {
         "least_inflight": (None, lambda e, s: LeastInflight(random.Random(seed))),
         "round_robin": (None, lambda e, s: RoundRobin()),
         "threshold": (None, lambda e, s: Threshold(seed=seed)),
     }
     for obj in objectives:
-        out[f"goodput/{obj}"] = (obj, lambda e, s, obj=obj: Goodput(obj, seed=seed, backends=s, **opts))
-        out[f"clairvoyant/{obj}"] = (obj, lambda e, s, obj=obj: Goodput(
-            obj, seed=seed, epsilon=0.0, bonus=0.0, estimates=OracleEstimates(e)))  # type: ignore[arg-type]
+        out[f"goodput/{obj}"] = (obj, goodput(obj))
+        out[f"clairvoyant/{obj}"] = (obj, clairvoyant(obj))
     if e2e_clairvoyant:
-        out["clairvoyant/e2e"] = (None, lambda e, s: Clairvoyant(e))  # type: ignore[arg-type,return-value]
+        out["clairvoyant/e2e"] = (None, lambda e, s: Clairvoyant(e))
     if peers:
         for name in PEER_POLICIES:
-            out[name] = (None, lambda e, s, name=name: make_peer(name, seed))  # type: ignore[arg-type,return-value]
+            out[name] = (None, peer(name))
     for key, server in (statics if statics is not None else {f"static/{n}": n for n in pool}).items():
-        out[key] = (None, lambda e, s, server=server: Pinned(server))
+        out[key] = (None, pinned(server))
     return out
 
 
@@ -126,7 +140,7 @@ def _span_metric(run: RunResult, start: float, end: float, objective: str) -> fl
     return value
 
 
-def _recovery(goodput: RunResult, oracle: RunResult, scenario: Scenario, objective: str) -> dict:
+def _recovery(goodput: RunResult, oracle: RunResult, scenario: Scenario, objective: str) -> dict[str, Any]:
     """How long after the drop goodput is back to RECOVERY_RATIO x clairvoyant.
 
     `recovery_s` is the first offset t (5 s steps) at which both the 20 s window starting at t
@@ -187,7 +201,7 @@ def on_fleet(scenario: Scenario, fleet: str) -> Scenario:
 
 def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str] = OBJECTIVES,
                  primary: str = "latency", only: Sequence[str] | None = None,
-                 goodput_options: dict | None = None, slo: SLO = DEFAULT_SLO,
+                 goodput_options: dict[str, Any] | None = None, slo: SLO = DEFAULT_SLO,
                  peers: bool = True) -> ScenarioResult:
     """Run all contestants (or those named in `only`) and compute per-phase metrics and ratios."""
     t0 = time.perf_counter()

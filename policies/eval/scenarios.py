@@ -207,7 +207,7 @@ def _day() -> Scenario:
     contexts. Each stretch is simulated for 120 s of steady traffic (`represents_s` is its real
     length): enough for thousands of requests, and what `plan` weighs a stretch by."""
     hour = 3600.0
-    spec = (  # name, hours, load, domains, mix changes
+    spec: tuple[tuple[str, int, float, dict[str, float], dict[str, float]], ...] = (  # name, hours, load, domains, mix
         ("00-night", 6, 0.15, {"math": 1.0, "code": 2.0, "chat": 1.0}, dict(agent=0.45, chat=0.15, long_context=0.25)),
         ("06-morning", 3, 0.45, {"math": 1.0, "code": 2.0, "chat": 2.0}, {}),
         ("09-peak", 3, 0.85, {"math": 1.0, "code": 3.0, "chat": 2.0}, {}),

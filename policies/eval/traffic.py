@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -72,7 +73,7 @@ def named_traffic(name: str) -> Traffic:
     return Traffic(name=name, scenario=s, rates=tuple(None for _ in s.phases))
 
 
-def _number(where: str, obj: dict, key: str, *, positive: bool = True) -> float | None:
+def _number(where: str, obj: dict[str, Any], key: str, *, positive: bool = True) -> float | None:
     if key not in obj:
         return None
     v = obj[key]
@@ -81,7 +82,7 @@ def _number(where: str, obj: dict, key: str, *, positive: bool = True) -> float 
     return float(v)
 
 
-def _phase(where: str, obj: dict, index: int) -> tuple[Phase, float | None]:
+def _phase(where: str, obj: dict[str, Any], index: int) -> tuple[Phase, float | None]:
     unknown = sorted(set(obj) - _PHASE_KEYS)
     if unknown:
         raise TrafficError(f"{where}: unknown key {unknown[0]!r} (phase keys: {', '.join(sorted(_PHASE_KEYS))})")
@@ -123,7 +124,7 @@ def load_traffic(spec: str) -> Traffic:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TrafficError(f"{spec}: cannot read: {e}") from None
-    settings: dict = {}
+    settings: dict[str, Any] = {}
     phases: list[Phase] = []
     rates: list[float | None] = []
     for lineno, line in enumerate(text.splitlines(), 1):
