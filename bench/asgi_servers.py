@@ -38,8 +38,17 @@ def _granian(config_path: str) -> None:
     tune_gc()  # as `specroute serve` does, so the comparison is of the servers only
 
     async def main() -> None:
-        server = Server(app, address=host, port=port, interface=Interfaces.ASGI, http=HTTPModes.http1,
-                        websockets=False, backlog=2048, runtime_threads=1, log_enabled=False)
+        server = Server(
+            app,
+            address=host,
+            port=port,
+            interface=Interfaces.ASGI,
+            http=HTTPModes.http1,
+            websockets=False,
+            backlog=2048,
+            runtime_threads=1,
+            log_enabled=False,
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stop)

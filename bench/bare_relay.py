@@ -50,8 +50,7 @@ def make_app(backend_port: int) -> Any:
                 break
         if session is None:  # made on first use: granian's embedded server sends no lifespan events
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        async with session.post(base + scope["path"], data=body,
-                                headers={"content-type": "application/json"}) as resp:
+        async with session.post(base + scope["path"], data=body, headers={"content-type": "application/json"}) as resp:
             headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             if resp.content_type != "text/event-stream":
@@ -71,8 +70,17 @@ def _granian(app: Any, port: int) -> None:
     from granian.server.embed import Server
 
     async def main() -> None:
-        server = Server(app, address="127.0.0.1", port=port, interface=Interfaces.ASGI, http=HTTPModes.http1,
-                        websockets=False, backlog=2048, runtime_threads=1, log_enabled=False)
+        server = Server(
+            app,
+            address="127.0.0.1",
+            port=port,
+            interface=Interfaces.ASGI,
+            http=HTTPModes.http1,
+            websockets=False,
+            backlog=2048,
+            runtime_threads=1,
+            log_enabled=False,
+        )
         await server.serve()
 
     uvloop.run(main())
@@ -88,8 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) == 3 and args[2] == "granian":
         _granian(app, int(args[0]))
     else:
-        uvicorn.run(app, host="127.0.0.1", port=int(args[0]), loop="uvloop", http="httptools", lifespan="on",
-                    log_level="warning", access_log=False)
+        uvicorn.run(
+            app,
+            host="127.0.0.1",
+            port=int(args[0]),
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+        )
     return 0
 
 

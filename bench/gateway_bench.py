@@ -106,7 +106,7 @@ def _wait_ok(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -366,7 +366,7 @@ async def quiesce(previous: Target | None, limit_s: float = 10.0) -> None:
         last = now
 
 
-async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None]) -> dict[str, list[dict]]:
+async def measure(targets: list[Target], plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     """runs[scenario][target] = [level result per repeat]"""
     runs: dict[str, dict[str, list[dict]]] = {
         s: {t.name: [] for t in targets if t.only is None or s in t.only} for s in SCENARIOS
@@ -769,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     pinned = len(cpus) >= 2
     load_cpu, gw_cpu = (cpus[0], cpus[1]) if pinned else (None, None)
     if pinned:
+        assert load_cpu is not None
         os.sched_setaffinity(0, {load_cpu})
     pinning = (
         f"load generator + backend + OTLP sink on CPU {load_cpu}, gateway on CPU {gw_cpu}"
@@ -861,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
                     t.exporter_pid = exporters[0]
                     if pinned:  # every thread: the SDK's batch processor works on its own thread
                         for tid in os.listdir(f"/proc/{t.exporter_pid}/task"):
-                            os.sched_setaffinity(int(tid), {load_cpu})
+                            os.sched_setaffinity(int(tid), {cpus[0]})
             time.sleep(1.5)  # first readiness poll and /server_info fallbacks done
             off = targets[1]
             idle = rss_mib(off.pid)  # type: ignore[arg-type]
@@ -894,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             for proc in (*gws.values(), backend, bare_proc, *stack_procs(extra)):
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args} died during the run")
+                    raise RuntimeError(f"{proc.args!r} died during the run")
             spans_dropped: dict[str, int] = {}
             for t in targets[1:] + replicas:
                 mode = t.name.partition("~")[0]
@@ -904,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
 
     figs = figures(runs, routing, memory, [t.name for t in targets[1:]], spans_dropped, exporter_cpu)
     last_run = compare_with_last(figs, Path(a.output))
-    result = {
+    result: dict[str, Any] = {
         "schema": 1,
         "meta": {
             "quick": a.quick,

@@ -62,11 +62,27 @@ def count(mode: str, requests: int, backend_port: int, tmp: Path, cpus: tuple[in
     config.write_text(_gateway_toml(port, backend_port))
     out_dir = tmp / f"callgrind-{mode}"
     out_dir.mkdir()
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_dir}/out.%p",
-           sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out_dir}/out.%p",
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--config",
+        str(config),
+    ]
     # valgrind runs the start-up about 50x slower: a longer wait for /health than the benchmark's
-    with _process(cmd, tmp / f"gateway-{mode}.log", cpus[1], _gateway_env(mode, backend_port),
-                  ready_url=f"http://127.0.0.1:{port}/health", ready_timeout_s=300.0) as proc:
+    with _process(
+        cmd,
+        tmp / f"gateway-{mode}.log",
+        cpus[1],
+        _gateway_env(mode, backend_port),
+        ready_url=f"http://127.0.0.1:{port}/health",
+        ready_timeout_s=300.0,
+    ) as proc:
         target = Target(mode, port, None)
         body = _body(False)
         uvloop.run(run_level(target, body, CONCURRENCY, requests=WARMUP_REQUESTS))
@@ -98,8 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         cpus = (0, 1) if (os.cpu_count() or 1) >= 2 else (None, None)
         if cpus[0] is not None:
             os.sched_setaffinity(0, {cpus[0]})
-        stack.enter_context(_process([sys.executable, "-m", "bench.zero_server", "--port", str(backend_port)],
-                                     tmp / "backend.log", cpus[0], ready_url=f"http://127.0.0.1:{backend_port}/health"))
+        stack.enter_context(
+            _process(
+                [sys.executable, "-m", "bench.zero_server", "--port", str(backend_port)],
+                tmp / "backend.log",
+                cpus[0],
+                ready_url=f"http://127.0.0.1:{backend_port}/health",
+            )
+        )
         per_request = {}
         for mode in modes:
             per_request[mode] = count(mode, a.requests, backend_port, tmp, cpus)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -29,11 +30,17 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 
 
-def create_app(config: Config, *, config_path: str | Path | None = None, tracing: Tracing | None = None,
-               access_log: AccessLog | None = None) -> Litestar:
+def create_app(
+    config: Config,
+    *,
+    config_path: str | Path | None = None,
+    tracing: Tracing | None = None,
+    access_log: AccessLog | None = None,
+) -> Litestar:
     rt = Runtime(config, tracing=tracing, access_log=access_log)
     created = int(time.time())
     reload_lock = asyncio.Lock()
+    reloads: set[asyncio.Future[None]] = set()  # SIGHUP reloads running
 
     def _json(obj: object, status: int = 200) -> Response[bytes]:
         return Response(_encoder.encode(obj), status_code=status, media_type="application/json")
@@ -57,8 +64,17 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
     @get("/v1/models")
     async def models() -> Response[bytes]:
         # One entry per served model, not per backend: clients choose a model, the gateway a backend.
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "specroute",
-                 "root": m, "backends": [b.name for b in rt.pools.by_model[m]]} for m in rt.pools.models()]
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": created,
+                "owned_by": "specroute",
+                "root": m,
+                "backends": [b.name for b in rt.pools.by_model[m]],
+            }
+            for m in rt.pools.models()
+        ]
         return _json({"object": "list", "data": data})
 
     @get("/health")
@@ -80,24 +96,37 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
     @get("/server_info")
     async def server_info() -> Response[bytes]:
         """What SGLang's bench_serving reads, aggregated over the pool, so users' scripts work here too."""
-        accepts = [b.load.accept_length for b in rt.pools.by_name.values()
-                   if b.load is not None and b.load.accept_length]
+        accepts = [
+            b.load.accept_length for b in rt.pools.by_name.values() if b.load is not None and b.load.accept_length
+        ]
         avg = sum(accepts) / len(accepts) if accepts else None
-        return _json({"served_model_names": rt.pools.models(), "gateway": "specroute",
-                      "max_running_requests": sum(b.cap for b in rt.pools.by_name.values()) or None,
-                      "internal_states": [{"avg_spec_accept_length": avg}]})
+        return _json(
+            {
+                "served_model_names": rt.pools.models(),
+                "gateway": "specroute",
+                "max_running_requests": sum(b.cap for b in rt.pools.by_name.values()) or None,
+                "internal_states": [{"avg_spec_accept_length": avg}],
+            }
+        )
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
-        return _json(AdminBackends(
-            inflight=rt.admission.inflight, waiting=rt.admission.waiting, rejected=rt.admission.rejected,
-            retries=rt.proxy.retries, access_log_dropped=rt.proxy.access_log.dropped,
-            spans_dropped=rt.tracing.dropped, policies=_policies(rt),
-            backends=[_backend_state(b, rt) for b in rt.pools.by_name.values()],
-            retiring=[_backend_state(b, rt) for b in rt.retiring.values()]))
+        return _json(
+            AdminBackends(
+                inflight=rt.admission.inflight,
+                waiting=rt.admission.waiting,
+                rejected=rt.admission.rejected,
+                retries=rt.proxy.retries,
+                access_log_dropped=rt.proxy.access_log.dropped,
+                spans_dropped=rt.tracing.dropped,
+                policies=_policies(rt),
+                backends=[_backend_state(b, rt) for b in rt.pools.by_name.values()],
+                retiring=[_backend_state(b, rt) for b in rt.retiring.values()],
+            )
+        )
 
     @post("/admin/backends", status_code=201)
-    async def add_backend(request: Request) -> Response[bytes]:
+    async def add_backend(request: Request[Any, Any, Any]) -> Response[bytes]:
         try:
             data = _decoder.decode(await request.body())
         except msgspec.DecodeError as e:
@@ -146,18 +175,32 @@ def create_app(config: Config, *, config_path: str | Path | None = None, tracing
                         await _reload()
                     except ApiError as e:
                         log.error("SIGHUP reload: %s", e.message)
-                asyncio.ensure_future(run())
-            try:
+
+                task = asyncio.ensure_future(run())
+                reloads.add(task)  # held until done: the loop keeps only a weak reference to a task
+                task.add_done_callback(reloads.discard)
+
+            # not the main thread (tests) or no signals: no SIGHUP reload, POST /admin/reload still works
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, on_sighup)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests) or no signals
-                pass
 
     async def on_shutdown() -> None:
         await rt.stop()
 
     app = Litestar(
-        route_handlers=[models, health, ready, prometheus, server_info,
-                        admin_backends, add_backend, remove_backend, drain, undrain, reload],
+        route_handlers=[
+            models,
+            health,
+            ready,
+            prometheus,
+            server_info,
+            admin_backends,
+            add_backend,
+            remove_backend,
+            drain,
+            undrain,
+            reload,
+        ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         request_max_body_size=config.gateway.max_body_bytes,
         on_startup=[on_startup],
@@ -180,9 +223,12 @@ def create_asgi(config: Config, **kwargs: Any) -> Any:
     inner: Any = rt.tracing.server_span_middleware(app) if rt.tracing.enabled else app
     # The generation routes (POST /v1/chat/completions, /v1/completions, under any root_path) are
     # answered by FastRoutes alone; rt.proxy is looked up per request (a reload may replace it).
-    fast = FastRoutes(inner, lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace,
-                                                                                        client),
-                      config.gateway.max_body_bytes, rt.tracing)
+    fast = FastRoutes(
+        inner,
+        lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace, client),
+        config.gateway.max_body_bytes,
+        rt.tracing,
+    )
     return AuthGate(fast, config.auth, lambda: rt.config.auth)
 
 
@@ -198,9 +244,16 @@ def _policies(rt: Runtime) -> dict[str, Any]:
 def _backend_state(b: Backend, rt: Runtime) -> BackendState:
     poller = rt.poller.pollers.get(b.name)
     return BackendState(
-        name=b.name, url=b.spec.url, model=b.spec.model, strategy=b.spec.strategy.value,
-        up=b.up, ready=b.ready, draining=b.draining, circuit=b.circuit.state.value,
-        inflight=b.inflight, cap=b.cap,
+        name=b.name,
+        url=b.spec.url,
+        model=b.spec.model,
+        strategy=b.spec.strategy.value,
+        up=b.up,
+        ready=b.ready,
+        draining=b.draining,
+        circuit=b.circuit.state.value,
+        inflight=b.inflight,
+        cap=b.cap,
         reported_load=msgspec.to_builtins(b.load) if b.load else None,
         server_info=msgspec.to_builtins(b.info) if b.info else None,
         load_source=poller.load_source if poller else None,
@@ -208,18 +261,19 @@ def _backend_state(b: Backend, rt: Runtime) -> BackendState:
     )
 
 
-def _api_error(_: Request, exc: ApiError) -> Response:
+def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
     return exc.response()
 
 
-def _http_error(_: Request, exc: HTTPException) -> Response:
+def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
-    message = {404: "no such route", 405: "method not allowed for this route",
-               413: "request body too large"}.get(status, str(exc.detail))
+    message = {404: "no such route", 405: "method not allowed for this route", 413: "request body too large"}.get(
+        status, str(exc.detail)
+    )
     return ApiError(status, message, headers=dict(exc.headers or {})).response()
 
 
-def _unexpected(_: Request, exc: Exception) -> Response:
+def _unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     # Never a traceback to the client; the operator gets it in the log.
     log.error("unhandled error", exc_info=exc)
     return ApiError(500, "internal gateway error", type="api_error").response()

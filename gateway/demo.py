@@ -33,9 +33,23 @@ def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output
         group.wait_ready({"gateway": f"{gateway_url}/health"}, timeout_s=90)
         targets = ",".join(["gateway", *(s.name for s in SEED_SYSTEMS)])
         print(f"ready in {time.monotonic() - started:.1f}s; sweeping C={concurrency} on {targets}", flush=True)
-        loadgen = [sys.executable, "-m", "loadgen", "--gateway-url", gateway_url, "--target", targets,
-                   "--concurrency", concurrency, "--max-tokens", str(max_tokens), "--dataset", "mixed",
-                   "--output", str(out_dir)]
+        loadgen = [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "--gateway-url",
+            gateway_url,
+            "--target",
+            targets,
+            "--concurrency",
+            concurrency,
+            "--max-tokens",
+            str(max_tokens),
+            "--dataset",
+            "mixed",
+            "--output",
+            str(out_dir),
+        ]
         code = subprocess.call(loadgen)
     print(f"demo finished in {time.monotonic() - started:.0f}s; outputs and gateway.log in {out_dir}", flush=True)
     return code

@@ -35,19 +35,27 @@ class Runtime:
         self.config = config
         self.pools = Pools()
         a = config.admission
-        self.admission = Admission(self.pools, max_inflight=a.max_inflight, max_queue=a.max_queue,
-                                   queue_timeout_s=a.queue_timeout_s)
+        self.admission = Admission(
+            self.pools, max_inflight=a.max_inflight, max_queue=a.max_queue, queue_timeout_s=a.queue_timeout_s
+        )
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.pools, self.admission)
         self.tracing = tracing or Tracing(config.tracing)
         self.policies: dict[str, Policy] = {}  # shared with the proxy: changed in place
         # How each model's policy was built (name, sorted options): an unchanged one is kept on reload.
         self._policy_builds: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
-        self.proxy = Proxy(self.pools, self.admission, self.policies, config, metrics=self.metrics,
-                           tracing=self.tracing, access_log=access_log)
+        self.proxy = Proxy(
+            self.pools,
+            self.admission,
+            self.policies,
+            config,
+            metrics=self.metrics,
+            tracing=self.tracing,
+            access_log=access_log,
+        )
         self.poller = Poller(config.health, on_change=self.admission.kick)
         self.retiring: dict[str, Backend] = {}
-        self._retire_tasks: set[asyncio.Task] = set()
+        self._retire_tasks: set[asyncio.Task[None]] = set()
         self._seeding: asyncio.Task[None] | None = None
         for entry in config.backends:
             self._add(entry)
@@ -58,10 +66,14 @@ class Runtime:
     def _add(self, entry: BackendEntry) -> Backend:
         config = self.config
         spec = Config(backends=[entry]).backend_specs()[0]
-        backend = Backend(spec, SGLangClient(spec, connections=config.gateway.upstream_connections,
-                                             connect_timeout_s=config.timeouts.connect_s),
-                          CircuitBreaker(config.health.circuit_failures, config.health.circuit_cooldown_s),
-                          cap=config.admission.backend_max_inflight)
+        backend = Backend(
+            spec,
+            SGLangClient(
+                spec, connections=config.gateway.upstream_connections, connect_timeout_s=config.timeouts.connect_s
+            ),
+            CircuitBreaker(config.health.circuit_failures, config.health.circuit_cooldown_s),
+            cap=config.admission.backend_max_inflight,
+        )
         self.pools.add(backend)
         self.poller.add(backend)
         self.proxy.baseline.register(backend)
@@ -78,7 +90,9 @@ class Runtime:
         task.add_done_callback(self._retire_tasks.discard)
 
     async def _close_when_idle(self, backend: Backend, poll_s: float = 0.05) -> None:
-        while backend.inflight > 0:
+        # A poll, not an event: the count lives in the backend's leases, which signal nobody; this
+        # runs once per removed backend, not per request.
+        while backend.inflight > 0:  # noqa: ASYNC110
             await asyncio.sleep(poll_s)
         await backend.client.close()
         self.retiring.pop(backend.name, None)
@@ -157,7 +171,8 @@ class Runtime:
     def _config_dict(self) -> dict[str, Any]:
         import msgspec
 
-        return msgspec.to_builtins(self.config)
+        data: dict[str, Any] = msgspec.to_builtins(self.config)
+        return data
 
     async def start(self) -> None:
         self.poller.start()

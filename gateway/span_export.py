@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import fcntl
 import logging
 import os
@@ -71,8 +72,11 @@ def build_exporter(section: TracingSection) -> SpanExporter | None:
         return ConsoleSpanExporter()
     if kind != "otlp":
         return None
-    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL") or section.protocol
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or section.protocol
+    )
     env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if protocol == "grpc":
         try:
@@ -80,7 +84,8 @@ def build_exporter(section: TracingSection) -> SpanExporter | None:
         except ImportError:
             log.warning("OTLP over gRPC needs `pip install specroute[grpc]`; using HTTP/protobuf")
         else:
-            return GrpcExporter(endpoint=None if env_endpoint else section.endpoint)
+            grpc: SpanExporter = GrpcExporter(endpoint=None if env_endpoint else section.endpoint)
+            return grpc
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     # The exporter reads the env endpoint itself (appending /v1/traces); a config endpoint is a base URL.
@@ -107,19 +112,20 @@ class ProcessSink:
     def __init__(self, section: TracingSection, max_pending_bytes: int = 8 << 20) -> None:
         self.dropped = 0
         self._max_pending = max_pending_bytes
-        self._pending: collections.deque[bytes] = collections.deque()  # whole frames, oldest first
+        self._pending: collections.deque[bytes | bytearray] = collections.deque()  # whole frames, oldest first
         self._pending_bytes = 0
         self._offset = 0  # bytes of the oldest frame already written
         self._warned = False
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.span_export", msgspec.json.encode(section).decode()],
-            stdin=subprocess.PIPE, stdout=None, stderr=None)
+            stdin=subprocess.PIPE,
+            stdout=None,
+            stderr=None,
+        )
         assert self._proc.stdin is not None
         self._fd = self._proc.stdin.fileno()
-        try:
-            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)  # fewer, larger writes (Linux)
-        except (OSError, AttributeError):
-            pass
+        with contextlib.suppress(OSError, AttributeError):  # F_SETPIPE_SZ is Linux's
+            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)  # fewer, larger writes
         os.set_blocking(self._fd, False)
 
     @property
@@ -149,7 +155,7 @@ class ProcessSink:
         while pending:
             head = pending[0]
             try:
-                n = os.write(self._fd, memoryview(head)[self._offset:] if self._offset else head)
+                n = os.write(self._fd, memoryview(head)[self._offset :] if self._offset else head)
             except BlockingIOError:
                 return
             except OSError:  # the exporter process is gone
@@ -176,10 +182,9 @@ class ProcessSink:
 
     def close(self, timeout_s: float) -> None:
         self.flush(timeout_s)
-        try:
-            self._proc.stdin.close()  # type: ignore[union-attr]  # EOF: the exporter exports the rest, exits
-        except OSError:
-            pass
+        assert self._proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()  # EOF: the exporter exports the rest, exits
         try:
             self._proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -216,8 +221,9 @@ class ThreadSink:
                 item.set()
                 continue
             try:
-                self.exporter.export(to_readable(expand(_decoder.decode(memoryview(item)[_FRAME.size:])),
-                                                 self._resource))
+                self.exporter.export(
+                    to_readable(expand(_decoder.decode(memoryview(item)[_FRAME.size :])), self._resource)
+                )
             except Exception as e:  # an exporter's failure must not end the thread
                 log.warning("span export failed: %s", e)
 
@@ -236,7 +242,7 @@ class ThreadSink:
 def spans_in(frame: bytes | bytearray) -> int:
     """How many spans a frame holds (counted for drops only, so not on the way of every batch)."""
     try:
-        return sum(t.spans() for t in _decoder.decode(memoryview(frame)[_FRAME.size:]))
+        return sum(t.spans() for t in _decoder.decode(memoryview(frame)[_FRAME.size :]))
     except msgspec.DecodeError:
         return 0
 
@@ -263,7 +269,7 @@ class SpanShipper:
         self._timer: asyncio.TimerHandle | None = None
         self._encode_into = _encoder.encode_into
 
-    def add(self, record: tuple) -> None:
+    def add(self, record: tuple[Any, ...]) -> None:
         """`record`: a `TraceRecord` as a tuple."""
         self._encode_into(record, self._frame, -1)
         self._count += 1
@@ -289,7 +295,7 @@ class SpanShipper:
             at = _FRAME.size
             _FRAME.pack_into(frame, 0, len(frame) - at)
             frame[at] = 0xDD
-            frame[at + 1:_HEAD_SIZE] = count.to_bytes(4, "big")
+            frame[at + 1 : _HEAD_SIZE] = count.to_bytes(4, "big")
         self.sink.send(frame, count)  # count 0: nothing to take, only pending frames to write
 
     @property
@@ -336,7 +342,7 @@ class _Frames:
             size = _FRAME.unpack_from(buf, at)[0]
             if len(buf) - at - _FRAME.size < size:
                 break
-            frames.append(bytes(buf[at + _FRAME.size:at + _FRAME.size + size]))
+            frames.append(bytes(buf[at + _FRAME.size : at + _FRAME.size + size]))
             at += _FRAME.size + size
         del buf[:at]
         return frames
@@ -349,10 +355,8 @@ def _lower_priority() -> None:
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
-        try:
+        with contextlib.suppress(OSError):
             os.nice(EXPORTER_NICE)
-        except OSError:
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ console, a test's in-memory one), which encodes them.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 from opentelemetry.sdk.resources import Resource
@@ -35,9 +36,9 @@ class ClientRecord(msgspec.Struct, array_like=True, gc=False):
     span_id: str
     start_ns: int
     end_ns: int
-    error: str | None                 # None: status unset; else ERROR with this description
-    server: tuple[str, int | None]    # the upstream's address and port
-    request: bytes                    # the request's RequestRecord as JSON (`encode_request`)
+    error: str | None  # None: status unset; else ERROR with this description
+    server: tuple[str, int | None]  # the upstream's address and port
+    request: bytes  # the request's RequestRecord as JSON (`encode_request`)
 
 
 class TraceRecord(msgspec.Struct, array_like=True, gc=False):
@@ -46,10 +47,10 @@ class TraceRecord(msgspec.Struct, array_like=True, gc=False):
     struct to build); the export side decodes this type and expands it (`expand`). `end_ns` 0: the
     record holds only CLIENT spans that ended after their SERVER span had been shipped."""
 
-    trace_id: str                     # 32 hex digits
-    span_id: str                      # the SERVER span's, 16 hex digits
-    parent_id: str | None             # from an incoming traceparent: a remote parent
-    trace_state: str | None           # the incoming tracestate header, passed on unchanged
+    trace_id: str  # 32 hex digits
+    span_id: str  # the SERVER span's, 16 hex digits
+    parent_id: str | None  # from an incoming traceparent: a remote parent
+    trace_state: str | None  # the incoming tracestate header, passed on unchanged
     start_ns: int
     end_ns: int
     http: tuple[str, str, int] | None  # method, path, status
@@ -67,17 +68,17 @@ class SpanRecord(msgspec.Struct, gc=False):
     named from, `http` for a SERVER span, `server` and `request` for a CLIENT span."""
 
     name: str
-    kind: int                 # opentelemetry.trace.SpanKind value
-    trace_id: str             # 32 hex digits
-    span_id: str              # 16 hex digits
-    parent_id: str | None     # 16 hex digits; None for a root span
-    parent_remote: bool       # the parent came in a traceparent header
+    kind: int  # opentelemetry.trace.SpanKind value
+    trace_id: str  # 32 hex digits
+    span_id: str  # 16 hex digits
+    parent_id: str | None  # 16 hex digits; None for a root span
+    parent_remote: bool  # the parent came in a traceparent header
     trace_state: str | None
     start_ns: int
     end_ns: int
     error: str | None = None  # None: status unset; else ERROR with this description ("" for none)
     http: tuple[str, str, str, int] | None = None  # method, route, path, status
-    server: tuple[str, int | None] | None = None   # the upstream's address and port
+    server: tuple[str, int | None] | None = None  # the upstream's address and port
     request: RequestRecord | None = None
 
 
@@ -87,7 +88,7 @@ _request_decoder = msgspec.json.Decoder(RequestRecord)
 def route_template(path: str) -> str:
     """Span names use the route, not the path, so admin calls do not make a name per backend."""
     if path.startswith("/admin/backends/"):
-        rest = path[len("/admin/backends/"):].split("/", 1)
+        rest = path[len("/admin/backends/") :].split("/", 1)
         return "/admin/backends/{name}" + ("/" + rest[1] if len(rest) > 1 else "")
     return path
 
@@ -99,14 +100,40 @@ def expand(records: Iterable[TraceRecord]) -> list[SpanRecord]:
         if t.holds_server_span():
             method, path, status = t.http  # type: ignore[misc]
             route = route_template(path)
-            out.append(SpanRecord(f"{method} {route}", _SERVER, t.trace_id, t.span_id, t.parent_id,
-                                  t.parent_id is not None, t.trace_state, t.start_ns, t.end_ns,
-                                  "" if status >= 500 else None, (method, route, path, status)))
+            out.append(
+                SpanRecord(
+                    f"{method} {route}",
+                    _SERVER,
+                    t.trace_id,
+                    t.span_id,
+                    t.parent_id,
+                    t.parent_id is not None,
+                    t.trace_state,
+                    t.start_ns,
+                    t.end_ns,
+                    "" if status >= 500 else None,
+                    (method, route, path, status),
+                )
+            )
         for c in t.clients or ():
             request = _request_decoder.decode(c.request)
-            out.append(SpanRecord(f"{OPERATION.get(request.kind, request.kind)} {request.model}", _CLIENT,
-                                  t.trace_id, c.span_id, t.span_id, False, t.trace_state, c.start_ns, c.end_ns,
-                                  c.error, None, c.server, request))
+            out.append(
+                SpanRecord(
+                    f"{OPERATION.get(request.kind, request.kind)} {request.model}",
+                    _CLIENT,
+                    t.trace_id,
+                    c.span_id,
+                    t.span_id,
+                    False,
+                    t.trace_state,
+                    c.start_ns,
+                    c.end_ns,
+                    c.error,
+                    None,
+                    c.server,
+                    request,
+                )
+            )
     return out
 
 
@@ -125,12 +152,18 @@ def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
     attrs["gen_ai.usage.input_tokens"] = r.prompt_tokens
     attrs["gen_ai.usage.output_tokens"] = r.completion_tokens
     for key, value in (
-        ("specroute.decision.score", r.score), ("gen_ai.response.id", r.response_id),
-        ("gen_ai.response.model", r.response_model), ("gen_ai.response.time_to_first_chunk", r.ttft_s),
-        ("specroute.accept_length", r.accept_length), ("specroute.verify_count", r.verify_ct),
-        ("specroute.decode_tok_s", r.decode_tok_s), ("specroute.baseline_tok_s", r.baseline_tok_s),
-        ("specroute.speedup", r.speedup), ("specroute.queue_s", r.queue_s),
-        ("gen_ai.request.max_tokens", r.max_tokens), ("gen_ai.request.temperature", r.temperature),
+        ("specroute.decision.score", r.score),
+        ("gen_ai.response.id", r.response_id),
+        ("gen_ai.response.model", r.response_model),
+        ("gen_ai.response.time_to_first_chunk", r.ttft_s),
+        ("specroute.accept_length", r.accept_length),
+        ("specroute.verify_count", r.verify_ct),
+        ("specroute.decode_tok_s", r.decode_tok_s),
+        ("specroute.baseline_tok_s", r.baseline_tok_s),
+        ("specroute.speedup", r.speedup),
+        ("specroute.queue_s", r.queue_s),
+        ("gen_ai.request.max_tokens", r.max_tokens),
+        ("gen_ai.request.temperature", r.temperature),
     ):
         if value is not None:
             attrs[key] = value
@@ -145,8 +178,9 @@ def attributes_of(r: SpanRecord) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     if r.http is not None:
         method, route, path, status = r.http
-        attrs.update({"http.request.method": method, "http.route": route, "url.path": path,
-                      "http.response.status_code": status})
+        attrs.update(
+            {"http.request.method": method, "http.route": route, "url.path": path, "http.response.status_code": status}
+        )
     if r.request is not None:
         _request_attributes(attrs, r.request)
     if r.server is not None:
@@ -163,11 +197,20 @@ def to_readable(records: Iterable[SpanRecord], resource: Resource) -> list[Reada
         trace_id = int(r.trace_id, 16)
         state = TraceState.from_header([r.trace_state]) if r.trace_state else None
         context = SpanContext(trace_id, int(r.span_id, 16), False, _SAMPLED, state)
-        parent = (SpanContext(trace_id, int(r.parent_id, 16), r.parent_remote, _SAMPLED, state)
-                  if r.parent_id else None)
+        parent = SpanContext(trace_id, int(r.parent_id, 16), r.parent_remote, _SAMPLED, state) if r.parent_id else None
         status = _UNSET if r.error is None else Status(StatusCode.ERROR, r.error or None)
-        out.append(ReadableSpan(
-            name=r.name, context=context, parent=parent, resource=resource, attributes=attributes_of(r),
-            kind=_KINDS.get(r.kind, SpanKind.INTERNAL), status=status, start_time=r.start_ns, end_time=r.end_ns,
-            instrumentation_scope=SCOPE))
+        out.append(
+            ReadableSpan(
+                name=r.name,
+                context=context,
+                parent=parent,
+                resource=resource,
+                attributes=attributes_of(r),
+                kind=_KINDS.get(r.kind, SpanKind.INTERNAL),
+                status=status,
+                start_time=r.start_ns,
+                end_time=r.end_ns,
+                instrumentation_scope=SCOPE,
+            )
+        )
     return out

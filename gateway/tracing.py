@@ -55,13 +55,13 @@ class Trace(msgspec.Struct, gc=False):
     trace_state: str | None
     sampled: bool
     start_ns: int = 0
-    clients: list | None = None  # ended CLIENT spans, as `gateway.spans.ClientRecord` tuples
-    ended: bool = False          # the SERVER span is shipped: a CLIENT span ending later goes alone
+    clients: list[tuple[Any, ...]] | None = None  # ended CLIENT spans, as `gateway.spans.ClientRecord` tuples
+    ended: bool = False  # the SERVER span is shipped: a CLIENT span ending later goes alone
 
 
 # A CLIENT span while its upstream attempt runs: (trace, span id, start ns, (host, port)). A tuple,
 # not an object: it lives for one attempt and only `end_client_span` reads it.
-ClientSpan = tuple
+ClientSpan = tuple[Trace, str, int, tuple[str, int | None]]
 
 
 _current: ContextVar[Trace | None] = ContextVar("specroute_trace", default=None)
@@ -85,8 +85,11 @@ class Tracing:
         incident, lower it after); the exporter settings need a restart, as they did at start-up."""
         self.sampler = sampler_from(section.sample_ratio)
         self._all_roots = self.sampler.samples_every_root
-        changed = [f"tracing.{name}" for name in ("exporter", "endpoint", "protocol", "service_name")
-                   if getattr(section, name) != getattr(self.section, name)]
+        changed = [
+            f"tracing.{name}"
+            for name in ("exporter", "endpoint", "protocol", "service_name")
+            if getattr(section, name) != getattr(self.section, name)
+        ]
         if changed:
             log.warning("%s changed: takes effect at the next restart", ", ".join(changed))
         self.section = section
@@ -128,8 +131,18 @@ class Tracing:
         a plain tuple in the layout of `gateway.spans.TraceRecord`, which the export side decodes."""
         trace.ended = True
         if trace.sampled and self.shipper is not None:
-            self.shipper.add((trace.trace_id, trace.span_id, trace.parent_id, trace.trace_state, trace.start_ns,
-                              _time_ns(), (method, path, status), trace.clients))
+            self.shipper.add(
+                (
+                    trace.trace_id,
+                    trace.span_id,
+                    trace.parent_id,
+                    trace.trace_state,
+                    trace.start_ns,
+                    _time_ns(),
+                    (method, path, status),
+                    trace.clients,
+                )
+            )
 
     def server_span_middleware(self, app: Any) -> Any:
         """ASGI: the SERVER span of every traced request, current while the app runs (the two
@@ -141,10 +154,11 @@ class Tracing:
         assert self.shipper is not None
         start, end = self.start_server_span, self.end_server_span
 
-        async def traced(scope: dict, receive: Any, send: Any) -> None:
+        async def traced(scope: dict[str, Any], receive: Any, send: Any) -> None:
             path = scope.get("path", "")
             if scope["type"] != "http" or path in UNTRACED_PATHS:
-                return await app(scope, receive, send)
+                await app(scope, receive, send)
+                return
             traceparent = tracestate = None
             for name, value in scope["headers"]:
                 if name == b"traceparent":
@@ -155,12 +169,13 @@ class Tracing:
             token = _current.set(trace)
             if not trace.sampled:  # the context still travels (trace id header, upstream traceparent)
                 try:
-                    return await app(scope, receive, send)
+                    await app(scope, receive, send)
                 finally:
                     _current.reset(token)
+                return
             status = 0
 
-            async def send_status(message: dict) -> None:
+            async def send_status(message: dict[str, Any]) -> None:
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
@@ -174,8 +189,9 @@ class Tracing:
 
         return traced
 
-    def start_client_span(self, trace: Trace | None, address: tuple[str, int | None],
-                          headers: dict[str, str]) -> ClientSpan | None:
+    def start_client_span(
+        self, trace: Trace | None, address: tuple[str, int | None], headers: dict[str, str]
+    ) -> ClientSpan | None:
         """An upstream attempt to `address` (host, port): its W3C traceparent in `headers` (so an
         SGLang server run with --enable-trace nests under our span), and for a sampled trace its
         CLIENT span, None otherwise. What the attempt asked for (model, stream, max_tokens,
@@ -203,11 +219,16 @@ class Tracing:
         if span is None or self.shipper is None:
             return
         trace = span[0]
-        client = (span[1], span[2], _time_ns(), record.error or None, span[3],
-                  encode_request(record) if encoded is None else encoded)
+        client = (
+            span[1],
+            span[2],
+            _time_ns(),
+            record.error or None,
+            span[3],
+            encode_request(record) if encoded is None else encoded,
+        )
         if trace.ended:  # end 0: no SERVER span in this record, only its ids (the parent)
-            self.shipper.add((trace.trace_id, trace.span_id, trace.parent_id, trace.trace_state, 0, 0, None,
-                              [client]))
+            self.shipper.add((trace.trace_id, trace.span_id, trace.parent_id, trace.trace_state, 0, 0, None, [client]))
         elif trace.clients is None:
             trace.clients = [client]
         else:
