@@ -25,6 +25,7 @@ CHECK = $(UV) pip check --quiet --python $(1)/bin/python || \
 	{ echo "$(1): the installed lock does not satisfy pyproject.toml; run 'make lock'" >&2; exit 1; }
 
 .PHONY: demo test floors lint lock install install-dev clean bench-loadgen soak bench bench-instructions
+.PHONY: container-test scaleout
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -96,6 +97,13 @@ bench-instructions: install
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self
+
+# The image and compose stack for real (a private dockerd; docs/deployment.md), and scale-out measured.
+container-test: install-dev
+	$(BIN)/python -m pytest -m container -s tests/test_deploy_docker.py
+
+scaleout: install
+	$(BIN)/python deploy/local/scaleout.py
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(FLOORS) $(ROUTER) build *.egg-info

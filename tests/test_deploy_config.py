@@ -13,17 +13,31 @@ from tests.support import free_port, running, specroute
 
 def test_init_writes_a_config_that_loads(tmp_path, capsys):
     out = tmp_path / "etc" / "specroute.toml"
-    code = config_main(["init", "--from-profiles", "k26-ar=http://gpu-a:30000,k26-dflash=http://gpu-b:30000/",
-                        "--from-profiles", "qwen36-ddtree-b15=http://gpu-c:30000,dflash-2:k26-dflash=https://gpu-d",
-                        "--listen", "0.0.0.0:8000", "--policy", "goodput", "--output", str(out)])
+    code = config_main(
+        [
+            "init",
+            "--from-profiles",
+            "k26-ar=http://gpu-a:30000,k26-dflash=http://gpu-b:30000/",
+            "--from-profiles",
+            "qwen36-ddtree-b15=http://gpu-c:30000,dflash-2:k26-dflash=https://gpu-d",
+            "--listen",
+            "0.0.0.0:8000",
+            "--policy",
+            "goodput",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     config = load_config(out)
     assert config.gateway.listen == "0.0.0.0:8000" and config.gateway.policy == "goodput"
     got = [(b.name, b.url, b.model, b.strategy) for b in config.backends]
-    assert got == [("k26-ar", "http://gpu-a:30000", "kimi-k2.6", "ar"),
-                   ("k26-dflash", "http://gpu-b:30000", "kimi-k2.6", "dflash"),
-                   ("qwen36-ddtree-b15", "http://gpu-c:30000", "qwen3.6-27b", "ddtree"),
-                   ("dflash-2", "https://gpu-d", "kimi-k2.6", "dflash")]
+    assert got == [
+        ("k26-ar", "http://gpu-a:30000", "kimi-k2.6", "ar"),
+        ("k26-dflash", "http://gpu-b:30000", "kimi-k2.6", "dflash"),
+        ("qwen36-ddtree-b15", "http://gpu-c:30000", "qwen3.6-27b", "ddtree"),
+        ("dflash-2", "https://gpu-d", "kimi-k2.6", "dflash"),
+    ]
     for b in config.backends[:3]:  # the served model is the profile's --served-model-name: no rewrite needed
         assert load_profile(b.name).served_model_name == b.model and b.served_name is None
     assert "specroute backends show k26-dflash" in out.read_text()
@@ -32,8 +46,12 @@ def test_init_writes_a_config_that_loads(tmp_path, capsys):
 
 
 def test_init_to_stdout_with_tracing_and_twin_profiles(capsys, tmp_path):
-    assert config_main(["init", "--from-profiles", "qwen36-ddtree-b64=http://127.0.0.1:1",
-                        "--otlp-endpoint", "http://jaeger:4318"]) == 0
+    assert (
+        config_main(
+            ["init", "--from-profiles", "qwen36-ddtree-b64=http://127.0.0.1:1", "--otlp-endpoint", "http://jaeger:4318"]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     path = tmp_path / "c.toml"
     path.write_text(text)
@@ -69,14 +87,18 @@ def test_init_config_serves_through_a_twin(tmp_path, twin_factory):
     url = twin_factory("k26-eagle3")
     port = free_port()
     path = tmp_path / "gw.toml"
-    assert config_main(["init", "--from-profiles", f"k26-eagle3={url}", "--listen", f"127.0.0.1:{port}",
-                        "-o", str(path)]) == 0
+    assert (
+        config_main(["init", "--from-profiles", f"k26-eagle3={url}", "--listen", f"127.0.0.1:{port}", "-o", str(path)])
+        == 0
+    )
     base = f"http://127.0.0.1:{port}"
     with running(specroute("serve", "--config", str(path)), ready_url=f"{base}/ready", timeout=60):
-        body = json.dumps({"model": "kimi-k2.6", "max_tokens": 8,
-                           "messages": [{"role": "user", "content": "hi"}]}).encode()
-        req = urllib.request.Request(f"{base}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": "kimi-k2.6", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
+        req = urllib.request.Request(
+            f"{base}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=20) as r:
             assert r.headers["x-specroute-backend"] == "k26-eagle3"
             assert json.loads(r.read())["usage"]["completion_tokens"] == 8

@@ -62,8 +62,11 @@ def dockerfile_problems(text: str) -> list[str]:
     defaults = dict(a.split("=", 1) for word, a in ins[:first_from] if word == "ARG" and "=" in a)
     for name in [a.split()[0] for word, a in ins[:first_from] if word == "ARG" and "=" not in a]:
         problems.append(f"ARG {name} has no default: the image does not build without --build-arg")
-    froms = [re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1), m.group(0)), args)
-             for word, args in ins if word == "FROM"]
+    froms = [
+        re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1), m.group(0)), args)
+        for word, args in ins
+        if word == "FROM"
+    ]
     if len(froms) < 2:
         problems.append("not multi-stage: build tools would ship in the image")
     stage_names = {a.split()[-1].lower() for a in froms if " as " in a.lower()}
@@ -90,23 +93,30 @@ def test_dockerfile_meets_the_image_requirements():
     text = DOCKERFILE.read_text()
     assert dockerfile_problems(text) == []
     ins = dockerfile_instructions(text)
-    final = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM"):]
+    final = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM") :]
     assert dict(final)["USER"].split(":")[0] == "10001"
     assert json.loads(dict(final)["ENTRYPOINT"]) == ["specroute"]
     assert json.loads(dict(final)["CMD"])[:1] == ["serve"]
 
 
 def test_dockerfile_base_argument_has_a_pinned_default():
-    assert dockerfile_problems("ARG BASE=python:3.11.7-slim-bookworm\nFROM ${BASE} AS build\nFROM ${BASE}\n"
-                               "COPY --from=build /a /a\nUSER 10001\nHEALTHCHECK CMD curl /ready\n") == []
-    problems = dockerfile_problems("ARG BASE=python:latest\nFROM ${BASE} AS build\nFROM $BASE\n"
-                                   "COPY --from=build /a /a\nUSER 10001\nHEALTHCHECK CMD curl /ready\n")
+    assert (
+        dockerfile_problems(
+            "ARG BASE=python:3.11.7-slim-bookworm\nFROM ${BASE} AS build\nFROM ${BASE}\n"
+            "COPY --from=build /a /a\nUSER 10001\nHEALTHCHECK CMD curl /ready\n"
+        )
+        == []
+    )
+    problems = dockerfile_problems(
+        "ARG BASE=python:latest\nFROM ${BASE} AS build\nFROM $BASE\n"
+        "COPY --from=build /a /a\nUSER 10001\nHEALTHCHECK CMD curl /ready\n"
+    )
     assert problems == ["FROM python:latest: not pinned (use a version tag or a digest)"] * 2
     assert any("no default" in p for p in dockerfile_problems("ARG BASE\nFROM ${BASE}\n"))
 
 
 def test_dockerfile_checker_catches_a_bad_image():
-    bad = "FROM python:latest\nRUN pip install specroute\nUSER root\nCMD [\"specroute\", \"serve\"]\n"
+    bad = 'FROM python:latest\nRUN pip install specroute\nUSER root\nCMD ["specroute", "serve"]\n'
     problems = dockerfile_problems(bad)
     assert len(problems) == 5, problems
     assert any("not multi-stage" in p for p in problems)
@@ -125,9 +135,10 @@ def test_healthcheck_commands_are_valid_python():
     ins = dict(dockerfile_instructions(DOCKERFILE.read_text()))
     cmd = json.loads(ins["HEALTHCHECK"].split("CMD", 1)[1].strip())
     ast.parse(_healthcheck_code(cmd))
-    services = {**yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"],
-                **{f"local {k}": v for k, v in yaml.safe_load((DEPLOY / "compose.local.yml").read_text())["services"]
-                   .items()}}
+    services = {
+        **yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"],
+        **{f"local {k}": v for k, v in yaml.safe_load((DEPLOY / "compose.local.yml").read_text())["services"].items()},
+    }
     for name, svc in services.items():
         if "healthcheck" in svc:
             test = svc["healthcheck"]["test"]
@@ -136,8 +147,9 @@ def test_healthcheck_commands_are_valid_python():
 
 
 def _hadolint() -> str | None:
-    return shutil.which("hadolint") or (str(Path(sys.executable).parent / "hadolint")
-                                        if (Path(sys.executable).parent / "hadolint").exists() else None)
+    return shutil.which("hadolint") or (
+        str(Path(sys.executable).parent / "hadolint") if (Path(sys.executable).parent / "hadolint").exists() else None
+    )
 
 
 def test_hadolint_finds_nothing(tmp_path):
@@ -167,8 +179,9 @@ def _compose_validator():
     jsonschema = pytest.importorskip("jsonschema")
     from importlib import resources
 
-    schema = json.loads((resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json")
-                        .read_text(encoding="utf-8"))
+    schema = json.loads(
+        (resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text(encoding="utf-8")
+    )
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
@@ -223,4 +236,3 @@ def test_compose_images_are_pinned():
     for name, svc in _compose()["services"].items():
         image = svc["image"]
         assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), (name, image)
-

@@ -32,8 +32,10 @@ pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 
 IMAGE = "specroute:0.1.0"  # the tag docker-compose.yml uses, so compose runs the image built here
 LABEL = "specroute.test=deploy"
-TWIN_HEALTH = ("python -c \"import sys, urllib.request; sys.exit(0 if urllib.request.urlopen("
-               "'http://127.0.0.1:30000/ready', timeout=2).status == 200 else 1)\"")
+TWIN_HEALTH = (
+    'python -c "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('
+    "'http://127.0.0.1:30000/ready', timeout=2).status == 200 else 1)\""
+)
 
 
 def _load(name: str) -> ModuleType:
@@ -71,9 +73,10 @@ def base(engine) -> str:
 @pytest.fixture(scope="module")
 def image(engine, base) -> str:
     engine.docker("build", "--quiet", "--build-arg", f"BASE={base}", "-t", IMAGE, str(REPO), timeout=900)
-    # Earlier builds' untagged images, but not the recent ones: the build stage's untagged image holds
-    # the dependency layer's cache, so a source change rebuilds in seconds instead of minutes.
-    engine.docker("image", "prune", "--force", "--filter", "until=72h", timeout=120)
+    # Bounded disk between runs: untagged images of earlier builds, and BuildKit's cache (layers and the
+    # pip cache mount) beyond a few GB, least recently used first.
+    engine.docker("image", "prune", "--force", timeout=600)
+    engine.docker("builder", "prune", "--force", "--keep-storage", "4GB", timeout=600)
     return IMAGE
 
 
@@ -91,8 +94,13 @@ def network(engine) -> Iterator[str]:
 
 
 def _health(engine, container: str) -> str:
-    out = engine.docker("inspect", "--format", "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}"
-                        "{{end}}", container, check=False)
+    out = engine.docker(
+        "inspect",
+        "--format",
+        "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}",
+        container,
+        check=False,
+    )
     return out.stdout.strip()
 
 
@@ -124,18 +132,70 @@ def _gateway_config(path: Path, backends: list[tuple[str, str, str, str]], extra
 
 
 def _run_twin(engine, network: str, name: str, profile: str) -> None:
-    engine.docker("run", "-d", "--name", name, "--network", network, "--label", LABEL, "--read-only",
-                  "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
-                  "--health-cmd", TWIN_HEALTH, "--health-interval", "1s", "--health-start-period", "2s",
-                  IMAGE, "sim", "--profile", profile, "--host", "0.0.0.0", "--port", "30000",
-                  "--time-scale", "0.02", "--enable-metrics")
+    engine.docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        network,
+        "--label",
+        LABEL,
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges:true",
+        "--health-cmd",
+        TWIN_HEALTH,
+        "--health-interval",
+        "1s",
+        "--health-start-period",
+        "2s",
+        IMAGE,
+        "sim",
+        "--profile",
+        profile,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "30000",
+        "--time-scale",
+        "0.02",
+        "--enable-metrics",
+    )
 
 
 def _run_gateway(engine, network: str, name: str, config_dir: Path, *extra: str) -> None:
-    engine.docker("run", "-d", "--name", name, "--network", network, "--label", LABEL, "--read-only",
-                  "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
-                  "--health-interval", "1s", "--health-start-period", "30s", "-p", "127.0.0.1::8000",
-                  "-v", f"{config_dir}:/etc/specroute:ro", *extra, IMAGE)
+    engine.docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        network,
+        "--label",
+        LABEL,
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges:true",
+        "--health-interval",
+        "1s",
+        "--health-start-period",
+        "30s",
+        "-p",
+        "127.0.0.1::8000",
+        "-v",
+        f"{config_dir}:/etc/specroute:ro",
+        *extra,
+        IMAGE,
+    )
 
 
 def test_image_serves_a_chat_stream_through_a_twin(engine, image, network, tmp_path):
@@ -151,17 +211,25 @@ def test_image_serves_a_chat_stream_through_a_twin(engine, image, network, tmp_p
     assert user == "10001"  # non-root, as the Dockerfile says
     port = _host_port(engine, gw, 8000)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
-    stream = client.chat.completions.create(model="kimi-k2.6", max_tokens=24, stream=True,
-                                            stream_options={"include_usage": True},
-                                            messages=[{"role": "user", "content": "Write a haiku about queues."}])
+    stream = client.chat.completions.create(
+        model="kimi-k2.6",
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Write a haiku about queues."}],
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     usage = next(c.usage for c in chunks if c.usage is not None)
     assert text and usage.completion_tokens == 24
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         metrics = r.read().decode()
-    assert any(line.startswith("specroute_requests_total{") and 'backend="k26-eagle3"' in line
-               and line.rstrip().endswith(" 1.0") for line in metrics.splitlines()), metrics[:2000]
+    assert any(
+        line.startswith("specroute_requests_total{")
+        and 'backend="k26-eagle3"' in line
+        and line.rstrip().endswith(" 1.0")
+        for line in metrics.splitlines()
+    ), metrics[:2000]
     assert "specroute_backend_up{" in metrics
 
 
@@ -193,35 +261,52 @@ def _prom_value(prom: str, query: str) -> float:
 
 
 def _compose_clis(engine) -> list[tuple[str, list[str] | None]]:
-    return [("docker-compose 1.29", compose_cli.compose_v1()),
-            ("compose v2", compose_cli.compose_v2(engine.client, engine.env, engine.cache))]
+    return [
+        ("docker-compose 1.29", compose_cli.compose_v1()),
+        ("compose v2", compose_cli.compose_v2(engine.client, engine.env, engine.cache)),
+    ]
 
 
 @pytest.fixture(scope="module")
 def prometheus_image(engine, base) -> str:
     tag = "specroute-prometheus:local"
-    engine.docker("build", "--quiet", "--build-arg", f"BASE={base}", "-t", tag, "-f",
-                  str(REPO / "deploy/local/prometheus.Dockerfile"), str(REPO / "deploy/local"), timeout=900)
+    engine.docker(
+        "build",
+        "--quiet",
+        "--build-arg",
+        f"BASE={base}",
+        "-t",
+        tag,
+        "-f",
+        str(REPO / "deploy/local/prometheus.Dockerfile"),
+        str(REPO / "deploy/local"),
+        timeout=900,
+    )
     return tag
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["compose-1.29", "compose-v2"])
-def test_compose_stack_turns_healthy_prometheus_scrapes_and_spans_arrive(engine, image, prometheus_image, base,
-                                                                         which):
+def test_compose_stack_turns_healthy_prometheus_scrapes_and_spans_arrive(engine, image, prometheus_image, base, which):
     label, cli = _compose_clis(engine)[which]
     if cli is None:
         pytest.skip(f"{label} is not available here")
-    ports = {"SPECROUTE_PORT": free_port(), "SPECROUTE_PROMETHEUS_PORT": free_port(),
-             "SPECROUTE_JAEGER_UI_PORT": free_port()}
-    env = {**engine.env, **{k: str(v) for k, v in ports.items()}, "SPECROUTE_TIME_SCALE": "0.02",
-           "SPECROUTE_BASE_IMAGE": base}
+    ports = {
+        "SPECROUTE_PORT": free_port(),
+        "SPECROUTE_PROMETHEUS_PORT": free_port(),
+        "SPECROUTE_JAEGER_UI_PORT": free_port(),
+    }
+    env = {
+        **engine.env,
+        **{k: str(v) for k, v in ports.items()},
+        "SPECROUTE_TIME_SCALE": "0.02",
+        "SPECROUTE_BASE_IMAGE": base,
+    }
     project = f"specroute-test-{which}-{os.getpid()}"
     files = ["-f", str(REPO / "deploy/docker-compose.yml"), "-f", str(REPO / "deploy/compose.local.yml")]
     compose = [*cli, "-p", project, *files]
 
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*compose, *args], capture_output=True, text=True, env=env, timeout=timeout,
-                              check=False)
+        return subprocess.run([*compose, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
 
     config = run("config", "--quiet")
     assert config.returncode == 0, config.stderr
@@ -241,8 +326,9 @@ def test_compose_stack_turns_healthy_prometheus_scrapes_and_spans_arrive(engine,
         prom = f"http://127.0.0.1:{ports['SPECROUTE_PROMETHEUS_PORT']}"
         body = json.dumps({"model": "kimi-k2.6", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
         for _ in range(3):
-            req = urllib.request.Request(f"{gateway}/v1/chat/completions", data=body.encode(),
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"{gateway}/v1/chat/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 200
 
@@ -258,15 +344,18 @@ def test_compose_stack_turns_healthy_prometheus_scrapes_and_spans_arrive(engine,
             return up_by_job
 
         want = {"specroute": 1, "sglang": 4, "otlp-counter": 1}
-        assert wait_until(lambda: all(len(targets_up().get(j, [])) == n for j, n in want.items()), timeout=60,
-                          interval=1), targets_up()
+        assert wait_until(
+            lambda: all(len(targets_up().get(j, [])) == n for j, n in want.items()), timeout=60, interval=1
+        ), targets_up()
         # Scraped series, not only targets: the gateway's request counter and a twin's SGLang gauge.
-        assert wait_until(lambda: _prom_value(prom, 'sum(specroute_requests_total{status="200"})') >= 3,
-                          timeout=30, interval=1)
+        assert wait_until(
+            lambda: _prom_value(prom, 'sum(specroute_requests_total{status="200"})') >= 3, timeout=30, interval=1
+        )
         assert wait_until(lambda: _prom_value(prom, "count(sglang:num_running_reqs)") == 4, timeout=30, interval=1)
         # Spans reach the OTLP receiver (the gateway exports in batches), seen through Prometheus too.
-        assert wait_until(lambda: _prom_value(prom, "specroute_otlp_counter_spans_total") >= 3, timeout=60,
-                          interval=1), _prom_value(prom, "specroute_otlp_counter_spans_total")
+        assert wait_until(
+            lambda: _prom_value(prom, "specroute_otlp_counter_spans_total") >= 3, timeout=60, interval=1
+        ), _prom_value(prom, "specroute_otlp_counter_spans_total")
         assert _prom_value(prom, "specroute_otlp_counter_rejected_total") == 0
     finally:
         down = run("down", "--volumes", "--timeout", "5")

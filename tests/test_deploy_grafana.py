@@ -25,8 +25,22 @@ from tests.support import REPO, gateway
 DASHBOARD = REPO / "deploy" / "grafana" / "specroute.json"
 
 # PromQL words that are not metric names: functions are followed by "(", these are not always.
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-            "offset", "le", "inf", "nan"}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "le",
+    "inf",
+    "nan",
+}
 
 
 def _builder() -> ModuleType:
@@ -46,22 +60,27 @@ def _panels() -> list[dict]:
 def parse_promql(expr: str) -> tuple[set[str], set[str]]:
     """(metric names, label names) an expression uses. Enough PromQL for the dashboard's queries."""
     labels: set[str] = set()
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)          # string literals
-    text = re.sub(r"\[[^\]]*\]", "", text)                  # range selectors [5m] / [$__rate_interval]
-    for body in re.findall(r"\{([^}]*)\}", text):            # label matchers
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors [5m] / [$__rate_interval]
+    for body in re.findall(r"\{([^}]*)\}", text):  # label matchers
         labels |= set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", body))
     text = re.sub(r"\{[^}]*\}", " ", text)
     for body in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", text):
         labels |= {w.strip() for w in body.split(",") if w.strip()}
     text = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", " ", text)
-    names = {m.group(1) for m in re.finditer(r"(?<![\w$:.])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])(?!\s*\()", text)
-             if m.group(1).lower() not in KEYWORDS}
+    names = {
+        m.group(1)
+        for m in re.finditer(r"(?<![\w$:.])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])(?!\s*\()", text)
+        if m.group(1).lower() not in KEYWORDS
+    }
     return names, labels - {"le"} | ({"le"} if "_bucket" in expr else set())
 
 
 def test_promql_parser_finds_names_and_labels():
-    names, labels = parse_promql('histogram_quantile(0.9, sum by (le, backend) (rate(x_bucket{backend=~"$b", '
-                                 'state="open"}[$__rate_interval]))) / scalar(sum (y_total)) + on (k) z')
+    names, labels = parse_promql(
+        'histogram_quantile(0.9, sum by (le, backend) (rate(x_bucket{backend=~"$b", '
+        'state="open"}[$__rate_interval]))) / scalar(sum (y_total)) + on (k) z'
+    )
     assert names == {"x_bucket", "y_total", "z"}
     assert labels == {"le", "backend", "state", "k"}
 
@@ -76,8 +95,10 @@ def test_dashboard_is_valid_against_grafanas_schema():
     broken = json.loads(DASHBOARD.read_text())
     broken["panels"][1]["gridPoz"] = {}
     broken["panels"][2]["fieldConfig"]["defaults"]["colour"] = "red"
-    assert builder.dropped(broken, builder.normalized(broken)) == ["/panels[1]/gridPoz",
-                                                                   "/panels[2]/fieldConfig/defaults/colour"]
+    assert builder.dropped(broken, builder.normalized(broken)) == [
+        "/panels[1]/gridPoz",
+        "/panels[2]/fieldConfig/defaults/colour",
+    ]
     broken = json.loads(DASHBOARD.read_text())
     broken["panels"][1]["gridPos"] = "full width"
     with pytest.raises((TypeError, AttributeError)):
@@ -86,11 +107,19 @@ def test_dashboard_is_valid_against_grafanas_schema():
 
 def test_dashboard_covers_what_the_issue_asks_for():
     queries = " ".join(t["expr"] for p in _panels() for t in p["targets"])
-    for metric in ("specroute_decode_tokens_per_second", "specroute_accept_length", "specroute_speedup",
-                   "specroute_inflight", "specroute_ttft_seconds", "specroute_time_per_output_token_seconds",
-                   "specroute_upstream_errors_total", "specroute_policy_decisions_total",
-                   "specroute_queue_waiting", "specroute_admission_rejected_total",
-                   "gen_ai_server_time_to_first_token_seconds"):
+    for metric in (
+        "specroute_decode_tokens_per_second",
+        "specroute_accept_length",
+        "specroute_speedup",
+        "specroute_inflight",
+        "specroute_ttft_seconds",
+        "specroute_time_per_output_token_seconds",
+        "specroute_upstream_errors_total",
+        "specroute_policy_decisions_total",
+        "specroute_queue_waiting",
+        "specroute_admission_rejected_total",
+        "gen_ai_server_time_to_first_token_seconds",
+    ):
         assert metric in queries, metric
     ids = [p["id"] for p in json.loads(DASHBOARD.read_text())["panels"]]
     assert len(ids) == len(set(ids))
@@ -99,8 +128,12 @@ def test_dashboard_covers_what_the_issue_asks_for():
         assert pos["x"] + pos["w"] <= 24 and pos["w"] > 0 and pos["h"] > 0, p["title"]
 
 
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "gauge": ("",), "summary": ("_sum", "_count", "_created", "")}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count", "_created", ""),
+}
 
 
 def _exported(text: str) -> dict[str, set[str] | None]:
@@ -125,14 +158,20 @@ def _scrape(url: str) -> str:
 def test_every_panel_query_names_metrics_the_gateway_exports(tmp_path, twin_factory):
     good = twin_factory("k26-eagle3", "--enable-metrics")
     failing = twin_factory("k26-ar", "--fault-error-rate", "1.0")
-    backends = [{"name": "k26-eagle3", "url": good, "model": "kimi-k2.6", "strategy": "eagle3"},
-                {"name": "k26-ar", "url": failing, "model": "kimi-k2.6", "strategy": "ar"}]
+    backends = [
+        {"name": "k26-eagle3", "url": good, "model": "kimi-k2.6", "strategy": "eagle3"},
+        {"name": "k26-ar", "url": failing, "model": "kimi-k2.6", "strategy": "ar"},
+    ]
     openai = pytest.importorskip("openai")
     with gateway(tmp_path, backends, gateway_keys='policy = "round_robin"\n') as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
         for i in range(4):
-            stream = client.chat.completions.create(model="kimi-k2.6", max_tokens=16, stream=True,
-                                                    messages=[{"role": "user", "content": f"Count to {i + 3}."}])
+            stream = client.chat.completions.create(
+                model="kimi-k2.6",
+                max_tokens=16,
+                stream=True,
+                messages=[{"role": "user", "content": f"Count to {i + 3}."}],
+            )
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         exported = _exported(_scrape(url))
     exported.update(_exported(_scrape(good)))
@@ -140,10 +179,19 @@ def test_every_panel_query_names_metrics_the_gateway_exports(tmp_path, twin_fact
     variables = tuple(json.loads(DASHBOARD.read_text())["templating"]["list"])
     assert _problems(_panels(), exported, variables) == []
     # ...and it does look: a misspelt metric and a label the metric does not have are both reported.
-    bad = [{"title": "bad", "targets": [{"expr": "sum by (kind) (specroute_inflight)", "legendFormat": ""},
-                                        {"expr": "rate(specroute_request_total[5m])", "legendFormat": ""}]}]
-    assert _problems(bad, exported) == ["bad: specroute_inflight has no label(s) ['kind']",
-                                        "bad: specroute_request_total is not exported"]
+    bad = [
+        {
+            "title": "bad",
+            "targets": [
+                {"expr": "sum by (kind) (specroute_inflight)", "legendFormat": ""},
+                {"expr": "rate(specroute_request_total[5m])", "legendFormat": ""},
+            ],
+        }
+    ]
+    assert _problems(bad, exported) == [
+        "bad: specroute_inflight has no label(s) ['kind']",
+        "bad: specroute_request_total is not exported",
+    ]
 
 
 def _problems(panels: list[dict], exported: dict[str, set[str] | None], variables: tuple[dict, ...] = ()) -> list[str]:

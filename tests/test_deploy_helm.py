@@ -23,8 +23,12 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the manifest
 helm = pytest.importorskip("helm_python", reason="dev extra helm-python-sdk renders the chart (Helm's Go SDK)")
 
 CHART = REPO / "deploy" / "helm" / "specroute"
-HELM_LABELS = {"app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
-               "helm.sh/chart"}
+HELM_LABELS = {
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+}
 
 
 def render(values: dict[str, Any] | None = None, name: str = "specroute", namespace: str = "specroute") -> list[dict]:
@@ -67,14 +71,25 @@ def test_chart_lints_and_renders_valid_kubernetes(kv):
     report = helm.lint(CHART, strict=True)
     assert report["errors"] == [] and all(m["severity"] <= 1 for m in report["messages"]), report  # 1 = INFO
     docs = render()
-    assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "Deployment", "Service",
-                                         "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} == {
+        "ServiceAccount",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+    }
     _validate(kv, docs)
 
 
 def test_values_schema_refuses_bad_values():
-    for bad in ({"replicaCount": "three"}, {"image": {"repository": "x", "tga": "1"}},
-                {"auth": {"apiKeys": ["a,b"]}}, {"service": {"port": 0}}, {"replicas": 3}):
+    for bad in (
+        {"replicaCount": "three"},
+        {"image": {"repository": "x", "tga": "1"}},
+        {"auth": {"apiKeys": ["a,b"]}},
+        {"service": {"port": 0}},
+        {"replicas": 3},
+    ):
         with pytest.raises(helm.HelmError):
             render(bad)
 
@@ -83,8 +98,9 @@ def _kustomize() -> list[dict]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl (with kustomize built in) is not installed")
-    out = subprocess.run([kubectl, "kustomize", str(REPO / "deploy" / "k8s")], capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        [kubectl, "kustomize", str(REPO / "deploy" / "k8s")], capture_output=True, text=True, timeout=60, check=True
+    )
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
@@ -105,14 +121,31 @@ def test_default_values_render_what_kustomize_renders():
 
 
 def test_replicas_autoscaling_and_pdb_follow_the_values(kv):
-    docs = by_kind(render({"replicaCount": 5, "autoscaling": {"enabled": False},
-                           "podDisruptionBudget": {"enabled": True, "minAvailable": 4}}))
+    docs = by_kind(
+        render(
+            {
+                "replicaCount": 5,
+                "autoscaling": {"enabled": False},
+                "podDisruptionBudget": {"enabled": True, "minAvailable": 4},
+            }
+        )
+    )
     assert docs["Deployment"]["spec"]["replicas"] == 5
     assert "HorizontalPodAutoscaler" not in docs
     assert docs["PodDisruptionBudget"]["spec"]["minAvailable"] == 4
-    docs = by_kind(render({"autoscaling": {"enabled": True, "minReplicas": 4, "maxReplicas": 20,
-                                           "targetCPUUtilizationPercentage": 60},
-                           "podDisruptionBudget": {"enabled": False}}))
+    docs = by_kind(
+        render(
+            {
+                "autoscaling": {
+                    "enabled": True,
+                    "minReplicas": 4,
+                    "maxReplicas": 20,
+                    "targetCPUUtilizationPercentage": 60,
+                },
+                "podDisruptionBudget": {"enabled": False},
+            }
+        )
+    )
     hpa = docs["HorizontalPodAutoscaler"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (4, 20)
     assert hpa["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
@@ -121,14 +154,16 @@ def test_replicas_autoscaling_and_pdb_follow_the_values(kv):
 
 
 def test_api_keys_become_a_secret_the_deployment_reads(kv):
-    docs = by_kind(render({"auth": {"apiKeys": ["key-a", "key-b"], "adminKey": "adm"}}, name="edge",
-                          namespace="llm"))
+    docs = by_kind(render({"auth": {"apiKeys": ["key-a", "key-b"], "adminKey": "adm"}}, name="edge", namespace="llm"))
     secret = docs["Secret"]
     assert secret["metadata"] == {**secret["metadata"], "name": "edge-keys", "namespace": "llm"}
     assert secret["stringData"] == {"api-keys": "key-a,key-b", "admin-key": "adm"}
     env = {e["name"]: e for e in docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["SPECROUTE_API_KEYS"]["valueFrom"]["secretKeyRef"] == {"name": "edge-keys", "key": "api-keys",
-                                                                      "optional": True}
+    assert env["SPECROUTE_API_KEYS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "edge-keys",
+        "key": "api-keys",
+        "optional": True,
+    }
     assert env["SPECROUTE_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "edge-keys"
     assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.namespace.name=llm,k8s.deployment.name=edge-gateway"
     _validate(kv, list(docs.values()))
@@ -140,8 +175,10 @@ def test_api_keys_become_a_secret_the_deployment_reads(kv):
 
 
 def test_configmap_holds_a_config_the_gateway_loads(tmp_path: Path):
-    custom = ('[gateway]\nlisten = "0.0.0.0:8000"\n\n[[backends]]\nname = "a"\nurl = "http://sglang-a:30000"\n'
-              'model = "m"\nstrategy = "dflash"\n')
+    custom = (
+        '[gateway]\nlisten = "0.0.0.0:8000"\n\n[[backends]]\nname = "a"\nurl = "http://sglang-a:30000"\n'
+        'model = "m"\nstrategy = "dflash"\n'
+    )
     for values, backends in ((None, 4), ({"config": custom}, 1)):
         cm = by_kind(render(values))["ConfigMap"]
         path = tmp_path / "specroute.toml"

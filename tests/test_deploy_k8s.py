@@ -52,8 +52,13 @@ def _versions(kv) -> list[str]:
 
 def test_manifests_are_valid_kubernetes(kv):
     docs = _docs()
-    assert {d["kind"] for _, d in docs} >= {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler",
-                                           "PodDisruptionBudget"}
+    assert {d["kind"] for _, d in docs} >= {
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+    }
     for version in _versions(kv):
         for _, doc in docs:
             kv.validate(doc, version, strict=True)  # raises with the path of the first error
@@ -116,8 +121,11 @@ def test_service_hpa_pdb_target_the_deployment():
     assert svc["spec"]["selector"].items() <= labels.items()
     assert svc["spec"]["ports"][0]["targetPort"] == dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
     hpa = _kind("HorizontalPodAutoscaler")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": dep["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": dep["metadata"]["name"],
+    }
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
     assert hpa["spec"]["minReplicas"] >= 2 and hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
@@ -166,10 +174,14 @@ def test_probes_mean_what_the_deployment_expects(tmp_path):
         # Backends start optimistic; `health.unhealthy_after` failed checks take them out of the pool.
         assert wait_until(lambda: _status(f"{base}/ready") == 503, timeout=15)
         assert _status(f"{base}/health") == 200
-        twins = [specroute("sim", "--profile", name, "--port", str(ports[name]), "--time-scale", "0.02")
-                 for name in ("k26-ar", "qwen36-ddtree-b15")]
-        with running(twins[0], ready_url=f"http://127.0.0.1:{ports['k26-ar']}/ready"), \
-                running(twins[1], ready_url=f"http://127.0.0.1:{ports['qwen36-ddtree-b15']}/ready"):
+        twins = [
+            specroute("sim", "--profile", name, "--port", str(ports[name]), "--time-scale", "0.02")
+            for name in ("k26-ar", "qwen36-ddtree-b15")
+        ]
+        with (
+            running(twins[0], ready_url=f"http://127.0.0.1:{ports['k26-ar']}/ready"),
+            running(twins[1], ready_url=f"http://127.0.0.1:{ports['qwen36-ddtree-b15']}/ready"),
+        ):
             assert wait_until(lambda: _status(f"{base}/ready") == 200, timeout=15)
 
 

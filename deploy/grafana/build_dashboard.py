@@ -28,31 +28,53 @@ def _target(expr: str, legend: str, ref: str) -> dict[str, Any]:
     return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
 
 
-def _panel(pid: int, title: str, description: str, targets: list[tuple[str, str]], pos: tuple[int, int, int, int],
-           unit: str = "short", kind: str = "timeseries", min0: bool = True) -> dict[str, Any]:
+def _panel(
+    pid: int,
+    title: str,
+    description: str,
+    targets: list[tuple[str, str]],
+    pos: tuple[int, int, int, int],
+    unit: str = "short",
+    kind: str = "timeseries",
+    min0: bool = True,
+) -> dict[str, Any]:
     x, y, w, h = pos
     defaults: dict[str, Any] = {"unit": unit}
     if min0:
         defaults["min"] = 0
     return {
-        "id": pid, "type": kind, "title": title, "description": description, "datasource": DS,
+        "id": pid,
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
         "targets": [_target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(targets)],
         "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []},
-                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
     }
 
 
 def _row(pid: int, title: str, y: int) -> dict[str, Any]:
-    return {"id": pid, "type": "row", "title": title, "collapsed": False, "panels": [],
-            "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}}
+    return {
+        "id": pid,
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "panels": [],
+        "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
+    }
 
 
 def _mean(metric: str, by: str = "backend") -> str:
     """Mean per request over the window: rate of the histogram's sum over the rate of its count."""
-    return (f"sum by ({by}) (rate({metric}_sum{{{BACKEND}}}[{RATE}]))"
-            f" / sum by ({by}) (rate({metric}_count{{{BACKEND}}}[{RATE}]))")
+    return (
+        f"sum by ({by}) (rate({metric}_sum{{{BACKEND}}}[{RATE}]))"
+        f" / sum by ({by}) (rate({metric}_count{{{BACKEND}}}[{RATE}]))"
+    )
 
 
 def _quantile(q: float, metric: str, by: str = "", selector: str = "") -> str:
@@ -69,109 +91,273 @@ def panels() -> list[dict[str, Any]]:
         out.append(_row(len(out) + 1, title, y))
         y += 1
 
-    def add(title: str, description: str, targets: list[tuple[str, str]], x: int, w: int, h: int = 8,
-            **kw: Any) -> None:
+    def add(
+        title: str, description: str, targets: list[tuple[str, str]], x: int, w: int, h: int = 8, **kw: Any
+    ) -> None:
         out.append(_panel(len(out) + 1, title, description, targets, (x, y, w, h), **kw))
 
     row("Backends")
-    add("Decode tok/s per request, by backend", "Mean per-request decode speed (output tokens after the first "
+    add(
+        "Decode tok/s per request, by backend",
+        "Mean per-request decode speed (output tokens after the first "
         "over the decode time) of the requests that finished in the window.",
-        [(_mean("specroute_decode_tokens_per_second"), "{{backend}}")], 0, 8)
-    add("Accept length, by backend", "Mean per-request speculative acceptance length (tokens per verify step); "
-        "1 for autoregressive backends.", [(_mean("specroute_accept_length"), "{{backend}}")], 8, 8)
-    add("Speedup over AR, by backend", "Mean per-request decode speed over the autoregressive baseline.",
-        [(_mean("specroute_speedup"), "{{backend}}")], 16, 8)
+        [(_mean("specroute_decode_tokens_per_second"), "{{backend}}")],
+        0,
+        8,
+    )
+    add(
+        "Accept length, by backend",
+        "Mean per-request speculative acceptance length (tokens per verify step); 1 for autoregressive backends.",
+        [(_mean("specroute_accept_length"), "{{backend}}")],
+        8,
+        8,
+    )
+    add(
+        "Speedup over AR, by backend",
+        "Mean per-request decode speed over the autoregressive baseline.",
+        [(_mean("specroute_speedup"), "{{backend}}")],
+        16,
+        8,
+    )
     y += 8
-    add("In flight, by backend", "Requests in flight from the gateways (summed over replicas) and the running "
+    add(
+        "In flight, by backend",
+        "Requests in flight from the gateways (summed over replicas) and the running "
         "requests each backend last reported.",
-        [(f"sum by (backend) (specroute_inflight{{{BACKEND}}})", "{{backend}} from gateways"),
-         (f"max by (backend) (specroute_backend_reported_running{{{BACKEND}}})", "{{backend}} reported running")],
-        0, 12)
-    add("Backend up / circuit open", "1 when a backend takes new requests (min over replicas); circuit open "
-        "(max over replicas).",
-        [(f"min by (backend) (specroute_backend_up{{{BACKEND}}})", "{{backend}} up"),
-         (f'max by (backend) (specroute_circuit_state{{{BACKEND}, state="open"}})', "{{backend}} circuit open")],
-        12, 12)
+        [
+            (f"sum by (backend) (specroute_inflight{{{BACKEND}}})", "{{backend}} from gateways"),
+            (f"max by (backend) (specroute_backend_reported_running{{{BACKEND}}})", "{{backend}} reported running"),
+        ],
+        0,
+        12,
+    )
+    add(
+        "Backend up / circuit open",
+        "1 when a backend takes new requests (min over replicas); circuit open (max over replicas).",
+        [
+            (f"min by (backend) (specroute_backend_up{{{BACKEND}}})", "{{backend}} up"),
+            (f'max by (backend) (specroute_circuit_state{{{BACKEND}, state="open"}})', "{{backend}} circuit open"),
+        ],
+        12,
+        12,
+    )
     y += 8
-    add("SGLang servers: running and queued", "The backends' own gauges (SGLang --enable-metrics).",
-        [("sum by (instance) (sglang:num_running_reqs)", "{{instance}} running"),
-         ("sum by (instance) (sglang:num_queue_reqs)", "{{instance}} queued")], 0, 12)
-    add("SGLang servers: generation throughput", "Output tokens per second as each SGLang server reports it.",
-        [("sum by (instance) (sglang:gen_throughput)", "{{instance}}")], 12, 12)
+    add(
+        "SGLang servers: running and queued",
+        "The backends' own gauges (SGLang --enable-metrics).",
+        [
+            ("sum by (instance) (sglang:num_running_reqs)", "{{instance}} running"),
+            ("sum by (instance) (sglang:num_queue_reqs)", "{{instance}} queued"),
+        ],
+        0,
+        12,
+    )
+    add(
+        "SGLang servers: generation throughput",
+        "Output tokens per second as each SGLang server reports it.",
+        [("sum by (instance) (sglang:gen_throughput)", "{{instance}}")],
+        12,
+        12,
+    )
     y += 8
 
     row("Latency")
-    add("TTFT percentiles", "Time to first token through the gateway, all backends.",
-        [(_quantile(q, "specroute_ttft_seconds", selector=f"{{{BACKEND}}}"), f"p{int(q * 100)}")
-         for q in (0.5, 0.9, 0.99)], 0, 8, unit="s")
-    add("TPOT percentiles", "Time per output token after the first, all backends.",
-        [(_quantile(q, "specroute_time_per_output_token_seconds", selector=f"{{{BACKEND}}}"), f"p{int(q * 100)}")
-         for q in (0.5, 0.9, 0.99)], 8, 8, unit="s")
-    add("TTFT p90, by backend", "Time to first token, 90th percentile per backend.",
-        [(_quantile(0.9, "specroute_ttft_seconds", "backend", f"{{{BACKEND}}}"), "{{backend}}")], 16, 8, unit="s")
+    add(
+        "TTFT percentiles",
+        "Time to first token through the gateway, all backends.",
+        [
+            (_quantile(q, "specroute_ttft_seconds", selector=f"{{{BACKEND}}}"), f"p{int(q * 100)}")
+            for q in (0.5, 0.9, 0.99)
+        ],
+        0,
+        8,
+        unit="s",
+    )
+    add(
+        "TPOT percentiles",
+        "Time per output token after the first, all backends.",
+        [
+            (_quantile(q, "specroute_time_per_output_token_seconds", selector=f"{{{BACKEND}}}"), f"p{int(q * 100)}")
+            for q in (0.5, 0.9, 0.99)
+        ],
+        8,
+        8,
+        unit="s",
+    )
+    add(
+        "TTFT p90, by backend",
+        "Time to first token, 90th percentile per backend.",
+        [(_quantile(0.9, "specroute_ttft_seconds", "backend", f"{{{BACKEND}}}"), "{{backend}}")],
+        16,
+        8,
+        unit="s",
+    )
     y += 8
-    add("Request duration percentiles", "End-to-end duration through the gateway.",
-        [(_quantile(q, "specroute_request_duration_seconds", selector=f"{{{BACKEND}}}"), f"p{int(q * 100)}")
-         for q in (0.5, 0.9, 0.99)], 0, 8, unit="s")
-    add("GenAI TTFT / TPOT p90, by model", "The OpenTelemetry GenAI semantic-convention histograms.",
-        [(_quantile(0.9, "gen_ai_server_time_to_first_token_seconds", "gen_ai_request_model"),
-          "TTFT {{gen_ai_request_model}}"),
-         (_quantile(0.9, "gen_ai_server_time_per_output_token_seconds", "gen_ai_request_model"),
-          "TPOT {{gen_ai_request_model}}")], 8, 8, unit="s")
-    add("GenAI tokens/s, by type", "Input and output tokens per second (gen_ai.client.token.usage).",
+    add(
+        "Request duration percentiles",
+        "End-to-end duration through the gateway.",
+        [
+            (_quantile(q, "specroute_request_duration_seconds", selector=f"{{{BACKEND}}}"), f"p{int(q * 100)}")
+            for q in (0.5, 0.9, 0.99)
+        ],
+        0,
+        8,
+        unit="s",
+    )
+    add(
+        "GenAI TTFT / TPOT p90, by model",
+        "The OpenTelemetry GenAI semantic-convention histograms.",
+        [
+            (
+                _quantile(0.9, "gen_ai_server_time_to_first_token_seconds", "gen_ai_request_model"),
+                "TTFT {{gen_ai_request_model}}",
+            ),
+            (
+                _quantile(0.9, "gen_ai_server_time_per_output_token_seconds", "gen_ai_request_model"),
+                "TPOT {{gen_ai_request_model}}",
+            ),
+        ],
+        8,
+        8,
+        unit="s",
+    )
+    add(
+        "GenAI tokens/s, by type",
+        "Input and output tokens per second (gen_ai.client.token.usage).",
         [(f"sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum[{RATE}]))", "{{gen_ai_token_type}}")],
-        16, 8)
+        16,
+        8,
+    )
     y += 8
 
     row("Traffic and errors")
-    add("Requests/s, by status", "Answered requests by HTTP status.",
-        [(f"sum by (status) (rate(specroute_requests_total[{RATE}]))", "{{status}}")], 0, 8, unit="reqps")
-    add("Upstream errors/s, by kind", "Upstream failures by kind (connect, timeout, HTTP status, stream cut...).",
-        [(f"sum by (kind) (rate(specroute_upstream_errors_total{{{BACKEND}}}[{RATE}]))", "{{kind}}")], 8, 8,
-        unit="reqps")
-    add("Retries and missing telemetry", "Attempts beyond the first (before the first byte), and finished "
+    add(
+        "Requests/s, by status",
+        "Answered requests by HTTP status.",
+        [(f"sum by (status) (rate(specroute_requests_total[{RATE}]))", "{{status}}")],
+        0,
+        8,
+        unit="reqps",
+    )
+    add(
+        "Upstream errors/s, by kind",
+        "Upstream failures by kind (connect, timeout, HTTP status, stream cut...).",
+        [(f"sum by (kind) (rate(specroute_upstream_errors_total{{{BACKEND}}}[{RATE}]))", "{{kind}}")],
+        8,
+        8,
+        unit="reqps",
+    )
+    add(
+        "Retries and missing telemetry",
+        "Attempts beyond the first (before the first byte), and finished "
         "requests whose upstream telemetry was missing.",
-        [(f"sum (rate(specroute_retries_total[{RATE}]))", "retries"),
-         (f"sum (rate(specroute_telemetry_skipped_total{{{BACKEND}}}[{RATE}]))", "telemetry skipped")], 16, 8,
-        unit="reqps")
+        [
+            (f"sum (rate(specroute_retries_total[{RATE}]))", "retries"),
+            (f"sum (rate(specroute_telemetry_skipped_total{{{BACKEND}}}[{RATE}]))", "telemetry skipped"),
+        ],
+        16,
+        8,
+        unit="reqps",
+    )
     y += 8
 
     row("Policy")
-    add("Policy decisions/s, by backend", "Routing decisions by chosen backend and policy.",
-        [(f"sum by (policy, backend) (rate(specroute_policy_decisions_total{{{BACKEND}}}[{RATE}]))",
-          "{{policy}} -> {{backend}}")], 0, 12, unit="reqps")
-    add("Decision share, by backend", "Share of the routing decisions each backend gets.",
-        [(f"sum by (backend) (rate(specroute_policy_decisions_total{{{BACKEND}}}[{RATE}]))"
-          f" / scalar(sum (rate(specroute_policy_decisions_total[{RATE}])))", "{{backend}}")], 12, 12,
-        unit="percentunit")
+    add(
+        "Policy decisions/s, by backend",
+        "Routing decisions by chosen backend and policy.",
+        [
+            (
+                f"sum by (policy, backend) (rate(specroute_policy_decisions_total{{{BACKEND}}}[{RATE}]))",
+                "{{policy}} -> {{backend}}",
+            )
+        ],
+        0,
+        12,
+        unit="reqps",
+    )
+    add(
+        "Decision share, by backend",
+        "Share of the routing decisions each backend gets.",
+        [
+            (
+                f"sum by (backend) (rate(specroute_policy_decisions_total{{{BACKEND}}}[{RATE}]))"
+                f" / scalar(sum (rate(specroute_policy_decisions_total[{RATE}])))",
+                "{{backend}}",
+            )
+        ],
+        12,
+        12,
+        unit="percentunit",
+    )
     y += 8
 
     row("Admission")
-    add("Queue and gateway in flight", "Requests waiting for capacity, and in flight, summed over replicas.",
-        [("sum (specroute_queue_waiting)", "waiting"), ("sum (specroute_gateway_inflight)", "in flight")], 0, 8)
-    add("Queue wait p90", "Time spent waiting for capacity (admission), 90th percentile.",
-        [(_quantile(0.9, "specroute_queue_seconds"), "p90")], 8, 8, unit="s")
-    add("Rejections/s", "Requests refused with 429 by admission (queue full or queue timeout).",
-        [(f"sum (rate(specroute_admission_rejected_total[{RATE}]))", "rejected")], 16, 8, unit="reqps")
+    add(
+        "Queue and gateway in flight",
+        "Requests waiting for capacity, and in flight, summed over replicas.",
+        [("sum (specroute_queue_waiting)", "waiting"), ("sum (specroute_gateway_inflight)", "in flight")],
+        0,
+        8,
+    )
+    add(
+        "Queue wait p90",
+        "Time spent waiting for capacity (admission), 90th percentile.",
+        [(_quantile(0.9, "specroute_queue_seconds"), "p90")],
+        8,
+        8,
+        unit="s",
+    )
+    add(
+        "Rejections/s",
+        "Requests refused with 429 by admission (queue full or queue timeout).",
+        [(f"sum (rate(specroute_admission_rejected_total[{RATE}]))", "rejected")],
+        16,
+        8,
+        unit="reqps",
+    )
     return out
 
 
 def dashboard() -> dict[str, Any]:
     return {
-        "uid": "specroute-gateway", "title": "specroute gateway", "tags": ["specroute", "sglang", "llm"],
+        "uid": "specroute-gateway",
+        "title": "specroute gateway",
+        "tags": ["specroute", "sglang", "llm"],
         "description": "Speculative-decoding-aware gateway: per-backend speed, acceptance and load; latency "
-                       "percentiles; errors; policy decisions; admission.",
-        "timezone": "browser", "editable": True, "graphTooltip": 1, "refresh": "10s", "schemaVersion": 41,
+        "percentiles; errors; policy decisions; admission.",
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "10s",
+        "schemaVersion": 41,
         "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": [
-            {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-             "hide": 0, "skipUrlSync": False},
-            {"name": "backend", "label": "Backend", "type": "query", "datasource": DS,
-             "query": {"query": "label_values(specroute_inflight, backend)", "refId": "backend"},
-             "refresh": 2, "includeAll": True,
-             "multi": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"}, "hide": 0,
-             "skipUrlSync": False, "sort": 1},
-        ]},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "hide": 0,
+                    "skipUrlSync": False,
+                },
+                {
+                    "name": "backend",
+                    "label": "Backend",
+                    "type": "query",
+                    "datasource": DS,
+                    "query": {"query": "label_values(specroute_inflight, backend)", "refId": "backend"},
+                    "refresh": 2,
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "current": {"text": "All", "value": "$__all"},
+                    "hide": 0,
+                    "skipUrlSync": False,
+                    "sort": 1,
+                },
+            ]
+        },
         "annotations": {"list": []},
         "panels": panels(),
     }
@@ -191,8 +377,11 @@ def normalized(doc: dict[str, Any]) -> dict[str, Any]:
 def dropped(before: Any, after: Any, path: str = "") -> list[str]:
     """Paths in `before` that the schema round trip lost or changed (defaults it adds are fine)."""
     if isinstance(before, dict) and isinstance(after, dict):
-        return [p for k, v in before.items()
-                for p in ([f"{path}/{k}"] if k not in after else dropped(v, after[k], f"{path}/{k}"))]
+        return [
+            p
+            for k, v in before.items()
+            for p in ([f"{path}/{k}"] if k not in after else dropped(v, after[k], f"{path}/{k}"))
+        ]
     if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
         return [p for i, (b, a) in enumerate(zip(before, after, strict=True)) for p in dropped(b, a, f"{path}[{i}]")]
     return [] if before == after else [path]

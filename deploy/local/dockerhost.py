@@ -42,8 +42,9 @@ HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 SYSTEM_SOCKET = Path("/var/run/docker.sock")
 
 
-def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 120,
-         input: str | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: Sequence[str], *, check: bool = True, timeout: float = 120, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), check=check, timeout=timeout, capture_output=True, text=True, input=input)
 
 
@@ -67,8 +68,9 @@ def host_mirror(suite: str) -> str:
     sources = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
     for path in sources:
         for stanza in path.read_text().split("\n\n"):
-            fields = dict(line.split(":", 1) for line in stanza.splitlines()
-                          if ":" in line and not line.startswith("#"))
+            fields = dict(
+                line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#")
+            )
             if suite in fields.get("Suites", "").split() and "deb" in fields.get("Types", "").split():
                 return fields["URIs"].split()[0]
     for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]:
@@ -157,12 +159,21 @@ class Engine:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "DOCKER_HOST": self.host}
+        # BuildKit: the Dockerfile's pip cache mount (docker.io 20.10's client still defaults to the old builder).
+        return {**os.environ, "DOCKER_HOST": self.host, "DOCKER_BUILDKIT": "1"}
 
-    def docker(self, *args: str, check: bool = True, timeout: float = 300,
-               input: str | None = None) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run([self.client, *args], capture_output=True, text=True, timeout=timeout, env=self.env,
-                             input=input, check=False)
+    def docker(
+        self, *args: str, check: bool = True, timeout: float = 300, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [self.client, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            input=input,
+            check=False,
+        )
         if check and out.returncode != 0:
             raise RuntimeError(f"docker {' '.join(args)} -> {out.returncode}: {out.stderr.strip()[-2000:]}")
         return out
@@ -176,10 +187,22 @@ class Engine:
         data_root.mkdir(parents=True, exist_ok=True)
         self.host = f"unix://{self.run_dir / 'docker.sock'}"
         self.log_path = self.run_dir / "dockerd.log"
-        argv = ["dockerd", "--host", self.host, "--data-root", str(data_root),
-                "--exec-root", str(self.run_dir / "exec"), "--pidfile", str(self.run_dir / "docker.pid"),
-                "--storage-driver=overlay2", "--exec-opt", "native.cgroupdriver=cgroupfs",
-                "--shutdown-timeout", "5"]
+        argv = [
+            "dockerd",
+            "--host",
+            self.host,
+            "--data-root",
+            str(data_root),
+            "--exec-root",
+            str(self.run_dir / "exec"),
+            "--pidfile",
+            str(self.run_dir / "docker.pid"),
+            "--storage-driver=overlay2",
+            "--exec-opt",
+            "native.cgroupdriver=cgroupfs",
+            "--shutdown-timeout",
+            "5",
+        ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -239,8 +262,11 @@ def build_base_tarball(path: Path, suite: str, mirror: str) -> None:
     """debootstrap minbase + BASE_PACKAGES + the host's CA certificates, packed as a rootfs tarball."""
     with tempfile.TemporaryDirectory(prefix="rootfs-", dir=path.parent) as tmp:
         root = Path(tmp) / "rootfs"
-        out = _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(root),
-                    mirror], check=False, timeout=900)
+        out = _run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(root), mirror],
+            check=False,
+            timeout=900,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"debootstrap failed:\n{(out.stdout + out.stderr)[-2000:]}")
         for cert in sorted(HOST_CA_DIR.glob("**/*.crt")):
@@ -271,8 +297,15 @@ def base_image(engine: Engine) -> str:
             old.unlink()  # one base at a time: a new CA or suite replaces the old one
         build_base_tarball(tarball, suite, mirror)
     with open(tarball, "rb") as f:
-        out = subprocess.run([engine.client, "import", "--change", 'CMD ["/bin/bash"]', "-", tag], stdin=f,
-                             capture_output=True, text=True, timeout=300, env=engine.env, check=False)
+        out = subprocess.run(
+            [engine.client, "import", "--change", 'CMD ["/bin/bash"]', "-", tag],
+            stdin=f,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=engine.env,
+            check=False,
+        )
     if out.returncode != 0:
         raise RuntimeError(f"docker import failed: {out.stderr.strip()}")
     return tag

@@ -59,7 +59,7 @@ def fields(buf: bytes, number: int) -> list[bytes]:
             if i + size > len(buf):
                 raise WireError("length-delimited field past the end")
             if key >> 3 == number:
-                out.append(buf[i:i + size])
+                out.append(buf[i : i + size])
             i += size
         else:
             raise WireError(f"wire type {wire} is not used by OTLP")
@@ -112,8 +112,10 @@ def make_handler(counts: Counts) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             snap = counts.snapshot()
             if self.path == "/metrics":
-                text = "".join(f"# TYPE specroute_otlp_counter_{k} counter\nspecroute_otlp_counter_{k}_total {v}\n"
-                               for k, v in snap.items())
+                text = "".join(
+                    f"# TYPE specroute_otlp_counter_{k} counter\nspecroute_otlp_counter_{k}_total {v}\n"
+                    for k, v in snap.items()
+                )
                 self._reply(200, text.encode(), "text/plain; version=0.0.4")
             elif self.path == "/count":
                 self._reply(200, json.dumps(snap).encode(), "application/json")
@@ -149,8 +151,9 @@ def make_handler(counts: Counts) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="otlp_counter", description="Count the spans sent over OTLP/HTTP.")
-    p.add_argument("--listen", action="append", default=None, metavar="HOST:PORT",
-                   help="repeatable; default 0.0.0.0:4318")
+    p.add_argument(
+        "--listen", action="append", default=None, metavar="HOST:PORT", help="repeatable; default 0.0.0.0:4318"
+    )
     args = p.parse_args(argv)
     counts = Counts()
     servers = []
