@@ -58,7 +58,7 @@ def _chunk_obj(delta: dict, finish: str | None) -> dict:
 class Answers:
     """Every byte the server sends, built once."""
 
-    def __init__(self, chunks: int) -> None:
+    def __init__(self, chunks: int, split_writes: bool = False) -> None:
         self.chunks = chunks
         words = [f" w{i % 97}" for i in range(chunks)]
         text = "".join(words)
@@ -80,9 +80,10 @@ class Answers:
             "usage": usage,
         }
         body = _enc.encode(full)
-        self.full = (
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-        ) + body
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+        # A non-streamed answer as one write, or (--split-writes) its head and its body as two, the way
+        # an ASGI server sends http.response.start and http.response.body: `bench.split_writes`.
+        self.full = [head, body] if split_writes else [head + body]
         self.stream_head = (
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
@@ -186,7 +187,8 @@ class ZeroProtocol(asyncio.Protocol):
                     task.add_done_callback(_paced_tasks.discard)
                     return
             if not stream:
-                t.write(a.full)
+                for part in a.full:
+                    t.write(part)
                 return
             w = t.write
             w(a.stream_head)
@@ -217,7 +219,8 @@ class ZeroProtocol(asyncio.Protocol):
             if not stream:
                 if hold:
                     await asyncio.sleep(_hold(hold))
-                t.write(a.full)
+                for part in a.full:
+                    t.write(part)
                 return
             t.write(a.stream_head)
             t.write(a.role)
@@ -240,9 +243,9 @@ class ZeroProtocol(asyncio.Protocol):
                 self._answer(*self.pending.pop(0))
 
 
-async def serve(host: str, port: int, chunks: int, ready_fd: int | None = None) -> None:
+async def serve(host: str, port: int, chunks: int, ready_fd: int | None = None, split_writes: bool = False) -> None:
     loop = asyncio.get_running_loop()
-    answers = Answers(chunks)
+    answers = Answers(chunks, split_writes)
     server = await loop.create_server(lambda: ZeroProtocol(answers), host, port, backlog=4096, reuse_address=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -261,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8199)
     p.add_argument("--chunks", type=int, default=64, help="content chunks per streamed answer")
+    p.add_argument("--split-writes", action="store_true", help="a non-streamed answer's head and body in two writes")
     p.add_argument("--cpu", type=int, default=None, help="pin to this CPU")
     a = p.parse_args(argv)
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
     import uvloop
 
-    uvloop.run(serve(a.host, a.port, a.chunks))
+    uvloop.run(serve(a.host, a.port, a.chunks, split_writes=a.split_writes))
     return 0
 
 

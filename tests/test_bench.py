@@ -111,3 +111,12 @@ def test_exporter_cost_runs_and_reports_the_exporter_process(tmp_path):
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith("gw_")}
     assert float(rows["gw_on"][-1]) > 0  # the exporter process did work for the traced gateway
 
+
+
+def test_split_writes_compares_one_and_two_write_answers():
+    proc = subprocess.run([sys.executable, "-m", "bench.split_writes", "--requests", "50", "--rounds", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split()[0] for line in proc.stdout.splitlines() if "/" in line.split()[0]}
+    assert rows == {"one_write/raw", "two_writes/raw", "one_write/http", "two_writes/http"}
+    assert "http  client: two writes cost" in proc.stdout
