@@ -17,6 +17,25 @@ from backends.procs import ProcessGroup, free_port, specroute_cmd
 from gateway.topology import SEED_SYSTEMS
 
 
+def _wait_measured(url: str, timeout_s: float = 30.0) -> None:
+    """Until the gateway has measured its backends (gateway/seeding.py), else give up quietly: the
+    demo's first requests would otherwise share the backends with the measurement's."""
+    import json
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/admin/backends", timeout=5) as r:
+                policies = json.loads(r.read())["policies"]
+            if all(b.get("observed", 0) >= 1 for p in policies.values() if len({s.get("strategy") for s in
+                   p.get("backends", {}).values()}) > 1 for b in p.get("backends", {}).values()):
+                return
+        except (OSError, KeyError, ValueError, AttributeError):
+            pass
+        time.sleep(0.2)
+
+
 def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output: str | None) -> int:
     out_dir = Path(output or tempfile.mkdtemp(prefix="specroute-demo-"))
     port = free_port()
@@ -31,6 +50,7 @@ def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output
         out_dir.mkdir(parents=True, exist_ok=True)
         group.start("gateway", cmd, log_file=log_path)
         group.wait_ready({"gateway": f"{gateway_url}/health"}, timeout_s=90)
+        _wait_measured(gateway_url)  # the sweep starts after the startup measurement, as traffic after a deploy
         targets = ",".join(["gateway", *(s.name for s in SEED_SYSTEMS)])
         print(f"ready in {time.monotonic() - started:.1f}s; sweeping C={concurrency} on {targets}", flush=True)
         loadgen = [
