@@ -155,7 +155,9 @@ def main(argv: list[str]) -> int:
     path = args.output / "eval.json"
     write_json(path, to_json(results, targets, seed=args.seed, objectives=objectives, primary=primary,
                              fleets=fleets_doc))
-    (args.output / "eval.md").write_text(markdown(results, targets, seed=args.seed, extra=extra))
+    # the homogeneous fleets appear in the fleet-vs-fleet table, not phase by phase
+    shown = [res for g in groups.values() for role, res in g if role != "homogeneous"]
+    (args.output / "eval.md").write_text(markdown(shown, targets, seed=args.seed, extra=extra))
     print(f"\nwrote {path} and eval.md ({time.perf_counter() - t0:.1f} s)")
     return 0
 

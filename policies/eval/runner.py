@@ -273,7 +273,7 @@ def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str]
         for o in objectives:
             if f"goodput/{o}" in runs:
                 recovery[o] = _recovery(runs[f"goodput/{o}"], runs[f"clairvoyant/{o}"], scenario, o)
-    reference = runs.get("clairvoyant/e2e") or runs.get(f"clairvoyant/{primary}")
+    reference = runs.get(f"clairvoyant/{primary}") or runs.get("clairvoyant/e2e")
     cold = {k: _cold_start(runs[k], reference) for k in runs
             if reference is not None and k.startswith("goodput/")}
     return ScenarioResult(name=scenario.name, description=scenario.description, pool=pool,
