@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import uvicorn
 
+from gateway.head_write import HeadHoldingProtocol
 from gateway.serve import tune_gc
 
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             host="127.0.0.1",
             port=int(args[0]),
             loop="uvloop",
-            http="httptools",
+            http=HeadHoldingProtocol,  # as `specroute serve` runs: a head leaves with its body
             lifespan="on",
             log_level="warning",
             access_log=False,
