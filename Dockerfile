@@ -21,17 +21,21 @@ FROM ${BASE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python3 -m venv /opt/specroute
-# Dependencies first, in their own layer: a source change rebuilds only the layers below. From the
-# lock file when the repository has one (requirements.lock, pip format), else from pyproject.toml's
-# [project] dependencies. The bracket globs let COPY succeed when the lock is absent.
-COPY pyproject.toml README.md requirements.loc[k] ./
+# Dependencies first, in layers of their own: a source change rebuilds only the layers below. From the
+# lock file when the repository has one (requirements.lock, pip format, hashed), else from
+# pyproject.toml's [project] dependencies; with the lock, an edit of pyproject.toml alone (a dev tool,
+# a comment) reruns only the second RUN, which then does nothing. The bracket glob lets COPY
+# succeed when there is no lock.
+COPY requirements.loc[k] ./
 RUN --mount=type=cache,target=/root/.cache/pip \
-    if [ -f requirements.lock ]; then \
-      /opt/specroute/bin/pip install -r requirements.lock; \
-    else \
+    if [ -f requirements.lock ]; then /opt/specroute/bin/pip install -r requirements.lock; fi
+COPY pyproject.toml ./
+RUN --mount=type=cache,target=/root/.cache/pip \
+    if [ ! -f requirements.lock ]; then \
       python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/deps.txt \
       && /opt/specroute/bin/pip install -r /tmp/deps.txt; \
     fi
+COPY README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
 COPY policies ./policies

@@ -60,6 +60,7 @@ def engine() -> Iterator[object]:
     eng = dockerhost.Engine()
     eng.start()
     try:
+        eng.remove_leftovers()
         yield eng
     finally:
         eng.stop()

@@ -240,6 +240,16 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def remove_leftovers(self) -> None:
+        """On our own engine only: containers and networks a killed earlier run left in the data root
+        (compose's `restart: unless-stopped` would bring them back with the engine). Images stay."""
+        if self.proc is None:
+            return  # someone else's engine: not ours to clean
+        ids = self.docker("ps", "-aq", timeout=60).stdout.split()
+        if ids:
+            self.docker("rm", "-f", *ids, timeout=300)
+        self.docker("network", "prune", "--force", timeout=120)
+
     def has_image(self, ref: str) -> bool:
         return self.docker("image", "inspect", ref, check=False, timeout=30).returncode == 0
 
