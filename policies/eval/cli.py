@@ -144,7 +144,8 @@ def main(argv: list[str]) -> int:
 
         fleet_t, fleets_doc = check_fleet_targets(groups, args.seed)
         targets += fleet_t
-        extra = fleet_table(groups)
+        table = fleet_table(groups)
+        extra = table if len(table) > 4 else []  # only with homogeneous fleets to compare
     for res in results:
         for key, c in res.cold_start.items():
             targets.append(Target(name=f"{res.name}: cold-start regret of {key} (first {c['window_s']:.0f} s vs "
