@@ -39,8 +39,8 @@ class HeadHoldingTransport:
         head = self._head
         if head is not None:
             self._head = None
-            self._transport.write(head + bytes(data))
-        elif data[:7] == _HEAD:  # uvicorn writes a head as one bytes object, status line first
+            self._transport.write(head + data)
+        elif type(data) is bytes and data.startswith(_HEAD):  # uvicorn writes a head as one bytes object
             self._head = bytes(data)
             self._loop.call_soon(self._flush)
         else:
