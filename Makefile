@@ -36,11 +36,13 @@ $(BIN)/python: | $(UV)
 	$(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
 
 # `uv pip sync` makes the venv hold exactly the lock; `--no-deps -e .`: the project itself, editable.
-$(VENV)/.installed: requirements.lock pyproject.toml | $(BIN)/python
-	$(UV) pip sync --quiet --python $(BIN)/python requirements.lock
+# A venv that has had the dev extra keeps it (`make demo` after `make test` must not take pytest
+# away): it is synced from the dev lock, a superset of the runtime one.
+$(VENV)/.installed: requirements.lock requirements-dev.lock pyproject.toml | $(BIN)/python
+	if [ -f $(VENV)/.installed-dev ]; then lock=requirements-dev.lock; else lock=requirements.lock; fi; \
+	$(UV) pip sync --quiet --python $(BIN)/python $$lock
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	@$(call CHECK,$(VENV))
-	rm -f $(VENV)/.installed-dev
 	touch $@
 
 $(VENV)/.installed-dev: requirements-dev.lock pyproject.toml | $(BIN)/python
