@@ -99,11 +99,13 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
         for sw in res.reshape.switches:
             out.write(f"  {sw.before} -> {sw.after}: {sw.fleet}, {sw.servers_restarted} server(s) restarted, "
                       f"{sw.downtime_s / 60:.0f} min of reduced capacity\n")
-    if res.exhaustive_best is not None:
-        e = res.exhaustive_best
-        gap = win.score / e.score - 1 if e.score > 0 else 0.0
-        out.write(f"\nexhaustive search: best {e.fleet} with {e.policy} {e.score:.2f}; the plan's pick is "
-                  f"{_pct(gap)} from it ({'within' if gap >= -0.03 else 'NOT within'} 3%)\n")
+    if res.exhaustive_best is not None and res.exhaustive is not None:
+        e, x = res.exhaustive_best, res.exhaustive
+        out.write(f"\nexhaustive search ({res.compositions} compositions): best {e.fleet} with {e.policy} "
+                  f"{e.score:.2f} on seed {res.seed}; on fresh seeds {x.seeds} the leaders and the pick score "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in x.leaders.items())
+                  + f": the plan's pick {x.pick} is {_pct(x.gap)} from the best ({x.best}), "
+                  f"{'within' if x.gap >= -0.03 else 'NOT within'} 3%\n")
     out.write("\nassumed:\n" + "".join(f"  - {a}\n" for a in res.assumptions))
 
 

@@ -43,7 +43,9 @@ def test_a_tiny_plan_ranks_fleets_against_the_best_homogeneous_and_matches_exhau
     # AR decodes ~26 tok/s per request, DFlash several times that: an AR-only fleet is last
     assert res.ranked[-1].fleet == "2xk26-ar"
     assert res.rates_rps["busy"] == 6.0 and res.spans_s == {"quiet": 6 * 3600.0, "busy": 2 * 3600.0}
-    assert res.exhaustive_best is not None and res.ranked[0].score >= 0.97 * res.exhaustive_best.score
+    assert res.exhaustive_best is not None and res.exhaustive is not None
+    assert len(res.exhaustive.scores) == 3 and res.exhaustive.pick == res.ranked[0].fleet
+    assert res.exhaustive.gap >= -0.03  # within 3% of the best on seeds neither was chosen on
     assert any("restart" in a for a in res.assumptions) and any("fractions" in a for a in res.assumptions)
     assert res.reshape is not None and set(res.reshape.schedule) == {"quiet", "busy"}
 

@@ -18,7 +18,7 @@ servers of type t serves the phase's rate best when the rate is split so that ma
 equal (water-filling, in small increments): the value is sum_t k_t F_t(x_t) / rate, the mean
 request tok/s of an ideal domain-blind router. It ignores what per-request routing adds (domain,
 temperature and cache affinity) and burstiness: that is what the simulation of the short list
-measures. A rate no allocation can carry scores 0.
+measures. Beyond the fleet's saturation the excess is shed and counts 0.
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ class PhaseGrid:
 
     def value(self, counts: Sequence[int]) -> float:
         """Mean request tok/s with counts[t] servers of type t: STEPS increments of the rate, each
-        to the server whose F grows most (greedy water-filling); 0 if the rate does not fit."""
+        to the server whose F grows most (greedy water-filling). Increments beyond every server's
+        saturation are shed and count 0 (the simulator's scoring: shed requests are no speed)."""
         if self.rate <= 0:
             return 0.0
         heap = []
@@ -208,8 +209,8 @@ class PhaseGrid:
         heapq.heapify(heap)
         total = 0.0
         for _ in range(STEPS):
-            if not heap:
-                return 0.0
+            if not heap:  # saturated: what is left is shed, and a shed request counts 0
+                break
             neg, t, s, j = heapq.heappop(heap)
             total -= neg
             m = self.marginals[t]
@@ -220,7 +221,7 @@ class PhaseGrid:
 
 def fleet_value(curves: list[tuple[int, TypeCurve]], rate: float) -> float:
     """Mean request tok/s of `rate` requests/s over k servers of each curve's type, split by
-    water-filling; 0 when no split can carry the rate."""
+    water-filling; what no split can carry counts 0."""
     grid = PhaseGrid([c for _, c in curves], rate)
     return grid.value([k for k, _ in curves])
 

@@ -9,8 +9,9 @@
    fleet, and for homogeneous fleets also SGLang's router's policies (`policies.eval.peers`) and
    least_inflight: a user's real alternative is a homogeneous fleet behind SGLang's router.
 3. Fleets are ranked by the simulated score: span-weighted over phases of the mean request
-   tok/s, where a request that was shed or never finished counts 0 (a fleet that sheds is not
-   faster), or, with `objective="goodput"`, of the requests/s that met the SLO.
+   tok/s, where a request that missed the SLO (shed, unfinished, or its first token later than
+   the SLO's TTFT) counts 0: speed from starving some requests in a queue, or from shedding them,
+   is not speed; with `objective="goodput"`, of the requests/s that met the SLO.
    The margin is over the best homogeneous fleet with its best policy.
 4. Reshape: for each phase, the composition the fluid model ranks best *for that phase alone* is
    simulated on it; where it beats the day's winner, the schedule switches. The switches cost
@@ -102,6 +103,7 @@ class Reshape(msgspec.Struct, kw_only=True):
 
 class PlanResult(msgspec.Struct, kw_only=True):
     servers: int
+    seed: int
     traffic: str
     objective: str
     slo: SLO
@@ -117,6 +119,22 @@ class PlanResult(msgspec.Struct, kw_only=True):
     assumptions: list[str]
     wall_s: float = 0.0
     exhaustive_best: FleetFigures | None = None
+    exhaustive: Exhaustive | None = None
+
+
+class Exhaustive(msgspec.Struct, kw_only=True):
+    """The plan's pick against exhaustive search, re-simulated on fresh seeds: the best of many
+    noisy scores is biased upwards (the winner's curse), so the exhaustive search's leaders and
+    the pick are compared on seeds none of them was selected on."""
+
+    seeds: list[int]
+    pick: str
+    pick_score: float  # mean over the fresh seeds
+    best: str
+    best_score: float
+    gap: float  # pick / best - 1
+    leaders: dict[str, float]  # fleet -> mean score over the fresh seeds
+    scores: dict[str, float]  # every composition's score on the plan's seed
 
 
 class _Task(msgspec.Struct, frozen=True):
@@ -167,9 +185,7 @@ def _label(types: Sequence[Member], counts: Sequence[int]) -> str:
 
 
 def _phase_score(m: PhaseMetrics, objective: str) -> float:
-    if objective == "goodput":
-        return m.goodput_rps
-    return m.mean_request_tok_s * (m.requests / m.arrived) if m.arrived else 0.0
+    return m.goodput_rps if objective == "goodput" else m.slo_request_tok_s
 
 
 class _Planner:
@@ -321,6 +337,30 @@ class _Planner:
                        switches=switches, restart_s=restart_s, advice=advice)
 
 
+CONFIRM_SEEDS = 2
+CONFIRM_LEADERS = 3
+
+
+def _confirm(p: _Planner, everything: dict[tuple[int, ...], FleetFigures], pick: tuple[int, ...],
+             fluid: dict[tuple[int, ...], float]) -> Exhaustive:
+    leaders = sorted(everything, key=lambda c: -everything[c].score)[:CONFIRM_LEADERS]
+    fleets = list(dict.fromkeys([*leaders, pick]))
+    seeds = [p.seed + 1 + k for k in range(CONFIRM_SEEDS)]
+    means = {c: 0.0 for c in fleets}
+    base_seed = p.seed
+    for s in seeds:
+        p.seed = s
+        for c, f in p.figures_all([(c, fluid[c]) for c in fleets]).items():
+            means[c] += f.score / len(seeds)
+    p.seed = base_seed
+    best = max(fleets, key=lambda c: means[c])
+    gap = means[pick] / means[best] - 1 if means[best] > 0 else 0.0
+    return Exhaustive(seeds=seeds, pick=_label(p.types, pick), pick_score=round(means[pick], 3),
+                      best=_label(p.types, best), best_score=round(means[best], 3), gap=round(gap, 4),
+                      leaders={_label(p.types, c): round(means[c], 3) for c in fleets},
+                      scores={f.fleet: round(f.score, 3) for f in everything.values()})
+
+
 def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
     ref = p.traffic.scenario.reference
     return [
@@ -331,8 +371,9 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
            f" (loads are fractions of {p.n} x {ref}'s saturation rate on each phase's traffic)"),
         f"each phase simulated for {sample_s:.0f} s of steady traffic, weighed by the part of the day it "
         "stands for; results are one seed's",
-        "score: span-weighted mean request decode tok/s, shed or unfinished requests counting 0"
-        if p.objective == "tok_s" else f"score: span-weighted requests/s meeting the SLO ({p.slo.label})",
+        f"score: span-weighted mean request decode tok/s, a request missing the SLO ({p.slo.label}: shed, "
+        "unfinished or late) counting 0" if p.objective == "tok_s"
+        else f"score: span-weighted requests/s meeting the SLO ({p.slo.label})",
         "policies: goodput for every fleet; homogeneous fleets also behind SGLang's router's policies "
         "(implemented from its source) and least_inflight; each fleet ranked with its best",
         f"restart of a 1T-parameter server: {restart_s / 60:.0f} min down (assumption: ~600 GB INT4 weights "
@@ -368,14 +409,16 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
     winner_counts = next(c for c, f in figures.items() if f is ranked[0])
     reshape = p.reshape(winner_counts, ranked[0], fluid_phase, restart_s) if len(p.phases) > 1 else None
     exhaustive_best = None
+    check: Exhaustive | None = None
     if exhaustive:
         log(f"exhaustive: simulating all {len(combos)} compositions")
         everything = {**p.figures_all([(c, fluid[c]) for c in combos if c not in figures]), **figures}
         exhaustive_best = max(everything.values(), key=lambda f: f.score)
+        check = _confirm(p, everything, winner_counts, fluid)
     return PlanResult(
-        servers=n, traffic=traffic.name, objective=objective, slo=slo, types=[t.label for t in p.types],
+        servers=n, seed=seed, traffic=traffic.name, objective=objective, slo=slo, types=[t.label for t in p.types],
         rates_rps={ph.name: round(r, 4) for ph, r in zip(p.phases, p.rates, strict=False)},
         spans_s={ph.name: ph.span_s for ph in p.phases}, ranked=ranked, best_homogeneous=best_h,
         reshape=reshape, compositions=len(combos), simulated=p.simulated, sample_s=sample_s,
         assumptions=_assumptions(p, restart_s, sample_s), wall_s=time.perf_counter() - t0,
-        exhaustive_best=exhaustive_best)
+        exhaustive_best=exhaustive_best, exhaustive=check)
