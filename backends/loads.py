@@ -1,10 +1,17 @@
 """Parsing what an SGLang server reports about itself: `/server_info`, `/v1/loads` and fallbacks.
 
 SGLang 0.5.23 serves `GET /v1/loads` (per-DP-rank `num_running_reqs`, `num_waiting_reqs`,
-`max_running_requests`, `speculative.accept_length`). Older 0.5.x releases only have `/get_load`
-(request counts in 0.5.9, only a token load in 0.5.2) and, under `--enable-metrics`, Prometheus gauges named
-`sglang:num_running_reqs` (some builds `sglang_num_running_reqs`). All parsers here are total:
-malformed input gives None, never an exception.
+`max_running_requests`, `max_total_num_tokens`, `decode_moments`, and `speculative.accept_length`).
+Older 0.5.x releases only have `/get_load` (request counts in 0.5.9, only a token load in 0.5.2) and,
+under `--enable-metrics`, Prometheus gauges named `sglang:num_running_reqs` (some builds
+`sglang_num_running_reqs`). All parsers here are total: malformed input gives None, never an exception.
+
+Acceptance comes in two kinds, and only one is what a router wants (backends/acceptance_window.py):
+`/v1/loads` `speculative.accept_length` is the server's LIFETIME average (accepted tokens / verify
+passes since start, refreshed every 40 decode steps, absent before the first refresh and on AR:
+`managers/scheduler_components/load_inquirer.py`, `metrics_reporter.py`), so `LoadReport` keeps it
+apart as `lifetime_accept_length`. `LoadReport.accept_length` is a WINDOWED figure: the `/metrics`
+gauge `sglang:spec_accept_length` (the last 40-step interval's), or what the poller derives.
 """
 
 from __future__ import annotations
@@ -19,7 +26,15 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     running: int | None = None
     waiting: int | None = None
     max_running: int | None = None
-    accept_length: float | None = None
+    max_total_tokens: int | None = None   # KV budget in tokens (`max_total_num_tokens`, summed over ranks)
+    accept_length: float | None = None    # windowed (see the module docstring); None when not known
+    accept_source: str | None = None      # where `accept_length` came from
+    lifetime_accept_length: float | None = None  # `speculative.accept_length` as /v1/loads reports it
+    # `decode_moments` (0.5.23, summed over ranks): decode steps, sum of batch sizes (one verify pass
+    # per request and step under speculation), of step times (us), of batch^2, of batch*time, and of
+    # tokens generated (accepted drafts plus the bonus token, per request and step):
+    # `scheduler.py::_accumulate_decode_moment`, `managers/utils.py::get_num_generated_tokens`.
+    decode_moments: tuple[float, ...] | None = None
     token_load: int | None = None  # /get_load on older servers: tokens in use + queued prompt tokens
     source: str = "v1/loads"
 
@@ -28,7 +43,8 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     speculative_algorithm: str | None = None
     max_running_requests: int | None = None
     served_model_name: str | None = None
-    avg_spec_accept_length: float | None = None
+    avg_spec_accept_length: float | None = None  # lifetime, like /v1/loads
+    enable_metrics: bool = False  # the server serves /metrics (with the windowed acceptance gauge)
     version: str | None = None
 
 
@@ -39,12 +55,14 @@ def _num(value: Any, typ: type = int) -> Any:
 
 
 def parse_loads(data: Any) -> LoadReport | None:
-    """`GET /v1/loads`: sums over DP ranks; accept length averaged over ranks that report one."""
+    """`GET /v1/loads`: counts summed over DP ranks; the lifetime accept length averaged over the
+    ranks that report one; decode moments summed when every rank has them."""
     loads = data.get("loads") if isinstance(data, dict) else None
     if not isinstance(loads, list) or not loads:
         return None
-    running = waiting = cap = 0
+    running = waiting = cap = kv = 0
     accepts: list[float] = []
+    moments: list[float] | None = [0.0] * _MOMENTS
     for rank in loads:
         if not isinstance(rank, dict):
             return None
@@ -53,11 +71,22 @@ def parse_loads(data: Any) -> LoadReport | None:
             return None
         running, waiting = running + r, waiting + w
         cap += _num(rank.get("max_running_requests")) or 0
+        kv += _num(rank.get("max_total_num_tokens")) or 0
         spec = rank.get("speculative")
         if isinstance(spec, dict) and (a := _num(spec.get("accept_length"), float)):
             accepts.append(a)
-    return LoadReport(running=running, waiting=waiting, max_running=cap or None,
-                      accept_length=sum(accepts) / len(accepts) if accepts else None)
+        m = rank.get("decode_moments")
+        if moments is not None and isinstance(m, list) and len(m) >= _MOMENTS \
+                and all(_num(x, float) is not None for x in m[:_MOMENTS]):
+            moments = [t + float(x) for t, x in zip(moments, m[:_MOMENTS], strict=True)]
+        else:
+            moments = None
+    return LoadReport(running=running, waiting=waiting, max_running=cap or None, max_total_tokens=kv or None,
+                      lifetime_accept_length=sum(accepts) / len(accepts) if accepts else None,
+                      decode_moments=tuple(moments) if moments is not None else None)
+
+
+_MOMENTS = 6
 
 
 def parse_get_load(data: Any) -> LoadReport | None:
@@ -91,7 +120,8 @@ _METRIC_LINE = re.compile(r"^sglang[:_](num_running_reqs|num_queue_reqs|spec_acc
 
 
 def parse_metrics(text: str) -> LoadReport | None:
-    """Prometheus text of `/metrics` (needs `--enable-metrics`); gauges summed over label sets."""
+    """Prometheus text of `/metrics` (needs `--enable-metrics`); gauges summed over label sets, the
+    acceptance gauge (windowed: the last 40 decode steps) averaged over them."""
     values: dict[str, list[float]] = {}
     for name, _labels, value in _METRIC_LINE.findall(text):
         try:
@@ -100,11 +130,12 @@ def parse_metrics(text: str) -> LoadReport | None:
             continue
     if "num_running_reqs" not in values:
         return None
-    accept = values.get("spec_accept_length")
+    accept = [a for a in values.get("spec_accept_length", []) if a > 0]  # 0 before the first interval, and on AR
     return LoadReport(
         running=int(sum(values["num_running_reqs"])),
         waiting=int(sum(values.get("num_queue_reqs", [0.0]))),
         accept_length=(sum(accept) / len(accept)) if accept else None,
+        accept_source="metrics gauge" if accept else None,
         source="metrics",
     )
 
@@ -121,5 +152,6 @@ def parse_server_info(data: Any) -> ServerInfo | None:
         max_running_requests=_num(data.get("max_running_requests")),
         served_model_name=served if isinstance(served, str) else None,
         avg_spec_accept_length=_num(first.get("avg_spec_accept_length"), float),
+        enable_metrics=data.get("enable_metrics") is True,
         version=data.get("version") if isinstance(data.get("version"), str) else None,
     )

@@ -49,21 +49,20 @@ def usage(obj: Any) -> Usage | None:
     if not isinstance(obj, dict):
         return None
     p, c = obj.get("prompt_tokens"), obj.get("completion_tokens")
-    if not isinstance(p, int) or not isinstance(c, int) or not _count(p) or not _count(c):
+    if type(p) is not int or type(c) is not int or p < 0 or c < 0:  # type(): a bool is no count
         return None
-    reasoning = _detail(obj.get("completion_tokens_details"), "reasoning_tokens")
-    if reasoning is None and _count(obj.get("reasoning_tokens")):
-        reasoning = obj["reasoning_tokens"]
-    return Usage(prompt_tokens=p, completion_tokens=c, reasoning_tokens=reasoning,
-                 cached_tokens=_detail(obj.get("prompt_tokens_details"), "cached_tokens"))
+    reasoning = cached = None
+    details = obj.get("completion_tokens_details")
+    if details is not None:
+        reasoning = _count(details, "reasoning_tokens")
+    if reasoning is None and "reasoning_tokens" in obj:
+        reasoning = _count(obj, "reasoning_tokens")
+    details = obj.get("prompt_tokens_details")
+    if details is not None:
+        cached = _count(details, "cached_tokens")
+    return Usage(prompt_tokens=p, completion_tokens=c, reasoning_tokens=reasoning, cached_tokens=cached)
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _detail(details: Any, name: str) -> int | None:
-    if isinstance(details, dict) and _count(details.get(name)):
-        value: int = details[name]
-        return value
-    return None
+def _count(obj: Any, name: str) -> int | None:
+    value = obj.get(name) if isinstance(obj, dict) else None
+    return value if type(value) is int and value >= 0 else None

@@ -24,6 +24,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+LISTEN_AFTER_S = 0.02  # see DisconnectWatch
 JSON = b"application/json"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
 
@@ -41,10 +42,10 @@ class Downstream:
     """One client connection's answer. `complete` turns True just before the last byte is handed to
     the server: from then on a disconnect is the server's end-of-response notice, not a client leaving."""
 
-    __slots__ = ("_receive", "_send", "complete", "status")
+    __slots__ = ("receive", "_send", "complete", "status")
 
     def __init__(self, receive: Receive, send: Send) -> None:
-        self._receive = receive
+        self.receive = receive
         self._send = send
         self.complete = False
         self.status = 0  # sent so far; 0 until the response starts
@@ -76,12 +77,24 @@ class Downstream:
 
 
 class DisconnectWatch:
-    """`async with downstream.watch():` cancels the block if the client disconnects; `gone` says it did."""
+    """`async with downstream.watch():` cancels the block if the client disconnects; `gone` says it did.
 
-    __slots__ = ("_downstream", "_task", "_listener", "_cancelling", "gone")
+    The listener is the server's own `receive()` run as a task, read by a done-callback (no
+    coroutine of ours around it, nothing to cancel at the exit): after the response, an ASGI server
+    answers `receive()` with `http.disconnect` (ASGI spec), so the listener always ends; once the
+    block has exited, what it hears is ignored.
+
+    It starts `LISTEN_AFTER_S` into the block: a request answered sooner costs a timer, not a task
+    (the listener is ~40k instructions per request, 3.5% of a zero-delay request's cost in the
+    gateway, measured with callgrind). A client that leaves within that time is noticed when the
+    listener starts (`receive()` then reports the disconnect at once): the upstream is aborted at
+    most that late, before a real server has decoded its second token."""
+
+    __slots__ = ("_downstream", "_task", "_cancelling", "_active", "_timer", "gone")
 
     def __init__(self, downstream: Downstream) -> None:
         self._downstream = downstream
+        self._active = False
         self.gone = False
 
     async def __aenter__(self) -> DisconnectWatch:
@@ -89,22 +102,27 @@ class DisconnectWatch:
         assert task is not None, "a watch runs inside a task"
         self._task = task
         self._cancelling = task.cancelling()
-        self._listener = asyncio.get_running_loop().create_task(self._listen())
+        self._active = True
+        self._timer = asyncio.get_running_loop().call_later(LISTEN_AFTER_S, self._listen)
         return self
 
-    async def _listen(self) -> None:
-        receive = self._downstream._receive
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not self._downstream.complete:
-                    self.gone = True
-                    self._task.cancel()
-                return
+    def _listen(self) -> None:
+        if self._active:
+            asyncio.ensure_future(self._downstream.receive()).add_done_callback(self._heard)
+
+    def _heard(self, listener: asyncio.Future[Message]) -> None:
+        if not self._active or listener.cancelled() or listener.exception() is not None:
+            return
+        if listener.result()["type"] != "http.disconnect":
+            self._listen()  # not the end of the connection: listen on
+        elif not self._downstream.complete:
+            self.gone = True
+            self._task.cancel()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
-        self._listener.cancel()
+        self._active = False
+        self._timer.cancel()
         if not self.gone:
             return False
         # Ours was the cancellation (the count says whether someone else's is pending too): end it here.

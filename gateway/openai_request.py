@@ -78,8 +78,8 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     return ParsedRequest(kind=kind, body=body, model=model, stream=stream, prompt_text=prompt_text,
                          max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
                          client_wants_usage=wants_usage, client_wants_spec=wants_spec,
-                         thinking=_thinking(body.get("chat_template_kwargs")),
-                         tools=bool(body.get("tools")) and isinstance(body.get("tools"), list))
+                         thinking=_thinking(body["chat_template_kwargs"]) if "chat_template_kwargs" in body else None,
+                         tools="tools" in body and isinstance(body["tools"], list) and bool(body["tools"]))
 
 
 def _thinking(kwargs: Any) -> bool | None:

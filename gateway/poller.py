@@ -2,7 +2,11 @@
 
 - `/server_info` (fallback `/get_server_info`) until it answers once: algorithm, cap, served name.
 - `/v1/loads` every `health.interval_s`; on 404 it falls back to `/get_load`, then `/metrics`, and
-  remembers which one works, so older SGLang 0.5.x releases are served too.
+  remembers which one works, so older SGLang 0.5.x releases are served too. On a speculative
+  server run with `--enable-metrics`, `/metrics` too, for its windowed acceptance gauge.
+- The policies' `reported_accept_length` is a windowed figure (backends/acceptance_window.py):
+  the gauge, else the difference of `/v1/loads` decode moments between polls, else None (the
+  lifetime average /v1/loads publishes is never passed on as if it were recent).
 - `/ready` (fallback `/health`) for readiness: `unhealthy_after` consecutive failures take a backend
   out of the pool, `healthy_after` consecutive successes bring it back.
 """
@@ -12,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
 
+from backends.acceptance_window import AcceptanceWindow
 from backends.loads import LoadReport, ServerInfo, parse_get_load, parse_loads, parse_metrics, parse_server_info
 from gateway.config import HealthSection
 from gateway.pool import Backend
@@ -39,6 +44,7 @@ class BackendPoller:
         self._fails = 0
         self._successes = 0
         self.checks = 0  # readiness checks done; /ready waits for the first
+        self.window = AcceptanceWindow()
 
     async def run(self) -> None:
         while True:
@@ -55,7 +61,8 @@ class BackendPoller:
             inflight_before = self.backend.inflight
             report = await self._load()
             if report is not None:
-                self._apply_load(report, inflight_before)
+                gauge = await self._accept_gauge() if report.source != "metrics" else None
+                self._apply_load(report, inflight_before, gauge)
 
     async def _check_ready(self) -> None:
         ok = False
@@ -96,10 +103,13 @@ class BackendPoller:
                 return None
         return None
 
-    def _apply_load(self, report: LoadReport, inflight_before: int) -> None:
+    def _apply_load(self, report: LoadReport, inflight_before: int, gauge: float | None = None) -> None:
         """Publish a report to the policies' view, with our own in-flight at the time it was taken,
         so that the load of other gateway replicas can be told apart from ours."""
         backend = self.backend
+        if backend.spec.strategy.speculative:
+            accept = self.window.update(report, gauge)
+            report = msgspec.structs.replace(report, accept_length=accept, accept_source=self.window.source)
         backend.load = report
         view = backend.view
         view.reported_running = report.running
@@ -109,6 +119,8 @@ class BackendPoller:
         view.reported_inflight = (inflight_before + backend.inflight) // 2 if report.running is not None else None
         if report.max_running and view.max_running is None:
             view.max_running = report.max_running
+        if report.max_total_tokens:
+            view.kv_tokens = report.max_total_tokens
 
     def _apply_info(self, info: ServerInfo) -> None:
         self.backend.view.max_running = info.max_running_requests or self.backend.view.max_running
@@ -116,6 +128,18 @@ class BackendPoller:
         if spec.strategy.speculative != (info.speculative_algorithm is not None):
             log.warning("backend %s is configured as %s but reports speculative_algorithm=%s",
                         spec.name, spec.strategy.value, info.speculative_algorithm)
+
+    async def _accept_gauge(self) -> float | None:
+        """The windowed acceptance gauge of a speculative server that serves /metrics."""
+        info = self.backend.info
+        if info is None or not info.enable_metrics or not self.backend.spec.strategy.speculative:
+            return None
+        try:
+            status, body = await self.backend.client.get("/metrics")
+        except _NET_ERRORS:
+            return None
+        report = parse_metrics(body.decode("utf-8", "replace")) if status == 200 else None
+        return report.accept_length if report is not None else None
 
     async def _load(self) -> LoadReport | None:
         while self._load_path is not None:
@@ -154,7 +178,7 @@ class Poller:
         self.health = health
         self.on_change = on_change
         self.pollers: dict[str, BackendPoller] = {}
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = False
 
     def configure(self, health: HealthSection) -> None:

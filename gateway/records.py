@@ -18,7 +18,7 @@ class Result(msgspec.Struct, kw_only=True):
     The clock is `common.stream_clock`'s definition: a generated token is one of any kind
     (reasoning, content, tool call, completions text); `t_first_answer` skips reasoning."""
 
-    status: int = 200
+    status: int = 0                      # the HTTP status the client got; 0 until the answer starts
     t_first: float | None = None         # first chunk with generated output of any kind
     t_first_answer: float | None = None  # first content, tool call or text
     t_last: float | None = None          # last chunk with generated output

@@ -1,6 +1,15 @@
-"""Parsers of what SGLang reports about itself, in the shapes of 0.5.23 and older 0.5.x."""
+"""Parsers of what SGLang reports about itself, in the shapes of 0.5.23 and older 0.5.x, and the
+windowed acceptance derived from them (backends/acceptance_window.py)."""
 
+import asyncio
+import urllib.request
+
+import aiohttp
+import pytest
+
+from backends.acceptance_window import MIN_VERIFY_PASSES, AcceptanceWindow
 from backends.loads import parse_get_load, parse_loads, parse_metrics, parse_server_info
+from tests.support import gateway, get_json, wait_until
 
 V1_LOADS = {  # shape of sglang 0.5.23 python/sglang/srt/entrypoints/v1_loads.py, two DP ranks
     "timestamp": "2026-11-30T00:00:00+00:00", "version": "0.5.23", "accelerator": None, "num_accelerators": 8,
@@ -13,14 +22,16 @@ V1_LOADS = {  # shape of sglang 0.5.23 python/sglang/srt/entrypoints/v1_loads.py
 }
 
 
-def test_v1_loads_sums_ranks_and_averages_acceptance():
+def test_v1_loads_sums_ranks_and_keeps_the_lifetime_acceptance_apart():
     r = parse_loads(V1_LOADS)
-    assert (r.running, r.waiting, r.max_running, r.accept_length) == (10, 2, 96, 4.5)
+    assert (r.running, r.waiting, r.max_running, r.lifetime_accept_length) == (10, 2, 96, 4.5)
+    assert r.accept_length is None  # a lifetime average is not a windowed figure
+    assert r.decode_moments is None  # not in this payload
 
 
 def test_v1_loads_without_spec_section_has_no_acceptance():
     r = parse_loads({"loads": [{"dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": 0}]})
-    assert r.running == 1 and r.accept_length is None and r.max_running is None
+    assert r.running == 1 and r.lifetime_accept_length is None and r.max_running is None
 
 
 def test_malformed_loads_give_none():
@@ -44,7 +55,7 @@ def test_metrics_accepts_both_prefixes():
             'sglang_num_running_reqs{dp_rank="1"} 2\nsglang:num_queue_reqs{model_name="m"} 3.0\n'
             'sglang:spec_accept_length{model_name="m"} 3.5\n')
     r = parse_metrics(text)
-    assert (r.running, r.waiting, r.accept_length) == (7, 3, 3.5)
+    assert (r.running, r.waiting, r.accept_length, r.accept_source) == (7, 3, 3.5, "metrics gauge")
     assert parse_metrics("python_gc_objects_collected_total 1\n") is None
 
 
@@ -53,6 +64,166 @@ def test_server_info():
                               "served_model_name": "kimi-k2.6", "version": "0.5.23",
                               "internal_states": [{"avg_spec_accept_length": 4.2}]})
     assert (info.speculative_algorithm, info.max_running_requests, info.avg_spec_accept_length) == ("DFLASH", 48, 4.2)
+    assert not info.enable_metrics
+    assert parse_server_info({"enable_metrics": True}).enable_metrics
     ar = parse_server_info({"speculative_algorithm": None, "max_running_requests": 256, "internal_states": []})
     assert ar.speculative_algorithm is None and ar.avg_spec_accept_length is None
     assert parse_server_info("nope") is None
+
+
+def _rank(moments, accept=None, kv=100_000):
+    """One DP rank of SGLang 0.5.23's /v1/loads: decode_moments = [steps, sum batch, sum step us,
+    sum batch^2, sum batch*us, sum generated] (scheduler.py::_accumulate_decode_moment)."""
+    rank = {"dp_rank": 0, "num_running_reqs": 4, "num_waiting_reqs": 0, "max_running_requests": 48,
+            "max_total_num_tokens": kv, "decode_moments": moments}
+    if accept is not None:
+        rank["speculative"] = {"accept_length": accept, "accept_rate": 0.5}
+    return rank
+
+
+def _moments(passes: float, generated: float) -> list[float]:
+    return [passes / 4, passes, passes * 10_000.0, passes * 4, passes * 40_000.0, generated]
+
+
+def test_decode_moments_are_summed_over_ranks_and_kv_budgets_too():
+    r = parse_loads({"loads": [_rank(_moments(100, 400)), _rank(_moments(50, 100))]})
+    assert r.decode_moments[1] == 150 and r.decode_moments[5] == 500 and r.max_total_tokens == 200_000
+    partial = parse_loads({"loads": [_rank(_moments(100, 400)), _rank(None)]})
+    assert partial.decode_moments is None  # one rank without them: no sum that means anything
+
+
+def test_the_window_follows_a_collapse_the_lifetime_average_hides():
+    """A day at 4.0 tokens per pass, then the drafter collapses to 1.5: the lifetime average
+    barely moves; the window says 1.5 at once."""
+    window = AcceptanceWindow()
+    passes, generated = 1_000_000.0, 4_000_000.0
+    lifetime = lambda: generated / passes
+    assert window.update(parse_loads({"loads": [_rank(_moments(passes, generated), lifetime())]})) is None
+    for _ in range(5):
+        passes, generated = passes + 2_000, generated + 2_000 * 1.5
+        report = parse_loads({"loads": [_rank(_moments(passes, generated), lifetime())]})
+        assert window.update(report) == pytest.approx(1.5)
+    assert report.lifetime_accept_length > 3.95  # what a router reading /v1/loads as-is would see
+    assert window.source == "decode moments"
+
+
+def test_a_window_closes_only_with_enough_passes_and_an_idle_backend_keeps_its_last():
+    window = AcceptanceWindow()
+    window.update(parse_loads({"loads": [_rank(_moments(1000, 3000))]}))
+    window.update(parse_loads({"loads": [_rank(_moments(1000 + MIN_VERIFY_PASSES // 2, 3000 + 20 * 2))]}))
+    assert window.value is None  # too few passes yet: they carry over to the next poll
+    window.update(parse_loads({"loads": [_rank(_moments(1000 + MIN_VERIFY_PASSES, 3000 + MIN_VERIFY_PASSES * 2))]}))
+    assert window.value == pytest.approx(2.0)
+    window.update(parse_loads({"loads": [_rank(_moments(1000 + MIN_VERIFY_PASSES, 3000 + MIN_VERIFY_PASSES * 2))]}))
+    assert window.value == pytest.approx(2.0)  # idle: the last window stands, as SGLang's gauge does
+
+
+def test_a_restarted_server_starts_a_new_window():
+    window = AcceptanceWindow()
+    window.update(parse_loads({"loads": [_rank(_moments(10_000, 30_000))]}))
+    window.update(parse_loads({"loads": [_rank(_moments(10_100, 30_300))]}))
+    assert window.value == pytest.approx(3.0)
+    window.update(parse_loads({"loads": [_rank(_moments(50, 250))]}))  # counters went back: a restart
+    window.update(parse_loads({"loads": [_rank(_moments(150, 350))]}))
+    assert window.value == pytest.approx(1.0)
+
+
+def test_the_metrics_gauge_wins_and_nothing_windowed_comes_from_a_lifetime_average_alone():
+    window = AcceptanceWindow()
+    assert window.update(parse_loads({"loads": [_rank(_moments(100, 300))]}), gauge=2.5) == 2.5
+    assert window.source == "metrics gauge"
+    lifetime_only = AcceptanceWindow()
+    for accept in (4.0, 3.9, 3.8):  # an older server: lifetime average, no decode moments, no metrics
+        assert lifetime_only.update(parse_loads({"loads": [_rank(None, accept)]})) is None
+
+
+# ---- on twins that report the way SGLang 0.5.23 does ---------------------------------------------
+
+MATH = [{"role": "user", "content": "A train travels 60 miles in 1.5 hours. What is its speed in miles per hour?"}]
+
+
+def _twin_gauge(twin: str) -> float | None:
+    with urllib.request.urlopen(f"{twin}/metrics", timeout=10) as r:
+        report = parse_metrics(r.read().decode())
+    return report.accept_length if report else None
+
+
+def _twin_lifetime(twin: str) -> float | None:
+    return parse_loads(get_json(f"{twin}/v1/loads")).lifetime_accept_length
+
+
+async def _pump(url: str, until, concurrency: int = 4) -> int:
+    """Requests straight to the twin (as another gateway replica would send them) until `until()`."""
+    sent = 0
+    async with aiohttp.ClientSession() as s:
+        async def worker() -> None:
+            nonlocal sent
+            while not await asyncio.to_thread(until):
+                body = {"model": "m", "messages": MATH, "max_tokens": 200}
+                async with s.post(f"{url}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200
+                    await r.read()
+                sent += 1
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return sent
+
+
+def test_reported_acceptance_follows_the_metrics_gauge_through_a_drift(tmp_path, twin_factory):
+    """The drafter degrades 10 s after start: the twin's lifetime average (what /v1/loads says)
+    keeps most of its old value, the gateway reports the windowed gauge, as policies need."""
+    twin = twin_factory("k26-dflash", "--enable-metrics", "--fault-accept-drop-at", "10",
+                        "--fault-accept-drop-to", "0.3")
+    backends = [{"name": "d", "url": twin, "model": "kimi-k2.6", "strategy": "dflash"}]
+    with gateway(tmp_path, backends, "[health]\ninterval_s = 0.1\n") as url:
+        before: list[float] = []
+
+        def dropped() -> bool:
+            g = _twin_gauge(twin)
+            if g and not before:
+                before.append(g)
+            return bool(before and g and g < 0.6 * before[0])
+        asyncio.run(_pump(twin, dropped))
+        assert before, "no window closed before the drop: the twin took over 10 s to start"
+        after = _twin_gauge(twin)
+        lifetime = _twin_lifetime(twin)
+        state = lambda: {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
+        assert wait_until(lambda: state()["accept_length"] == after)  # the twin is idle: its gauge stands
+        reported = state()
+    assert reported["accept_source"] == "metrics gauge"
+    assert lifetime is not None and lifetime > 1.3 * after  # the lifetime average hides most of the drop
+    assert reported["lifetime_accept_length"] == pytest.approx(lifetime)
+
+
+def test_without_metrics_decode_moments_give_the_window_through_a_drift(tmp_path, twin_factory):
+    """No --enable-metrics: the window comes from the difference of /v1/loads decode moments
+    between polls, and follows the drop that the lifetime average hides."""
+    twin = twin_factory("k26-dflash", "--fault-accept-drop-at", "10", "--fault-accept-drop-to", "0.3")
+    backends = [{"name": "d", "url": twin, "model": "kimi-k2.6", "strategy": "dflash"}]
+    moments = lambda: get_json(f"{twin}/v1/loads")["loads"][0]["decode_moments"]
+    with gateway(tmp_path, backends, "[health]\ninterval_s = 0.1\n") as url:
+        state = lambda: {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
+        levels: list[float] = []  # the twin's own acceptance, window by window, from its moments
+        last: list[list[float]] = []
+
+        def dropped() -> bool:
+            m = moments()
+            if m is None:
+                return False
+            if not last:
+                last.append(m)
+            elif m[1] - last[0][1] >= 400:
+                levels.append((m[5] - last[0][5]) / (m[1] - last[0][1]))
+                last[0] = m
+            return len(levels) >= 2 and levels[-1] < 0.6 * levels[0] and state() is not None \
+                and state()["accept_length"] is not None and state()["accept_length"] < 0.6 * levels[0]
+        asyncio.run(_pump(twin, dropped))
+        # one more window of the twin's, wholly after the drop, to compare the gateway's with
+        start = moments()
+        asyncio.run(_pump(twin, lambda: moments()[1] - start[1] >= 400))
+        end = moments()
+        after = (end[5] - start[5]) / (end[1] - start[1])
+        assert wait_until(lambda: state()["accept_length"] == pytest.approx(after, rel=0.25))
+        reported = state()
+        lifetime = _twin_lifetime(twin)
+    assert reported["accept_source"] == "decode moments"
+    assert lifetime is not None and lifetime > 1.3 * reported["accept_length"]  # what /v1/loads alone says
