@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import httptools
 
 _CONTENT = b'"content":" '  # a content delta with text (role chunks carry "content":"")
+_KEEP = len(_CONTENT) - 1
 
 
 def request_bytes(path: str, body: bytes, host: str, headers: Sequence[tuple[str, str]] = ()) -> bytes:
@@ -35,6 +36,7 @@ class Connection(asyncio.Protocol):
         self.chunks = 0
         self.status = 0
         self.reads = 0  # socket reads (data_received calls) for the current response
+        self.tail = b""  # the current body's last bytes, shorter than a delta marker
         self.closed: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -54,7 +56,9 @@ class Connection(asyncio.Protocol):
         self.status = self.parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
-        n = body.count(_CONTENT)
+        seen = self.tail + body  # a delta marker can straddle two body callbacks
+        n = seen.count(_CONTENT)
+        self.tail = seen[-_KEEP:]
         if n:
             if not self.chunks:
                 self.t_first = time.perf_counter()
@@ -70,6 +74,7 @@ class Connection(asyncio.Protocol):
         self.chunks = 0
         self.status = 0
         self.reads = 0
+        self.tail = b""
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(raw)  # type: ignore[union-attr]
         return self.waiter

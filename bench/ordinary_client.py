@@ -23,6 +23,7 @@ import aiohttp
 from bench.client import LevelResult
 
 _CONTENT = b'"content":" '  # a content delta with text, as in bench.client
+_KEEP = len(_CONTENT) - 1  # bytes kept from one read to the next: too few to hold a whole marker
 
 
 async def closed_loop(
@@ -81,8 +82,11 @@ async def _one(
     chunks = 0
     async with session.post(url, data=body, headers=headers) as resp:
         if resp.content_type == "text/event-stream":
+            tail = b""  # a delta marker can straddle two reads: the last bytes of the previous one
             async for data in resp.content.iter_any():
-                n = data.count(_CONTENT)
+                seen = tail + data
+                n = seen.count(_CONTENT)
+                tail = seen[-_KEEP:]
                 if n:
                     if not chunks:
                         t_first = time.perf_counter()
