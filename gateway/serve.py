@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import sys
 
 import uvicorn
 
+from backends.procs import ProcessGroup, start_twins
 from gateway.app import create_asgi
 from gateway.config import Config, load_config, parse_listen
 from gateway.head_write import HeadHoldingProtocol
-from backends.procs import ProcessGroup, start_twins
 from gateway.topology import SEED_SYSTEMS, embedded_config
 
 
@@ -55,7 +56,7 @@ def run(config: Config, host: str, port: int, config_path: str | None = None) ->
             timeout_keep_alive=30,
             backlog=2048,
             # SIGTERM: stop accepting, let in-flight streams finish for up to this long
-            timeout_graceful_shutdown=config.gateway.shutdown_grace_s,
+            timeout_graceful_shutdown=math.ceil(config.gateway.shutdown_grace_s),  # uvicorn takes whole seconds
         )
     )
     print(
