@@ -14,6 +14,7 @@ cancellation ends at the watch's exit, as `asyncio.timeout` ends its own.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from types import TracebackType
 from typing import Any
@@ -42,11 +43,13 @@ class Downstream:
     """One client connection's answer. `complete` turns True just before the last byte is handed to
     the server: from then on a disconnect is the server's end-of-response notice, not a client leaving."""
 
-    __slots__ = ("receive", "_send", "complete", "status")
+    __slots__ = ("receive", "_send", "t_received", "complete", "status")
 
     def __init__(self, receive: Receive, send: Send) -> None:
         self.receive = receive
         self._send = send
+        # The request's receipt (its headers are in): where the gateway's TTFT and duration start.
+        self.t_received = time.perf_counter()
         self.complete = False
         self.status = 0  # sent so far; 0 until the response starts
 

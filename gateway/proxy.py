@@ -138,7 +138,7 @@ class Proxy:
     async def serve(self, raw: bytes, kind: Kind, headers: Mapping[str, str], trace: Trace | None,
                     client: Downstream) -> None:
         """Answer one request on `client`. `trace`: its trace context, when the caller made it."""
-        t_received = time.perf_counter()
+        t_received = client.t_received
         request_id = _request_id(headers)
         if trace is None:
             trace = self.tracing.current()

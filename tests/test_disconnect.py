@@ -127,7 +127,8 @@ def test_disconnect_mid_stream_aborts_the_backend_request(setup):
 def test_disconnect_while_queued_is_never_dispatched(setup):
     twin, url, proc = setup
     _settled(twin, url)
-    decisions = lambda: sum(v for k, v in _metrics(url).items() if k.startswith("specroute_policy_decisions_total"))
+    def decisions():
+        return sum(v for k, v in _metrics(url).items() if k.startswith("specroute_policy_decisions_total"))
     before = decisions()
     # The holder takes the only slot and keeps it past everything the waiter does.
     with _request(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": LONG, "stream": True}) as holder:
@@ -142,8 +143,9 @@ def test_disconnect_while_queued_is_never_dispatched(setup):
     assert _within(ABORT_DEADLINE_S, lambda: _idle(url))
     assert decisions() == before + 1  # only the holder was ever routed
     # its record: never dispatched (no backend), it waited, and it says why it ended
-    waiter = lambda: next((r for r in _records(proc) if r.get("error_type") == "client_disconnected"
-                           and not r["stream"] and "backend" not in r), None)
+    def waiter():
+        return next((r for r in _records(proc) if r.get("error_type") == "client_disconnected"
+                               and not r["stream"] and "backend" not in r), None)
     assert _within(5, lambda: waiter() is not None)
     assert waiter()["status"] == 499 and waiter()["queue_s"] > 0
 

@@ -97,7 +97,8 @@ def test_the_window_follows_a_collapse_the_lifetime_average_hides():
     barely moves; the window says 1.5 at once."""
     window = AcceptanceWindow()
     passes, generated = 1_000_000.0, 4_000_000.0
-    lifetime = lambda: generated / passes
+    def lifetime():
+        return generated / passes
     assert window.update(parse_loads({"loads": [_rank(_moments(passes, generated), lifetime())]})) is None
     for _ in range(5):
         passes, generated = passes + 2_000, generated + 2_000 * 1.5
@@ -186,7 +187,8 @@ def test_reported_acceptance_follows_the_metrics_gauge_through_a_drift(tmp_path,
         assert before, "no window closed before the drop: the twin took over 10 s to start"
         after = _twin_gauge(twin)
         lifetime = _twin_lifetime(twin)
-        state = lambda: {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
+        def state():
+            return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
         assert wait_until(lambda: state()["accept_length"] == after)  # the twin is idle: its gauge stands
         reported = state()
     assert reported["accept_source"] == "metrics gauge"
@@ -199,9 +201,11 @@ def test_without_metrics_decode_moments_give_the_window_through_a_drift(tmp_path
     between polls, and follows the drop that the lifetime average hides."""
     twin = twin_factory("k26-dflash", "--fault-accept-drop-at", "10", "--fault-accept-drop-to", "0.3")
     backends = [{"name": "d", "url": twin, "model": "kimi-k2.6", "strategy": "dflash"}]
-    moments = lambda: get_json(f"{twin}/v1/loads")["loads"][0]["decode_moments"]
+    def moments():
+        return get_json(f"{twin}/v1/loads")["loads"][0]["decode_moments"]
     with gateway(tmp_path, backends, "[health]\ninterval_s = 0.1\n") as url:
-        state = lambda: {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
+        def state():
+            return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
         levels: list[float] = []  # the twin's own acceptance, window by window, from its moments
         last: list[list[float]] = []
 

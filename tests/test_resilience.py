@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import urllib.request
 
 import aiohttp
 import pytest
@@ -27,7 +28,7 @@ class Twin:
                              *extra)
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Twin":
+    def start(self) -> Twin:
         self.proc = subprocess.Popen(self.cmd, start_new_session=True, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         wait_http_ok(f"{self.url}/ready", 30, self.proc)
@@ -227,7 +228,8 @@ def test_drain_stops_new_requests_and_lets_inflight_finish(tmp_path, twins):
 def test_client_disconnect_aborts_the_upstream_request(tmp_path, twins):
     a = twins("k26-ar")
     with gateway(tmp_path, [a.entry("a")]) as url:
-        running = lambda: get_json(f"{a.url}/v1/loads")["loads"][0]["num_running_reqs"]
+        def running():
+            return get_json(f"{a.url}/v1/loads")["loads"][0]["num_running_reqs"]
         with open_stream(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}):
             assert running() == 1
         # the twin, like SGLang, aborts a request whose connection closed
@@ -250,3 +252,23 @@ def test_stalled_stream_ends_with_an_error_event_after_idle_stream_s(tmp_path, t
     assert result["status"] == 200 and result["done"]
     assert "upstream stream idle for more than 0.5s" in result["error"]["message"]
     assert 0.5 <= elapsed < 5
+
+
+def test_a_streamed_queue_full_answer_is_retried_like_a_503(tmp_path, twins):
+    """SGLang answers a stream that finds its queue full with HTTP 200, an error event with code
+    503, then [DONE]. Nothing has reached the client yet: the gateway tries another backend, and
+    counts it as busy, not broken (the circuit stays closed)."""
+    full, spare = twins("k26-ar", "--max-queued-requests", "0"), twins("k26-ar")
+    backends = [full.entry("full"), spare.entry("spare")]
+    with gateway(tmp_path, backends, gateway_keys='policy = "round_robin"\n') as url:
+        async def run() -> list[dict]:
+            async with aiohttp.ClientSession() as s:
+                return [await _chat(s, url, stream=i % 3 != 0, max_tokens=8) for i in range(8)]
+        results = asyncio.run(run())
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        state = {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
+    assert all(r["status"] == 200 and r["backend"] == "spare" for r in results), results
+    streams = [r for r in results if "done" in r]
+    assert streams and all(r["done"] and r["error"] is None and r["usage"]["completion_tokens"] == 8 for r in streams)
+    assert 'specroute_upstream_errors_total{backend="full",kind="stream_503"}' in metrics
+    assert state["full"]["circuit"] == "closed"
