@@ -252,3 +252,25 @@ def test_a_loadgen_run_gives_one_trace_per_request_joined_by_trace_id(tmp_path, 
         attrs = {a.key: a.value for a in client[0].attributes}
         assert attrs["specroute.speedup"].double_value > 0
         assert attrs["specroute.backend"].string_value in k26
+
+
+def test_a_thinking_streams_client_span_times_its_first_reasoning_token(twin_factory):
+    """The CLIENT span and the access log line carry the reasoning tokens, and the span's time to
+    first chunk is the first reasoning token's (not the first answer token's)."""
+    thinker = twin_factory("k26-dflash", "--reasoning-parser", "kimi_k2")
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    with serve_in_thread(_config({"k26-dflash": (thinker, "dflash")}), tracing=tracing,
+                         access_log=AccessLog(False)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        chunks = list(client.chat.completions.create(
+            model="kimi-k2.6", messages=MATH, max_tokens=N, stream=True,
+            extra_body={"chat_template_kwargs": {"thinking": True}}))
+        tracing.force_flush()
+    reasoning = [c for c in chunks if c.choices and (c.choices[0].delta.model_extra or {}).get("reasoning_content")]
+    assert reasoning, "the twin should have thought first"
+    span = next(s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT)
+    a = dict(span.attributes)
+    assert 0 < a["specroute.reasoning_tokens"] <= a["gen_ai.usage.output_tokens"] == N
+    if a["specroute.reasoning_tokens"] < N:  # an answer followed: its first token came later
+        assert a["specroute.ttft_answer_s"] > a["gen_ai.response.time_to_first_chunk"]
