@@ -38,9 +38,13 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class TimeoutsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     connect_s: float = 5.0
-    # Streams: until the upstream's response headers (SGLang sends them before the first token).
-    first_byte_s: float = 60.0
-    # Streams: the longest silence between two upstream chunks before the stream is cut.
+    # Streams: from sending the request to its first generated token. SGLang sends no header before
+    # that token, so this covers its queue and the prompt's prefill: a 256k-token prompt takes about
+    # 72 s of prefill on the studies' 8-GPU PCIe machine (the twin's derived K2.6 prefill cost), and
+    # it may queue behind others as long. Until then nothing reached the client: a timeout is retried.
+    first_byte_s: float = 300.0
+    # Streams, after the first token: the longest silence between two upstream reads before the
+    # stream is cut with an error event.
     idle_stream_s: float = 60.0
     # Non-streaming requests: the whole upstream response.
     request_s: float = 900.0

@@ -72,17 +72,22 @@ class GatewayMetrics:
         self.genai_tpot = Histogram("gen_ai_server_time_per_output_token_seconds", "GenAI time per output token.",
                                     ["gen_ai_operation_name", "gen_ai_request_model"], buckets=GENAI_TPOT, registry=r)
 
-        self._children: dict[tuple, Any] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._pools: Pools | None = None
 
     def watch(self, pools: "Pools", admission: "Admission") -> None:
+        self._pools = pools
         self.registry.register(_StateCollector(pools, admission))
 
     def observe(self, rec: RequestRecord) -> None:
         c = self._child
         backend = rec.backend or "none"
-        c(self.requests, rec.model, backend, str(rec.status)).inc()
+        # A label is a served model, never whatever a client asked for: unknown names would add
+        # series (and children here) without bound.
+        model = rec.model if self._pools is None or rec.model in self._pools.by_model else "unknown"
+        c(self.requests, model, backend, str(rec.status)).inc()
         if rec.queue_s:
-            c(self.queue, rec.model).observe(rec.queue_s)
+            c(self.queue, model).observe(rec.queue_s)
         if rec.backend is None or rec.status != 200:
             return
         op = "chat" if rec.kind == "chat" else "text_completion"

@@ -145,7 +145,7 @@ class Proxy:
         model = ""
         try:
             parsed = parse(raw, kind)
-            model = parsed.model
+            model = parsed.model[:256]  # for the record only: a client may send any string
             req = self._request(parsed, kind, headers, request_id, trace, t_received)
         except ApiError as error:
             self._write_record(RequestRecord(
