@@ -10,8 +10,8 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import aiohttp
 
@@ -24,8 +24,12 @@ MSG = [{"role": "user", "content": "Tell me a story."}]
 
 
 def _post(url: str, body: dict | None = None, method: str = "POST") -> tuple[int, dict]:
-    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=15) as r:
             return r.status, json.loads(r.read())
@@ -34,15 +38,22 @@ def _post(url: str, body: dict | None = None, method: str = "POST") -> tuple[int
 
 
 async def _stream(url: str, model: str, max_tokens: int) -> dict:
-    body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
-    async with aiohttp.ClientSession() as s:
-        async with s.post(f"{url}/v1/chat/completions", json=body) as r:
-            raw = (await r.read()).decode()
+    body = {
+        "model": model,
+        "messages": MSG,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/chat/completions", json=body) as r:
+        raw = (await r.read()).decode()
     events = [e[6:] for e in raw.split("\n\n") if e.startswith("data: ")]
     parsed = [json.loads(e) for e in events if e != "[DONE]"]
-    return {"done": events[-1] == "[DONE]", "error": any("error" in p for p in parsed),
-            "tokens": next((p["usage"]["completion_tokens"] for p in parsed if p.get("usage")), 0)}
+    return {
+        "done": events[-1] == "[DONE]",
+        "error": any("error" in p for p in parsed),
+        "tokens": next((p["usage"]["completion_tokens"] for p in parsed if p.get("usage")), 0),
+    }
 
 
 def _entry(name: str, url: str, strategy: str = "ar") -> dict:
@@ -64,16 +75,19 @@ def _gateway_over(tmp_path: Path, backend: str) -> Iterator[tuple[str, Path, int
 def test_reload_adds_and_removes_backends_without_cutting_streams(tmp_path, twin_factory):
     a, b = twin_factory("k26-ar"), twin_factory("k26-ar")
     with _gateway_over(tmp_path, a) as (url, path, port, proc):
+
         async def scenario() -> tuple[dict, dict]:
             stream = asyncio.create_task(_stream(url, "kimi-k2.6@a", 800))
             assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 1)
             # swap a for b in the file; SIGHUP re-reads it
             path.write_text(gateway_config(port, [_entry("b", b)]))
             os.kill(proc.pid, signal.SIGHUP)
-            assert await asyncio.to_thread(wait_until, lambda: [x["name"] for x in
-                                                                get_json(f"{url}/admin/backends")["backends"]] == ["b"])
+            assert await asyncio.to_thread(
+                wait_until, lambda: [x["name"] for x in get_json(f"{url}/admin/backends")["backends"]] == ["b"]
+            )
             state = get_json(f"{url}/admin/backends")
             return await stream, state
+
         finished, state = asyncio.run(scenario())
         assert finished == {"done": True, "error": False, "tokens": 800}  # the removed backend's stream finished
         assert [r["name"] for r in state["retiring"]] == ["a"]
@@ -94,6 +108,7 @@ def test_reload_adds_and_removes_backends_without_cutting_streams(tmp_path, twin
 
 def test_reload_keeps_an_unchanged_policy_and_rebuilds_a_changed_one():
     """A policy keeps what it learned across a reload that does not change its name or options."""
+
     def config(extra_models: dict) -> dict:
         return {"backends": [_entry("a", "http://127.0.0.1:9")], "models": extra_models}
 
@@ -110,6 +125,7 @@ def test_reload_keeps_an_unchanged_policy_and_rebuilds_a_changed_one():
             assert rt.policies["kimi-k2.6"] is changed
         finally:
             await rt.stop()
+
     asyncio.run(scenario())
 
 
@@ -120,7 +136,7 @@ def _admin_state(url: str):
 
 def test_admin_add_drain_remove(tmp_path, twin_factory):
     a, b = twin_factory("k26-ar"), twin_factory("k26-dflash")
-    with _gateway_over(tmp_path, a) as (url, path, port, _):
+    with _gateway_over(tmp_path, a) as (url, _path, _port, _):
         # the typed shape loadgen and eval decode; `serving` needs a readiness check that has run
         assert wait_until(lambda: _admin_state(url).all_serving(with_server_info=True))
         state = _admin_state(url)
@@ -140,6 +156,7 @@ def test_admin_add_drain_remove(tmp_path, twin_factory):
             status, body = await asyncio.to_thread(_post, f"{url}/admin/backends/b", None, "DELETE")
             assert status == 200 and body["inflight_finishing"] == 1
             return await stream
+
         assert asyncio.run(scenario()) == {"done": True, "error": False, "tokens": 600}
         assert [x["name"] for x in get_json(f"{url}/admin/backends")["backends"]] == ["a"]
         status, body = _post(f"{url}/v1/chat/completions", {"model": "kimi-k2.6@b", "messages": MSG})
@@ -153,12 +170,14 @@ def test_admin_add_drain_remove(tmp_path, twin_factory):
 
 def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
     a = twin_factory("k26-ar")
-    with _gateway_over(tmp_path, a) as (url, path, port, proc):
+    with _gateway_over(tmp_path, a) as (url, _path, _port, proc):
+
         async def scenario() -> dict:
             stream = asyncio.create_task(_stream(url, "kimi-k2.6", 500))
             assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 1)
             os.kill(proc.pid, signal.SIGTERM)
             return await stream
+
         assert asyncio.run(scenario()) == {"done": True, "error": False, "tokens": 500}
         # uvicorn re-raises the signal once it has shut down: the conventional "ended by SIGTERM"
         assert proc.wait(15) in (0, -signal.SIGTERM)
@@ -167,17 +186,26 @@ def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
 def test_reload_applies_health_admission_and_circuit_settings_to_running_backends(tmp_path, twin_factory):
     a = twin_factory("k26-ar")
     with _gateway_over(tmp_path, a) as (url, path, port, _):
-        cap = lambda: get_json(f"{url}/admin/backends")["backends"][0]["cap"]
+
+        def cap():
+            return get_json(f"{url}/admin/backends")["backends"][0]["cap"]
+
         # the twin's max_running_requests, once the poller has read /server_info (0 until then:
         # /health answers as soon as the process serves, before the first poll)
         assert wait_until(lambda: cap() == 256)
-        path.write_text(gateway_config(port, [_entry("a", a)], "[admission]\nbackend_max_inflight = 7\n"
-                                       "[health]\ninterval_s = 0.05\n"))
+        path.write_text(
+            gateway_config(
+                port, [_entry("a", a)], "[admission]\nbackend_max_inflight = 7\n[health]\ninterval_s = 0.05\n"
+            )
+        )
         status, body = _post(f"{url}/admin/reload")
         assert status == 200 and body == {"added": [], "removed": []}
         assert cap() == 7
+
         # readiness checks now every 50 ms instead of every second: 10 more take well under 5 s
-        checks = lambda: get_json(f"{url}/admin/backends")["backends"][0]["health_checks"]
+        def checks():
+            return get_json(f"{url}/admin/backends")["backends"][0]["health_checks"]
+
         start = checks()
         assert wait_until(lambda: checks() >= start + 10, timeout=5)
 
@@ -189,8 +217,9 @@ def test_reload_applies_the_tracing_sample_ratio(tmp_path, twin_factory):
     body = {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 2}
 
     def traced(url: str) -> bool:
-        req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=15) as r:
             return "x-specroute-trace-id" in r.headers
 

@@ -46,28 +46,31 @@ def test_sampler_names_and_parent_rules(monkeypatch):
     assert sampler_from(None).name == "parentbased_always_on"
     config_ratio = sampler_from(0.25)
     assert config_ratio.name == "parentbased_traceidratio" and config_ratio.bound == 1 << 62
-    assert config_ratio.sampled(1, False) is False and config_ratio.sampled(2 ** 64 - 1, True) is True
+    assert config_ratio.sampled(1, False) is False and config_ratio.sampled(2**64 - 1, True) is True
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
     never = sampler_from(0.9)  # the environment wins over the config file
     assert never.sampled(0, True) is False  # not parent-based: the parent's flag does not matter
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "not-a-number")
-    assert sampler_from(None).sampled(2 ** 64 - 1, False) is True  # bad ratio -> 1.0, as the SDK does
+    assert sampler_from(None).sampled(2**64 - 1, False) is True  # bad ratio -> 1.0, as the SDK does
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "jaeger_remote")
     assert sampler_from(None).name == "parentbased_always_on"
 
 
-@pytest.mark.parametrize("header, honoured", [
-    (f"00-{TRACE}-{PARENT}-01", True),
-    (f"  00-{TRACE}-{PARENT}-01  ", True),
-    (f"01-{TRACE}-{PARENT}-01-future-field", True),   # a later version may add fields
-    (f"00-{TRACE}-{PARENT}-01-extra", False),         # version 00 may not
-    (f"ff-{TRACE}-{PARENT}-01", False),               # version ff is invalid
-    (f"00-{'0' * 32}-{PARENT}-01", False),            # all-zero trace id
-    (f"00-{TRACE}-{'0' * 16}-01", False),             # all-zero parent id
-    (f"00-{TRACE.upper()}-{PARENT}-01", False),       # upper case hex
-    ("garbage", False),
-])
+@pytest.mark.parametrize(
+    "header, honoured",
+    [
+        (f"00-{TRACE}-{PARENT}-01", True),
+        (f"  00-{TRACE}-{PARENT}-01  ", True),
+        (f"01-{TRACE}-{PARENT}-01-future-field", True),  # a later version may add fields
+        (f"00-{TRACE}-{PARENT}-01-extra", False),  # version 00 may not
+        (f"ff-{TRACE}-{PARENT}-01", False),  # version ff is invalid
+        (f"00-{'0' * 32}-{PARENT}-01", False),  # all-zero trace id
+        (f"00-{TRACE}-{'0' * 16}-01", False),  # all-zero parent id
+        (f"00-{TRACE.upper()}-{PARENT}-01", False),  # upper case hex
+        ("garbage", False),
+    ],
+)
 def test_traceparent_parsing_follows_w3c(header, honoured):
     tracing = Tracing(TracingSection(), exporter=InMemorySpanExporter())
     try:
@@ -101,9 +104,19 @@ def test_a_client_span_ending_after_its_server_span_is_exported_alone_under_it()
         headers: dict[str, str] = {}
         span = tracing.start_client_span(trace, ("10.0.0.7", 30000), headers)
         tracing.end_server_span(trace, "POST", "/v1/chat/completions", 200)  # e.g. a stream cut by the client
-        tracing.end_client_span(span, RequestRecord(request_id="r", model="m", kind="completion", stream=True,
-                                                    status=499, duration_s=0.1, error="client gone",
-                                                    error_type="cancelled"))
+        tracing.end_client_span(
+            span,
+            RequestRecord(
+                request_id="r",
+                model="m",
+                kind="completion",
+                stream=True,
+                status=499,
+                duration_s=0.1,
+                error="client gone",
+                error_type="cancelled",
+            ),
+        )
         assert tracing.force_flush()
         spans = {s.kind: s for s in exporter.get_finished_spans()}
         assert len(exporter.get_finished_spans()) == 2
@@ -138,6 +151,7 @@ class _Upstream:
 
     async def _start(self) -> None:
         app = web.Application()
+
         async def ok(request: web.Request) -> web.Response:
             return web.json_response({"status": "ok"})
 
@@ -150,10 +164,16 @@ class _Upstream:
 
     async def _chat(self, request: web.Request) -> web.Response:
         self.seen.append((request.headers.get("traceparent"), request.headers.get("tracestate")))
-        return web.json_response({
-            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        )
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
@@ -170,16 +190,21 @@ def upstream():
 def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream):
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingSection(), exporter=exporter)
-    config = config_from_dict({"backends": [{"name": "up", "url": f"http://127.0.0.1:{upstream.port}",
-                                             "model": "m", "strategy": "ar"}]})
+    config = config_from_dict(
+        {"backends": [{"name": "up", "url": f"http://127.0.0.1:{upstream.port}", "model": "m", "strategy": "ar"}]}
+    )
     with serve_in_thread(config, tracing=tracing, access_log=AccessLog(False)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         msgs = [{"role": "user", "content": "hi"}]
         sampled = client.chat.completions.with_raw_response.create(
-            model="m", messages=msgs, max_tokens=1,
-            extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "v=1"})
+            model="m",
+            messages=msgs,
+            max_tokens=1,
+            extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "v=1"},
+        )
         unsampled = client.chat.completions.with_raw_response.create(
-            model="m", messages=msgs, max_tokens=1, extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-00"})
+            model="m", messages=msgs, max_tokens=1, extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-00"}
+        )
         tracing.force_flush()
     # the trace-id header names a trace the collector has: only a recorded (sampled) one
     assert sampled.headers["x-specroute-trace-id"] == TRACE
@@ -196,8 +221,17 @@ def test_upstream_gets_the_client_spans_traceparent_and_the_tracestate(upstream)
 def _record(i: int, with_server_span: bool = False) -> tuple:
     """A `TraceRecord` as the request path ships it: a SERVER span and its CLIENT span, or (by
     default) one CLIENT span whose SERVER span was shipped before."""
-    request = RequestRecord(request_id="r", model="m", kind="chat", stream=True, status=200, duration_s=0.1,
-                            speedup=1.5, finish_reason="stop", max_tokens=8)
+    request = RequestRecord(
+        request_id="r",
+        model="m",
+        kind="chat",
+        stream=True,
+        status=200,
+        duration_s=0.1,
+        speedup=1.5,
+        finish_reason="stop",
+        max_tokens=8,
+    )
     client = ("%016x" % (i + 1), 1, 2, None, ("127.0.0.1", 30000), encode_request(request))
     if with_server_span:
         return ("%032x" % (i + 1), "%016x" % (i + 2), None, None, 1, 3, ("POST", "/v1/chat/completions", 200), [client])
