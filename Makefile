@@ -38,14 +38,14 @@ $(BIN)/python: | $(UV)
 # `uv pip sync` makes the venv hold exactly the lock; `--no-deps -e .`: the project itself, editable.
 # A venv that has had the dev extra keeps it (`make demo` after `make test` must not take pytest
 # away): it is synced from the dev lock, a superset of the runtime one.
-$(VENV)/.installed: requirements.lock requirements-dev.lock pyproject.toml | $(BIN)/python
+$(VENV)/.installed: requirements.lock requirements-dev.lock pyproject.toml | $(BIN)/python $(UV)
 	if [ -f $(VENV)/.installed-dev ]; then lock=requirements-dev.lock; else lock=requirements.lock; fi; \
 	$(UV) pip sync --quiet --python $(BIN)/python $$lock
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	@$(call CHECK,$(VENV))
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.lock pyproject.toml | $(BIN)/python
+$(VENV)/.installed-dev: requirements-dev.lock pyproject.toml | $(BIN)/python $(UV)
 	$(UV) pip sync --quiet --python $(BIN)/python requirements-dev.lock
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	@$(call CHECK,$(VENV))
