@@ -4,8 +4,8 @@ uvicorn writes the status line and headers as soon as the app sends `http.respon
 body when it sends `http.response.body`: two `write()`s, two TCP segments for every non-streamed
 answer. A raw client barely notices; an ordinary one (aiohttp, httpx) resolves the response on the
 head and reads the body on a second wake-up, which costs it tens of microseconds per request
-(`python -m bench.split_writes`; docs/performance.md). SGLang's own server and its Rust router send
-head and body together.
+(`python -m bench.split_writes`; docs/performance.md). SGLang's Rust router sends head and body
+in one `writev`; SGLang's own server runs on uvicorn and splits them as uvicorn does.
 
 `HeadHoldingProtocol` is uvicorn's httptools protocol with its transport wrapped: a write that
 starts a response (`HTTP/1.1 ...`) is held, and leaves with the next write (the body, or a stream's
