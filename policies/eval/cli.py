@@ -61,8 +61,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _fleets_for(scenario: Scenario, specs: list[str], servers: int | None, seed: int,
-                log: Callable[[str], None]) -> list[tuple[str, str]]:
-    """(role, fleet) pairs: role is 'own', 'given', 'plan' or 'homogeneous'."""
+                log: Callable[[str], None], plan_policy: dict[str, str]) -> list[tuple[str, str]]:
+    """(role, fleet) pairs: role is 'own', 'given', 'plan' or 'homogeneous'; the plan's policy
+    for its fleet goes into `plan_policy`."""
     from policies.eval.plan import DEFAULT_TYPES
 
     n = servers or sum(m.count for m in parse_fleet(",".join(scenario.pool)))
@@ -82,6 +83,7 @@ def _fleets_for(scenario: Scenario, specs: list[str], servers: int | None, seed:
             res = plan(n, Traffic(name=scenario.name, scenario=scenario, rates=tuple(None for _ in scenario.phases)),
                        seed=seed, log=log)
             out.append(("plan", res.ranked[0].fleet))
+            plan_policy[scenario.name] = res.ranked[0].policy
         else:
             parse_fleet(spec)
             out.append(("given", spec))
@@ -119,10 +121,11 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     results: list[ScenarioResult] = []
     groups: dict[str, list[tuple[str, ScenarioResult]]] = {}
+    plan_policy: dict[str, str] = {}
     for name in names:
         scenario = SCENARIOS[name]
         try:
-            fleets = _fleets_for(scenario, args.fleet, args.servers, args.seed, log)
+            fleets = _fleets_for(scenario, args.fleet, args.servers, args.seed, log, plan_policy)
         except FleetError as e:
             print(f"specroute eval: {e}", file=sys.stderr)
             return 2
@@ -142,7 +145,7 @@ def main(argv: list[str]) -> int:
     if any(role == "plan" for g in groups.values() for role, _ in g) or "sessions" in groups:
         from policies.eval.fleet_targets import check_fleet_targets, fleet_table
 
-        fleet_t, fleets_doc = check_fleet_targets(groups, args.seed)
+        fleet_t, fleets_doc = check_fleet_targets(groups, plan_policy)
         targets += fleet_t
         table = fleet_table(groups)
         extra = table if len(table) > 4 else []  # only with homogeneous fleets to compare

@@ -3,7 +3,7 @@
 Judged phases: every phase of `day` and `sessions`, the 60% and 90% phases of the open-loop load
 ladders (`open-poisson`, `open-bursty`). Per judged phase:
 
-1. the plan's fleet routed by `goodput/latency` gives >= 1.2x the mean request tok/s of the best
+1. the plan's fleet routed by goodput (the objective plan chose for it) gives >= 1.2x the mean request tok/s of the best
    homogeneous fleet of the same size behind the best SGLang-router policy *of that phase* (the
    strongest baseline: the best (fleet, router policy) pair is picked per phase, in hindsight);
 2. its e2e p99 and TTFT p99 are no worse than that baseline's;
@@ -110,8 +110,9 @@ class PhaseCheck(msgspec.Struct, kw_only=True):
         return self.e2e_p99_s[0] > self.e2e_p99_s[1] or self.ttft_p99_ms[0] > self.ttft_p99_ms[1]
 
 
-def _check_phase(scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult], n: int) -> PhaseCheck | None:
-    mine = ph.policies[POLICY]
+def _check_phase(scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult], n: int,
+                 policy: str) -> PhaseCheck | None:
+    mine = ph.policies[policy]
     base = _baseline(homog, ph.name)
     if base is None:
         return None
@@ -131,8 +132,8 @@ def _check_phase(scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult]
         if ratio < SPEEDUP else None)
 
 
-def _fleet_targets(scenario: str, plan: ScenarioResult, rows: Sequence[PhaseCheck]) -> list[Target]:
-    where = f"{scenario} ({plan.fleet})"
+def _fleet_targets(scenario: str, plan: ScenarioResult, rows: Sequence[PhaseCheck], policy: str) -> list[Target]:
+    where = f"{scenario} ({plan.fleet} behind {policy})"
     worst = min(rows, key=lambda r: r.ratio)
     bounds = [r.bound.bound_ratio for r in rows if r.bound is not None]
     bound_txt = f"; bound (fluid, any fleet and policy) min {min(bounds):.2f}x" if bounds else ""
@@ -182,8 +183,9 @@ def _session_target(res: ScenarioResult) -> Target | None:
         value="; ".join(f"{n}: TTFT p50 {t:.0f} vs {ct:.0f} ms, {r:.1f} vs {cr:.1f} tok/s" for n, t, ct, r, cr in rows))
 
 
-def check_fleet_targets(groups: dict[str, list[tuple[str, ScenarioResult]]], seed: int
+def check_fleet_targets(groups: dict[str, list[tuple[str, ScenarioResult]]], plan_policy: dict[str, str]
                         ) -> tuple[list[Target], dict[str, object]]:
+    """`plan_policy`: the goodput objective plan chose for its fleet, per scenario (default latency)."""
     targets: list[Target] = []
     doc: dict[str, object] = {}
     for scenario, runs in groups.items():
@@ -191,13 +193,15 @@ def check_fleet_targets(groups: dict[str, list[tuple[str, ScenarioResult]]], see
         homog = [r for role, r in runs if role == "homogeneous"]
         if plan is not None and homog:
             n = sum(m.count for m in parse_fleet(plan.fleet))
+            policy = plan_policy.get(scenario, POLICY)
+            policy = policy if policy.startswith("goodput/") else POLICY  # "routed by goodput"
             judged = set(_judged(scenario, [p.name for p in plan.phases]))
             rows = [c for ph in plan.phases if ph.name in judged
-                    and (c := _check_phase(scenario, ph, homog, n)) is not None]
-            doc[scenario] = {"plan_fleet": plan.fleet, "homogeneous": [r.fleet for r in homog],
+                    and (c := _check_phase(scenario, ph, homog, n, policy)) is not None]
+            doc[scenario] = {"plan_fleet": plan.fleet, "policy": policy, "homogeneous": [r.fleet for r in homog],
                              "phases": msgspec.to_builtins(rows)}
             if rows:
-                targets += _fleet_targets(scenario, plan, rows)
+                targets += _fleet_targets(scenario, plan, rows, policy)
         if scenario == "sessions":
             for role, res in runs:
                 if role in ("plan", "own", "given") and (t := _session_target(res)) is not None:

@@ -3,11 +3,13 @@
 1. Every composition of N servers over the candidate types (profiles, DDTree budgets) is ranked
    by the fluid model (`policies.eval.fluid`): span-weighted mean request tok/s of an ideal
    domain-blind split, per phase at the phase's arrival rate.
-2. The best `shortlist` mixed fleets and the best `homogeneous` homogeneous fleets by that ranking
-   are simulated on the virtual clock (`policies.eval.sim`) over a `sample_s` sample of each
-   phase, each with its best policy: goodput (latency and throughput objectives) for every
-   fleet, and for homogeneous fleets also SGLang's router's policies (`policies.eval.peers`) and
-   least_inflight: a user's real alternative is a homogeneous fleet behind SGLang's router.
+2. The best `shortlist` mixed fleets and the best `homogeneous` homogeneous fleets by that ranking,
+   and the best homogeneous fleet with one server swapped for each other type (what the fluid
+   model's domain-blind split cannot value: a server that takes the long contexts or the peak's
+   overflow), are simulated on the virtual clock (`policies.eval.sim`) over a `sample_s` sample of
+   each phase, each with its best policy: goodput (latency and throughput objectives) for mixed
+   fleets; goodput and SGLang's router's cache_aware (`policies.eval.peers`) for homogeneous ones,
+   since a user's real alternative is a homogeneous fleet behind SGLang's router.
 3. Fleets are ranked by the simulated score: span-weighted over phases of the mean request
    tok/s, where a request that missed the SLO (shed, unfinished, or its first token later than
    the SLO's TTFT) counts 0: speed from starving some requests in a queue, or from shedding them,
@@ -54,10 +56,10 @@ RESTART_S = 15 * 60.0
 MAX_SERVERS = 16
 RESHAPE_HINT = 0.03  # a phase's own best fleet is simulated when the fluid model puts it this far ahead
 MIXED_POLICIES = ("goodput/latency", "goodput/throughput")
-# The SGLang router's policies that can win on a homogeneous fleet: cache_aware (prefix affinity)
-# and least_load (queued work); round_robin and power_of_two never beat least_inflight here (the
-# evaluation runs all four, `specroute eval`).
-HOMOGENEOUS_POLICIES = ("goodput/latency", "least_inflight", "sglang/least_load", "sglang/cache_aware")
+# On a homogeneous fleet the SGLang router's best policy in every evaluation run was cache_aware
+# (prefix affinity), and goodput's latency objective the best of specroute's; the evaluation runs
+# all of them (`specroute eval --fleet homogeneous`).
+HOMOGENEOUS_POLICIES = ("goodput/latency", "sglang/cache_aware")
 
 
 class PhaseFigures(msgspec.Struct, kw_only=True):
@@ -398,7 +400,19 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
     ordered = sorted(combos, key=lambda c: -fluid[c])
     homog = [c for c in ordered if sum(1 for k in c if k) == 1]
     mixed = [c for c in ordered if sum(1 for k in c if k) > 1]
-    picked = homog[:homogeneous] + mixed[:shortlist]
+    # The fluid model's split is domain-blind: it cannot see a server of another type taking the
+    # requests that slow the others most (long contexts, overflow at a peak). So the best
+    # homogeneous fleet with one server swapped for each other type is simulated too.
+    variants = []
+    for t in range(len(p.types)):
+        for o in range(len(p.types)):
+            base = homog[0]
+            if o != t and base[t] and n > 1:
+                v = list(base)
+                v[t] -= 1
+                v[o] += 1
+                variants.append(tuple(v))
+    picked = list(dict.fromkeys(homog[:homogeneous] + mixed[:shortlist] + variants))
     log(f"fluid model: {len(combos)} compositions of {n} servers over {len(p.types)} types; "
         f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked))
     figures = p.figures_all([(c, fluid[c]) for c in picked])
