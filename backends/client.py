@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import aiohttp
 from yarl import URL
@@ -33,15 +33,15 @@ class SGLangClient:
         return self._session
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None,
-                   timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
+                   timeouts: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
         """Send a JSON body; the caller owns the response and must release (or close) it."""
         merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
         url = self._urls.get(path)
         if url is None:  # parsed and joined once per path, not per request
             url = self._urls[path] = URL(self.spec.url).join(URL(path))
-        if timeout is None:
+        if timeouts is None:
             return await self.session.post(url, data=body, headers=merged)
-        return await self.session.post(url, data=body, headers=merged, timeout=timeout)
+        return await self.session.post(url, data=body, headers=merged, timeout=timeouts)
 
     async def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         """A small GET for probes and polling: (status, body); network errors propagate."""

@@ -13,6 +13,7 @@ encoding the line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import threading
@@ -73,9 +74,7 @@ class AccessLog:
     def _drain(self) -> None:
         while True:
             data, lines = self._queue.get()
-            try:
+            with contextlib.suppress(OSError):  # a closed stderr must not fail anything
                 os.write(self.fd, data)
-            except OSError:
-                pass  # a closed stderr must not fail anything
             with self._lock:
                 self._queued -= lines

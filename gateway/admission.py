@@ -15,7 +15,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from typing import Collection
+from collections.abc import Collection
 
 from gateway.errors import ApiError
 from gateway.pool import Backend, Lease, Pools
@@ -31,7 +31,7 @@ class Admission:
         self.waiting = 0
         self.rejected = 0
         # one FIFO per served model, created on first use (models can appear with a reload)
-        self._queues: collections.defaultdict[str, collections.deque[asyncio.Future]] = \
+        self._queues: collections.defaultdict[str, collections.deque[asyncio.Future[None]]] = \
             collections.defaultdict(collections.deque)
         pools.on_release(self._released)
 
@@ -76,13 +76,13 @@ class Admission:
         if self.waiting >= self.max_queue:
             self.rejected += 1
             raise ApiError(429, f"gateway queue is full ({self.max_queue} waiting)", headers={"Retry-After": "1"})
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue = self._queues[model]
         queue.appendleft(fut) if front else queue.append(fut)
         self.waiting += 1
         try:
             await asyncio.wait_for(fut, remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.rejected += 1
             raise ApiError(429, f"all backends of {model!r} are at capacity; timed out after "
                                 f"{self.queue_timeout_s:g}s in the queue", headers={"Retry-After": "1"}) from None

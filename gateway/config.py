@@ -13,7 +13,6 @@ from typing import Any
 import msgspec
 
 from backends import BackendSpec, Strategy
-
 from policies import POLICY_NAMES as KNOWN_POLICIES
 from policies.registry import POLICY_OPTIONS, make_policy
 
@@ -204,7 +203,8 @@ def _check(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: tracing.exporter: expected one of ['none', 'otlp', 'console'], "
                           f"got {config.tracing.exporter!r}")
     if config.tracing.protocol not in ("http/protobuf", "grpc"):
-        raise ConfigError(f"{source}: tracing.protocol: expected 'http/protobuf' or 'grpc', got {config.tracing.protocol!r}")
+        raise ConfigError(f"{source}: tracing.protocol: expected 'http/protobuf' or 'grpc', "
+                          f"got {config.tracing.protocol!r}")
     strategies = {s.value for s in Strategy}
     seen: set[str] = set()
     for i, b in enumerate(config.backends):

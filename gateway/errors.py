@@ -24,7 +24,7 @@ _TYPES = {
 class ApiError(Exception):
     """Raised anywhere in request handling; rendered by the app's exception handler."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: Any = None,
                  type: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
@@ -59,11 +59,12 @@ def translate_upstream_error(status: int, raw: bytes, backend: str) -> ApiError:
     except msgspec.DecodeError:
         data = None
     if isinstance(data, dict):
-        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        nested = data.get("error")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else data
         if isinstance(inner.get("message"), str):
             message = inner["message"]
-        elif isinstance(data.get("error"), str):
-            message = data["error"]
+        elif isinstance(nested, str):
+            message = nested
         elif isinstance(data.get("detail"), str):
             message = data["detail"]
         type_ = inner.get("type") if isinstance(inner.get("type"), str) else None

@@ -11,7 +11,8 @@ custom collector, so the request path does not maintain them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -75,7 +76,7 @@ class GatewayMetrics:
         self._children: dict[tuple[Any, ...], Any] = {}
         self._pools: Pools | None = None
 
-    def watch(self, pools: "Pools", admission: "Admission") -> None:
+    def watch(self, pools: Pools, admission: Admission) -> None:
         self._pools = pools
         self.registry.register(_StateCollector(pools, admission))
 
@@ -127,7 +128,7 @@ class GatewayMetrics:
 
 
 class _StateCollector(Collector):
-    def __init__(self, pools: "Pools", admission: "Admission") -> None:
+    def __init__(self, pools: Pools, admission: Admission) -> None:
         self.pools = pools
         self.admission = admission
 
@@ -155,7 +156,8 @@ class _StateCollector(Collector):
         yield ready
         yield circuit
         yield reported
-        yield GaugeMetricFamily("specroute_queue_waiting", "Requests waiting for capacity.", value=self.admission.waiting)
+        yield GaugeMetricFamily("specroute_queue_waiting", "Requests waiting for capacity.",
+                                value=self.admission.waiting)
         yield GaugeMetricFamily("specroute_gateway_inflight", "Requests in flight, all backends.",
                                 value=self.admission.inflight)
         yield CounterMetricFamily("specroute_admission_rejected", "Requests refused with 429 by admission.",

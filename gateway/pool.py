@@ -8,7 +8,7 @@ error or disconnect by a `Lease` that releases exactly once.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from backends import BackendSpec
@@ -37,7 +37,7 @@ class Backend:
         self.cap_override = cap    # 0: use the backend's own max_running_requests once known
         parts = urlsplit(spec.url)
         self.address: tuple[str, int | None] = (parts.hostname or spec.url, parts.port)
-        self._on_release: Callable[["Backend"], None] | None = None
+        self._on_release: Callable[[Backend], None] | None = None
         # in-flight integrated over time, for each request's time-weighted mean load
         self._area = 0.0
         self._area_t = time.perf_counter()
@@ -80,7 +80,7 @@ class Backend:
         self._area = self.inflight_area(now)
         self._area_t = now
 
-    def lease(self) -> "Lease":
+    def lease(self) -> Lease:
         """Count one request in flight until the lease is released (exactly once)."""
         self._advance()
         self.view.inflight += 1
