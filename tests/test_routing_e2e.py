@@ -92,3 +92,78 @@ def test_inflight_is_released_on_midstream_crash_and_on_disconnect_while_queued(
         assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
         assert wait_until(lambda: state()["inflight"] == 0 and state()["waiting"] == 0)
         assert [b["inflight"] for b in state()["backends"]] == [0, 0]
+
+
+class _Recorder:
+    """A policy that takes the first candidate and keeps what the gateway told it."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.features: list = []
+        self.outcomes: list = []
+
+    def choose(self, request, candidates):
+        from policies import Decision
+
+        self.features.append(request)
+        return Decision(backend=candidates[0], reason="first")
+
+    def observe(self, outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+async def _serve_once(proxy, body: dict) -> bytes:
+    """One request through `Proxy.serve` over an in-memory ASGI channel (the upstream is real)."""
+    from gateway.downstream import Downstream
+
+    sent: list[dict] = []
+    never = asyncio.Event()
+
+    async def receive() -> dict:
+        await never.wait()  # the client stays; the watch cancels nothing
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+    await proxy.serve(json.dumps(body).encode(), "chat", {}, None, Downstream(receive, send))
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_the_policy_gets_the_requests_features_and_learns_cached_and_reasoning_tokens(twin_factory):
+    from backends import BackendSpec, Strategy
+    from backends.client import SGLangClient
+    from gateway.access_log import AccessLog
+    from gateway.admission import Admission
+    from gateway.config import config_from_dict
+    from gateway.pool import Backend, Pools
+    from gateway.proxy import Proxy
+    from policies.prefix import message_blocks
+
+    url = twin_factory("k26-dflash", "--reasoning-parser", "kimi_k2", "--enable-cache-report")
+    spec = BackendSpec(name="d", url=url, model="kimi-k2.6", strategy=Strategy.DFLASH)
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    history = [{"role": "system", "content": "You answer questions about rail travel. " * 40},
+               {"role": "user", "content": "A train travels 60 miles in 1.5 hours. What is its speed?"}]
+    body = {"model": "kimi-k2.6", "messages": history, "max_tokens": 64, "temperature": 0.7, "tools": tools,
+            "chat_template_kwargs": {"thinking": True}}
+
+    async def run() -> tuple[_Recorder, list[bytes]]:
+        pools = Pools([Backend(spec, SGLangClient(spec))])
+        recorder = _Recorder()
+        proxy = Proxy(pools, Admission(pools, max_inflight=4, max_queue=4, queue_timeout_s=5),
+                      {"kimi-k2.6": recorder}, config_from_dict({}), access_log=AccessLog(False))
+        try:
+            answers = [await _serve_once(proxy, body) for _ in range(2)]  # the second finds its prefix cached
+        finally:
+            await pools.close()
+        return recorder, answers
+    recorder, answers = asyncio.run(run())
+    assert all(json.loads(a)["usage"]["completion_tokens"] == 64 for a in answers)
+    f = recorder.features[0]
+    assert (f.temperature, f.thinking, f.tools, f.domain.value) == (0.7, True, True, "math")
+    assert f.prefix and f.prefix == message_blocks(history)
+    first, second = recorder.outcomes
+    assert first.features == f and first.reasoning_tokens and first.reasoning_tokens > 0
+    assert second.cached_tokens and second.cached_tokens > (first.cached_tokens or 0)
