@@ -86,7 +86,8 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
         out.write(f"{i:<4d} {f.fleet:44.44s} {f.policy:20.20s} {f.score:10.2f} {_pct(f.margin):>14s} "
                   f"{min(p.slo_attainment for p in ph):9.2f} {max(p.ttft_p99_ms for p in ph) / 1000:10.1f} "
                   f"{max(p.e2e_p99_s for p in ph):9.1f} {sum(p.shed for p in ph):5d}"
-                  + ("  (homogeneous)" if f.homogeneous else "") + "\n")
+                  + ("  (homogeneous)" if f.homogeneous else "")
+                  + ("" if f.slo_parity else "  (misses the SLO more often than the best homogeneous)") + "\n")
     win, hom = res.ranked[0], res.best_homogeneous
     out.write(f"\nwinner: {win.fleet} with {win.policy}: {win.score:.2f} {metric}, {_pct(win.margin)} over the best "
               f"homogeneous fleet {hom.fleet} behind {hom.policy} ({hom.score:.2f})\n")

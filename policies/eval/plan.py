@@ -10,7 +10,10 @@
    each phase, each with its best policy: goodput (latency and throughput objectives) for mixed
    fleets; goodput and SGLang's router's cache_aware (`policies.eval.peers`) for homogeneous ones,
    since a user's real alternative is a homogeneous fleet behind SGLang's router.
-3. Fleets are ranked by the simulated score: span-weighted over phases of the mean request
+3. Each fleet takes the policy with the best score among those whose worst phase meets the SLO
+   within `SLO_PARITY` of its best policy's, and fleets whose worst phase falls more than that below
+   the best homogeneous fleet's are ranked after those that do not. Fleets are ranked by the
+   simulated score: span-weighted over phases of the mean request
    tok/s, where a request that missed the SLO (shed, unfinished, or its first token later than
    the SLO's TTFT) counts 0: speed from starving some requests in a queue, or from shedding them,
    is not speed; with `objective="goodput"`, of the requests/s that met the SLO.
@@ -54,6 +57,7 @@ DEFAULT_TYPES: tuple[str, ...] = ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddt
 # (~7 min), then the drafter, CUDA-graph capture and warm-up (~8 min).
 RESTART_S = 15 * 60.0
 MAX_SERVERS = 16
+SLO_PARITY = 0.03  # SLO attainment (share of requests) a faster policy or fleet may give up
 RESHAPE_HINT = 0.03  # a phase's own best fleet is simulated when the fluid model puts it this far ahead
 MIXED_POLICIES = ("goodput/latency", "goodput/throughput")
 # On a homogeneous fleet the SGLang router's best policy in every evaluation run was cache_aware
@@ -82,6 +86,11 @@ class FleetFigures(msgspec.Struct, kw_only=True):
     phases: dict[str, PhaseFigures] = {}
     margin: float = 0.0  # score / the best homogeneous fleet's score - 1
     policies_tried: dict[str, float] = {}  # policy -> score
+    slo_parity: bool = True  # its worst phase's SLO attainment is within SLO_PARITY of the best homogeneous's
+
+    @property
+    def worst_slo(self) -> float:
+        return min((p.slo_attainment for p in self.phases.values()), default=0.0)
 
 
 class Switch(msgspec.Struct, kw_only=True):
@@ -255,7 +264,11 @@ class _Planner:
             tried.setdefault(counts, {})[pol] = (self.weighted([_phase_score(m, self.objective) for m in ms]), ms)
         out = {}
         for counts, fluid in fleets:
-            policy, (score, ms) = max(tried[counts].items(), key=lambda kv: kv[1][0])
+            # the best score among the policies whose worst phase meets the SLO about as often as
+            # the fleet's best policy at that (a faster average bought with starved requests loses)
+            worst = {pol: min(m.slo_attainment for m in ms) for pol, (_, ms) in tried[counts].items()}
+            fair = {pol: v for pol, v in tried[counts].items() if worst[pol] >= max(worst.values()) - SLO_PARITY}
+            policy, (score, ms) = max(fair.items(), key=lambda kv: kv[1][0])
             label = _label(self.types, counts)
             self.log(f"  simulated {label}: best {policy} {score:.2f} "
                      f"({', '.join(f'{p} {s:.1f}' for p, (s, _) in tried[counts].items())})")
@@ -416,10 +429,14 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
     log(f"fluid model: {len(combos)} compositions of {n} servers over {len(p.types)} types; "
         f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked))
     figures = p.figures_all([(c, fluid[c]) for c in picked])
-    ranked = sorted(figures.values(), key=lambda f: -f.score)
-    best_h = max((f for f in ranked if f.homogeneous), key=lambda f: f.score)
-    for f in ranked:
+    best_h = max((f for f in figures.values() if f.homogeneous), key=lambda f: f.score)
+    floor = best_h.worst_slo - SLO_PARITY
+    for f in figures.values():
         f.margin = f.score / best_h.score - 1 if best_h.score > 0 else 0.0
+        f.slo_parity = f.worst_slo >= floor
+    # fleets that meet the SLO in their worst phase about as often as the best homogeneous fleet
+    # first: a higher mean bought with more misses is not a better fleet
+    ranked = sorted(figures.values(), key=lambda f: (not f.slo_parity, -f.score))
     winner_counts = next(c for c, f in figures.items() if f is ranked[0])
     reshape = p.reshape(winner_counts, ranked[0], fluid_phase, restart_s) if len(p.phases) > 1 else None
     exhaustive_best = None
@@ -427,6 +444,9 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
     if exhaustive:
         log(f"exhaustive: simulating all {len(combos)} compositions")
         everything = {**p.figures_all([(c, fluid[c]) for c in combos if c not in figures]), **figures}
+        for f in everything.values():
+            f.slo_parity = f.worst_slo >= floor
+        everything = {c: f for c, f in everything.items() if f.slo_parity}  # the same rule as the ranking
         exhaustive_best = max(everything.values(), key=lambda f: f.score)
         check = _confirm(p, everything, winner_counts, fluid)
     return PlanResult(
