@@ -55,9 +55,9 @@ counted = {"cases": 0, "by_status": {}}
 
 
 async def _post(url: str, data: bytes) -> tuple[int, bytes, str]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        async with s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
-            return r.status, await r.read(), r.headers.get("content-type", "")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s, \
+            s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+        return r.status, await r.read(), r.headers.get("content-type", "")
 
 
 def _check(status: int, raw: bytes, content_type: str) -> None:

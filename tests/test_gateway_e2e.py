@@ -172,10 +172,12 @@ def test_relay_is_chunk_for_chunk_what_the_backend_sent(gateway_url):
             lines = [line for line in r.read().decode().split("\n\n") if line.strip()]
         return [json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]" for line in lines]
 
-    strip = lambda evs: [{k: v for k, v in e.items() if k not in ("id", "created")} if isinstance(e, dict) else e
-                         for e in evs]
-    text = lambda evs: "".join(e["choices"][0]["delta"].get("content") or "" for e in evs
-                               if isinstance(e, dict) and e.get("choices"))
+    def strip(evs):
+        return [{k: v for k, v in e.items() if k not in ("id", "created")} if isinstance(e, dict) else e
+                             for e in evs]
+    def text(evs):
+        return "".join(e["choices"][0]["delta"].get("content") or "" for e in evs
+                                   if isinstance(e, dict) and e.get("choices"))
     # AR chunking is deterministic (one token per step): the relayed stream has the backend's exact
     # event sequence, field for field, except the per-request id and timestamp.
     via_gateway = strip(events(gateway_url, {**body, "model": "kimi-k2.6@k26-ar"}))

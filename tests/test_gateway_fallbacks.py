@@ -17,7 +17,8 @@ def test_older_sglang_falls_back_to_get_load_and_still_serves(tmp_path, twin_fac
                                               extra_body={"return_spec_tokens_details": True})
         assert done.usage.completion_tokens == 16
         assert "sglext" not in (done.model_extra or {})  # the old server has none to give
-        state = lambda: {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
+        def state():
+            return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
         assert wait_until(lambda: state()["old"]["reported_load"] is not None
                           and state()["new"]["reported_load"] is not None)
         s = state()

@@ -6,6 +6,7 @@ import json
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import openai
 import pytest
@@ -15,9 +16,8 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.access_log import AccessLog
-from gateway.config import Config, config_from_dict
+from gateway.config import Config, TracingSection, config_from_dict
 from gateway.tracing import Tracing
-from gateway.config import TracingSection
 from tests.inprocess import serve_in_thread
 from tests.support import free_port, gateway, loadgen, output, running, specroute, wait_until
 
@@ -58,7 +58,8 @@ def test_spans_names_parentage_and_attributes(k26):
     parent = servers[last.parent.span_id]  # CLIENT span is the child of the request's SERVER span
     assert parent.name.startswith("POST /v1/chat/completions")
     assert format(last.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"  # incoming traceparent honoured
-    assert headers["x-request-id"] == "req-123" and headers["x-specroute-trace-id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert headers["x-request-id"] == "req-123"
+    assert headers["x-specroute-trace-id"] == "0af7651916cd43dd8448eb211c80319c"
     a = dict(last.attributes)
     assert last.name == "chat kimi-k2.6"
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "sglang"
@@ -103,9 +104,9 @@ def test_failed_attempt_is_an_error_span_and_the_retry_its_sibling(twin_factory)
 
 
 class _OtlpReceiver(BaseHTTPRequestHandler):
-    received: list[ExportTraceServiceRequest] = []
+    received: ClassVar[list[ExportTraceServiceRequest]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
@@ -166,7 +167,8 @@ def test_metrics_are_consistent_with_the_requests_sent(tmp_path, k26):
                 if s.name == "specroute_requests_total"}
     assert sum(v for (b, st), v in requests.items() if st == "200") == 12
     assert requests[("none", "404")] == 1
-    count = lambda family: sum(s.value for s in families[family].samples if s.name.endswith("_count"))
+    def count(family):
+        return sum(s.value for s in families[family].samples if s.name.endswith("_count"))
     assert count("specroute_request_duration_seconds") == 12
     assert count("specroute_ttft_seconds") == 6  # only streams show a first token
     assert count("gen_ai_client_token_usage") == 24  # input and output per request
@@ -199,14 +201,15 @@ def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_p
                                                                    stream=bool(i % 2), temperature=i / 2)
             ids.append(raw.headers["x-request-id"])
             raw.parse() if i % 2 == 0 else list(raw.parse())
-        lines = lambda: [json.loads(l) for l in output(proc).splitlines() if l.startswith('{"ts"')]
+        def lines():
+            return [json.loads(line) for line in output(proc).splitlines() if line.startswith('{"ts"')]
         assert wait_until(lambda: len(lines()) == 4)
         log = lines()
         text = output(proc)
-    assert [l["request_id"] for l in log] == ids
-    assert all(l["status"] == 200 and l["model"] == "kimi-k2.6" and l["completion_tokens"] == 6 for l in log)
-    assert all(l["backend"] in k26 and l["policy"] and "duration_s" in l for l in log)
-    assert [(l["max_tokens"], l["temperature"]) for l in log] == [(6, i / 2) for i in range(4)]  # as asked
+    assert [r["request_id"] for r in log] == ids
+    assert all(r["status"] == 200 and r["model"] == "kimi-k2.6" and r["completion_tokens"] == 6 for r in log)
+    assert all(r["backend"] in k26 and r["policy"] and "duration_s" in r for r in log)
+    assert [(r["max_tokens"], r["temperature"]) for r in log] == [(6, i / 2) for i in range(4)]  # as asked
     assert "sk-secret-key" not in text and "apples" not in text  # no key, no prompt text by default
 
 
@@ -215,7 +218,7 @@ def test_a_loadgen_run_gives_one_trace_per_request_joined_by_trace_id(tmp_path, 
     makes one trace per request (a SERVER span and its CLIENT span, the speedup among the CLIENT
     span's attributes), and loadgen's requests.jsonl joins to them by trace id."""
     class Receiver(_OtlpReceiver):
-        received: list[ExportTraceServiceRequest] = []
+        received: ClassVar[list[ExportTraceServiceRequest]] = []
 
     receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
@@ -231,8 +234,9 @@ def test_a_loadgen_run_gives_one_trace_per_request_joined_by_trace_id(tmp_path, 
             assert run.returncode == 0, run.stderr
             rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
             traces = {r["trace_id"] for r in rows}
-            spans = lambda: [s for r in Receiver.received for rs in r.resource_spans for ss in rs.scope_spans
-                             for s in ss.spans]
+            def spans():
+                return [s for r in Receiver.received for rs in r.resource_spans for ss in rs.scope_spans
+                                         for s in ss.spans]
             assert wait_until(lambda: len(spans()) >= 2 * len(rows))
     finally:
         receiver.shutdown()

@@ -213,9 +213,10 @@ def test_drain_stops_new_requests_and_lets_inflight_finish(tmp_path, twins):
         async def run() -> tuple[dict, list[dict]]:
             async with aiohttp.ClientSession() as s:
                 long_stream = asyncio.create_task(_chat(s, url, stream=True, max_tokens=600, model="kimi-k2.6@a"))
-                while not any(x["name"] == "a" and x["inflight"] == 1
-                              for x in (await (await s.get(f"{url}/admin/backends")).json())["backends"]):
-                    await asyncio.sleep(0.01)
+                def streaming_on_a() -> bool:
+                    backends = get_json(f"{url}/admin/backends")["backends"]
+                    return any(x["name"] == "a" and x["inflight"] == 1 for x in backends)
+                assert await asyncio.to_thread(wait_until, streaming_on_a)
                 async with s.post(f"{url}/admin/backends/a/drain") as r:
                     assert r.status == 200 and (await r.json())["draining"]
                 others = await asyncio.gather(*(_chat(s, url, stream=False, max_tokens=4) for _ in range(20)))

@@ -70,11 +70,13 @@ def test_inflight_is_released_on_midstream_crash_and_on_disconnect_while_queued(
     backends = [{"name": "steady", "url": twin_factory("k26-ar"), "model": "kimi-k2.6", "strategy": "ar"},
                 {"name": "crashy", "url": twin_factory("k26-ar", "--fault-crash-after-tokens", "5"),
                  "model": "kimi-k2.6", "strategy": "ar"}]
-    state = lambda: get_json(f"{url}/admin/backends")
+    def state():
+        return get_json(f"{url}/admin/backends")
     with gateway(tmp_path, backends, "[admission]\nmax_inflight = 1\nqueue_timeout_s = 30\n") as url:
         async def scenario() -> tuple[str, str]:
             async with aiohttp.ClientSession() as s:
-                body = lambda pin, n: {"model": f"kimi-k2.6@{pin}", "messages": MATH, "max_tokens": n, "stream": True}
+                def body(pin, n):
+                    return {"model": f"kimi-k2.6@{pin}", "messages": MATH, "max_tokens": n, "stream": True}
                 holder = await s.post(f"{url}/v1/chat/completions", json=body("steady", 3000))
                 await holder.content.readany()
                 # the only slot is taken: a second request waits in the queue, then its client leaves
