@@ -96,8 +96,11 @@ def create_app(
     @get("/server_info")
     async def server_info() -> Response[bytes]:
         """What SGLang's bench_serving reads, aggregated over the pool, so users' scripts work here too."""
+        # SGLang's avg_spec_accept_length is a lifetime average: the backends' lifetime figures, as reported
         accepts = [
-            b.load.accept_length for b in rt.pools.by_name.values() if b.load is not None and b.load.accept_length
+            b.load.lifetime_accept_length
+            for b in rt.pools.by_name.values()
+            if b.load is not None and b.load.lifetime_accept_length
         ]
         avg = sum(accepts) / len(accepts) if accepts else None
         return _json(
