@@ -389,8 +389,9 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
         f"score: span-weighted mean request decode tok/s, a request missing the SLO ({p.slo.label}: shed, "
         "unfinished or late) counting 0" if p.objective == "tok_s"
         else f"score: span-weighted requests/s meeting the SLO ({p.slo.label})",
-        "policies: goodput for every fleet; homogeneous fleets also behind SGLang's router's policies "
-        "(implemented from its source) and least_inflight; each fleet ranked with its best",
+        "policies: goodput (latency and throughput objectives) for mixed fleets; goodput and SGLang's router's "
+        "cache_aware (implemented from its source) for homogeneous ones; each fleet with its best policy "
+        "that meets the SLO about as often as its most reliable one",
         f"restart of a 1T-parameter server: {restart_s / 60:.0f} min down (assumption: ~600 GB INT4 weights "
         "at ~1.5 GB/s, drafter, CUDA graphs, warm-up), rolling one server at a time",
         f"SGLang --max-queued-requests {p.base.max_queued} per server; a full queue is a 503, retried once "
