@@ -16,8 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 _PR_SET_PDEATHSIG = 1
 
@@ -114,7 +114,7 @@ class ProcessGroup:
                 proc.wait(5)
         self.procs.clear()
 
-    def __enter__(self) -> "ProcessGroup":
+    def __enter__(self) -> ProcessGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:

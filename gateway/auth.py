@@ -10,7 +10,8 @@ from __future__ import annotations
 import hmac
 import os
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from gateway.config import AuthSection
 from gateway.errors import ApiError
@@ -43,7 +44,7 @@ class TokenBucket:
 
 
 class AuthGate:
-    def __init__(self, app: ASGIApp, auth: AuthSection, current: "Callable[[], AuthSection] | None" = None) -> None:
+    def __init__(self, app: ASGIApp, auth: AuthSection, current: Callable[[], AuthSection] | None = None) -> None:
         self.app = app
         self._current = current  # where a reloaded config's [auth] is found
         self._section = auth

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class CircuitState(str, enum.Enum):

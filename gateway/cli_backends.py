@@ -18,9 +18,16 @@ import sys
 
 import msgspec
 
-from backends.launch.profile import (LaunchOptions, LaunchProfile, ProfileError, explained, list_profiles,
-                                     load_profile, server_argv, shell_line)
-
+from backends.launch.profile import (
+    LaunchOptions,
+    LaunchProfile,
+    ProfileError,
+    explained,
+    list_profiles,
+    load_profile,
+    server_argv,
+    shell_line,
+)
 from gateway.cli_usage import UsageError, UsageParser
 
 __all__ = ["main"]
@@ -157,8 +164,14 @@ def _check(args: argparse.Namespace) -> int:
 
 def _lint(args: argparse.Namespace) -> int:
     from backends.launch.profile import command
-    from backends.launch.sglang_args import (WheelUnavailable, check_argv, check_build_constraints, ensure_wheel,
-                                             spec_for_build, spec_from_wheel)
+    from backends.launch.sglang_args import (
+        WheelUnavailable,
+        check_argv,
+        check_build_constraints,
+        ensure_wheel,
+        spec_for_build,
+        spec_from_wheel,
+    )
 
     try:
         wheel = args.wheel or ensure_wheel()

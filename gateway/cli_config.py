@@ -18,9 +18,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from gateway.config import Config, ConfigError, GatewaySection, config_from_dict, load_config
-
 from gateway.cli_usage import UsageError, UsageParser
+from gateway.config import Config, ConfigError, GatewaySection, config_from_dict, load_config
 
 __all__ = ["main", "render_config"]
 
@@ -59,7 +58,8 @@ def _profile_facts(profile: str) -> tuple[str, str, str]:
         return p.served_model_name, p.strategy.value, "launch"
     except ProfileError:
         pass
-    from backends.sim.profile import ProfileError as SimProfileError, load_profile as load_sim
+    from backends.sim.profile import ProfileError as SimProfileError
+    from backends.sim.profile import load_profile as load_sim
 
     try:
         s = load_sim(profile)

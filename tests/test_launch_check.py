@@ -86,7 +86,7 @@ class _OldServer(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self.path == "/get_server_info":
             self._send(200, json.dumps({"speculative_algorithm": "EAGLE", "max_running_requests": 32,
                                         "served_model_name": "old", "version": "0.5.2",
@@ -99,7 +99,7 @@ class _OldServer(BaseHTTPRequestHandler):
         else:
             self._send(404, b'{"detail":"Not Found"}')
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.path == "/v1/chat/completions":
             self._send(200, json.dumps({"choices": [{"message": {"content": "1, 2"}}],

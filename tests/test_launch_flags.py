@@ -12,8 +12,16 @@ import textwrap
 import pytest
 
 from backends.launch import command, list_profiles, load_profile
-from backends.launch.sglang_args import (WheelUnavailable, check_argv, check_build_constraints, ddtree_pr_extension,
-                                         ensure_wheel, spec_for_build, spec_from_sources, spec_from_wheel)
+from backends.launch.sglang_args import (
+    WheelUnavailable,
+    check_argv,
+    check_build_constraints,
+    ddtree_pr_extension,
+    ensure_wheel,
+    spec_for_build,
+    spec_from_sources,
+    spec_from_wheel,
+)
 from gateway.cli_backends import main as backends_main
 
 

@@ -6,9 +6,21 @@
 - `probe`: what a live server reports, as the gateway will see it.
 """
 
-from backends.launch.profile import (LaunchArg, LaunchOptions, LaunchProfile, ProfileError, command, environment,
-                                     explained, list_profiles, load_profile, profile_names, rendered_args,
-                                     server_argv, shell_line)
+from backends.launch.profile import (
+                                     LaunchArg,
+                                     LaunchOptions,
+                                     LaunchProfile,
+                                     ProfileError,
+                                     command,
+                                     environment,
+                                     explained,
+                                     list_profiles,
+                                     load_profile,
+                                     profile_names,
+                                     rendered_args,
+                                     server_argv,
+                                     shell_line,
+)
 
 __all__ = ["LaunchArg", "LaunchOptions", "LaunchProfile", "ProfileError", "command", "environment", "explained",
            "list_profiles", "load_profile", "profile_names", "rendered_args", "server_argv", "shell_line"]

@@ -12,8 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from backends.launch.profile import LaunchOptions, LaunchProfile, command, environment
 

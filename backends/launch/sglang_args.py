@@ -30,9 +30,9 @@ import sys
 import tarfile
 import tomllib
 import zipfile
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
 
 import msgspec
 
@@ -63,7 +63,7 @@ class ArgSpec(msgspec.Struct, frozen=True, kw_only=True):
     flags: dict[str, FlagDef]               # every accepted spelling (aliases too) -> its definition
 
     def extended(self, extra: dict[str, FlagDef], algorithms: Iterable[str] = (), version: str | None = None
-                 ) -> "ArgSpec":
+                 ) -> ArgSpec:
         flags = {**self.flags, **extra}
         algo = flags.get("--speculative-algorithm")
         added = tuple(a.upper() for a in algorithms)
