@@ -96,7 +96,7 @@ def test_shares_of_the_mix_hold_over_many_sessions():
 
 
 def test_mix_validation_names_the_field():
-    with pytest.raises(ValueError, match="mix.chat"):
+    with pytest.raises(ValueError, match=r"mix\.chat"):
         Mix(chat=1.5).validate()
     with pytest.raises(ValueError, match="at most 1"):
         Mix(chat=0.7, agent=0.5).validate()
