@@ -56,7 +56,8 @@ class _Sample(msgspec.Struct, frozen=True):
 
 
 @functools.lru_cache(maxsize=64)
-def _samples(phase_json: bytes, min_tokens: int, max_tokens: int, reasoning_json: bytes) -> tuple[_Sample, ...]:
+def _samples(phase_json: bytes, min_tokens: int, max_tokens: int, reasoning_json: bytes,
+             prompt_tokens: tuple[int, int] = (50, 400)) -> tuple[_Sample, ...]:
     from backends.sim.thinking import ReasoningModel
 
     ph = msgspec.json.decode(phase_json, type=Phase)
@@ -68,7 +69,7 @@ def _samples(phase_json: bytes, min_tokens: int, max_tokens: int, reasoning_json
         tag = f"fluid:{ph.name}:{i}"
         if ph.mix is None:
             rng = random.Random(tag)
-            s = single_request(tag, rng.choices(domains, weights)[0], rng.randint(50, 400),
+            s = single_request(tag, rng.choices(domains, weights)[0], rng.randint(*prompt_tokens),
                                rng.randint(min_tokens, max_tokens))
         else:
             s = draw_session(tag, ph.mix, domains, weights, (min_tokens, max_tokens), reasoning)

@@ -142,7 +142,10 @@ def verify(res: PlanResult, traffic: Traffic, *, time_scale: float, seed: int, o
     scenario = traffic.scenario
     i = max(range(len(scenario.phases)), key=lambda k: res.rates_rps[scenario.phases[k].name])
     ph = msgspec.structs.replace(scenario.phases[i], mix=None, duration_s=PHASE_S, represents_s=0.0)
-    single = msgspec.structs.replace(scenario, phases=(ph,), degrade=None)
+    # the virtual clock's prompts as long as loadgen's (the twin counts a token per 4 characters)
+    lengths = [len(f"user: {t}\n") // 4 for d in ph.domains for t in _domain_prompts(d)]
+    single = msgspec.structs.replace(scenario, phases=(ph,), degrade=None,
+                                     prompt_tokens=(max(1, min(lengths)), max(lengths)))
     n = res.servers
     given = traffic.rates[i]
     rate = ph.load * reference_rate(single, ph, n) if given is None else \

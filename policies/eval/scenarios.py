@@ -94,6 +94,7 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int = 640
     max_queued: int | None = None  # SGLang --max-queued-requests per server
     reference: str = "k26-dflash"  # open-loop loads are fractions of N servers of this profile
+    prompt_tokens: tuple[int, int] = (50, 400)  # a single request's prompt (phases without a mix)
 
     @property
     def duration_s(self) -> float:

@@ -272,7 +272,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             rng = random.Random(tag)
             dom = rng.choices(domains, weights)[0]
             max_tokens = rng.randint(*answer)
-            return single_request(tag, dom, rng.randint(50, 400), max_tokens)
+            return single_request(tag, dom, rng.randint(*scenario.prompt_tokens), max_tokens)
         return draw_session(tag, ph.mix, domains, weights, answer, reasoning)
 
     def start(client: int | None) -> None:
