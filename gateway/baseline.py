@@ -1,9 +1,9 @@
 """The yardstick of `speedup`: how fast the autoregressive backend would have decoded this request.
 
 Speedup of a request = its decode tok/s / the AR backend's expected decode tok/s at the same load
-(DESIGN.md). The expectation is a live estimate learned from the pool's AR backend's finished
+(`docs/metrics.md`). The expectation is a live estimate learned from the pool's AR backend's finished
 requests (policies.estimates: step time per load, first observation replaces the prior), or the
-AR prior of STUDIES.md (R1-R3) when the pool has no AR backend. It is kept apart from any policy's
+AR prior of docs/studies.md (R1-R3) when the pool has no AR backend. It is kept apart from any policy's
 estimates, so the yardstick does not depend on which policy is configured.
 """
 

@@ -1,8 +1,8 @@
-"""The named studies of `loadgen study` and their reference figures (shared/STUDIES.md).
+"""The named studies of `loadgen study` and their reference figures (`docs/studies.md`).
 
 Data only: what each study runs (targets, datasets, concurrency levels, prompts per level) and
 which measured figure is compared with which reference. The figures keep their provenance ids
-R1-R8 of STUDIES.md; `key` tells apart two figures of one row (R5's tok/s and its step time).
+R1-R8 of docs/studies.md; `key` tells apart two figures of one row (R5's tok/s and its step time).
 Running a study is `study.py`; comparing is `checks.py`.
 
 Figures are in the units of the real hardware (simulated time for twins): tok/s, s, ms, or
@@ -20,10 +20,10 @@ class Reference(msgspec.Struct, frozen=True, kw_only=True):
     """One reference figure. `value` for a number, `low`/`high` for a range."""
 
     key: str  # unique: "R1", "R5-step", ...
-    id: str  # provenance id of STUDIES.md: R1..R8
+    id: str  # provenance id of docs/studies.md: R1..R8
     system: str
     load: str
-    figure: str  # as STUDIES.md states it
+    figure: str  # as docs/studies.md states it
     provenance: str
     unit: str = ""
     value: float | None = None
@@ -106,7 +106,7 @@ REFERENCES: dict[str, Reference] = {
             system="Qwen3.6-27B DDTree budget 15",
             load="C=1",
             figure="173 x 0.087 = about 15 tokens per verify step",
-            provenance="derived in STUDIES.md from R5 (arithmetic, not a measurement)",
+            provenance="derived in docs/studies.md from R5 (arithmetic, not a measurement)",
             unit="tok/step",
             value=round(173 * 0.087, 2),
         ),
@@ -136,7 +136,7 @@ REFERENCES: dict[str, Reference] = {
             system="Qwen3.6-27B DDTree budget 64",
             load="C=1",
             figure="64 x 0.077 = about 4.9 tokens per verify step",
-            provenance="derived in STUDIES.md from R6 (arithmetic, not a measurement)",
+            provenance="derived in docs/studies.md from R6 (arithmetic, not a measurement)",
             unit="tok/step",
             value=round(64 * 0.077, 2),
         ),

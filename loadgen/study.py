@@ -1,4 +1,4 @@
-"""`loadgen study NAME`: a named study of STUDIES.md, measured and compared with its references.
+"""`loadgen study NAME`: a named study of docs/studies.md, measured and compared with its references.
 
     loadgen study k26-ar-sweep                       # starts the k26-ar twin, real timing
     loadgen study k26-ar-sweep --quick               # twin 20x faster, fewer prompts
@@ -57,7 +57,7 @@ class UsageError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loadgen study",
-        description="Run a named study of STUDIES.md and compare its figures with the "
+        description="Run a named study of docs/studies.md and compare its figures with the "
         "references (R1-R8). Studies: " + ", ".join(STUDIES),
     )
     p.add_argument("name", nargs="?", help="study name (see --list)")

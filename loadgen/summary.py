@@ -1,8 +1,8 @@
 """The result schema: one line per request (`RequestRecord`) and `summary.json` (`Summary`).
 
-`summary.json` follows DESIGN.md; the fields it lists come first and keep their names (SGLang's
+`summary.json` follows `docs/metrics.md`; the fields it lists come first and keep their names (SGLang's
 `bench_serving` names where the meaning is the same). Fields after them are additions: readers
-of the DESIGN schema can ignore them.
+of the original schema can ignore them.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Level(msgspec.Struct, kw_only=True):
     mean_e2e_latency_ms: float | None
     accept_length: float | None
     backends: dict[str, int]
-    # --- additions to the DESIGN schema ---
+    # --- additions to the original schema ---
     mode: str = "closed"  # closed | open
     request_rate: float | None = None
     total_input_tokens: int = 0

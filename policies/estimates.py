@@ -2,7 +2,7 @@
 
 Decode speed of one request is (tokens per verify pass) / (seconds per pass). The two factors
 move for different reasons, so they are learned separately: acceptance per prompt domain
-(`policies.acceptance`: flat in load, the vLLM measurement of STUDIES.md) and step time per
+(`policies.acceptance`: flat in load, the vLLM measurement of docs/studies.md) and step time per
 load (`policies.steptime`: grows with the batch). Their quotient, at the load a request would
 find, is what the goodput policy ranks backends by.
 

@@ -16,7 +16,7 @@ from policies.priors import DOMAIN_INDEX
 
 __all__ = ["DEFAULT_OUTPUT_TOKENS", "OutputLengths"]
 
-# The studies' K2.6 sweep generated about 512 tokens per request (STUDIES.md: 26.3 tok/s x 19.6 s).
+# The studies' K2.6 sweep generated about 512 tokens per request (docs/studies.md: 26.3 tok/s x 19.6 s).
 DEFAULT_OUTPUT_TOKENS = 512.0
 _ALPHA = 0.05
 _MIN_SAMPLES = 5  # below this a kind borrows the pooled mean

@@ -2,11 +2,11 @@
 
 The gateway knows a backend's strategy from config and nothing else about its speed, so the
 goodput policy starts from these numbers and corrects them with live telemetry. They are the
-calibration figures of STUDIES.md (Kimi K2.6, TP8, PCIe) where the studies state them and labelled
+calibration figures of docs/studies.md (Kimi K2.6, TP8, PCIe) where the studies state them and labelled
 assumptions elsewhere; on another model or machine they are only a starting point, which is why
 the estimates learn multiplicative corrections on top of them rather than trusting them.
 
-Step time follows the linear model STUDIES.md derives from R1, R2 and R7:
+Step time follows the linear model docs/studies.md derives from R1, R2 and R7:
 
     t(B, w) = t0 + k*(B*w - 1) + draft0 + draft1*(B - 1)
 
@@ -37,7 +37,7 @@ TEMPERATURE_BANDS = 3  # [0, 0.25), [0.25, 0.75), >= 0.75 (and None: SGLang's de
 CONTEXT_BANDS = 2  # prompt within the draft window, beyond it
 CELLS_PER_DOMAIN = TEMPERATURE_BANDS * CONTEXT_BANDS
 CELLS = len(DOMAINS) * CELLS_PER_DOMAIN
-# The DFlash drafter of K2.6 is deployed with a 4096-token draft window (STUDIES.md).
+# The DFlash drafter of K2.6 is deployed with a 4096-token draft window (docs/studies.md).
 LONG_CONTEXT_TOKENS = 4096
 
 

@@ -3,7 +3,7 @@
 This is vLLM's disable-speculation-above-a-batch-size idea applied across servers: speculation
 pays at low batch and stops paying as the verify pass grows, so a speculative backend takes
 requests only while it holds fewer than `threshold` of them. It needs no telemetry but a
-threshold tuned per model and machine (ANCHORS.md: dense 8B models lose the gain by batch
+threshold tuned per model and machine (docs/peers.md: dense 8B models lose the gain by batch
 8-32, MoE ones keep it much longer); the goodput policy learns what this one has to be told.
 """
 

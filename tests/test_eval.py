@@ -34,7 +34,7 @@ def test_tiny_scenario_runs_every_contestant_with_sane_figures():
             assert sum(m.backend_share.values()) == pytest.approx(1.0), key
         assert ph.policies["clairvoyant/latency"].clairvoyant_ratio == pytest.approx(1.0)
         assert ph.policies["static/k26-ar"].backend_share["k26-ar"] == 1.0
-        # AR decodes ~26 tok/s per request (STUDIES R1): the virtual clock keeps real time units
+        # AR decodes ~26 tok/s per request (docs/studies.md, R1): the virtual clock keeps real time units
         assert ph.policies["static/k26-ar"].mean_request_tok_s == pytest.approx(26, rel=0.1)
 
 

@@ -40,7 +40,7 @@ def test_unseen_backend_uses_its_strategy_prior(est):
     b = est.get("spec")
     assert b.accept_length(MATH) == pytest.approx(prior.accept[MATH])
     assert b.step_s(1) == pytest.approx(prior.step.step_s(1))
-    # AR prior: ~26 tok/s per request, flat to 32 in flight (STUDIES R1-R3)
+    # AR prior: ~26 tok/s per request, flat to 32 in flight (docs/studies.md, R1-R3)
     ar = est.get("ar")
     assert 25.0 < ar.rate(MATH, 1) < 27.0
     assert ar.rate(MATH, 32) / ar.rate(MATH, 1) > 0.95

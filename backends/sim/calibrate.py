@@ -1,4 +1,4 @@
-"""`specroute sim calibrate`: the twin against every reference figure R1-R8 of STUDIES.md, and
+"""`specroute sim calibrate`: the twin against every reference figure R1-R8 of docs/studies.md, and
 (calibrate_axes.py) one row per traffic axis with its published or derived source figure.
 
 Each figure is measured through a *driver* (anything with `level(profile, concurrency,
@@ -150,7 +150,7 @@ def _render(checks: list[Check]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="twin calibration against STUDIES.md (error limit 5%)")
+    table = Table(title="twin calibration against docs/studies.md (error limit 5%)")
     for col in ("figure", "what", "reference", "measured", "error", "source", ""):
         table.add_column(col, justify="right" if col in ("error",) else "left")
     for c in checks:

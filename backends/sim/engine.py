@@ -10,7 +10,7 @@ One step = prefill (continue the chunked prompt, then admit waiting requests FCF
 `max_running`, the KV budget and MAX_PREFILL_TOKENS new prompt tokens; a prompt that does not fit
 is chunked over several steps, as SGLang's chunked prefill does) + one decode/verify pass over
 the sequences already running. A request's first token comes out of its last prefill chunk.
-Step time follows STUDIES.md:
+Step time follows docs/studies.md:
 
     t(B, w) = t0 + k*(B*w - 1) + k_compute*max(0, B*w - knee) + draft(B) + kv_read(KV tokens)
 

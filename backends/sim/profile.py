@@ -1,7 +1,7 @@
 """Twin profiles: the parameters of one simulated SGLang server, loaded from `profiles/*.toml`.
 
 A profile is data, not code, so that every number can carry its provenance (a study figure
-R1..R8 of STUDIES.md, a public figure, or an explicit assumption) next to it and be reviewed
+R1..R8 of docs/studies.md, a public figure, or an explicit assumption) next to it and be reviewed
 without reading the engine. `load_profile` refuses a profile whose numeric parameters lack a
 provenance entry: calibration is only as trustworthy as the sources it can name.
 """

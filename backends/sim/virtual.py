@@ -2,7 +2,7 @@
 
 This is how curves and calibration run in seconds what takes minutes on the wall clock, and it
 is the pattern the policy evaluator follows: advance a float clock by each step's duration.
-Metrics follow the load generator's definitions (DESIGN.md `summary.json`): per-request output
+Metrics follow the load generator's definitions (`docs/metrics.md`): per-request output
 throughput = completion tokens / end-to-end latency; aggregate = all output tokens / duration.
 """
 

@@ -3,7 +3,7 @@
 - aggregate tok/s: tokens emitted during the phase / phase duration (tokens are counted when the
   engine step that produced them ends, so a phase is charged exactly for its own work);
 - request tok/s: decode tok/s of one request = (tokens - 1) / (last - first token time), as in
-  DESIGN.md; its mean and median over the requests that finished in the phase;
+  `docs/metrics.md`; its mean and median over the requests that finished in the phase;
 - TTFT p99 over the requests that finished in the phase (queueing shows up here);
 - backend share: fraction of the requests *sent* during the phase that went to each backend;
 - latency percentiles (p50/p99) of TTFT, TPOT (time per output token after the first) and e2e,
