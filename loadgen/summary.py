@@ -44,7 +44,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     decode_throughput: float | None = None  # (output_tokens - 1) / (last - first content) (tok/s)
     spec_verify_ct: int | None = None
     accept_length: float | None = None  # output_tokens / spec_verify_ct
-    # --- issue 15: thinking, tools, sessions (see docs/metrics.md) ---
+    # --- thinking, tools, sessions (see docs/metrics.md) ---
     session: int | None = None  # index of the conversation a turn belongs to (session datasets)
     turn: int | None = None  # 0-based turn within its session
     thinking: bool | None = None  # chat_template_kwargs.thinking sent; None: the server's default
@@ -115,7 +115,7 @@ class Level(msgspec.Struct, kw_only=True):
     mean_tokens_per_chunk: float | None = None
     domains: dict[str, int] = {}
     accept_length_by_domain: dict[str, float] = {}  # as accept_length, per prompt domain
-    # --- issue 15 additions (docs/metrics.md) ---
+    # --- thinking, tools and sessions (docs/metrics.md) ---
     median_ttft_answer_ms: float | None = None  # send -> first answer token (not reasoning)
     p90_ttft_answer_ms: float | None = None
     p99_ttft_answer_ms: float | None = None

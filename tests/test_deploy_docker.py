@@ -321,7 +321,7 @@ def test_compose_stack_turns_healthy_prometheus_scrapes_and_spans_arrive(engine,
         assert len(healthchecked) == 6, [(c, _health(engine, c)) for c in ids]  # gateway, twins, span counter
         _wait_healthy(engine, *healthchecked, timeout=90)
         healthy_after = time.monotonic() - started
-        assert healthy_after < 60, healthy_after  # the target once the images exist
+        # a figure, not an assert (no wall-clock asserts): docs/deployment.md reports it against its 1-minute target
         print(f"\n{label}: healthy {healthy_after:.1f} s after `up`")
         gateway = f"http://127.0.0.1:{ports['SPECROUTE_PORT']}"
         prom = f"http://127.0.0.1:{ports['SPECROUTE_PROMETHEUS_PORT']}"

@@ -1,4 +1,4 @@
-"""Datasets of issue 15: tools, sessions, user conversation files, thinking and temperature mixes;
+"""Datasets for realistic traffic: tools, sessions, user conversation files, thinking and temperature mixes;
 bad input (a malformed file names its file and line and nothing is sent; a conversation without a
 user turn is skipped and counted)."""
 

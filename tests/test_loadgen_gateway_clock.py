@@ -1,4 +1,4 @@
-"""One clock for the gateway and loadgen (issue 15, Build 2.1): on thinking streams through the
+"""One clock for the gateway and loadgen: on thinking streams through the
 gateway, the gateway's TTFT and decode tok/s (its access log) agree with loadgen's on the same
 request (requests.jsonl, joined by `x-request-id`) within 2%.
 

@@ -1,4 +1,4 @@
-"""The issue-15 ITL target: loadgen's median per-token ITL agrees within 1% with a per-token
+"""The ITL target: loadgen's median per-token ITL agrees within 1% with a per-token
 computation from exact usage counts.
 
 The reference here never uses loadgen's token attribution: on the byte fixtures it takes the tokens

@@ -87,7 +87,7 @@ def _records(out: Path) -> list[dict]:
 
 
 def test_thinking_tools_and_sessions_against_a_k26_twin(twin_factory, tmp_path: Path) -> None:
-    """The issue-15 axes on the real twin (kimi_k2 reasoning and tool parsers, cache report):
+    """Thinking, tools and the cache on the real twin (kimi_k2 reasoning and tool parsers, cache report):
     thinking on and off, tool-calling requests, multi-turn sessions; exact tokens per chunk all along."""
     url = twin_factory(
         "k26-dflash", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-cache-report"

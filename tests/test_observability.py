@@ -214,7 +214,7 @@ def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_p
 
 
 def test_a_loadgen_run_gives_one_trace_per_request_joined_by_trace_id(tmp_path, k26):
-    """The issue's acceptance run: with OTEL_EXPORTER_OTLP_ENDPOINT set, `loadgen` through the gateway
+    """The acceptance run: with OTEL_EXPORTER_OTLP_ENDPOINT set, `loadgen` through the gateway
     makes one trace per request (a SERVER span and its CLIENT span, the speedup among the CLIENT
     span's attributes), and loadgen's requests.jsonl joins to them by trace id."""
     class Receiver(_OtlpReceiver):

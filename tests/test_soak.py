@@ -1,6 +1,6 @@
 """Soak: many requests with random client disconnects; in-flight returns to 0 and memory stays flat.
 
-The short variant runs in `make test`; the issue's full size (20,000 requests) runs with
+The short variant runs in `make test`; the full size (20,000 requests) runs with
 `pytest -m soak` (or `make soak`).
 """
 
@@ -43,7 +43,9 @@ async def _drive(url: str, total: int, concurrency: int, seed: int) -> dict[str,
 
 
 def _soak(tmp_path, twin_factory, total: int) -> None:
-    backends = [{"name": f"z{i}", "url": twin_factory("zero"), "model": "kimi-k2.6", "strategy": "ar"} for i in range(2)]
+    backends = [
+        {"name": f"z{i}", "url": twin_factory("zero"), "model": "kimi-k2.6", "strategy": "ar"} for i in range(2)
+    ]
     with gateway(tmp_path, backends) as url:
         pid = _gateway_pid(int(url.rsplit(":", 1)[1]))
         asyncio.run(_drive(url, max(200, total // 10), 16, seed=1))  # warm-up: pools, caches, allocator

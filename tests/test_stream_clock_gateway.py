@@ -1,4 +1,4 @@
-"""The gateway and loadgen time the same thinking stream alike (issue 15's target: within 2%).
+"""The gateway and loadgen time the same thinking stream alike (within 2%).
 
 Both use `common.stream_clock`'s definition: TTFT to the first generated token of any kind (here
 the first reasoning token), decode speed over first to last generated token. The gateway's clock

@@ -3,7 +3,7 @@
 It reads what no gateway can: each engine's live queue and batch, its KV in use, its prefix cache
 (how much of this prompt it would serve from cache), and this request's own acceptance (domain,
 prompt, temperature, context length, fault scale) and its true output length. Its cost of a
-choice is issue 16's cost model evaluated with those truths:
+choice is goodput's cost model evaluated with those truths:
 
     e2e = queue wait + prefill of the uncached part + (tokens - 1) / decode rate at the new load
 

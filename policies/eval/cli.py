@@ -10,7 +10,7 @@ docs/evaluation.md). Without `--objective` both objectives run (goodput and clai
 (`policies.eval.fleet`: `2xk26-ddtree:b=16,2xk26-dflash`); `plan` is the fleet `specroute plan`
 picks for the scenario's traffic (open-loop scenarios), `homogeneous` every homogeneous fleet of
 `--servers` (default: the scenario's pool size) over plan's server types, behind specroute's and
-SGLang's router's policies. With `plan` and `homogeneous` both given, issue 16's fleet targets
+SGLang's router's policies. With `plan` and `homogeneous` both given, the fleet targets of docs/evaluation.md
 are checked (`policies.eval.fleet_targets`). Exit status 0 when the runs completed (targets are
 reported, not enforced: this is a benchmark), 2 on bad arguments.
 """

@@ -1,4 +1,5 @@
-"""Issue 16's targets, checked on one scenario run on the plan's fleet and on every homogeneous fleet.
+"""The fleet targets (docs/evaluation.md), checked on one scenario run on the plan's fleet and on every
+homogeneous fleet.
 
 Judged phases: every phase of `day` and `sessions`, the 60% and 90% phases of the open-loop load
 ladders (`open-poisson`, `open-bursty`). Per judged phase:

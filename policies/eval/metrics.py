@@ -12,7 +12,7 @@
 - cached share: prompt tokens served by the servers' prefix caches / all prompt tokens.
 
 Which requests a phase is judged on: in a closed-loop phase those that *finished* in its measured
-window (the population defines the phase, as in issue 5); in an open-loop phase those that
+window (the population defines the phase, as in the closed loop); in an open-loop phase those that
 *arrived* in it, wherever they finished (the run drains after the last phase), since an arrival's
 fate is what the phase's load did to it.
 

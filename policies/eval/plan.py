@@ -25,7 +25,7 @@
    day wraps around (the last phase is followed by the first).
 
 `exhaustive=True` simulates every composition instead (the check that the short list finds the
-best: within 3%, issue 16).
+best: within 3%, the target).
 """
 
 from __future__ import annotations

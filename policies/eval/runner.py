@@ -6,7 +6,7 @@ Contestants:
 - SGLang's router's policies (`sglang/round_robin`, `sglang/power_of_two`, `sglang/least_load`,
   `sglang/cache_aware`; `policies.eval.peers`, implemented from the router's source);
 - `static/NAME`, one per server type of the fleet: in a closed loop all clients on that backend
-  (issue 5's meaning); in an open loop that backend alone serving its 1/N share of the arrivals
+  (the closed loop's meaning); in an open loop that backend alone serving its 1/N share of the arrivals
   (the fleet's traffic would swamp a single server; a share is what it would get behind an ideal
   balancer, so "the best single backend" stays a fair comparison);
 - `clairvoyant/OBJECTIVE`: the goodput decision rule with the twin's true acceptance and step time

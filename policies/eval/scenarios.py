@@ -1,13 +1,13 @@
 """The evaluation scenarios: a fleet and a sequence of load phases, in virtual seconds.
 
 A phase is either a closed-loop client population (`arrival="closed"`: `concurrency` clients each
-keep one session going, the scenarios of issue 5) or open-loop arrivals (`poisson` or `bursty`,
+keep one session going, the original closed-loop scenarios) or open-loop arrivals (`poisson` or `bursty`,
 `policies.eval.arrivals`) at `load` x the reference capacity: `load` is a fraction of what a
 fleet of the same size of the `reference` profile sustains on the phase's traffic (its saturation
 request rate, `policies.eval.capacity`), so every fleet of that size faces the same arrivals in
 requests per second and 1.1 means more than such a fleet can serve. A phase's `mix` carries the
 realism axes (sessions, tools, thinking, temperature, long context; `policies.eval.workload`);
-without one, every request is a single greedy prompt as in issue 5.
+without one, every request is a single greedy prompt as in the closed-loop scenarios.
 
 `pool` lists fleet members (`policies.eval.fleet`: a profile name, optionally `2x...` and
 `:b=`/`:t=`/`:a=` options). `degrade` multiplies one backend's acceptance by `scale` from `at_s`
@@ -171,8 +171,8 @@ def _qwen() -> Scenario:
                      for i, c in enumerate(levels)))
 
 
-# Traffic with issue 15's axes, shares of sessions (assumptions: a plausible production mix for a
-# thinking, agentic model; no public K2.6 traffic breakdown exists). Temperatures: greedy clients,
+# Traffic with the realistic axes (thinking, tools, sessions, temperature, long context): shares of
+# sessions (assumptions: a plausible production mix for a thinking, agentic model; no public K2.6 traffic breakdown exists). Temperatures: greedy clients,
 # K2.6's instant-mode recommendation (0.6) and its thinking-mode recommendation (1.0, model card).
 REALISTIC_MIX = Mix(chat=0.35, agent=0.2, thinking=0.5, long_context=0.1,
                     temperatures=((0.0, 0.3), (0.6, 0.3), (1.0, 0.4)))

@@ -268,7 +268,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             tag = f"{seed}:{scenario.name}:{phase}:{client}:{k}"
         else:
             tag = f"{seed}:{scenario.name}:{phase}:open:{arrived}"
-        if ph.mix is None:  # issue 5's single greedy prompt, drawn as it always was
+        if ph.mix is None:  # a closed loop's single greedy prompt, drawn as it always was
             rng = random.Random(tag)
             dom = rng.choices(domains, weights)[0]
             max_tokens = rng.randint(*answer)
@@ -318,7 +318,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         next_rid += 1
         # A client of a thinking, agentic model does not know how long the answer will be: it sends
         # no max_tokens (SGLang's default cap), so the policy predicts the length from what it has
-        # seen; issue 5's single requests keep their exact max_tokens (loadgen's ignore_eos runs).
+        # seen; the closed loops' single requests keep their exact max_tokens (loadgen's ignore_eos runs).
         features = RequestFeatures(model=MODEL, domain=Domain(turn.domain), prompt_tokens=turn.prompt_tokens,
                                    max_tokens=turn.max_tokens if stream.session.exact_length else None,
                                    stream=True, temperature=turn.temperature,

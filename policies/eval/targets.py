@@ -1,4 +1,4 @@
-"""The acceptance targets of issue 5, checked on evaluation results.
+"""The closed-loop acceptance targets, checked on evaluation results.
 
 1. `goodput` >= 0.95 x `clairvoyant` in every phase of every scenario, for each objective;
 2. latency objective: >= 1.3 x least_inflight's mean request tok/s over `mixed` and `ramp`

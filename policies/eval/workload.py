@@ -3,7 +3,7 @@
 A *session* is the unit of arrival (open loop) or of a client's work (closed loop). It is one
 of three kinds, drawn per session from the phase's `Mix`:
 
-- `single`: one request (the closed-loop scenarios of issue 5 are all single requests);
+- `single`: one request (the closed-loop scenarios are all single requests);
 - `chat`: a multi-turn conversation. Each turn re-sends the whole history (system prompt, earlier
   user messages and the answers the model gave) plus a new user message, after a think time.
   SGLang's radix cache makes such a turn cheap only on the server that holds its prefix;
@@ -11,7 +11,7 @@ of three kinds, drawn per session from the phase's `Mix`:
   call (a short output, `finish_reason: "tool_calls"`), the tool's result is appended and the
   loop continues after the tool's latency; the last call answers.
 
-Axes per session (issue 15): the domain, thinking on/off (a reasoning segment before the answer,
+Axes per session: the domain, thinking on/off (a reasoning segment before the answer,
 its length from the twin's `backends.sim.thinking.reasoning_tokens` for the model, so the
 virtual clock and the HTTP twin agree on it), a temperature drawn from the mix, a long-context
 share (the first message carries a document of tens of thousands of tokens) and a shared system
