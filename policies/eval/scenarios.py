@@ -172,7 +172,8 @@ def _qwen() -> Scenario:
 
 
 # Traffic with the realistic axes (thinking, tools, sessions, temperature, long context): shares of
-# sessions (assumptions: a plausible production mix for a thinking, agentic model; no public K2.6 traffic breakdown exists). Temperatures: greedy clients,
+# sessions (assumptions: a plausible production mix for a thinking, agentic model; no public K2.6
+# traffic breakdown exists). Temperatures: greedy clients,
 # K2.6's instant-mode recommendation (0.6) and its thinking-mode recommendation (1.0, model card).
 REALISTIC_MIX = Mix(chat=0.35, agent=0.2, thinking=0.5, long_context=0.1,
                     temperatures=((0.0, 0.3), (0.6, 0.3), (1.0, 0.4)))
