@@ -55,7 +55,8 @@ def _gateway_env(mode: str, sink_port: int) -> dict[str, str]:
     return env
 
 
-def count(mode: str, requests: int, backend_port: int, tmp: Path, cpus: tuple[int | None, int | None]) -> float:
+def count(mode: str, requests: int, backend_port: int, tmp: Path, cpus: tuple[int | None, int | None],
+          stream: bool = False) -> float:
     """Instructions per request of one gateway in `mode`."""
     port = _free_port()
     config = tmp / f"gateway-{mode}.toml"
@@ -84,7 +85,7 @@ def count(mode: str, requests: int, backend_port: int, tmp: Path, cpus: tuple[in
         ready_timeout_s=300.0,
     ) as proc:
         target = Target(mode, port, None)
-        body = _body(False)
+        body = _body(stream)
         uvloop.run(run_level(target, body, CONCURRENCY, requests=WARMUP_REQUESTS))
         subprocess.run(["callgrind_control", "--instr=on", str(proc.pid)], check=True, capture_output=True)
         result = uvloop.run(run_level(target, body, CONCURRENCY, requests=requests))
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=2000, help="counted requests per mode")
     p.add_argument("--modes", default="off,on,on10", help="comma-separated: off, on, on10")
+    p.add_argument("--stream", action="store_true", help="streaming requests (64 chunks) instead of complete ones")
     a = p.parse_args(argv)
     modes = a.modes.split(",")
     if unknown := set(modes) - {"off", "on", "on10"}:
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         per_request = {}
         for mode in modes:
-            per_request[mode] = count(mode, a.requests, backend_port, tmp, cpus)
+            per_request[mode] = count(mode, a.requests, backend_port, tmp, cpus, a.stream)
             print(f"{mode:5s} {per_request[mode]:12,.0f} instructions per request", flush=True)
     if "off" in per_request:
         for mode, n in per_request.items():
