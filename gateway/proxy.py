@@ -48,6 +48,7 @@ from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Pools
 from gateway.records import RequestRecord, Result
 from gateway.relay import SseRelay
+from gateway.stream_deadline import StreamDeadline
 from gateway.tracing import Trace, Tracing
 from policies import POLICY_NAMES, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
 from policies.prefix import message_blocks, text_blocks
@@ -221,21 +222,23 @@ class Proxy:
         started = False
         broken: str | None = None
         try:
-            # One deadline: first_byte_s until the first generated token (queue and prefill on a real
-            # SGLang, which sends no header before it), then idle_stream_s from each read.
-            async with asyncio.timeout(self.first_byte_s) as deadline:
+            # first_byte_s until the first generated token (queue and prefill on a real SGLang, which
+            # sends no header before it), then idle_stream_s for each read (stream_deadline.py).
+            async with StreamDeadline(self.first_byte_s, self.idle_stream_s) as deadline:
                 resp = await attempt.post(PATHS[req.kind], self._upstream_body(req.parsed, backend),
                                           self._stream_timeout)
                 first = await self._first_token(attempt, resp, relay)
+                deadline.first_token()
                 await client.start_stream(self._reply_headers(attempt, stream=True))
                 started, result.status = True, 200  # what the client saw, whatever follows
                 if first:
                     await client.send_chunk(first)
                 # readany() directly, not iter_any(): one coroutine layer less per chunk.
-                read, loop, idle = resp.content.readany, asyncio.get_running_loop(), self.idle_stream_s
+                read, clock = resp.content.readany, deadline.clock
                 while True:
-                    deadline.reschedule(loop.time() + idle)
+                    deadline.since = clock()
                     chunk = await read()
+                    deadline.since = None
                     if not chunk:
                         break
                     out = relay.feed(chunk)
