@@ -55,6 +55,17 @@ class BackendView(msgspec.Struct, kw_only=True):
     # SGLang's `max_total_num_tokens` (`/server_info`): the KV budget, which bounds how much of the
     # conversations it served the radix cache can still hold. None: not known.
     kv_tokens: int | None = None
+    # Prompt tokens of this gateway's requests here that have not produced their first token yet
+    # (queued or prefilling), as each decision predicted them uncached (`Decision.prefill_tokens`).
+    # SGLang prefills first come, first served: a new request's first token waits for them.
+    pending_prefill: int = 0
+    # SGLang's own cumulative counters from `/v1/loads` (0.5.23), as last polled: `decode_moments`
+    # (decode steps, sums of batch, step us, batch^2, batch x us, generated tokens) and
+    # (`total_prefill_busy_us`, `total_prefill_uncached_tokens`). Step time and prefill speed
+    # measured by the server itself, clean of what other requests did to a request's own timing
+    # (`policies.server_counters`). None: not reported.
+    decode_moments: tuple[float, ...] | None = None
+    prefill_counters: tuple[float, float] | None = None
 
     @property
     def load(self) -> int:
@@ -91,6 +102,10 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     backend: BackendView
     reason: str
     score: float | None = None
+    # Prompt tokens the policy expects the backend to prefill (the part its cache does not hold);
+    # None: the whole prompt. The caller counts them in `BackendView.pending_prefill` until the
+    # request's first token.
+    prefill_tokens: int | None = None
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):

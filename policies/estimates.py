@@ -32,12 +32,14 @@ from policies.priors import (
     cell_priors,
     prior_for,
 )
+from policies.server_counters import CounterWindows
 from policies.steptime import BUCKETS, StepCurve
 
 __all__ = ["BUCKETS", "BackendEstimate", "Estimates"]
 
 _MAX_ACCEPT = 64.0  # no drafter verifies more tokens per pass
 _MIN_STEP_S, _MAX_STEP_S = 1e-5, 60.0
+_FULL_SAMPLE_PASSES = 64  # a request of this many decode passes or more is a full step-time sample
 
 
 def _finite(x: object) -> bool:
@@ -97,7 +99,7 @@ class BackendEstimate(RateModel):
 
     __slots__ = ("name", "strategy", "speculative", "prior", "max_running", "acceptance", "curve",
                  "step_s", "step_memo", "_acc", "_cells", "prefill", "seen", "last_chosen", "last_report", "observed",
-                 "last_step_s", "last_tok_s")
+                 "last_step_s", "last_tok_s", "counters", "server_steps", "last_moments", "last_prefill_counters")
 
     def __init__(self, name: str, strategy: Strategy, prior: StrategyPrior, *,
                  max_running: int | None = None, step_alpha: float = 0.2) -> None:
@@ -119,6 +121,10 @@ class BackendEstimate(RateModel):
         self.observed = 0
         self.last_step_s: float | None = None
         self.last_tok_s: float | None = None
+        self.counters = CounterWindows()
+        self.server_steps = 0  # step-time windows from the server's own counters
+        self.last_moments: tuple[float, ...] | None = None  # the report last read (compared by identity)
+        self.last_prefill_counters: tuple[float, float] | None = None
 
     # ---------------------------------------------------------------- lookups (hot path)
 
@@ -130,8 +136,9 @@ class BackendEstimate(RateModel):
         return self._cells[c]
 
     def prefill_s(self, uncached: int) -> float:
-        p = self.prefill
-        return p.base_s + p.per_token_s * uncached
+        """An idle backend's TTFT: one forward pass of its own (priced as a decode pass at batch 1,
+        so that it scales with the machine the step curve has measured) plus the prompt's tokens."""
+        return self.step_s(1) + self.prefill.per_token_s * uncached
 
     def prefill_stall_s(self, uncached: int) -> float:
         return self.prefill.per_token_s * uncached
@@ -165,6 +172,24 @@ class BackendEstimate(RateModel):
 
     def note_idle(self) -> None:
         self.acceptance.note_idle()
+
+    def note_counters(self, moments: tuple[float, ...] | None, prefill: tuple[float, float] | None) -> None:
+        """A new poll of the server's own counters (`BackendView.decode_moments`,
+        `prefill_counters`): each closed window is a clean sample of step time at its mean batch,
+        and of prefill seconds per token. Once the server measures its steps, requests' own decode
+        timing (which carries other requests' prefills) no longer moves the step curve."""
+        if moments is not None and moments is not self.last_moments:
+            self.last_moments = moments
+            got = self.counters.decode(moments)
+            if got is not None and _MIN_STEP_S <= got[1] <= _MAX_STEP_S:
+                self.server_steps += 1
+                self.curve.observe(got[0], got[1])
+                self.observed += 1
+        if prefill is not None and prefill is not self.last_prefill_counters:
+            self.last_prefill_counters = prefill
+            rate = self.counters.prefill(prefill[0], prefill[1])
+            if rate is not None:
+                self.prefill.observe_rate(rate)
 
     def note_report(self, reported_accept: float, running: int | None) -> None:
         self.last_report = reported_accept
@@ -209,28 +234,39 @@ class BackendEstimate(RateModel):
             if not 1.0 <= accept <= _MAX_ACCEPT:
                 return "bad_accept"
             step = decode_s / verify_ct  # type: ignore[operator]
+            passes = verify_ct
         else:
             step = decode_s / (n - 1)  # type: ignore[operator]
+            passes = n - 1
         if not _MIN_STEP_S <= step <= _MAX_STEP_S:
             return "bad_step"
         if accept is not None:
             self.acceptance.observe(c, accept)
-        self.curve.observe(float(load), step)  # type: ignore[arg-type]
-        self._observe_prefill(outcome, load_cap=self.max_running)
+        if not self.server_steps:
+            self._observe_step(load, step, passes)  # type: ignore[arg-type]
+        self._observe_prefill(outcome)
         self.seen[d] += 1
         self.observed += 1
         self.last_step_s = step
         self.last_tok_s = (n - 1) / decode_s  # type: ignore[operator]
         return None
 
-    def _observe_prefill(self, outcome: Outcome, load_cap: int) -> None:
+    def _observe_step(self, load: float, step: float, passes: int) -> None:
+        # Weighed by passes, so that the curve is a ratio estimate (seconds over passes) and not a
+        # mean of per-request ratios: a 24-token tool call decodes in ~5 passes, and one of them
+        # carrying another request's 16k-token prefill chunk (2 s) makes its step time 10x.
+        w = passes / _FULL_SAMPLE_PASSES
+        self.curve.observe(float(load), step, w if w < 1.0 else 1.0)
+
+    def _observe_prefill(self, outcome: Outcome) -> None:
         """Learn prefill speed from TTFT, in the units the cost model predicts with (the gateway's
         prompt estimate in `features`), scaled by the share of the prompt the server says it did
-        not have cached. A request that queued is left out (its TTFT is mostly the wait), and so is
-        one whose cache hit is unknown while it carried a conversation prefix."""
+        not have cached. Only a request dispatched to an idle backend teaches it (`policies.prefill`:
+        elsewhere a TTFT is mostly waiting behind others), and not one whose cache hit is unknown
+        while it carried a conversation prefix."""
         ttft = outcome.ttft_s
         at = outcome.inflight_at_dispatch
-        if not _finite(ttft) or not isinstance(at, int) or at > load_cap:
+        if not _finite(ttft) or not isinstance(at, int) or at != 1:
             return
         f = outcome.features
         real = outcome.prompt_tokens if isinstance(outcome.prompt_tokens, int) else 0

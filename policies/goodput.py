@@ -66,6 +66,7 @@ class Goodput:
     def __init__(self, objective: str = "latency", *, seed: int | None = None,
                  epsilon: float = 0.05, explore_gap: int = 100, explore_floor: float = 0.5,
                  bonus: float = 0.1, hysteresis: float = 0.05, externality: float = 1.0, ttft_weight: float = 1.0,
+                 ttft_slo_s: float | None = 5.0, slo_weight: float = 1.0,
                  prefix_tracking: bool = True, estimates: Estimates | None = None,
                  backends: Iterable[BackendSpec] = (), rng: random.Random | None = None) -> None:
         """`estimates` may be any object with the interface of `Estimates` (the evaluator's
@@ -80,7 +81,13 @@ class Goodput:
             raise ValueError(f"externality must be in [0, 10], got {externality}")
         if not 0.0 < ttft_weight <= 10.0:
             raise ValueError(f"ttft_weight must be in (0, 10], got {ttft_weight}")
+        if ttft_slo_s is not None and not 0.0 < ttft_slo_s <= 3600.0:
+            raise ValueError(f"ttft_slo_s must be in (0, 3600] seconds or None, got {ttft_slo_s}")
+        if not 0.0 <= slo_weight <= 100.0:
+            raise ValueError(f"slo_weight must be in [0, 100], got {slo_weight}")
         self.ttft_weight = ttft_weight
+        self.ttft_slo_s = math.inf if ttft_slo_s is None else ttft_slo_s
+        self.slo_weight = slo_weight
         self.objective = objective
         self.epsilon = epsilon
         self.explore_floor = explore_floor
@@ -112,6 +119,7 @@ class Goodput:
         latency = self._latency
         weight = self.externality
         wt = self.ttft_weight
+        slo, over = self.ttft_slo_s, self.slo_weight
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
         memo_top = StepCurve.MEMO
@@ -148,6 +156,8 @@ class Goodput:
             acc = v.reported_accept_length
             if acc is not None and acc != est.last_report:
                 est.note_report(acc, v.reported_running)
+            if v.decode_moments is not est.last_moments or v.prefill_counters is not est.last_prefill_counters:
+                est.note_counters(v.decode_moments, v.prefill_counters)
             uncached = prompt
             held = 0
             if depths:
@@ -169,11 +179,15 @@ class Goodput:
                     step = guess.step_s(n1)
                 decode = out * step / acc
                 pre = guess.prefill
-                ttft = pre.base_s + pre.per_token_s * uncached
+                # idle: a forward pass of its own; busy: the rest of the current pass, then its
+                # prefill rides in the next one; either way after the prompts queued before it
+                ttft = (1.5 * step if load else step) + pre.per_token_s * (uncached + v.pending_prefill)
                 cap = guess.max_running
                 if load >= cap:
                     ttft += (n1 - cap) / cap * decode
                 cost = wt * ttft + decode
+                if ttft > slo:
+                    cost += over * (ttft - slo)
                 if weight and load:
                     s0 = memo[load] if load <= memo_top else 0.0
                     if not s0:
@@ -182,7 +196,7 @@ class Goodput:
                     cost += weight * (load if load < cap else cap) * (
                         pre.per_token_s * uncached + 0.5 * out / acc * slower)
             else:
-                cost = own_and_imposed_s(guess, cell, load, uncached, out, weight, wt)
+                cost = own_and_imposed_s(guess, cell, load, uncached, out, weight, wt, v.pending_prefill, slo, over)
             k = est.seen[d]
             cost -= (cost if cost > 0 else -cost) * bonus_table[k if k < top else top]
             if name == incumbent:
@@ -229,7 +243,7 @@ class Goodput:
         if best_load + 1 > cap:
             predicted *= cap / (best_load + 1)
         cached = f", {prompt - best_uncached} cached" if best_uncached < prompt else ""
-        return Decision(backend=best_view, score=predicted,
+        return Decision(backend=best_view, score=predicted, prefill_tokens=best_uncached,
                         reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {best_load + 1}"
                                f"{cached}")
 
@@ -256,18 +270,19 @@ class Goodput:
             est = self.estimates.backends[v.spec.name]
             if est.last_chosen > stale:
                 continue
-            if self._cost(est, cell, view_load(v), self._uncached(v, request), out) > ceiling:
+            if self._cost(est, cell, view_load(v), self._uncached(v, request), out, v.pending_prefill) > ceiling:
                 continue
             if pick is None or est.last_chosen < pick[1].last_chosen:
                 pick = (v, est)
         return pick
 
-    def _cost(self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float) -> float:
+    def _cost(self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float, pending: int = 0) -> float:
         """The objective's cost before the exploration bonus (the hot loop inlines this)."""
         if not est.observed:
             est = self.estimates.stand_in(est)
         if self._latency:
-            return own_and_imposed_s(est, cell, load, uncached, out, self.externality, self.ttft_weight)
+            return own_and_imposed_s(est, cell, load, uncached, out, self.externality, self.ttft_weight, pending,
+                                     self.ttft_slo_s, self.slo_weight)
         return -throughput_gain(est, cell, load, uncached, out)
 
     # ------------------------------------------------------------------- learn

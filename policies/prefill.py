@@ -6,8 +6,14 @@ by least squares over recent outcomes, with exponential forgetting (weight `1 - 
 sample) and the prior as two pseudo-observations, at 0 tokens and at `_PRIOR_X` tokens: while every
 request is short, the slope stays the prior's; long uncached prompts move it.
 
-Outcomes that queued (more in flight at dispatch than the backend runs at once) are left out: their
-TTFT is mostly the wait, which the cost model predicts from the load, not from the prompt.
+Only requests dispatched to an idle backend (none of ours in flight there) are learned from: on a
+busy one a TTFT is mostly waiting, for a slot or behind other prompts' prefills (SGLang prefills
+first come, first served, one chunked prompt at a time), which the cost model predicts from the
+backend's state (`BackendView.pending_prefill`, the load) and which, learned as a constant of the
+backend, would make whichever server last took a long document look seconds slower than its twin.
+
+When the server reports its prefill counters (`policies.server_counters`), the slope is its own
+measured seconds per computed token (an EWMA over windows) and TTFT only teaches the fixed part.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ __all__ = ["PrefillModel"]
 _PRIOR_X = 4096.0  # tokens: where the prior's second pseudo-point sits
 _PRIOR_WEIGHT = 2.0
 _MAX_TTFT_S = 600.0
+_RATE_ALPHA = 0.2
 
 
 class PrefillModel:
     """Predicted seconds from dispatch to first token, for `uncached` prompt tokens."""
 
-    __slots__ = ("base_s", "per_token_s", "samples", "_alpha", "_prior", "_data")
+    __slots__ = ("base_s", "per_token_s", "samples", "server_rate", "_alpha", "_prior", "_data")
 
     def __init__(self, base_s: float, per_token_s: float, alpha: float = 0.05) -> None:
         if not (0 < alpha < 1):
@@ -32,6 +39,7 @@ class PrefillModel:
         self._alpha = alpha
         self.base_s = self.per_token_s = 0.0
         self.samples = 0
+        self.server_rate = 0  # windows of the server's own prefill counters seen
         self._prior = self._data = (0.0, 0.0, 0.0, 0.0, 0.0)
         self.reset(base_s, per_token_s)
 
@@ -48,6 +56,16 @@ class PrefillModel:
         self._prior = (2 * w, w * _PRIOR_X, w * (base_s + y1), w * _PRIOR_X * _PRIOR_X, w * _PRIOR_X * y1)
         self._data = (0.0, 0.0, 0.0, 0.0, 0.0)
         self.samples = 0
+        self.server_rate = 0
+
+    def observe_rate(self, per_token_s: float) -> None:
+        """The server measured `per_token_s` seconds per computed prompt token over a window."""
+        if not (math.isfinite(per_token_s) and 0 < per_token_s < 1.0):
+            return
+        self.server_rate += 1
+        a = max(_RATE_ALPHA, 1.0 / self.server_rate)
+        self.per_token_s += a * (per_token_s - self.per_token_s)
+        self._fit()
 
     def time_s(self, uncached: int) -> float:
         return self.base_s + self.per_token_s * uncached
@@ -62,14 +80,18 @@ class PrefillModel:
         dw, dx, dy, dxx, dxy = self._data
         self._data = (dw * keep + 1.0, dx * keep + x, dy * keep + y, dxx * keep + x * x, dxy * keep + x * y)
         self.samples += 1
+        self._fit()
+        return True
+
+    def _fit(self) -> None:
         w, sx, sy, sxx, sxy = (a + b for a, b in zip(self._prior, self._data, strict=True))
         var = w * sxx - sx * sx
-        if var > 1e-12 * w * w:
+        if not self.server_rate and var > 1e-12 * w * w:
             slope = (w * sxy - sx * sy) / var
             self.per_token_s = slope if slope > 0 else 0.0
         self.base_s = max((sy - self.per_token_s * sx) / w, 0.0)
-        return True
 
     def describe(self) -> dict[str, float | int]:
         return {"prefill_base_ms": round(self.base_s * 1000, 2),
-                "prefill_ms_per_1k_tokens": round(self.per_token_s * 1e6, 2), "prefill_samples": self.samples}
+                "prefill_ms_per_1k_tokens": round(self.per_token_s * 1e6, 2), "prefill_samples": self.samples,
+                "prefill_server_windows": self.server_rate}

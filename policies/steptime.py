@@ -97,11 +97,15 @@ class StepCurve:
         f = load / (1 << i) - 1.0
         return base * (e[i] + (e[i + 1] - e[i]) * f)
 
-    def observe(self, load: float, step_s: float) -> None:
-        """A request that saw about `load` in flight measured `step_s` seconds per pass."""
+    def observe(self, load: float, step_s: float, weight: float = 1.0) -> None:
+        """A request that saw about `load` in flight measured `step_s` seconds per pass.
+
+        `weight` in (0, 1] is how much of a full sample it is: a request of a few passes measures
+        its step time over a few hundred milliseconds, and one prefill of someone else's long
+        prompt riding in one of them multiplies it (`policies.estimates` weighs by passes)."""
         x = step_s / self.prior_s(load)
         i, f = _position(load)
-        for j, w in ((i, 1.0 - f), (i + 1, f)):
+        for j, w in ((i, (1.0 - f) * weight), (i + 1, f * weight)):
             if w <= 0.0 or j > _TOP:
                 continue
             base = self.ratio[j] if self.samples[j] > 0 else self.eff[j]

@@ -72,10 +72,12 @@ def test_a_measurement_replaces_the_prior_and_garbage_is_ignored():
     assert est.step_s(1) == before * 2 and est.step_s(8) > est.curve.prior_s(8) * 1.9  # whole curve rescaled
     assert abs(est.accept_length(0) - 3.0) < 1e-9 and abs(est.accept_length(2) - 2.0) < 1e-9
     assert 1.0 < est.accept_length(1) < 4.2  # code follows the measured level, not the prior's 4.2
-    assert est.prefill_s(1000) == 0.1 + 0.5
+    # the prefill slope is the measured one; the fixed part is a forward pass at the measured step time
+    assert est.prefill.per_token_s == 0.5e-3 and est.prefill_s(1000) == est.step_s(1) + 0.5
     policy.seed(spec, Measurement(step_s=-1.0, accept_length={Domain.MATH: 1e9}, prefill_base_s=float("nan"),
                                   prefill_per_token_s=1.0))
-    assert est.step_s(1) == before * 2 and abs(est.accept_length(0) - 3.0) < 1e-9 and est.prefill_s(0) == 0.1
+    assert est.step_s(1) == before * 2 and abs(est.accept_length(0) - 3.0) < 1e-9
+    assert est.prefill.base_s == 0.1 and est.prefill.per_token_s == 0.5e-3
     decision = policy.choose(RequestFeatures(model="m", domain=Domain.MATH, temperature=0.0),
                              [*_views(spec)])
     assert decision.backend.name == "d"

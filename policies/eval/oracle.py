@@ -82,6 +82,13 @@ class OracleModel(RateModel):
     def note_report(self, reported_accept: float, running: int | None) -> None:
         self.last_report = reported_accept
 
+    # the server's own counters teach nothing to the truth
+    last_moments: tuple[float, ...] | None = None
+    last_prefill_counters: tuple[float, float] | None = None
+
+    def note_counters(self, moments: tuple[float, ...] | None, prefill: tuple[float, float] | None) -> None:
+        pass
+
     @property
     def _acc(self) -> list[float]:  # type: ignore[override]  # RateModel's acceptance, kept current
         return self._accepts()

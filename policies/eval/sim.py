@@ -115,7 +115,7 @@ class RunResult(msgspec.Struct, kw_only=True):
 
 
 class _Backend:
-    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change", "waiting_tokens")
+    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change", "waiting_tokens", "prefilling")
 
     def __init__(self, name: str, engine: Engine, view: BackendView) -> None:
         self.name = name
@@ -125,6 +125,16 @@ class _Backend:
         self.integral = 0.0  # time integral of in-flight count: gives each request its mean load
         self.t_change = 0.0
         self.waiting_tokens: dict[str, int] = {}  # rid -> prompt tokens, until its first token
+        # rid -> the tokens the decision expected to be prefilled, until its first token (the
+        # gateway's BackendView.pending_prefill is their sum)
+        self.prefilling: dict[str, int] = {}
+
+    def prefill_started(self, rid: str, tokens: int) -> None:
+        self.prefilling[rid] = tokens
+        self.view.pending_prefill += tokens
+
+    def prefill_done(self, rid: str) -> None:
+        self.view.pending_prefill -= self.prefilling.pop(rid, 0)
 
 
 class _Flight(msgspec.Struct, kw_only=True):
@@ -289,7 +299,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             heapq.heappush(idle_clients, c)
 
     def dispatch(features: RequestFeatures, turn: Turn, rid: int, exclude: str | None) -> tuple[
-            _Backend, SimRequest, str] | None:
+            _Backend, SimRequest, str, int] | None:
         pool = views if exclude is None else [v for v in views if v.spec.name != exclude]
         if not pool:
             return None
@@ -306,8 +316,9 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             # the 503 reaches the gateway at once: the policy hears of the failed attempt
             policy.observe(Outcome(backend=b.name, domain=Domain(turn.domain), inflight_at_dispatch=b.view.inflight + 1,
                                    prompt_tokens=turn.prompt_tokens, error="queue_full", features=features))
-            return b, None, decision.reason  # type: ignore[return-value]
-        return b, sim_req, decision.reason
+            return b, None, decision.reason, 0  # type: ignore[return-value]
+        pf = decision.prefill_tokens
+        return b, sim_req, decision.reason, turn.prompt_tokens if pf is None else pf
 
     def send(stream: _Stream) -> None:
         """The stream's next turn goes out now."""
@@ -337,12 +348,13 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             failed.append(rec)
             end_stream(stream)
             return
-        b, sim_req, reason = got
+        b, sim_req, reason, prefill = got
         rec.backend = b.name
         rec.reason = reason
         touch(b)
         b.view.inflight += 1
         b.waiting_tokens[str(rid)] = turn.prompt_tokens
+        b.prefill_started(str(rid), prefill)
         inflight[str(rid)] = _Flight(rec=rec, features=features, backend=b, inflight_at_dispatch=b.view.inflight,
                                      integral_at_dispatch=b.integral, sim=sim_req, turn=turn, stream=stream)
         kick(b)
@@ -378,6 +390,8 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         draining = False
         for f in list(inflight.values()):  # past the drain deadline: aborted, counted unfinished
             f.backend.engine.abort(str(f.rec.rid))
+            f.backend.prefill_done(str(f.rec.rid))
+            f.backend.waiting_tokens.pop(str(f.rec.rid), None)
             touch(f.backend)
             f.backend.view.inflight -= 1
             f.rec.status = "unfinished"
@@ -407,6 +421,7 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
                 if rec.t_first < 0:
                     rec.t_first = now
                     b.waiting_tokens.pop(em.rid, None)
+                    b.prefill_done(em.rid)
                 if em.finished:
                     del inflight[em.rid]
                     rec.t_last = now
@@ -473,6 +488,8 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
                 v.max_running = b.engine.max_running
                 v.reported_accept_length = st.accept_length or None
                 v.reported_inflight = v.inflight
+                v.decode_moments = st.decode_moments
+                v.prefill_counters = (float(st.total_prefill_busy_us), float(st.total_prompt_tokens))
             push(now + poll_s, _POLL, None)
         elif kind == _PEER_POLL:
             snaps = {}
