@@ -55,7 +55,11 @@ class Backend:
         """Largest number of requests in flight the gateway sends here; 0 = no cap known."""
         if self.cap_override:
             return self.cap_override
-        return (self.info.max_running_requests or 0) if self.info else 0
+        if self.info is not None and self.info.max_running_requests:
+            return self.info.max_running_requests
+        # SGLang 0.5.23 leaves /server_info's max_running_requests null on AR servers started
+        # without the flag; /v1/loads reports the effective one.
+        return self.view.max_running or 0
 
     @property
     def up(self) -> bool:
