@@ -27,13 +27,21 @@ class SGLangClient:
             connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=60, ttl_dns_cache=300)
             # auto_decompress off: bytes are relayed as they come; skip_auto_headers keeps requests small.
             self._session = aiohttp.ClientSession(
-                base_url=self.spec.url, connector=connector, timeout=self._timeout,
-                auto_decompress=False, skip_auto_headers=("User-Agent",),
+                base_url=self.spec.url,
+                connector=connector,
+                timeout=self._timeout,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
             )
         return self._session
 
-    async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None,
-                   timeouts: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
+    async def post(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        timeouts: aiohttp.ClientTimeout | None = None,
+    ) -> aiohttp.ClientResponse:
         """Send a JSON body; the caller owns the response and must release (or close) it."""
         merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
         url = self._urls.get(path)

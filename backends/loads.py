@@ -26,9 +26,9 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     running: int | None = None
     waiting: int | None = None
     max_running: int | None = None
-    max_total_tokens: int | None = None   # KV budget in tokens (`max_total_num_tokens`, summed over ranks)
-    accept_length: float | None = None    # windowed (see the module docstring); None when not known
-    accept_source: str | None = None      # where `accept_length` came from
+    max_total_tokens: int | None = None  # KV budget in tokens (`max_total_num_tokens`, summed over ranks)
+    accept_length: float | None = None  # windowed (see the module docstring); None when not known
+    accept_source: str | None = None  # where `accept_length` came from
     lifetime_accept_length: float | None = None  # `speculative.accept_length` as /v1/loads reports it
     # `decode_moments` (0.5.23, summed over ranks): decode steps, sum of batch sizes (one verify pass
     # per request and step under speculation), of step times (us), of batch^2, of batch*time, and of
@@ -76,14 +76,23 @@ def parse_loads(data: Any) -> LoadReport | None:
         if isinstance(spec, dict) and (a := _num(spec.get("accept_length"), float)):
             accepts.append(a)
         m = rank.get("decode_moments")
-        if moments is not None and isinstance(m, list) and len(m) >= _MOMENTS \
-                and all(_num(x, float) is not None for x in m[:_MOMENTS]):
+        if (
+            moments is not None
+            and isinstance(m, list)
+            and len(m) >= _MOMENTS
+            and all(_num(x, float) is not None for x in m[:_MOMENTS])
+        ):
             moments = [t + float(x) for t, x in zip(moments, m[:_MOMENTS], strict=True)]
         else:
             moments = None
-    return LoadReport(running=running, waiting=waiting, max_running=cap or None, max_total_tokens=kv or None,
-                      lifetime_accept_length=sum(accepts) / len(accepts) if accepts else None,
-                      decode_moments=tuple(moments) if moments is not None else None)
+    return LoadReport(
+        running=running,
+        waiting=waiting,
+        max_running=cap or None,
+        max_total_tokens=kv or None,
+        lifetime_accept_length=sum(accepts) / len(accepts) if accepts else None,
+        decode_moments=tuple(moments) if moments is not None else None,
+    )
 
 
 _MOMENTS = 6
@@ -104,8 +113,12 @@ def parse_get_load(data: Any) -> LoadReport | None:
         waiting = [_num(i.get("num_waiting_reqs")) or 0 for i in items]
         if any(t is None for t in total):
             return None
-        return LoadReport(running=sum(total) - sum(waiting), waiting=sum(waiting),
-                          token_load=sum(_num(i.get("num_tokens")) or 0 for i in items), source="get_load")
+        return LoadReport(
+            running=sum(total) - sum(waiting),
+            waiting=sum(waiting),
+            token_load=sum(_num(i.get("num_tokens")) or 0 for i in items),
+            source="get_load",
+        )
     tokens = 0
     for item in items:
         load = _num(item.get("load")) if isinstance(item, dict) else None
@@ -115,8 +128,9 @@ def parse_get_load(data: Any) -> LoadReport | None:
     return LoadReport(token_load=tokens, source="get_load")
 
 
-_METRIC_LINE = re.compile(r"^sglang[:_](num_running_reqs|num_queue_reqs|spec_accept_length)(\{[^}]*\})?\s+(\S+)",
-                          re.MULTILINE)
+_METRIC_LINE = re.compile(
+    r"^sglang[:_](num_running_reqs|num_queue_reqs|spec_accept_length)(\{[^}]*\})?\s+(\S+)", re.MULTILINE
+)
 
 
 def parse_metrics(text: str) -> LoadReport | None:

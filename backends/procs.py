@@ -52,8 +52,9 @@ class ProcessGroup:
         self.procs: dict[str, subprocess.Popen] = {}
         self.log_dir = log_dir  # when set, each child's output goes to log_dir/NAME.log
 
-    def start(self, name: str, cmd: Sequence[str], *, quiet: bool = True, log_file: Path | None = None
-              ) -> subprocess.Popen:
+    def start(
+        self, name: str, cmd: Sequence[str], *, quiet: bool = True, log_file: Path | None = None
+    ) -> subprocess.Popen:
         """Start a child; its output goes to `log_file` (or the group's log_dir), or nowhere when
         `quiet`, else to our terminal."""
         if log_file is None and self.log_dir is not None:
@@ -61,8 +62,13 @@ class ProcessGroup:
             log_file = self.log_dir / f"{name}.log"
         out = open(log_file, "ab") if log_file else (subprocess.DEVNULL if quiet else None)
         try:
-            proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT if log_file else out, preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if log_file else out,
+                preexec_fn=_die_with_parent,
+            )
         finally:
             if log_file:
                 out.close()  # type: ignore[union-attr]
@@ -121,8 +127,9 @@ class ProcessGroup:
         self.stop_all()
 
 
-def start_twins(group: ProcessGroup, profiles: Sequence[str], *, time_scale: float | None = None,
-                extra: Sequence[str] = ()) -> dict[str, int]:
+def start_twins(
+    group: ProcessGroup, profiles: Sequence[str], *, time_scale: float | None = None, extra: Sequence[str] = ()
+) -> dict[str, int]:
     """Start one twin per profile on a free port; wait until all answer /ready. Returns name -> port."""
     ports = {p: free_port() for p in profiles}
     for profile, port in ports.items():

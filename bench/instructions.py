@@ -55,8 +55,9 @@ def _gateway_env(mode: str, sink_port: int) -> dict[str, str]:
     return env
 
 
-def count(mode: str, requests: int, backend_port: int, tmp: Path, cpus: tuple[int | None, int | None],
-          stream: bool = False) -> float:
+def count(
+    mode: str, requests: int, backend_port: int, tmp: Path, cpus: tuple[int | None, int | None], stream: bool = False
+) -> float:
     """Instructions per request of one gateway in `mode`."""
     port = _free_port()
     config = tmp / f"gateway-{mode}.toml"

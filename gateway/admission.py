@@ -31,8 +31,9 @@ class Admission:
         self.waiting = 0
         self.rejected = 0
         # one FIFO per served model, created on first use (models can appear with a reload)
-        self._queues: collections.defaultdict[str, collections.deque[asyncio.Future[None]]] = \
-            collections.defaultdict(collections.deque)
+        self._queues: collections.defaultdict[str, collections.deque[asyncio.Future[None]]] = collections.defaultdict(
+            collections.deque
+        )
         pools.on_release(self._released)
 
     async def candidates(self, model: str, pin: str | None = None, exclude: Collection[str] = ()) -> list[Backend]:
@@ -47,8 +48,9 @@ class Admission:
             up = [b for b in self.pools.by_model.get(model, ()) if b.up and (pin is None or b.name == pin)]
             if not up:
                 what = f"backend {pin!r}" if pin else f"no backend of model {model!r}"
-                raise ApiError(503, f"{what} is available (down, draining or circuit open)",
-                               headers={"Retry-After": "1"})
+                raise ApiError(
+                    503, f"{what} is available (down, draining or circuit open)", headers={"Retry-After": "1"}
+                )
             if self.inflight < self.max_inflight:
                 room = [b for b in up if b.has_room]
                 if room:
@@ -71,8 +73,11 @@ class Admission:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             self.rejected += 1
-            raise ApiError(429, f"all backends of {model!r} are at capacity; timed out after "
-                                f"{self.queue_timeout_s:g}s in the queue", headers={"Retry-After": "1"})
+            raise ApiError(
+                429,
+                f"all backends of {model!r} are at capacity; timed out after {self.queue_timeout_s:g}s in the queue",
+                headers={"Retry-After": "1"},
+            )
         if self.waiting >= self.max_queue:
             self.rejected += 1
             raise ApiError(429, f"gateway queue is full ({self.max_queue} waiting)", headers={"Retry-After": "1"})
@@ -84,8 +89,11 @@ class Admission:
             await asyncio.wait_for(fut, remaining)
         except TimeoutError:
             self.rejected += 1
-            raise ApiError(429, f"all backends of {model!r} are at capacity; timed out after "
-                                f"{self.queue_timeout_s:g}s in the queue", headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                429,
+                f"all backends of {model!r} are at capacity; timed out after {self.queue_timeout_s:g}s in the queue",
+                headers={"Retry-After": "1"},
+            ) from None
         except BaseException:
             if fut.done() and not fut.cancelled():
                 self._wake(model)  # woken but leaving (client gone): pass the slot on

@@ -63,8 +63,21 @@ class AttemptHost(Protocol):
 class Attempt:
     """`async with Attempt(host, req, backend, decision) as attempt:` then `await attempt.post(...)`."""
 
-    __slots__ = ("_host", "req", "backend", "decision", "result", "lease", "span", "upstream_headers", "response",
-                 "reusable", "inflight", "t_dispatch", "_area0")
+    __slots__ = (
+        "_host",
+        "req",
+        "backend",
+        "decision",
+        "result",
+        "lease",
+        "span",
+        "upstream_headers",
+        "response",
+        "reusable",
+        "inflight",
+        "t_dispatch",
+        "_area0",
+    )
 
     lease: Lease
     span: tuple[Any, ...] | None  # tracing.ClientSpan
@@ -131,8 +144,9 @@ class Attempt:
         span = now - self.t_dispatch
         return (self.backend.inflight_area(now) - self._area0) / span if span > 0 else float(self.inflight)
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         resp = self.response
         if resp is not None:
             # Closing, not releasing, an unfinished response drops its connection: SGLang aborts the request.

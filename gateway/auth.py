@@ -82,8 +82,12 @@ class AuthGate:
             message = "missing API key (Authorization: Bearer ...)" if token is None else "invalid API key"
             return await _reject(send, 401, message)
         if self.buckets is not None and (wait := self.buckets[index].take()) > 0:
-            return await _reject(send, 429, "rate limit exceeded for this API key",
-                                 [(b"retry-after", str(max(1, round(wait + 0.5))).encode())])
+            return await _reject(
+                send,
+                429,
+                "rate limit exceeded for this API key",
+                [(b"retry-after", str(max(1, round(wait + 0.5))).encode())],
+            )
         return await self.app(scope, receive, send)
 
 

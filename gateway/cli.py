@@ -14,18 +14,23 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the gateway (embedded twin backends when no --config)")
     s.add_argument("--config", help="TOML config file; without it the seed systems run as twins")
     s.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8000 or the config's gateway.listen)")
-    s.add_argument("--sim-time-scale", type=float, default=None,
-                   help="embedded twins only: multiply simulated time (e.g. 0.05 for fast tests)")
-    sub.add_parser("sim", help="run one SGLang-compatible twin server (see `specroute sim --help`)",
-                   add_help=False)
-    sub.add_parser("eval", help="evaluate the policies on the twin's engine, virtual clock (--scenario all)",
-                   add_help=False)
-    sub.add_parser("plan", help="which N servers to run for a traffic: fleet search on the virtual clock",
-                   add_help=False)
-    sub.add_parser("backends", help="launch profiles of the real SGLang servers: list/show/launch/systemd/check",
-                   add_help=False)
-    sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)",
-                   add_help=False)
+    s.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=None,
+        help="embedded twins only: multiply simulated time (e.g. 0.05 for fast tests)",
+    )
+    sub.add_parser("sim", help="run one SGLang-compatible twin server (see `specroute sim --help`)", add_help=False)
+    sub.add_parser(
+        "eval", help="evaluate the policies on the twin's engine, virtual clock (--scenario all)", add_help=False
+    )
+    sub.add_parser(
+        "plan", help="which N servers to run for a traffic: fleet search on the virtual clock", add_help=False
+    )
+    sub.add_parser(
+        "backends", help="launch profiles of the real SGLang servers: list/show/launch/systemd/check", add_help=False
+    )
+    sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)", add_help=False)
     d = sub.add_parser("demo", help="start twins + gateway, sweep through both, print the table")
     d.add_argument("--concurrency", default="1,4,32")
     d.add_argument("--max-tokens", type=int, default=128)

@@ -57,8 +57,12 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=_gpus, help="GPU indices, e.g. 0,1,2,3,4,5,6,7 (sets CUDA_VISIBLE_DEVICES)")
     p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=_port, default=30000, help="listen port (default 30000)")
-    p.add_argument("--otlp-endpoint", default="localhost:4317", metavar="HOST:PORT",
-                   help="OTLP/gRPC collector for SGLang's traces (default localhost:4317)")
+    p.add_argument(
+        "--otlp-endpoint",
+        default="localhost:4317",
+        metavar="HOST:PORT",
+        help="OTLP/gRPC collector for SGLang's traces (default localhost:4317)",
+    )
     p.add_argument("--no-trace", action="store_true", help="leave out --enable-trace and the OTLP endpoint")
     p.add_argument("--ddtree-budget", type=int, metavar="B", help="DDTree profiles: tree node budget")
 
@@ -75,8 +79,11 @@ def _parser() -> UsageParser:
     _launch_options(s)
     s = sub.add_parser("systemd", help="print a systemd unit for the profile")
     _launch_options(s)
-    s.add_argument("--python", default=sys.executable, help="absolute path of the Python that has SGLang "
-                   "(default: this interpreter)")
+    s.add_argument(
+        "--python",
+        default=sys.executable,
+        help="absolute path of the Python that has SGLang (default: this interpreter)",
+    )
     s.add_argument("--user", default="sglang", help="User= of the unit (default sglang)")
     s.add_argument("--hf-home", help="HF_HOME for the model cache")
     s = sub.add_parser("check", help="probe a live SGLang server and print what the gateway will see")
@@ -93,16 +100,25 @@ def _parser() -> UsageParser:
 
 
 def _options(args: argparse.Namespace, python: str = "python") -> LaunchOptions:
-    return LaunchOptions(model_path=args.model_path, host=args.host, port=args.port, gpus=args.gpus,
-                         otlp_endpoint=args.otlp_endpoint, trace=not args.no_trace, ddtree_budget=args.ddtree_budget,
-                         python=python)
+    return LaunchOptions(
+        model_path=args.model_path,
+        host=args.host,
+        port=args.port,
+        gpus=args.gpus,
+        otlp_endpoint=args.otlp_endpoint,
+        trace=not args.no_trace,
+        ddtree_budget=args.ddtree_budget,
+        python=python,
+    )
 
 
 def _list() -> int:
     for prof in list_profiles():
         build = "" if prof.build == "release" else f"  [{prof.build}]"
-        print(f"{prof.name:<19} {prof.strategy.value:<7} {prof.served_model_name:<12} {prof.gpus} GPU  "
-              f"{prof.description}{build}")
+        print(
+            f"{prof.name:<19} {prof.strategy.value:<7} {prof.served_model_name:<12} {prof.gpus} GPU  "
+            f"{prof.description}{build}"
+        )
     return 0
 
 
@@ -139,9 +155,12 @@ def _expected(profile: LaunchProfile) -> dict[str, object]:
     for i, token in enumerate(argv):
         if token.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
             values[token] = argv[i + 1]
-    return {"algorithm": values.get("--speculative-algorithm"), "served_model_name": profile.served_model_name,
-            "tp_size": int(values["--tp-size"]) if "--tp-size" in values else None,
-            "draft_model_path": values.get("--speculative-draft-model-path")}
+    return {
+        "algorithm": values.get("--speculative-algorithm"),
+        "served_model_name": profile.served_model_name,
+        "tp_size": int(values["--tp-size"]) if "--tp-size" in values else None,
+        "draft_model_path": values.get("--speculative-draft-model-path"),
+    }
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -185,8 +204,10 @@ def _lint(args: argparse.Namespace) -> int:
         argv = command(prof)
         problems = check_argv(argv, spec_for_build(release, prof.build)) + check_build_constraints(argv, prof.build)
         against = f"sglang {release.version}" + ("" if prof.build == "release" else " + DDTree PR flags")
-        print(f"{prof.name:<19} {'ok' if not problems else 'FAIL'}  "
-              f"({sum(t.startswith('--') for t in argv)} flags vs {against})")
+        print(
+            f"{prof.name:<19} {'ok' if not problems else 'FAIL'}  "
+            f"({sum(t.startswith('--') for t in argv)} flags vs {against})"
+        )
         for problem in problems:
             print(f"    {problem}")
         failed += bool(problems)
@@ -197,8 +218,14 @@ def main(argv: list[str]) -> int:
     """Entry point of `specroute backends`; returns the exit code."""
     try:
         args = _parser().parse_args(argv)
-        return {"list": lambda _: _list(), "show": _show, "launch": _launch, "systemd": _systemd,
-                "check": _check, "lint": _lint}[args.command](args)
+        return {
+            "list": lambda _: _list(),
+            "show": _show,
+            "launch": _launch,
+            "systemd": _systemd,
+            "check": _check,
+            "lint": _lint,
+        }[args.command](args)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -30,14 +30,22 @@ def _parser() -> UsageParser:
     p = UsageParser(prog=PROG, description="Write and check gateway config files.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     s = sub.add_parser("init", help="write a gateway config for a set of backend URLs")
-    s.add_argument("--from-profiles", action="append", required=True, metavar="NAME=URL[,NAME=URL...]",
-                   help="backends by profile name and base URL; repeatable")
+    s.add_argument(
+        "--from-profiles",
+        action="append",
+        required=True,
+        metavar="NAME=URL[,NAME=URL...]",
+        help="backends by profile name and base URL; repeatable",
+    )
     s.add_argument("--output", "-o", help="file to write (default: standard output)")
     s.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     s.add_argument("--listen", default=GatewaySection().listen, help="gateway HOST:PORT (default %(default)s)")
     s.add_argument("--policy", default=GatewaySection().policy, help="routing policy (default %(default)s)")
-    s.add_argument("--otlp-endpoint", metavar="URL", help="export the gateway's traces over OTLP/HTTP to this "
-                   "base URL, e.g. http://jaeger:4318")
+    s.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export the gateway's traces over OTLP/HTTP to this base URL, e.g. http://jaeger:4318",
+    )
     s = sub.add_parser("check", help="load a config file as `specroute serve` would and summarise it")
     s.add_argument("file")
     return p
@@ -45,8 +53,14 @@ def _parser() -> UsageParser:
 
 class _Backend:
     def __init__(self, name: str, profile: str, url: str, model: str, strategy: str, source: str) -> None:
-        self.name, self.profile, self.url, self.model, self.strategy, self.source = \
-            name, profile, url, model, strategy, source
+        self.name, self.profile, self.url, self.model, self.strategy, self.source = (
+            name,
+            profile,
+            url,
+            model,
+            strategy,
+            source,
+        )
 
 
 def _profile_facts(profile: str) -> tuple[str, str, str]:
@@ -65,8 +79,10 @@ def _profile_facts(profile: str) -> tuple[str, str, str]:
         s = load_sim(profile)
         return s.served_model_name, s.strategy.value, "twin"
     except (SimProfileError, OSError, ValueError):
-        raise UsageError(f"unknown profile {profile!r}; launch profiles: {', '.join(profile_names())} "
-                          "(twin profiles: `specroute sim --list`)") from None
+        raise UsageError(
+            f"unknown profile {profile!r}; launch profiles: {', '.join(profile_names())} "
+            "(twin profiles: `specroute sim --list`)"
+        ) from None
 
 
 def _parse_backends(specs: list[str]) -> list[_Backend]:
@@ -95,17 +111,31 @@ def _s(value: str) -> str:
 def render_config(backends: list[_Backend], *, listen: str, policy: str, otlp_endpoint: str | None = None) -> str:
     from policies import POLICY_NAMES
 
-    lines = ["# specroute gateway config, written by `specroute config init`.",
-             "# Reference: README section \"Configuration\"; check with `specroute config check FILE`.",
-             "", "[gateway]", f"listen = {_s(listen)}",
-             f"policy = {_s(policy)}              # {' | '.join(POLICY_NAMES)}"]
+    lines = [
+        "# specroute gateway config, written by `specroute config init`.",
+        '# Reference: README section "Configuration"; check with `specroute config check FILE`.',
+        "",
+        "[gateway]",
+        f"listen = {_s(listen)}",
+        f"policy = {_s(policy)}              # {' | '.join(POLICY_NAMES)}",
+    ]
     if otlp_endpoint:
         lines += ["", "[tracing]", 'exporter = "otlp"', f"endpoint = {_s(otlp_endpoint)}"]
     for b in backends:
-        how = (f"launched with `specroute backends show {b.profile}`" if b.source == "launch"
-               else f"twin: `specroute sim --profile {b.profile}`")
-        lines += ["", f"# {b.name}: {how}", "[[backends]]", f"name = {_s(b.name)}", f"url = {_s(b.url)}",
-                  f"model = {_s(b.model)}", f"strategy = {_s(b.strategy)}"]
+        how = (
+            f"launched with `specroute backends show {b.profile}`"
+            if b.source == "launch"
+            else f"twin: `specroute sim --profile {b.profile}`"
+        )
+        lines += [
+            "",
+            f"# {b.name}: {how}",
+            "[[backends]]",
+            f"name = {_s(b.name)}",
+            f"url = {_s(b.url)}",
+            f"model = {_s(b.model)}",
+            f"strategy = {_s(b.strategy)}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -121,8 +151,10 @@ def _init(args: argparse.Namespace) -> int:
         raise UsageError(f"{path} exists (pass --force to overwrite)")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
-    print(f"wrote {path}: {len(backends)} backend(s) for {', '.join(sorted({b.model for b in backends}))}",
-          file=sys.stderr)
+    print(
+        f"wrote {path}: {len(backends)} backend(s) for {', '.join(sorted({b.model for b in backends}))}",
+        file=sys.stderr,
+    )
     return 0
 
 

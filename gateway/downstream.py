@@ -55,8 +55,7 @@ class Downstream:
 
     async def send_json(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.status = status
-        await self._send({"type": "http.response.start", "status": status,
-                          "headers": raw_headers(headers, JSON, body)})
+        await self._send({"type": "http.response.start", "status": status, "headers": raw_headers(headers, JSON, body)})
         self.complete = True
         await self._send({"type": "http.response.body", "body": body})
 
@@ -65,8 +64,9 @@ class Downstream:
 
     async def start_stream(self, headers: dict[str, str]) -> None:
         self.status = 200
-        await self._send({"type": "http.response.start", "status": 200,
-                          "headers": raw_headers(headers, EVENT_STREAM, None)})
+        await self._send(
+            {"type": "http.response.start", "status": 200, "headers": raw_headers(headers, EVENT_STREAM, None)}
+        )
 
     async def send_chunk(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
@@ -123,8 +123,9 @@ class DisconnectWatch:
             self.gone = True
             self._task.cancel()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         self._active = False
         self._timer.cancel()
         if not self.gone:

@@ -24,8 +24,16 @@ _TYPES = {
 class ApiError(Exception):
     """Raised anywhere in request handling; rendered by the app's exception handler."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: Any = None,
-                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: Any = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

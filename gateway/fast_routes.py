@@ -81,8 +81,9 @@ class FastRoutes:
         finally:
             tracing.end_server_span(trace, "POST", scope["path"], status)
 
-    async def _answer(self, kind: Kind, headers: dict[str, str], receive: Receive, send: Send,
-                      trace: Trace | None) -> int:
+    async def _answer(
+        self, kind: Kind, headers: dict[str, str], receive: Receive, send: Send, trace: Trace | None
+    ) -> int:
         """Answers the request; returns the status sent."""
         client = Downstream(receive, send)
         try:

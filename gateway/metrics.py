@@ -38,40 +38,107 @@ SPEEDUP = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("specroute_requests", "Requests answered, by model, backend and HTTP status.",
-                                ["model", "backend", "status"], registry=r)
-        self.queue = Histogram("specroute_queue_seconds", "Time spent waiting for capacity (admission).",
-                               ["model"], buckets=QUEUE, registry=r)
-        self.ttft = Histogram("specroute_ttft_seconds", "Time to first token through the gateway.",
-                              ["backend"], buckets=GENAI_TTFT, registry=r)
-        self.duration = Histogram("specroute_request_duration_seconds", "End-to-end request duration.",
-                                  ["backend"], buckets=GENAI_DURATION, registry=r)
-        self.tpot = Histogram("specroute_time_per_output_token_seconds", "(e2e - ttft) / (output tokens - 1).",
-                              ["backend"], buckets=GENAI_TPOT, registry=r)
-        self.decode = Histogram("specroute_decode_tokens_per_second", "Per-request decode speed.",
-                                ["backend", "domain"], buckets=DECODE_TOK_S, registry=r)
-        self.accept = Histogram("specroute_accept_length", "Per-request speculative acceptance length.",
-                                ["backend", "domain"], buckets=ACCEPT, registry=r)
-        self.speedup = Histogram("specroute_speedup", "Per-request decode speed over the AR baseline.",
-                                 ["backend", "domain"], buckets=SPEEDUP, registry=r)
-        self.upstream_errors = Counter("specroute_upstream_errors", "Upstream failures, by kind.",
-                                       ["backend", "kind"], registry=r)
-        self.retries = Counter("specroute_retries", "Attempts beyond the first (before the first byte).",
-                               ["model"], registry=r)
-        self.decisions = Counter("specroute_policy_decisions", "Routing decisions, by chosen backend.",
-                                 ["model", "policy", "backend"], registry=r)
-        self.telemetry_skipped = Counter("specroute_telemetry_skipped", "Finished requests whose upstream "
-                                         "telemetry was missing or malformed.", ["backend"], registry=r)
-        self.genai_duration = Histogram("gen_ai_client_operation_duration_seconds", "GenAI operation duration.",
-                                        ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_provider_name"],
-                                        buckets=GENAI_DURATION, registry=r)
-        self.genai_tokens = Histogram("gen_ai_client_token_usage", "GenAI tokens used, by type.",
-                                      ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"],
-                                      buckets=GENAI_TOKENS, registry=r)
-        self.genai_ttft = Histogram("gen_ai_server_time_to_first_token_seconds", "GenAI time to first token.",
-                                    ["gen_ai_operation_name", "gen_ai_request_model"], buckets=GENAI_TTFT, registry=r)
-        self.genai_tpot = Histogram("gen_ai_server_time_per_output_token_seconds", "GenAI time per output token.",
-                                    ["gen_ai_operation_name", "gen_ai_request_model"], buckets=GENAI_TPOT, registry=r)
+        self.requests = Counter(
+            "specroute_requests",
+            "Requests answered, by model, backend and HTTP status.",
+            ["model", "backend", "status"],
+            registry=r,
+        )
+        self.queue = Histogram(
+            "specroute_queue_seconds",
+            "Time spent waiting for capacity (admission).",
+            ["model"],
+            buckets=QUEUE,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "specroute_ttft_seconds",
+            "Time to first token through the gateway.",
+            ["backend"],
+            buckets=GENAI_TTFT,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "specroute_request_duration_seconds",
+            "End-to-end request duration.",
+            ["backend"],
+            buckets=GENAI_DURATION,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "specroute_time_per_output_token_seconds",
+            "(e2e - ttft) / (output tokens - 1).",
+            ["backend"],
+            buckets=GENAI_TPOT,
+            registry=r,
+        )
+        self.decode = Histogram(
+            "specroute_decode_tokens_per_second",
+            "Per-request decode speed.",
+            ["backend", "domain"],
+            buckets=DECODE_TOK_S,
+            registry=r,
+        )
+        self.accept = Histogram(
+            "specroute_accept_length",
+            "Per-request speculative acceptance length.",
+            ["backend", "domain"],
+            buckets=ACCEPT,
+            registry=r,
+        )
+        self.speedup = Histogram(
+            "specroute_speedup",
+            "Per-request decode speed over the AR baseline.",
+            ["backend", "domain"],
+            buckets=SPEEDUP,
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "specroute_upstream_errors", "Upstream failures, by kind.", ["backend", "kind"], registry=r
+        )
+        self.retries = Counter(
+            "specroute_retries", "Attempts beyond the first (before the first byte).", ["model"], registry=r
+        )
+        self.decisions = Counter(
+            "specroute_policy_decisions",
+            "Routing decisions, by chosen backend.",
+            ["model", "policy", "backend"],
+            registry=r,
+        )
+        self.telemetry_skipped = Counter(
+            "specroute_telemetry_skipped",
+            "Finished requests whose upstream telemetry was missing or malformed.",
+            ["backend"],
+            registry=r,
+        )
+        self.genai_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "GenAI operation duration.",
+            ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_provider_name"],
+            buckets=GENAI_DURATION,
+            registry=r,
+        )
+        self.genai_tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "GenAI tokens used, by type.",
+            ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"],
+            buckets=GENAI_TOKENS,
+            registry=r,
+        )
+        self.genai_ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "GenAI time to first token.",
+            ["gen_ai_operation_name", "gen_ai_request_model"],
+            buckets=GENAI_TTFT,
+            registry=r,
+        )
+        self.genai_tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "GenAI time per output token.",
+            ["gen_ai_operation_name", "gen_ai_request_model"],
+            buckets=GENAI_TPOT,
+            registry=r,
+        )
 
         self._children: dict[tuple[Any, ...], Any] = {}
         self._pools: Pools | None = None
@@ -133,15 +200,19 @@ class _StateCollector(Collector):
         self.admission = admission
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        inflight = GaugeMetricFamily("specroute_inflight", "Requests in flight per backend (this gateway).",
-                                     labels=["backend"])
+        inflight = GaugeMetricFamily(
+            "specroute_inflight", "Requests in flight per backend (this gateway).", labels=["backend"]
+        )
         up = GaugeMetricFamily("specroute_backend_up", "1 when the backend takes new requests.", labels=["backend"])
-        ready = GaugeMetricFamily("specroute_backend_ready", "Readiness as seen by the health checks.",
-                                  labels=["backend"])
-        circuit = GaugeMetricFamily("specroute_circuit_state", "1 for the current circuit state.",
-                                    labels=["backend", "state"])
-        reported = GaugeMetricFamily("specroute_backend_reported_running", "Running requests the backend reports.",
-                                     labels=["backend"])
+        ready = GaugeMetricFamily(
+            "specroute_backend_ready", "Readiness as seen by the health checks.", labels=["backend"]
+        )
+        circuit = GaugeMetricFamily(
+            "specroute_circuit_state", "1 for the current circuit state.", labels=["backend", "state"]
+        )
+        reported = GaugeMetricFamily(
+            "specroute_backend_reported_running", "Running requests the backend reports.", labels=["backend"]
+        )
         for b in self.pools.by_name.values():
             inflight.add_metric([b.name], b.inflight)
             up.add_metric([b.name], 1.0 if b.up else 0.0)
@@ -156,9 +227,12 @@ class _StateCollector(Collector):
         yield ready
         yield circuit
         yield reported
-        yield GaugeMetricFamily("specroute_queue_waiting", "Requests waiting for capacity.",
-                                value=self.admission.waiting)
-        yield GaugeMetricFamily("specroute_gateway_inflight", "Requests in flight, all backends.",
-                                value=self.admission.inflight)
-        yield CounterMetricFamily("specroute_admission_rejected", "Requests refused with 429 by admission.",
-                                  value=self.admission.rejected)
+        yield GaugeMetricFamily(
+            "specroute_queue_waiting", "Requests waiting for capacity.", value=self.admission.waiting
+        )
+        yield GaugeMetricFamily(
+            "specroute_gateway_inflight", "Requests in flight, all backends.", value=self.admission.inflight
+        )
+        yield CounterMetricFamily(
+            "specroute_admission_rejected", "Requests refused with 429 by admission.", value=self.admission.rejected
+        )

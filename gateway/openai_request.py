@@ -23,13 +23,13 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     stream: bool
     prompt_text: str
     max_tokens: int | None
-    temperature: float | None   # as asked, when a number (the backend judges its range)
+    temperature: float | None  # as asked, when a number (the backend judges its range)
     client_wants_usage: bool
     client_wants_spec: bool
     # `chat_template_kwargs.thinking` (Kimi's switch; Qwen's is `enable_thinking`) when a boolean;
     # None leaves it to the server's default.
     thinking: bool | None = None
-    tools: bool = False         # the request offers tools (a non-empty `tools` array)
+    tools: bool = False  # the request offers tools (a non-empty `tools` array)
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -75,11 +75,19 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     temperature = body.get("temperature")
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
         temperature = None
-    return ParsedRequest(kind=kind, body=body, model=model, stream=stream, prompt_text=prompt_text,
-                         max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
-                         client_wants_usage=wants_usage, client_wants_spec=wants_spec,
-                         thinking=_thinking(body["chat_template_kwargs"]) if "chat_template_kwargs" in body else None,
-                         tools="tools" in body and isinstance(body["tools"], list) and bool(body["tools"]))
+    return ParsedRequest(
+        kind=kind,
+        body=body,
+        model=model,
+        stream=stream,
+        prompt_text=prompt_text,
+        max_tokens=max_tokens,
+        temperature=None if temperature is None else float(temperature),
+        client_wants_usage=wants_usage,
+        client_wants_spec=wants_spec,
+        thinking=_thinking(body["chat_template_kwargs"]) if "chat_template_kwargs" in body else None,
+        tools="tools" in body and isinstance(body["tools"], list) and bool(body["tools"]),
+    )
 
 
 def _thinking(kwargs: Any) -> bool | None:

@@ -32,8 +32,15 @@ _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 class BackendPoller:
-    def __init__(self, backend: Backend, *, interval_s: float = 1.0, unhealthy_after: int = 2,
-                 healthy_after: int = 1, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        interval_s: float = 1.0,
+        unhealthy_after: int = 2,
+        healthy_after: int = 1,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.backend = backend
         self.on_change = on_change
         self.interval_s = interval_s
@@ -126,8 +133,12 @@ class BackendPoller:
         self.backend.view.max_running = info.max_running_requests or self.backend.view.max_running
         spec = self.backend.spec
         if spec.strategy.speculative != (info.speculative_algorithm is not None):
-            log.warning("backend %s is configured as %s but reports speculative_algorithm=%s",
-                        spec.name, spec.strategy.value, info.speculative_algorithm)
+            log.warning(
+                "backend %s is configured as %s but reports speculative_algorithm=%s",
+                spec.name,
+                spec.strategy.value,
+                info.speculative_algorithm,
+            )
 
     async def _accept_gauge(self) -> float | None:
         """The windowed acceptance gauge of a speculative server that serves /metrics."""
@@ -185,13 +196,21 @@ class Poller:
         """New [health] settings (reload): running pollers pick them up at their next round."""
         self.health = health
         for p in self.pollers.values():
-            p.interval_s, p.unhealthy_after, p.healthy_after = (health.interval_s, health.unhealthy_after,
-                                                                 health.healthy_after)
+            p.interval_s, p.unhealthy_after, p.healthy_after = (
+                health.interval_s,
+                health.unhealthy_after,
+                health.healthy_after,
+            )
 
     def add(self, backend: Backend) -> None:
         h = self.health
-        self.pollers[backend.name] = BackendPoller(backend, interval_s=h.interval_s, unhealthy_after=h.unhealthy_after,
-                                                   healthy_after=h.healthy_after, on_change=self.on_change)
+        self.pollers[backend.name] = BackendPoller(
+            backend,
+            interval_s=h.interval_s,
+            unhealthy_after=h.unhealthy_after,
+            healthy_after=h.healthy_after,
+            on_change=self.on_change,
+        )
         if self._running:
             self._start(backend.name)
 

@@ -21,20 +21,34 @@ from policies import BackendView
 class Backend:
     """One upstream as the gateway runs it: client, live view for policies, health, in-flight."""
 
-    __slots__ = ("spec", "client", "view", "info", "load", "circuit", "ready", "draining", "cap_override",
-                 "address", "_on_release", "_area", "_area_t")
+    __slots__ = (
+        "spec",
+        "client",
+        "view",
+        "info",
+        "load",
+        "circuit",
+        "ready",
+        "draining",
+        "cap_override",
+        "address",
+        "_on_release",
+        "_area",
+        "_area_t",
+    )
 
-    def __init__(self, spec: BackendSpec, client: SGLangClient, circuit: CircuitBreaker | None = None,
-                 cap: int = 0) -> None:
+    def __init__(
+        self, spec: BackendSpec, client: SGLangClient, circuit: CircuitBreaker | None = None, cap: int = 0
+    ) -> None:
         self.spec = spec
         self.client = client
         self.view = BackendView(spec=spec)
         self.info: ServerInfo | None = None  # from /server_info, once
         self.load: LoadReport | None = None  # latest backend-reported load
         self.circuit = circuit or CircuitBreaker()
-        self.ready = True          # optimistic until the first readiness check says otherwise
-        self.draining = False      # no new requests; in-flight ones finish
-        self.cap_override = cap    # 0: use the backend's own max_running_requests once known
+        self.ready = True  # optimistic until the first readiness check says otherwise
+        self.draining = False  # no new requests; in-flight ones finish
+        self.cap_override = cap  # 0: use the backend's own max_running_requests once known
         parts = urlsplit(spec.url)
         self.address: tuple[str, int | None] = (parts.hostname or spec.url, parts.port)
         self._on_release: Callable[[Backend], None] | None = None

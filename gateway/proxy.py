@@ -1,19 +1,19 @@
 """The request path, top to bottom: one generation request from its body to its last byte.
 
-    serve(body)
-      read it: parse, resolve the model (and a pinned backend), pick the policy   -> Request
-      while the client is connected (downstream.py: a disconnect cancels everything below):
-        attempt; on a failure before the first byte, retry on another backend (tenacity)
-          wait for capacity (admission.py), let the policy choose a backend
-          async with Attempt (attempt.py: lease, CLIENT span, upstream response)
-            stream:   POST, read up to the first generated token (an error event before it, as
-                      SGLang sends for a full queue, fails the attempt like a 503), send the
-                      headers, relay the rest (relay.py); a break after the first byte ends the
-                      stream with an OpenAI-shaped error event, never a retry
-            complete: POST, read the body, strip the telemetry the gateway asked for, send it
-          the attempt's exit writes the request's single record (records.py): the policy learns
-          from it, Prometheus counts it, the access log and the CLIENT span carry it
-      an error before any attempt answered: its record, then the OpenAI-shaped error
+serve(body)
+  read it: parse, resolve the model (and a pinned backend), pick the policy   -> Request
+  while the client is connected (downstream.py: a disconnect cancels everything below):
+    attempt; on a failure before the first byte, retry on another backend (tenacity)
+      wait for capacity (admission.py), let the policy choose a backend
+      async with Attempt (attempt.py: lease, CLIENT span, upstream response)
+        stream:   POST, read up to the first generated token (an error event before it, as
+                  SGLang sends for a full queue, fails the attempt like a 503), send the
+                  headers, relay the rest (relay.py); a break after the first byte ends the
+                  stream with an OpenAI-shaped error event, never a retry
+        complete: POST, read the body, strip the telemetry the gateway asked for, send it
+      the attempt's exit writes the request's single record (records.py): the policy learns
+      from it, Prometheus counts it, the access log and the CLIENT span carry it
+  an error before any attempt answered: its record, then the OpenAI-shaped error
 """
 
 from __future__ import annotations
@@ -73,12 +73,37 @@ class Request:
     """One client request once read: what every attempt and its record need. `recorded` turns True
     when its single record is written."""
 
-    __slots__ = ("kind", "headers", "request_id", "trace", "trace_id", "t_received", "parsed", "model", "pin",
-                 "features", "policy", "tried", "queue_s", "last", "recorded")
+    __slots__ = (
+        "kind",
+        "headers",
+        "request_id",
+        "trace",
+        "trace_id",
+        "t_received",
+        "parsed",
+        "model",
+        "pin",
+        "features",
+        "policy",
+        "tried",
+        "queue_s",
+        "last",
+        "recorded",
+    )
 
-    def __init__(self, kind: Kind, headers: Mapping[str, str], request_id: str, trace: Trace | None,
-                 t_received: float, parsed: ParsedRequest, model: str, pin: str | None, features: RequestFeatures,
-                 policy: Policy) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        headers: Mapping[str, str],
+        request_id: str,
+        trace: Trace | None,
+        t_received: float,
+        parsed: ParsedRequest,
+        model: str,
+        pin: str | None,
+        features: RequestFeatures,
+        policy: Policy,
+    ) -> None:
         self.kind = kind
         self.headers = headers
         self.request_id = request_id
@@ -90,16 +115,24 @@ class Request:
         self.pin = pin
         self.features = features
         self.policy = policy
-        self.tried: list[str] = []    # backends attempted, in order
-        self.queue_s = 0.0            # waiting for capacity, over all attempts
+        self.tried: list[str] = []  # backends attempted, in order
+        self.queue_s = 0.0  # waiting for capacity, over all attempts
         self.last: Attempt | None = None
         self.recorded = False
 
 
 class Proxy:
-    def __init__(self, pools: Pools, admission: Admission, policies: Mapping[str, Policy], config: Config, *,
-                 metrics: GatewayMetrics | None = None, tracing: Tracing | None = None,
-                 access_log: AccessLog | None = None) -> None:
+    def __init__(
+        self,
+        pools: Pools,
+        admission: Admission,
+        policies: Mapping[str, Policy],
+        config: Config,
+        *,
+        metrics: GatewayMetrics | None = None,
+        tracing: Tracing | None = None,
+        access_log: AccessLog | None = None,
+    ) -> None:
         self.pools = pools
         self.admission = admission
         self.policies = policies  # shared with the runtime: a reload swaps policies in place
@@ -130,14 +163,16 @@ class Proxy:
             stop=stop_after_attempt(r.attempts - 1) | stop_after_delay(r.deadline_s),
             wait=wait_exponential(multiplier=r.backoff_initial_s, max=r.backoff_max_s)
             + wait_random(0, r.backoff_initial_s),
-            retry=retry_if_exception_type(UpstreamFailure), reraise=True,
+            retry=retry_if_exception_type(UpstreamFailure),
+            reraise=True,
         )
         self._header_policies: dict[tuple[str, str], Policy] = {}
 
     # ---- the lifecycle ---------------------------------------------------------------------------
 
-    async def serve(self, raw: bytes, kind: Kind, headers: Mapping[str, str], trace: Trace | None,
-                    client: Downstream) -> None:
+    async def serve(
+        self, raw: bytes, kind: Kind, headers: Mapping[str, str], trace: Trace | None, client: Downstream
+    ) -> None:
         """Answer one request on `client`. `trace`: its trace context, when the caller made it."""
         t_received = client.t_received
         request_id = _request_id(headers)
@@ -149,10 +184,20 @@ class Proxy:
             model = parsed.model[:256]  # for the record only: a client may send any string
             req = self._request(parsed, kind, headers, request_id, trace, t_received)
         except ApiError as error:
-            self._write_record(RequestRecord(
-                request_id=request_id, trace_id=trace.trace_id if trace else None, model=model, kind=kind,
-                stream=False, status=error.status, duration_s=time.perf_counter() - t_received,
-                error=error.message, error_type=error.type), None)
+            self._write_record(
+                RequestRecord(
+                    request_id=request_id,
+                    trace_id=trace.trace_id if trace else None,
+                    model=model,
+                    kind=kind,
+                    stream=False,
+                    status=error.status,
+                    duration_s=time.perf_counter() - t_received,
+                    error=error.message,
+                    error_type=error.type,
+                ),
+                None,
+            )
             return await self._send_error(client, error, request_id)
         async with client.watch():
             try:
@@ -167,18 +212,21 @@ class Proxy:
                     await self._retry(req, client)
             except ApiError as error:
                 if not req.recorded:  # no attempt answered: admission, the policy, or every retry failed
-                    self._finish(req, req.last, Result(status=error.status, error=error.message,
-                                                       error_type=error.type))
+                    self._finish(req, req.last, Result(status=error.status, error=error.message, error_type=error.type))
                 await self._send_error(client, error, request_id)
             except asyncio.CancelledError:
                 if not req.recorded:  # the client left while the request waited for capacity
-                    self._finish(req, None, Result(status=499, error="client disconnected",
-                                                   error_type="client_disconnected"))
+                    self._finish(
+                        req, None, Result(status=499, error="client disconnected", error_type="client_disconnected")
+                    )
                 raise
             except Exception as error:  # a bug: the caller answers 500; the request still gets its record
                 if not req.recorded:
-                    self._finish(req, req.last, Result(status=500, error="internal gateway error",
-                                                       error_type=type(error).__name__))
+                    self._finish(
+                        req,
+                        req.last,
+                        Result(status=500, error="internal gateway error", error_type=type(error).__name__),
+                    )
                 raise
 
     async def _retry(self, req: Request, client: Downstream) -> None:
@@ -205,8 +253,9 @@ class Proxy:
         try:
             decision = req.policy.choose(req.features, [b.view for b in candidates])
         except NoCandidate as e:
-            raise ApiError(503, f"no backend available for model {req.model!r}: {e}",
-                           headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                503, f"no backend available for model {req.model!r}: {e}", headers={"Retry-After": "1"}
+            ) from None
         self.metrics.decision(req.model, req.policy.name, decision.backend.name)
         async with Attempt(self, req, self.pools.by_name[decision.backend.name], decision) as attempt:
             if req.parsed.stream:
@@ -216,8 +265,9 @@ class Proxy:
 
     async def _stream(self, attempt: Attempt, client: Downstream) -> None:
         req, backend = attempt.req, attempt.backend
-        relay = SseRelay(keep_usage=req.parsed.client_wants_usage, keep_spec=req.parsed.client_wants_spec,
-                         result=attempt.result)
+        relay = SseRelay(
+            keep_usage=req.parsed.client_wants_usage, keep_spec=req.parsed.client_wants_spec, result=attempt.result
+        )
         result = relay.result
         started = False
         broken: str | None = None
@@ -225,8 +275,9 @@ class Proxy:
             # first_byte_s until the first generated token (queue and prefill on a real SGLang, which
             # sends no header before it), then idle_stream_s for each read (stream_deadline.py).
             async with StreamDeadline(self.first_byte_s, self.idle_stream_s) as deadline:
-                resp = await attempt.post(PATHS[req.kind], self._upstream_body(req.parsed, backend),
-                                          self._stream_timeout)
+                resp = await attempt.post(
+                    PATHS[req.kind], self._upstream_body(req.parsed, backend), self._stream_timeout
+                )
                 first = await self._first_token(attempt, resp, relay)
                 deadline.first_token()
                 await client.start_stream(self._reply_headers(attempt, stream=True))
@@ -327,8 +378,16 @@ class Proxy:
         if failure.health:
             backend.circuit.record_failure()
         self.metrics.upstream_errors.labels(backend.name, failure.kind).inc()
-        self._observe(req, Outcome(backend=backend.name, domain=req.features.domain,
-                                   inflight_at_dispatch=attempt.inflight, error=failure.kind, features=req.features))
+        self._observe(
+            req,
+            Outcome(
+                backend=backend.name,
+                domain=req.features.domain,
+                inflight_at_dispatch=attempt.inflight,
+                error=failure.kind,
+                features=req.features,
+            ),
+        )
         if attempt.span is not None:
             result = Result(status=failure.error.status, error=failure.error.message, error_type=failure.kind)
             self.tracing.end_client_span(attempt.span, self._record(req, attempt, result))
@@ -348,13 +407,15 @@ class Proxy:
         attempt.req.last = attempt
         self._finish(attempt.req, attempt, result, mean_inflight)
 
-    def _finish(self, req: Request, attempt: Attempt | None, result: Result,
-                mean_inflight: float | None = None) -> None:
+    def _finish(
+        self, req: Request, attempt: Attempt | None, result: Result, mean_inflight: float | None = None
+    ) -> None:
         """Writes the request's single record and feeds everything that learns from it."""
         req.recorded = True
         answered = attempt is not None and result.status == 200
-        telemetry_missing = answered and attempt is not None and result.read_spec(
-            attempt.backend.spec.strategy.speculative)
+        telemetry_missing = (
+            answered and attempt is not None and result.read_spec(attempt.backend.spec.strategy.speculative)
+        )
         rec = self._record(req, attempt, result)
         if answered and attempt is not None:
             self._observe(req, self._outcome(req, attempt, result, rec, mean_inflight))
@@ -369,20 +430,29 @@ class Proxy:
             self.tracing.end_client_span(attempt.span, rec, encoded)
             attempt.span = None
 
-    def _outcome(self, req: Request, attempt: Attempt, result: Result, rec: RequestRecord,
-                 mean_inflight: float | None) -> Outcome:
+    def _outcome(
+        self, req: Request, attempt: Attempt, result: Result, rec: RequestRecord, mean_inflight: float | None
+    ) -> Outcome:
         u = result.usage
         return Outcome(
-            backend=attempt.backend.name, domain=req.features.domain, inflight_at_dispatch=attempt.inflight,
-            prompt_tokens=rec.prompt_tokens, completion_tokens=rec.completion_tokens,
+            backend=attempt.backend.name,
+            domain=req.features.domain,
+            inflight_at_dispatch=attempt.inflight,
+            prompt_tokens=rec.prompt_tokens,
+            completion_tokens=rec.completion_tokens,
             ttft_s=(result.t_first - attempt.t_dispatch) if result.t_first is not None else None,
             # Without chunk timing (non-streaming) the upstream's whole answer time stands in for
             # decode time: it includes prefill and queueing, so it slightly understates decode speed.
-            decode_s=rec.decode_s if rec.decode_s is not None else (
-                time.perf_counter() - attempt.t_dispatch if not rec.stream else None),
-            verify_ct=rec.verify_ct, accept_length=rec.accept_length, finish_reason=result.finish_reason,
-            error=result.error_type if result.error else None, mean_inflight=mean_inflight,
-            cached_tokens=u.cached_tokens if u else None, reasoning_tokens=u.reasoning_tokens if u else None,
+            decode_s=rec.decode_s
+            if rec.decode_s is not None
+            else (time.perf_counter() - attempt.t_dispatch if not rec.stream else None),
+            verify_ct=rec.verify_ct,
+            accept_length=rec.accept_length,
+            finish_reason=result.finish_reason,
+            error=result.error_type if result.error else None,
+            mean_inflight=mean_inflight,
+            cached_tokens=u.cached_tokens if u else None,
+            reasoning_tokens=u.reasoning_tokens if u else None,
             features=req.features,
         )
 
@@ -413,37 +483,68 @@ class Proxy:
             speedup = decode_tok_s / baseline if baseline else None
         parsed = req.parsed
         return RequestRecord(
-            request_id=req.request_id, trace_id=req.trace_id, model=req.model, kind=req.kind,
-            max_tokens=parsed.max_tokens, temperature=parsed.temperature, stream=parsed.stream,
-            status=result.status, duration_s=now - req.t_received,
-            backend=backend.name if backend else None, strategy=backend.spec.strategy.value if backend else None,
-            policy=req.policy.name, reason=decision.reason if decision else None,
-            score=decision.score if decision else None, domain=domain, inflight=inflight,
-            attempt=len(req.tried) or 1, queue_s=req.queue_s,
-            prompt_tokens=u.prompt_tokens if u else 0, completion_tokens=n,
-            reasoning_tokens=u.reasoning_tokens if u else None, cached_tokens=u.cached_tokens if u else None,
+            request_id=req.request_id,
+            trace_id=req.trace_id,
+            model=req.model,
+            kind=req.kind,
+            max_tokens=parsed.max_tokens,
+            temperature=parsed.temperature,
+            stream=parsed.stream,
+            status=result.status,
+            duration_s=now - req.t_received,
+            backend=backend.name if backend else None,
+            strategy=backend.spec.strategy.value if backend else None,
+            policy=req.policy.name,
+            reason=decision.reason if decision else None,
+            score=decision.score if decision else None,
+            domain=domain,
+            inflight=inflight,
+            attempt=len(req.tried) or 1,
+            queue_s=req.queue_s,
+            prompt_tokens=u.prompt_tokens if u else 0,
+            completion_tokens=n,
+            reasoning_tokens=u.reasoning_tokens if u else None,
+            cached_tokens=u.cached_tokens if u else None,
             ttft_s=(t_first - req.t_received) if t_first is not None else None,
             ttft_answer_s=(result.t_first_answer - req.t_received) if result.t_first_answer is not None else None,
-            decode_s=decode_s, decode_tok_s=decode_tok_s,
+            decode_s=decode_s,
+            decode_tok_s=decode_tok_s,
             tpot_s=(now - t_first) / (n - 1) if t_first is not None and n > 1 else None,
-            accept_length=spec.accept_length if spec else None, verify_ct=spec.verify_ct if spec else None,
-            baseline_tok_s=baseline, speedup=speedup, finish_reason=result.finish_reason,
-            response_id=result.response_id, response_model=result.response_model,
-            error=result.error, error_type=result.error_type,
+            accept_length=spec.accept_length if spec else None,
+            verify_ct=spec.verify_ct if spec else None,
+            baseline_tok_s=baseline,
+            speedup=speedup,
+            finish_reason=result.finish_reason,
+            response_id=result.response_id,
+            response_model=result.response_model,
+            error=result.error,
+            error_type=result.error_type,
             prompt=parsed.prompt_text if self.include_prompts else None,
         )
 
     # ---- reading the request -------------------------------------------------------------------------
 
-    def _request(self, parsed: ParsedRequest, kind: Kind, headers: Mapping[str, str], request_id: str,
-                 trace: Trace | None, t_received: float) -> Request:
+    def _request(
+        self,
+        parsed: ParsedRequest,
+        kind: Kind,
+        headers: Mapping[str, str],
+        request_id: str,
+        trace: Trace | None,
+        t_received: float,
+    ) -> Request:
         model, pin = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
         policy = self._policy_for(model, pin, headers.get(POLICY_HEADER))
         messages = parsed.body.get("messages")
         features = RequestFeatures(
-            model=model, domain=classify(parsed.prompt_text), prompt_tokens=len(parsed.prompt_text) // CHARS_PER_TOKEN,
-            max_tokens=parsed.max_tokens, stream=parsed.stream, temperature=parsed.temperature,
-            thinking=parsed.thinking, tools=parsed.tools,
+            model=model,
+            domain=classify(parsed.prompt_text),
+            prompt_tokens=len(parsed.prompt_text) // CHARS_PER_TOKEN,
+            max_tokens=parsed.max_tokens,
+            stream=parsed.stream,
+            temperature=parsed.temperature,
+            thinking=parsed.thinking,
+            tools=parsed.tools,
             prefix=message_blocks(messages) if isinstance(messages, list) else text_blocks(parsed.prompt_text),
         )
         return Request(kind, headers, request_id, trace, t_received, parsed, model, pin, features, policy)
@@ -454,13 +555,18 @@ class Proxy:
         if model not in self.pools.by_model and "@" in model:
             model, _, pin = model.rpartition("@")
         if model not in self.pools.by_model:
-            raise ApiError(404, f"model {model!r} does not exist; available: {self.pools.models()}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist; available: {self.pools.models()}",
+                param="model",
+                code="model_not_found",
+            )
         if pin is not None:
             backend = self.pools.by_name.get(pin)
             if backend is None or backend.spec.model != model:
-                raise ApiError(404, f"backend {pin!r} does not serve model {model!r}", param="model",
-                               code="backend_not_found")
+                raise ApiError(
+                    404, f"backend {pin!r} does not serve model {model!r}", param="model", code="backend_not_found"
+                )
         return model, pin
 
     def _policy_for(self, model: str, pin: str | None, requested: str | None) -> Policy:
@@ -468,14 +574,22 @@ class Proxy:
             return Pinned(pin)
         if requested and requested != self.policies[model].name:
             if not self.allow_policy_header:
-                raise ApiError(403, "choosing a policy per request (x-specroute-policy) is not enabled on this "
-                                    "gateway (gateway.allow_policy_header)", param=POLICY_HEADER)
+                raise ApiError(
+                    403,
+                    "choosing a policy per request (x-specroute-policy) is not enabled on this "
+                    "gateway (gateway.allow_policy_header)",
+                    param=POLICY_HEADER,
+                )
             key = (model, requested)
             policy = self._header_policies.get(key)
             if policy is None:  # one instance per (model, policy): it keeps learning across requests
                 if requested not in POLICY_NAMES or requested == "pinned":
-                    raise ApiError(400, f"unknown policy {requested!r} in {POLICY_HEADER}; expected one of "
-                                        f"{[p for p in POLICY_NAMES if p != 'pinned']}", param=POLICY_HEADER)
+                    raise ApiError(
+                        400,
+                        f"unknown policy {requested!r} in {POLICY_HEADER}; expected one of "
+                        f"{[p for p in POLICY_NAMES if p != 'pinned']}",
+                        param=POLICY_HEADER,
+                    )
                 policy = make_policy(requested, **self._config.policy_options(model, requested))
                 self._header_policies[key] = policy
             return policy

@@ -18,20 +18,20 @@ class Result(msgspec.Struct, kw_only=True):
     The clock is `common.stream_clock`'s definition: a generated token is one of any kind
     (reasoning, content, tool call, completions text); `t_first_answer` skips reasoning."""
 
-    status: int = 0                      # the HTTP status the client got; 0 until the answer starts
-    t_first: float | None = None         # first chunk with generated output of any kind
+    status: int = 0  # the HTTP status the client got; 0 until the answer starts
+    t_first: float | None = None  # first chunk with generated output of any kind
     t_first_answer: float | None = None  # first content, tool call or text
-    t_last: float | None = None          # last chunk with generated output
+    t_last: float | None = None  # last chunk with generated output
     usage: Usage | None = None
-    sglext: Any = None                   # the raw `sglext` object, read once the token count is known
+    sglext: Any = None  # the raw `sglext` object, read once the token count is known
     spec: SpecStats | None = None
     finish_reason: str | None = None
     response_id: str | None = None
     response_model: str | None = None
-    done: bool = False                   # a stream's `data: [DONE]` arrived
+    done: bool = False  # a stream's `data: [DONE]` arrived
     error: str | None = None
     error_type: str | None = None
-    error_code: Any = None               # `code` of a stream's error event (SGLang: 503 for a full queue)
+    error_code: Any = None  # `code` of a stream's error event (SGLang: 503 for a full queue)
 
     def read_spec(self, speculative: bool) -> bool:
         """Spec stats from `sglext` (they need the final token count, which SGLang sends after it);
@@ -47,9 +47,9 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     kind: str
     stream: bool
     status: int
-    duration_s: float                  # gateway received -> last byte sent
-    max_tokens: int | None = None      # as asked (max_completion_tokens or max_tokens)
-    temperature: float | None = None   # as asked
+    duration_s: float  # gateway received -> last byte sent
+    max_tokens: int | None = None  # as asked (max_completion_tokens or max_tokens)
+    temperature: float | None = None  # as asked
     trace_id: str | None = None
     backend: str | None = None
     strategy: str | None = None
@@ -57,28 +57,28 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str | None = None
     score: float | None = None
     domain: str | None = None
-    inflight: int = 0                  # on the chosen backend at dispatch, this request included
+    inflight: int = 0  # on the chosen backend at dispatch, this request included
     attempt: int = 1
-    queue_s: float = 0.0               # waiting for capacity (admission)
+    queue_s: float = 0.0  # waiting for capacity (admission)
     prompt_tokens: int = 0
-    completion_tokens: int = 0         # all generated tokens, reasoning included
+    completion_tokens: int = 0  # all generated tokens, reasoning included
     reasoning_tokens: int | None = None  # of completion_tokens, the thinking segment's (when reported)
-    cached_tokens: int | None = None   # of prompt_tokens, served by the prefix cache (when reported)
-    ttft_s: float | None = None        # gateway received -> first generated token of any kind
+    cached_tokens: int | None = None  # of prompt_tokens, served by the prefix cache (when reported)
+    ttft_s: float | None = None  # gateway received -> first generated token of any kind
     ttft_answer_s: float | None = None  # gateway received -> first answer token (content, tool call, text)
-    decode_s: float | None = None      # first -> last generated token
+    decode_s: float | None = None  # first -> last generated token
     decode_tok_s: float | None = None  # (completion_tokens - 1) / decode_s
-    tpot_s: float | None = None        # (e2e - ttft) / (completion_tokens - 1)
+    tpot_s: float | None = None  # (e2e - ttft) / (completion_tokens - 1)
     accept_length: float | None = None
     verify_ct: int | None = None
     baseline_tok_s: float | None = None  # the AR backend's expected decode tok/s at the same load
-    speedup: float | None = None         # decode_tok_s / baseline_tok_s
+    speedup: float | None = None  # decode_tok_s / baseline_tok_s
     finish_reason: str | None = None
     response_id: str | None = None
     response_model: str | None = None
     error: str | None = None
     error_type: str | None = None
-    prompt: str | None = None          # only with logging.include_prompts
+    prompt: str | None = None  # only with logging.include_prompts
 
 
 _json = msgspec.json.Encoder()

@@ -42,8 +42,13 @@ class SseRelay:
 
     __slots__ = ("keep_usage", "keep_spec", "result", "_buf", "_clock")
 
-    def __init__(self, keep_usage: bool, keep_spec: bool, clock: Callable[[], float] = time.perf_counter,
-                 result: Result | None = None) -> None:
+    def __init__(
+        self,
+        keep_usage: bool,
+        keep_spec: bool,
+        clock: Callable[[], float] = time.perf_counter,
+        result: Result | None = None,
+    ) -> None:
         self.keep_usage = keep_usage
         self.keep_spec = keep_spec
         self.result = result if result is not None else Result()
@@ -60,7 +65,7 @@ class SseRelay:
         start = 0
         out: list[bytes] = []
         while (end := buf.find(b"\n\n", start)) >= 0:
-            event = buf[start:end + 2]
+            event = buf[start : end + 2]
             start = end + 2
             forwarded = self._event(event)
             if forwarded:

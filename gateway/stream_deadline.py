@@ -52,7 +52,8 @@ class StreamDeadline:
             return
         self._timer = asyncio.get_running_loop().call_at((now if since is None else since) + self.limit, self._check)
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._timer.cancel()
         await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired

@@ -8,8 +8,8 @@ from gateway.config import BackendEntry, Config, GatewaySection
 
 
 class SeedSystem(NamedTuple):
-    name: str      # backend name in the gateway (and the twin profile it runs)
-    model: str     # served model clients ask for
+    name: str  # backend name in the gateway (and the twin profile it runs)
+    model: str  # served model clients ask for
     strategy: str
 
 

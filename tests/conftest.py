@@ -15,8 +15,11 @@ def gateway_url():
     """`specroute serve` with the embedded topology (four twin backends as subprocesses)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(specroute("serve", "--listen", f"127.0.0.1:{port}", "--sim-time-scale", TEST_TIME_SCALE),
-                 ready_url=f"{url}/health", timeout=90):
+    with running(
+        specroute("serve", "--listen", f"127.0.0.1:{port}", "--sim-time-scale", TEST_TIME_SCALE),
+        ready_url=f"{url}/health",
+        timeout=90,
+    ):
         yield url
 
 
@@ -26,12 +29,20 @@ def twin_factory():
     import contextlib
 
     with contextlib.ExitStack() as stack:
+
         def start(profile: str, *extra: str) -> str:
             port = free_port()
-            stack.enter_context(running(
-                specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", TEST_TIME_SCALE, *extra),
-                ready_url=f"http://127.0.0.1:{port}/ready", timeout=60))
+            stack.enter_context(
+                running(
+                    specroute(
+                        "sim", "--profile", profile, "--port", str(port), "--time-scale", TEST_TIME_SCALE, *extra
+                    ),
+                    ready_url=f"http://127.0.0.1:{port}/ready",
+                    timeout=60,
+                )
+            )
             return f"http://127.0.0.1:{port}"
+
         yield start
 
 

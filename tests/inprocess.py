@@ -18,8 +18,16 @@ from tests.support import free_port, wait_http_ok
 @contextlib.contextmanager
 def serve_in_thread(config: Config, root_path: str = "", **kwargs: Any) -> Iterator[str]:
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_asgi(config, **kwargs), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on", root_path=root_path))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_asgi(config, **kwargs),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            root_path=root_path,
+        )
+    )
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     try:

@@ -43,14 +43,16 @@ def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
 
 
 @contextlib.contextmanager
-def running(cmd: Sequence[str], ready_url: str | None = None, timeout: float = 30.0,
-            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+def running(
+    cmd: Sequence[str], ready_url: str | None = None, timeout: float = 30.0, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
     """Run `cmd` in its own process group; wait for `ready_url`; kill the whole group afterwards."""
     full_env = {**os.environ, **(env or {})}
     # Output goes to a file, never an undrained pipe: a full pipe would block the child's writes.
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(list(cmd), cwd=REPO, env=full_env, start_new_session=True,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        list(cmd), cwd=REPO, env=full_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+    )
     proc.log = log  # type: ignore[attr-defined]
     try:
         if ready_url:
@@ -102,14 +104,14 @@ def gateway_config(port: int, backends: list[dict], extra: str = "", gateway_key
 
 
 @contextlib.contextmanager
-def gateway(tmp_path: Path, backends: list[dict], extra: str = "", env: dict[str, str] | None = None,
-            gateway_keys: str = "") -> Iterator[str]:
+def gateway(
+    tmp_path: Path, backends: list[dict], extra: str = "", env: dict[str, str] | None = None, gateway_keys: str = ""
+) -> Iterator[str]:
     """`specroute serve --config` over `backends`; yields its base URL."""
     port = free_port()
     path = tmp_path / f"gateway-{port}.toml"
     path.write_text(gateway_config(port, backends, extra, gateway_keys))
-    with running(specroute("serve", "--config", str(path)), ready_url=f"http://127.0.0.1:{port}/health",
-                 env=env):
+    with running(specroute("serve", "--config", str(path)), ready_url=f"http://127.0.0.1:{port}/health", env=env):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -140,8 +142,10 @@ def open_stream(base_url: str, body: dict, events: int = 3) -> Iterator[socket.s
     raw = json.dumps(body).encode()
     port = int(base_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+        )
         received = b""
         while received.count(b"data: ") < events:
             received += sock.recv(65536)

@@ -12,8 +12,11 @@ from tests.support import gateway
 
 ROUTES = [  # (method, path, body)
     ("GET", "/v1/models", None),
-    ("POST", "/v1/chat/completions",
-     {"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ),
     ("POST", "/v1/completions", {"model": "kimi-k2.6", "prompt": "hi", "max_tokens": 2}),
     ("GET", "/no/such/route", None),
 ]
@@ -23,8 +26,9 @@ def _call(url: str, method: str, path: str, body: dict | None, key: str | None) 
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(url + path, method=method, headers=headers,
-                                 data=json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(
+        url + path, method=method, headers=headers, data=json.dumps(body).encode() if body is not None else None
+    )
     try:
         with urllib.request.urlopen(req, timeout=15) as r:
             return r.status, json.loads(r.read()), dict(r.headers)
@@ -35,8 +39,7 @@ def _call(url: str, method: str, path: str, body: dict | None, key: str | None) 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory, twin_factory):
     twin = twin_factory("k26-ar")
-    extra = ('[auth]\napi_keys = ["key-one"]\nadmin_key = "admin-secret"\n'
-             'rate_limit_rps = 0.5\nrate_limit_burst = 30\n')
+    extra = '[auth]\napi_keys = ["key-one"]\nadmin_key = "admin-secret"\nrate_limit_rps = 0.5\nrate_limit_burst = 30\n'
     backends = [{"name": "a", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}]
     with gateway(tmp_path_factory.mktemp("auth"), backends, extra, env={"SPECROUTE_API_KEYS": "key-two"}) as url:
         yield url

@@ -13,7 +13,11 @@ class Clock:
 
 def test_opens_after_consecutive_failures_only():
     cb = CircuitBreaker(failures=3, cooldown_s=5, clock=Clock())
-    cb.record_failure(); cb.record_failure(); cb.record_success(); cb.record_failure(); cb.record_failure()
+    cb.record_failure()
+    cb.record_failure()
+    cb.record_success()
+    cb.record_failure()
+    cb.record_failure()
     assert cb.state is CircuitState.CLOSED and cb.allows()
     cb.record_failure()
     assert cb.state is CircuitState.OPEN and not cb.allows()
@@ -33,7 +37,8 @@ def test_half_open_lets_one_probe_through_then_closes_or_reopens():
     assert cb.state is CircuitState.OPEN
     clock.now = 10.0
     assert cb.allows()
-    cb.on_dispatch(); cb.record_success()
+    cb.on_dispatch()
+    cb.record_success()
     assert cb.state is CircuitState.CLOSED and cb.allows()
 
 

@@ -43,18 +43,25 @@ def test_good_config_loads(tmp_path):
 
 
 BAD = [
-    ('[gateway]\nlisten = 8000\n', "gateway.listen", "Expected `str`, got `int`"),
+    ("[gateway]\nlisten = 8000\n", "gateway.listen", "Expected `str`, got `int`"),
     ('[gateway]\nlisten = "nohost"\n', "gateway.listen", "HOST:PORT"),
     ('[gateway]\npolicy = "fastest"\n', "gateway.policy", "unknown policy 'fastest'"),
     ('[gateway]\nlisen = "x"\n', "gateway", "unknown key `lisen`"),
     ('[[backends]]\nname = "a"\nurl = "http://x"\n', "backends[0]", "missing required field `model`"),
     ('[[backends]]\nname = "a"\nurl = "ftp://x"\nmodel = "m"\n', "backends[0].url", "http://"),
-    ('[[backends]]\nname = "a"\nurl = "http://x"\nmodel = "m"\nstrategy = "medusa"\n', "backends[0].strategy",
-     "expected one of"),
-    ('[[backends]]\nname = "a"\nurl = "http://x"\nmodel = "m"\n[[backends]]\nname = "a"\nurl = "http://y"\n'
-     'model = "m"\n', "backends[1].name", "duplicate"),
+    (
+        '[[backends]]\nname = "a"\nurl = "http://x"\nmodel = "m"\nstrategy = "medusa"\n',
+        "backends[0].strategy",
+        "expected one of",
+    ),
+    (
+        '[[backends]]\nname = "a"\nurl = "http://x"\nmodel = "m"\n[[backends]]\nname = "a"\nurl = "http://y"\n'
+        'model = "m"\n',
+        "backends[1].name",
+        "duplicate",
+    ),
     ('[models.other]\npolicy = "round_robin"\n', "models.other", "no backend serves"),
-    ('this is = = not toml', "", "not valid TOML"),
+    ("this is = = not toml", "", "not valid TOML"),
 ]
 
 
@@ -78,6 +85,7 @@ def test_cli_bad_config_exits_nonzero_with_one_line_and_no_traceback(tmp_path):
 
 
 def test_cli_missing_config_file(tmp_path):
-    proc = subprocess.run(specroute("serve", "--config", str(tmp_path / "nope.toml")),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        specroute("serve", "--config", str(tmp_path / "nope.toml")), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "cannot read config file" in proc.stderr and "Traceback" not in proc.stderr

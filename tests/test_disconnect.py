@@ -46,11 +46,21 @@ def setup(tmp_path_factory) -> Iterator[tuple[str, str, object]]:
     twin = f"http://127.0.0.1:{twin_port}"
     url = f"http://127.0.0.1:{port}"
     config = tmp / "gateway.toml"
-    config.write_text(gateway_config(port, [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}],
-                                     "[admission]\nmax_inflight = 1\nqueue_timeout_s = 60\n"))
-    with running(specroute("sim", "--profile", "k26-ar", "--port", str(twin_port), "--time-scale", TEST_TIME_SCALE),
-                 ready_url=f"{twin}/ready", timeout=60), \
-         running(specroute("serve", "--config", str(config)), ready_url=f"{url}/health") as proc:
+    config.write_text(
+        gateway_config(
+            port,
+            [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}],
+            "[admission]\nmax_inflight = 1\nqueue_timeout_s = 60\n",
+        )
+    )
+    with (
+        running(
+            specroute("sim", "--profile", "k26-ar", "--port", str(twin_port), "--time-scale", TEST_TIME_SCALE),
+            ready_url=f"{twin}/ready",
+            timeout=60,
+        ),
+        running(specroute("serve", "--config", str(config)), ready_url=f"{url}/health") as proc,
+    ):
         yield twin, url, proc
 
 
@@ -74,8 +84,10 @@ def _request(url: str, body: dict) -> Iterator[socket.socket]:
     raw = json.dumps(body).encode()
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+        )
         yield sock
 
 
@@ -104,8 +116,9 @@ def test_disconnect_during_a_non_stream_upstream_wait_aborts_the_backend_request
     # the socket is closed: the gateway must close its upstream connection at once
     assert _within(ABORT_DEADLINE_S, lambda: _twin_busy(twin) == 0), "the twin kept generating for nobody"
     assert _within(ABORT_DEADLINE_S, lambda: _idle(url))
-    assert _within(5, lambda: any(r.get("error_type") == "client_disconnected" and not r["stream"]
-                                  for r in _records(proc)))
+    assert _within(
+        5, lambda: any(r.get("error_type") == "client_disconnected" and not r["stream"] for r in _records(proc))
+    )
     rec = next(r for r in reversed(_records(proc)) if r.get("error_type") == "client_disconnected")
     assert rec["status"] == 499 and rec["backend"] == "ar" and rec.get("completion_tokens", 0) == 0, json.dumps(rec)
 
@@ -118,8 +131,7 @@ def test_disconnect_mid_stream_aborts_the_backend_request(setup):
         assert _twin_busy(twin) == 1 and _gateway(url)["inflight"] == 1
     assert _within(ABORT_DEADLINE_S, lambda: _twin_busy(twin) == 0), "the twin kept generating for nobody"
     assert _within(ABORT_DEADLINE_S, lambda: _idle(url))
-    assert _within(5, lambda: any(r.get("error_type") == "client_disconnected" and r["stream"]
-                                  for r in _records(proc)))
+    assert _within(5, lambda: any(r.get("error_type") == "client_disconnected" and r["stream"] for r in _records(proc)))
     rec = next(r for r in reversed(_records(proc)) if r.get("error_type") == "client_disconnected" and r["stream"])
     assert rec["status"] == 200 and rec["backend"] == "ar" and rec["ttft_s"] > 0  # the stream had started
 
@@ -127,8 +139,10 @@ def test_disconnect_mid_stream_aborts_the_backend_request(setup):
 def test_disconnect_while_queued_is_never_dispatched(setup):
     twin, url, proc = setup
     _settled(twin, url)
+
     def decisions():
         return sum(v for k, v in _metrics(url).items() if k.startswith("specroute_policy_decisions_total"))
+
     before = decisions()
     # The holder takes the only slot and keeps it past everything the waiter does.
     with _request(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": LONG, "stream": True}) as holder:
@@ -142,10 +156,18 @@ def test_disconnect_while_queued_is_never_dispatched(setup):
     assert _within(ABORT_DEADLINE_S, lambda: _twin_busy(twin) == 0), "the twin kept generating for nobody"
     assert _within(ABORT_DEADLINE_S, lambda: _idle(url))
     assert decisions() == before + 1  # only the holder was ever routed
+
     # its record: never dispatched (no backend), it waited, and it says why it ended
     def waiter():
-        return next((r for r in _records(proc) if r.get("error_type") == "client_disconnected"
-                               and not r["stream"] and "backend" not in r), None)
+        return next(
+            (
+                r
+                for r in _records(proc)
+                if r.get("error_type") == "client_disconnected" and not r["stream"] and "backend" not in r
+            ),
+            None,
+        )
+
     assert _within(5, lambda: waiter() is not None)
     assert waiter()["status"] == 499 and waiter()["queue_s"] > 0
 

@@ -13,21 +13,44 @@ from policies.eval.runner import run_scenario
 from policies.eval.scenarios import SCENARIOS, Degrade, Phase, Scenario
 
 TINY = Scenario(
-    name="tiny", description="two backends, two short phases", pool=("k26-ar", "k26-dflash"),
-    phases=(Phase(name="low", duration_s=20.0, concurrency=2, domains={"math": 1.0}),
-            Phase(name="high", duration_s=20.0, concurrency=6, domains={"chat": 1.0, "code": 1.0})),
-    min_tokens=64, max_tokens=128,
+    name="tiny",
+    description="two backends, two short phases",
+    pool=("k26-ar", "k26-dflash"),
+    phases=(
+        Phase(name="low", duration_s=20.0, concurrency=2, domains={"math": 1.0}),
+        Phase(name="high", duration_s=20.0, concurrency=6, domains={"chat": 1.0, "code": 1.0}),
+    ),
+    min_tokens=64,
+    max_tokens=128,
 )
-FIELDS = {"aggregate_tok_s", "mean_request_tok_s", "p50_request_tok_s", "p99_ttft_ms",
-          "backend_share", "clairvoyant_ratio"}
+FIELDS = {
+    "aggregate_tok_s",
+    "mean_request_tok_s",
+    "p50_request_tok_s",
+    "p99_ttft_ms",
+    "backend_share",
+    "clairvoyant_ratio",
+}
 
 
 def test_tiny_scenario_runs_every_contestant_with_sane_figures():
     res = run_scenario(TINY, seed=0)
     keys = set(res.phases[0].policies)
-    assert keys == {"least_inflight", "round_robin", "threshold", "goodput/latency", "goodput/throughput",
-                    "clairvoyant/latency", "clairvoyant/throughput", "static/k26-ar", "static/k26-dflash",
-                    "sglang/round_robin", "sglang/power_of_two", "sglang/least_load", "sglang/cache_aware"}
+    assert keys == {
+        "least_inflight",
+        "round_robin",
+        "threshold",
+        "goodput/latency",
+        "goodput/throughput",
+        "clairvoyant/latency",
+        "clairvoyant/throughput",
+        "static/k26-ar",
+        "static/k26-dflash",
+        "sglang/round_robin",
+        "sglang/power_of_two",
+        "sglang/least_load",
+        "sglang/cache_aware",
+    }
     for ph in res.phases:
         for key, m in ph.policies.items():
             assert m.requests > 0 and m.aggregate_tok_s > 0, key
@@ -49,8 +72,9 @@ def test_cli_writes_eval_json_with_the_schema(tmp_path, capsys):
     assert list(phases) == ["math", "code", "chat"]
     for phase in phases.values():
         assert phase["concurrency"] == 1
-        assert {"least_inflight", "threshold", "goodput/latency", "clairvoyant/latency",
-                "static/k26-ar"} <= set(phase["policies"])
+        assert {"least_inflight", "threshold", "goodput/latency", "clairvoyant/latency", "static/k26-ar"} <= set(
+            phase["policies"]
+        )
         for entry in phase["policies"].values():
             assert set(entry) >= FIELDS
     assert {t["name"].split(" ")[0] for t in doc["targets"]} >= {"goodput/latency"}
@@ -72,10 +96,17 @@ def test_same_seed_same_results_other_seed_other_results():
 
 def test_degrade_is_noticed_and_measured():
     scenario = Scenario(
-        name="degrade-tiny", description="", pool=("k26-eagle3", "k26-dflash"),
-        phases=(Phase(name="before", duration_s=30.0, concurrency=2, domains={"math": 1.0}),
-                Phase(name="after", duration_s=40.0, concurrency=2, domains={"math": 1.0})),
-        degrade=Degrade(backend="k26-dflash", at_s=30.0, scale=0.2), min_tokens=64, max_tokens=128)
+        name="degrade-tiny",
+        description="",
+        pool=("k26-eagle3", "k26-dflash"),
+        phases=(
+            Phase(name="before", duration_s=30.0, concurrency=2, domains={"math": 1.0}),
+            Phase(name="after", duration_s=40.0, concurrency=2, domains={"math": 1.0}),
+        ),
+        degrade=Degrade(backend="k26-dflash", at_s=30.0, scale=0.2),
+        min_tokens=64,
+        max_tokens=128,
+    )
     res = run_scenario(scenario, objectives=("latency",), only=("goodput/latency", "static/k26-dflash"))
     before, after = (p.policies for p in res.phases)
     assert after["static/k26-dflash"].mean_request_tok_s < 0.6 * before["static/k26-dflash"].mean_request_tok_s
@@ -94,8 +125,9 @@ def test_clairvoyant_acceptance_matches_what_the_engine_produces():
 
 
 def test_named_scenarios_cover_the_issue():
-    assert {"steady-1", "steady-4", "steady-16", "steady-32", "steady-64", "ramp", "mixed", "degrade",
-            "qwen"} <= set(SCENARIOS)
+    assert {"steady-1", "steady-4", "steady-16", "steady-32", "steady-64", "ramp", "mixed", "degrade", "qwen"} <= set(
+        SCENARIOS
+    )
     ramp = [p.concurrency for p in SCENARIOS["ramp"].phases]
     assert ramp[0] == 1 and max(ramp) == 64 and ramp[-1] == 1
     assert SCENARIOS["qwen"].pool == ("qwen36-ar", "qwen36-ddtree-b15", "qwen36-ddtree-b64")
@@ -116,6 +148,7 @@ def test_best_split_weights_each_backend_by_the_requests_it_completes():
     # three backends, five clients: the exhaustive answer
     speeds = np.array([[0, 90, 80, 60, 40, 30], [0, 50, 50, 45, 45, 40], [0, 30, 30, 30, 30, 30]], dtype=float)
     splits = [(a, b, 5 - a - b) for a in range(6) for b in range(6 - a)]
+
     def ratio(s):
         return sum(n * speeds[i, n] ** 2 for i, n in enumerate(s)) / sum(n * speeds[i, n] for i, n in enumerate(s))
 

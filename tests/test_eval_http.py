@@ -29,10 +29,17 @@ from policies.eval.sim import simulate
 def _as_loadgen(records, time_scale: float) -> list[dict]:
     """Harness request records as loadgen's requests.jsonl lines from twins running at F."""
     f = time_scale
-    return [{"start_s": r.t_send * f, "ok": True, "output_tokens": r.tokens, "backend": r.backend,
-             "ttft_ms": (r.t_first - r.t_send) * f * 1000.0,
-             "decode_throughput": r.decode_tok_s / f if r.decode_tok_s else None}
-            for r in records]
+    return [
+        {
+            "start_s": r.t_send * f,
+            "ok": True,
+            "output_tokens": r.tokens,
+            "backend": r.backend,
+            "ttft_ms": (r.t_first - r.t_send) * f * 1000.0,
+            "decode_throughput": r.decode_tok_s / f if r.decode_tok_s else None,
+        }
+        for r in records
+    ]
 
 
 @pytest.mark.parametrize("policy", ["least_inflight", "goodput/latency"])
@@ -61,14 +68,32 @@ def test_http_figures_window_and_failures() -> None:
     plan = CheckPlan(concurrencies=(1,), phase_s=10.0, time_scale=0.5)
     recs = [
         # 101 tokens: first at 1 s, last at 1 + 100 / 50 = 3 s (simulated: times / F, rates x F)
-        {"start_s": 0.0, "ok": True, "output_tokens": 101, "backend": "k26-ar", "ttft_ms": 500.0,
-         "decode_throughput": 100.0},
+        {
+            "start_s": 0.0,
+            "ok": True,
+            "output_tokens": 101,
+            "backend": "k26-ar",
+            "ttft_ms": 500.0,
+            "decode_throughput": 100.0,
+        },
         # first token at 9 s, last at 13 s: a quarter of the other 100 inside the window, no rate sample
-        {"start_s": 4.0, "ok": True, "output_tokens": 101, "backend": "k26-ddtree", "ttft_ms": 500.0,
-         "decode_throughput": 50.0},
+        {
+            "start_s": 4.0,
+            "ok": True,
+            "output_tokens": 101,
+            "backend": "k26-ddtree",
+            "ttft_ms": 500.0,
+            "decode_throughput": 50.0,
+        },
         {"start_s": 1.0, "ok": False, "error": "http_503", "backend": "k26-ddtree"},
-        {"start_s": 6.0, "ok": True, "output_tokens": 10, "backend": "k26-ar", "ttft_ms": 1.0,
-         "decode_throughput": 10.0},  # sent after the window: not counted anywhere
+        {
+            "start_s": 6.0,
+            "ok": True,
+            "output_tokens": 10,
+            "backend": "k26-ar",
+            "ttft_ms": 1.0,
+            "decode_throughput": 10.0,
+        },  # sent after the window: not counted anywhere
     ]
     f = http_figures(recs, plan, plan.pool)
     assert f.aggregate_tok_s == pytest.approx((101 + 1 + 25) / 10.0)
@@ -121,9 +146,24 @@ def test_reduced_run_end_to_end(tmp_path: Path) -> None:
     result: goodput beats least_inflight on both metrics, as the virtual clock says it does."""
     t0 = time.monotonic()
     out = tmp_path / "check"
-    code = http_check.main(["--time-scale", "0.1", "--concurrency", "4", "--phase-seconds", "30",
-                            "--min-tokens", "96", "--max-tokens", "160", "--warmup-requests", "1",
-                            "--output", str(out)])
+    code = http_check.main(
+        [
+            "--time-scale",
+            "0.1",
+            "--concurrency",
+            "4",
+            "--phase-seconds",
+            "30",
+            "--min-tokens",
+            "96",
+            "--max-tokens",
+            "160",
+            "--warmup-requests",
+            "1",
+            "--output",
+            str(out),
+        ]
+    )
     assert code in (0, 1)  # 1 = a ratio outside 10%: reported, not a failure of this test
     res = json.loads((out / "http_check.json").read_text())
     assert code == (0 if res["agrees"] else 1)

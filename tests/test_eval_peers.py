@@ -13,8 +13,10 @@ from policies.eval.workload import Mix
 
 
 def _views(*loads: int) -> list[BackendView]:
-    return [BackendView(spec=BackendSpec(name=f"w{i}", url=f"sim://w{i}", model="m", strategy=Strategy.AR),
-                        inflight=n) for i, n in enumerate(loads)]
+    return [
+        BackendView(spec=BackendSpec(name=f"w{i}", url=f"sim://w{i}", model="m", strategy=Strategy.AR), inflight=n)
+        for i, n in enumerate(loads)
+    ]
 
 
 def _req(chain: tuple[int, ...], prompt_tokens: int) -> RequestFeatures:
@@ -57,13 +59,18 @@ def test_cache_aware_trees_stay_bounded():
 def test_power_of_two_prefers_the_lower_token_load_and_falls_back_to_counts():
     p = PowerOfTwo(seed=1)
     views = _views(5, 5)
-    p.update_loads({"w0": LoadSnapshot(num_used_tokens=100, token_usage=0.1, gen_throughput=1.0,
-                                       num_waiting_uncached_tokens=0),
-                    "w1": LoadSnapshot(num_used_tokens=90000, token_usage=0.9, gen_throughput=1.0,
-                                       num_waiting_uncached_tokens=0)})
+    p.update_loads(
+        {
+            "w0": LoadSnapshot(num_used_tokens=100, token_usage=0.1, gen_throughput=1.0, num_waiting_uncached_tokens=0),
+            "w1": LoadSnapshot(
+                num_used_tokens=90000, token_usage=0.9, gen_throughput=1.0, num_waiting_uncached_tokens=0
+            ),
+        }
+    )
     assert all(p.choose(_req((), 10), views).backend.name == "w0" for _ in range(20))
-    p.update_loads({"w0": LoadSnapshot(num_used_tokens=100, token_usage=0.1, gen_throughput=1.0,
-                                       num_waiting_uncached_tokens=0)})
+    p.update_loads(
+        {"w0": LoadSnapshot(num_used_tokens=100, token_usage=0.1, gen_throughput=1.0, num_waiting_uncached_tokens=0)}
+    )
     views[0].inflight = 9  # w1 has no token report: both compared on in-flight counts
     assert all(p.choose(_req((), 10), views).backend.name == "w1" for _ in range(20))
 
@@ -72,8 +79,12 @@ def test_least_load_drains_the_queue_fastest_and_credits_its_own_dispatches():
     p = LeastLoad()
     views = _views(0, 0)
     snap = dict(token_usage=0.2, num_used_tokens=0)
-    p.update_loads({"w0": LoadSnapshot(gen_throughput=1000.0, num_waiting_uncached_tokens=4000, **snap),
-                    "w1": LoadSnapshot(gen_throughput=4000.0, num_waiting_uncached_tokens=4000, **snap)})
+    p.update_loads(
+        {
+            "w0": LoadSnapshot(gen_throughput=1000.0, num_waiting_uncached_tokens=4000, **snap),
+            "w1": LoadSnapshot(gen_throughput=4000.0, num_waiting_uncached_tokens=4000, **snap),
+        }
+    )
     assert p.choose(_req((), 10), views).backend.name == "w1"  # 1 s of queue vs 4 s
     # each dispatch adds 1024 tokens to w1's since-poll work: after a few, w0 drains sooner
     picks = [p.choose(_req((), 10), views).backend.name for _ in range(12)]
@@ -90,11 +101,23 @@ def test_round_robin_cycles_and_unknown_peers_are_refused():
 
 
 OPEN = Scenario(
-    name="open-tiny", description="", pool=("k26-dflash", "k26-ddtree:b=8"), max_queued=2,
-    phases=(Phase(name="busy", duration_s=60.0, arrival="poisson", load=0.9, domains={"math": 1.0, "chat": 1.0},
-                  mix=Mix(chat=0.6, thinking=0.3, temperatures=((0.0, 1.0), (1.0, 1.0)), turns=(2, 3),
-                          think_s=2.0)),),
-    min_tokens=64, max_tokens=128)
+    name="open-tiny",
+    description="",
+    pool=("k26-dflash", "k26-ddtree:b=8"),
+    max_queued=2,
+    phases=(
+        Phase(
+            name="busy",
+            duration_s=60.0,
+            arrival="poisson",
+            load=0.9,
+            domains={"math": 1.0, "chat": 1.0},
+            mix=Mix(chat=0.6, thinking=0.3, temperatures=((0.0, 1.0), (1.0, 1.0)), turns=(2, 3), think_s=2.0),
+        ),
+    ),
+    min_tokens=64,
+    max_tokens=128,
+)
 
 
 def test_open_loop_runs_count_shed_requests_as_slo_misses_and_feed_the_gateways_features():
@@ -132,18 +155,30 @@ def test_open_loop_runs_count_shed_requests_as_slo_misses_and_feed_the_gateways_
 
 def test_open_loop_scenario_reports_peers_statics_and_the_clairvoyants():
     scen = msgspec.structs.replace(OPEN, max_queued=None)
-    res = run_scenario(scen, seed=0, objectives=("latency",), only=(
-        "goodput/latency", "sglang/cache_aware", "least_inflight", "static/k26-dflash", "clairvoyant/e2e"))
+    res = run_scenario(
+        scen,
+        seed=0,
+        objectives=("latency",),
+        only=("goodput/latency", "sglang/cache_aware", "least_inflight", "static/k26-dflash", "clairvoyant/e2e"),
+    )
     (ph,) = res.phases
     assert ph.rate_rps > 0 and ph.arrival == "poisson"
-    assert set(ph.policies) == {"goodput/latency", "sglang/cache_aware", "least_inflight", "static/k26-dflash",
-                                "clairvoyant/e2e", "clairvoyant/latency"}
+    assert set(ph.policies) == {
+        "goodput/latency",
+        "sglang/cache_aware",
+        "least_inflight",
+        "static/k26-dflash",
+        "clairvoyant/e2e",
+        "clairvoyant/latency",
+    }
     for key, m in ph.policies.items():
         assert m.arrived > 0 and m.p99_ttft_ms >= m.p50_ttft_ms and m.p99_e2e_s >= m.p50_e2e_s, key
         assert 0.0 <= m.slo_attainment <= 1.0 and m.goodput_rps >= 0.0, key
     # the static backend serves half the arrivals alone
     assert ph.policies["static/k26-dflash"].arrived < 0.8 * ph.policies["least_inflight"].arrived
     assert res.summary["goodput/latency"]["hindsight_regret"] == pytest.approx(
-        1 - res.summary["goodput/latency"]["phase_mean_request_tok_s"]
-        / res.summary["static/k26-dflash"]["phase_mean_request_tok_s"])
+        1
+        - res.summary["goodput/latency"]["phase_mean_request_tok_s"]
+        / res.summary["static/k26-dflash"]["phase_mean_request_tok_s"]
+    )
     assert "goodput/latency" in res.cold_start

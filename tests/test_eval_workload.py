@@ -74,12 +74,11 @@ def test_thinking_chat_turns_lose_the_reasoning_from_the_prefix_but_agent_loops_
     assert a.reasoning_tokens == 800 and a.thinking
     shared = sum(1 for x, y in zip(a.output_chain, b.chain, strict=False) if x == y)
     assert len(a.chain) <= shared < len(a.output_chain)  # diverges after the prompt, inside the reasoning
-    agent = draw_session("k", Mix(agent=1.0, thinking=1.0, tool_calls=(3, 3)), ["code"], [1.0], (100, 200),
-                         reasoning)
+    agent = draw_session("k", Mix(agent=1.0, thinking=1.0, tool_calls=(3, 3)), ["code"], [1.0], (100, 200), reasoning)
     assert [t.tool_call for t in agent.turns] == [True, True, False]
     assert all(t.tools for t in agent.turns)
     first, second = agent.turns[0], agent.turns[1]
-    assert second.chain[:len(first.output_chain)] == first.output_chain
+    assert second.chain[: len(first.output_chain)] == first.output_chain
 
 
 def test_shares_of_the_mix_hold_over_many_sessions():
@@ -114,7 +113,9 @@ def test_single_requests_are_issue_5s():
 def test_fleet_strings_parse_with_counts_and_options():
     members = parse_fleet("2xk26-ddtree:b=16,k26-dflash:t=1.3:a=0.8")
     assert [(m.profile, m.count, m.budget, m.time_scale, m.accept_scale) for m in members] == [
-        ("k26-ddtree", 2, 16, 1.0, 1.0), ("k26-dflash", 1, None, 1.3, 0.8)]
+        ("k26-ddtree", 2, 16, 1.0, 1.0),
+        ("k26-dflash", 1, None, 1.3, 0.8),
+    ]
     names = [s.name for s in servers(members)]
     assert names == ["k26-ddtree:b=16-1", "k26-ddtree:b=16-2", "k26-dflash:t=1.3:a=0.8"]
     assert fleet_label(parse_fleet("k26-dflash,k26-ar,k26-dflash")) == "k26-ar,2xk26-dflash"
@@ -123,17 +124,20 @@ def test_fleet_strings_parse_with_counts_and_options():
     assert members[0].build_profile().speculative.ddtree_budget == 16
 
 
-@pytest.mark.parametrize(("text", "culprit"), [
-    ("", "empty fleet"),
-    ("0xk26-dflash", "at least one server"),
-    ("k26-nope", "unknown profile 'k26-nope'"),
-    ("k26-dflash:b=8", "not a DDTree profile"),
-    ("k26-ddtree:b=x", "b= needs a number"),
-    ("k26-ddtree:q=1", "unknown option 'q=1'"),
-    ("k26-dflash:t=0", "t=0 must be within"),
-    ("k26-dflash:t=nan", "t=nan must be within"),
-    ("99xk26-dflash", "at most 64"),
-])
+@pytest.mark.parametrize(
+    ("text", "culprit"),
+    [
+        ("", "empty fleet"),
+        ("0xk26-dflash", "at least one server"),
+        ("k26-nope", "unknown profile 'k26-nope'"),
+        ("k26-dflash:b=8", "not a DDTree profile"),
+        ("k26-ddtree:b=x", "b= needs a number"),
+        ("k26-ddtree:q=1", "unknown option 'q=1'"),
+        ("k26-dflash:t=0", "t=0 must be within"),
+        ("k26-dflash:t=nan", "t=nan must be within"),
+        ("99xk26-dflash", "at most 64"),
+    ],
+)
 def test_bad_fleets_name_the_culprit(text, culprit):
     with pytest.raises(FleetError, match=culprit):
         parse_fleet(text)
@@ -144,8 +148,14 @@ def test_slo_parse_and_judge():
     assert slo == SLO(ttft_s=2.0, tpot_s=0.05)
     assert parse_slo("tpot=0.1").ttft_s == SLO().ttft_s
     assert slo.met(1.9, 0.05) and not slo.met(2.1, 0.01) and not slo.met(None, None)
-    for bad, culprit in (("ttft", "ttft"), ("ttft=-1", "positive"), ("speed=3", "speed=3"),
-                         ("ttft=1,ttft=2", "twice"), ("tpot=inf", "positive"), ("ttft=abc", "abc")):
+    for bad, culprit in (
+        ("ttft", "ttft"),
+        ("ttft=-1", "positive"),
+        ("speed=3", "speed=3"),
+        ("ttft=1,ttft=2", "twice"),
+        ("tpot=inf", "positive"),
+        ("ttft=abc", "abc"),
+    ):
         with pytest.raises(SloError, match=culprit):
             parse_slo(bad)
     assert not math.isnan(slo.ttft_s)

@@ -17,13 +17,18 @@ from hypothesis import strategies as st
 
 CASES = int(os.environ.get("SPECROUTE_FUZZ_CASES", "150"))
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63), st.floats(allow_nan=False),
-                      st.text(max_size=20))
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                               st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                          max_leaves=10)
-message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | json_leaf},
-                                optional={"content": st.text(max_size=60) | json_value})
+json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False), st.text(max_size=20)
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=10,
+)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]) | json_leaf},
+    optional={"content": st.text(max_size=60) | json_value},
+)
 fields = {
     "model": st.sampled_from(["kimi-k2.6", "qwen3.6-27b", "kimi-k2.6@k26-ar", "nope", "kimi-k2.6@nope"]) | json_leaf,
     "messages": st.lists(message, max_size=3) | json_value,
@@ -34,29 +39,43 @@ fields = {
     "n": st.integers(-1, 3),
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | json_leaf}) | json_leaf,
     "return_spec_tokens_details": st.booleans() | json_leaf,
-    "top_k": st.integers(-2, 50), "ignore_eos": st.booleans(), "rid": st.text(max_size=10),
+    "top_k": st.integers(-2, 50),
+    "ignore_eos": st.booleans(),
+    "rid": st.text(max_size=10),
 }
 body = st.fixed_dictionaries({}, optional=fields).map(lambda d: json.dumps(d).encode())
 # Mostly-valid requests, so that the relay paths (streams, spec details, SGLang extras) are fuzzed too.
 valid_chat = st.fixed_dictionaries(
-    {"model": st.sampled_from(["kimi-k2.6", "qwen3.6-27b", "kimi-k2.6@k26-dflash"]),
-     "messages": st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=80)}),
-                          min_size=1, max_size=3),
-     "max_tokens": st.integers(0, 12)},
-    optional={"stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-              "return_spec_tokens_details": st.booleans(), "temperature": st.floats(0, 2), "top_k": st.integers(1, 50),
-              "ignore_eos": st.booleans(), "extra_field": json_value},
+    {
+        "model": st.sampled_from(["kimi-k2.6", "qwen3.6-27b", "kimi-k2.6@k26-dflash"]),
+        "messages": st.lists(
+            st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=80)}), min_size=1, max_size=3
+        ),
+        "max_tokens": st.integers(0, 12),
+    },
+    optional={
+        "stream": st.booleans(),
+        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+        "return_spec_tokens_details": st.booleans(),
+        "temperature": st.floats(0, 2),
+        "top_k": st.integers(1, 50),
+        "ignore_eos": st.booleans(),
+        "extra_field": json_value,
+    },
 ).map(lambda d: {**d, "prompt": " ".join(m["content"] for m in d["messages"])})
-valid = valid_chat.map(lambda d: json.dumps({k: v for k, v in d.items()
-                                             if not (k == "stream_options" and not d.get("stream"))}).encode())
+valid = valid_chat.map(
+    lambda d: json.dumps({k: v for k, v in d.items() if not (k == "stream_options" and not d.get("stream"))}).encode()
+)
 raw_bytes = st.binary(max_size=200) | json_value.map(lambda v: json.dumps(v).encode())
 
 counted = {"cases": 0, "by_status": {}}
 
 
 async def _post(url: str, data: bytes) -> tuple[int, bytes, str]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s, \
-            s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s,
+        s.post(url, data=data, headers={"Content-Type": "application/json"}) as r,
+    ):
         return r.status, await r.read(), r.headers.get("content-type", "")
 
 

@@ -51,14 +51,15 @@ def test_chat_completion_non_stream(client):
 
 
 def test_chat_stream_relays_sglang_order(client):
-    stream = client.chat.completions.create(model="kimi-k2.6", messages=MSG, max_tokens=20, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="kimi-k2.6", messages=MSG, max_tokens=20, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     finish_at = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason)
     assert chunks[finish_at].choices[0].finish_reason == "length"
     # after the finish chunk: only the usage chunk the client asked for (no sglext it did not ask for)
-    tail = chunks[finish_at + 1:]
+    tail = chunks[finish_at + 1 :]
     assert len(tail) == 1 and tail[0].choices == [] and tail[0].usage.completion_tokens == 20
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) >= 20 - 1
@@ -79,7 +80,8 @@ def test_completions_non_stream_and_stream(client):
 
 def test_spec_details_pass_through_when_the_client_asks(client):
     completion = client.chat.completions.create(
-        model="kimi-k2.6@k26-dflash", messages=MSG, max_tokens=32, extra_body={"return_spec_tokens_details": True})
+        model="kimi-k2.6@k26-dflash", messages=MSG, max_tokens=32, extra_body={"return_spec_tokens_details": True}
+    )
     details = completion.model_extra["sglext"]["spec_tokens_details"]
     assert details["spec_verify_ct"] > 0
     assert details["spec_accept_length"] == pytest.approx(32 / details["spec_verify_ct"], rel=1e-3)
@@ -89,7 +91,8 @@ def test_pin_by_model_suffix_and_by_header(client):
     raw = client.chat.completions.with_raw_response.create(model="kimi-k2.6@k26-eagle3", messages=MSG, max_tokens=4)
     assert raw.headers["x-specroute-backend"] == "k26-eagle3"
     raw = client.chat.completions.with_raw_response.create(
-        model="kimi-k2.6", messages=MSG, max_tokens=4, extra_headers={"x-specroute-backend": "k26-ar"})
+        model="kimi-k2.6", messages=MSG, max_tokens=4, extra_headers={"x-specroute-backend": "k26-ar"}
+    )
     assert raw.headers["x-specroute-backend"] == "k26-ar"
 
 
@@ -107,14 +110,17 @@ def test_missing_field_is_400_naming_it(client):
     assert info.value.param == "messages"
 
 
-@pytest.mark.parametrize("body,param", [
-    (b"{not json", None),
-    (b"[1, 2]", None),
-    (b'{"messages": [{"role": "user", "content": "hi"}]}', "model"),
-    (b'{"model": "kimi-k2.6", "messages": "hi"}', "messages"),
-    (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}', "max_tokens"),
-    (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (b'{"messages": [{"role": "user", "content": "hi"}]}', "model"),
+        (b'{"model": "kimi-k2.6", "messages": "hi"}', "messages"),
+        (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}', "max_tokens"),
+        (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream"),
+    ],
+)
 def test_bad_bodies_are_400_in_openai_shape(gateway_url, body, param):
     status, data = _post_raw(f"{gateway_url}/v1/chat/completions", body)
     assert status == 400
@@ -125,8 +131,9 @@ def test_upstream_validation_error_is_translated_with_its_status(client):
     # The gateway passes SGLang extras through unchecked; SGLang refuses return_meta_info on a
     # stream with a flat 400 body, which the client must see in OpenAI's nested shape.
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="kimi-k2.6", messages=MSG, max_tokens=4, stream=True,
-                                       extra_body={"return_meta_info": True})
+        client.chat.completions.create(
+            model="kimi-k2.6", messages=MSG, max_tokens=4, stream=True, extra_body={"return_meta_info": True}
+        )
     assert info.value.status_code == 400 and "return_meta_info" in info.value.message
     assert set(info.value.response.json()["error"]) == {"message", "type", "param", "code"}
 
@@ -154,30 +161,41 @@ def _wait_inflight_zero(gateway_url: str, timeout: float = 10.0) -> dict[str, in
 
 
 def test_client_disconnect_mid_stream_releases_the_inflight_slot(gateway_url):
-    with open_stream(gateway_url, {"model": "kimi-k2.6@k26-ar", "messages": MSG, "max_tokens": 2000,
-                                   "stream": True}):
+    with open_stream(gateway_url, {"model": "kimi-k2.6@k26-ar", "messages": MSG, "max_tokens": 2000, "stream": True}):
         assert _inflight(gateway_url)["k26-ar"] == 1
     assert _wait_inflight_zero(gateway_url) == {k: 0 for k in _inflight(gateway_url)}
 
 
 def test_relay_is_chunk_for_chunk_what_the_backend_sent(gateway_url):
     backends = {b["name"]: b["url"] for b in _get(f"{gateway_url}/admin/backends")["backends"]}
-    body = {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 24, "stream": True, "seed": 7,
-            "stream_options": {"include_usage": True}, "return_spec_tokens_details": True}
+    body = {
+        "model": "kimi-k2.6",
+        "messages": MSG,
+        "max_tokens": 24,
+        "stream": True,
+        "seed": 7,
+        "stream_options": {"include_usage": True},
+        "return_spec_tokens_details": True,
+    }
 
     def events(url: str, payload: dict) -> list[dict]:
-        req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{url}/v1/chat/completions",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             lines = [line for line in r.read().decode().split("\n\n") if line.strip()]
         return [json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]" for line in lines]
 
     def strip(evs):
-        return [{k: v for k, v in e.items() if k not in ("id", "created")} if isinstance(e, dict) else e
-                             for e in evs]
+        return [{k: v for k, v in e.items() if k not in ("id", "created")} if isinstance(e, dict) else e for e in evs]
+
     def text(evs):
-        return "".join(e["choices"][0]["delta"].get("content") or "" for e in evs
-                                   if isinstance(e, dict) and e.get("choices"))
+        return "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in evs if isinstance(e, dict) and e.get("choices")
+        )
+
     # AR chunking is deterministic (one token per step): the relayed stream has the backend's exact
     # event sequence, field for field, except the per-request id and timestamp.
     via_gateway = strip(events(gateway_url, {**body, "model": "kimi-k2.6@k26-ar"}))
@@ -201,8 +219,10 @@ def test_model_is_rewritten_to_the_backends_served_name(twin_factory, tmp_path):
     twin = twin_factory("k26-ar", "--served-model-name", "moonshotai/Kimi-K2.6")
     config = tmp_path / "c.toml"
     port = free_port()
-    config.write_text(f'[gateway]\nlisten = "127.0.0.1:{port}"\n[[backends]]\nname = "only"\nurl = "{twin}"\n'
-                      f'model = "kimi"\nserved_name = "moonshotai/Kimi-K2.6"\n')
+    config.write_text(
+        f'[gateway]\nlisten = "127.0.0.1:{port}"\n[[backends]]\nname = "only"\nurl = "{twin}"\n'
+        f'model = "kimi"\nserved_name = "moonshotai/Kimi-K2.6"\n'
+    )
     with running(specroute("serve", "--config", str(config)), ready_url=f"http://127.0.0.1:{port}/health"):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         completion = client.chat.completions.create(model="kimi", messages=MSG, max_tokens=3)
@@ -214,9 +234,12 @@ def test_unreachable_backend_is_502_in_openai_shape(tmp_path):
     port, dead = free_port(), free_port()
     config = tmp_path / "c.toml"
     # slow health checks: the request reaches the dead backend before the poller takes it out
-    config.write_text(f'[gateway]\nlisten = "127.0.0.1:{port}"\n[[backends]]\nname = "dead"\n'
-                      f'url = "http://127.0.0.1:{dead}"\nmodel = "m"\n[health]\ninterval_s = 60\n')
+    config.write_text(
+        f'[gateway]\nlisten = "127.0.0.1:{port}"\n[[backends]]\nname = "dead"\n'
+        f'url = "http://127.0.0.1:{dead}"\nmodel = "m"\n[health]\ninterval_s = 60\n'
+    )
     with running(specroute("serve", "--config", str(config)), ready_url=f"http://127.0.0.1:{port}/health"):
-        status, data = _post_raw(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                 json.dumps({"model": "m", "messages": MSG}).encode())
+        status, data = _post_raw(
+            f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps({"model": "m", "messages": MSG}).encode()
+        )
     assert status == 502 and "unreachable" in data["error"]["message"]

@@ -88,25 +88,45 @@ class _OldServer(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/get_server_info":
-            self._send(200, json.dumps({"speculative_algorithm": "EAGLE", "max_running_requests": 32,
-                                        "served_model_name": "old", "version": "0.5.2",
-                                        "speculative_num_draft_tokens": 4}).encode())
+            self._send(
+                200,
+                json.dumps(
+                    {
+                        "speculative_algorithm": "EAGLE",
+                        "max_running_requests": 32,
+                        "served_model_name": "old",
+                        "version": "0.5.2",
+                        "speculative_num_draft_tokens": 4,
+                    }
+                ).encode(),
+            )
         elif self.path == "/health":
             self._send(200)
         elif self.path == "/metrics":
-            self._send(200, b'sglang_num_running_reqs{tp="0"} 3\nsglang_num_queue_reqs 1\n'
-                            b"sglang_spec_accept_length 2.5\n", "text/plain")
+            self._send(
+                200,
+                b'sglang_num_running_reqs{tp="0"} 3\nsglang_num_queue_reqs 1\nsglang_spec_accept_length 2.5\n',
+                "text/plain",
+            )
         else:
             self._send(404, b'{"detail":"Not Found"}')
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.path == "/v1/chat/completions":
-            self._send(200, json.dumps({"choices": [{"message": {"content": "1, 2"}}],
-                                        "usage": {"prompt_tokens": 9, "completion_tokens": 20}}).encode())
+            self._send(
+                200,
+                json.dumps(
+                    {
+                        "choices": [{"message": {"content": "1, 2"}}],
+                        "usage": {"prompt_tokens": 9, "completion_tokens": 20},
+                    }
+                ).encode(),
+            )
         elif self.path == "/generate":
-            self._send(200, json.dumps({"text": "1, 2", "meta_info": {"completion_tokens": 20,
-                                                                      "spec_verify_ct": 8}}).encode())
+            self._send(
+                200, json.dumps({"text": "1, 2", "meta_info": {"completion_tokens": 20, "spec_verify_ct": 8}}).encode()
+            )
         else:
             self._send(404)
 

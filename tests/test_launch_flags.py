@@ -74,18 +74,21 @@ def test_ddtree_profiles_need_the_pr_build(release):
     assert "--speculative-ddtree-budget" in flags and algorithms == ["DDTREE"] and "#29907" in source
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--attention-backend", "cutlass_mla"], "not one of SGLang's choices"),   # removed in favour of trtllm_mla
-    (["--tp", "8"], "not an argument"),                                       # abbreviation, not a flag
-    (["--enable-metric"], "did you mean --enable-metrics"),                    # typo
-    (["--enable-metrics", "true"], "a switch, takes no value"),
-    (["--max-running-requests", "many"], "expected an integer"),
-    (["--speculative-algorithm", "MEDUSA"], "not one of SGLang's choices"),
-    (["--speculative-draft-attention-backend", "trtllm_mla"], "not one of SGLang's choices"),
-    (["--port"], "expects one value"),
-    (["--tp-size", "8", "--tp-size", "4"], "given twice"),
-    (["--speculative-ddtree-budget", "15"], "not an argument of SGLang 0.5.23"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--attention-backend", "cutlass_mla"], "not one of SGLang's choices"),  # removed in favour of trtllm_mla
+        (["--tp", "8"], "not an argument"),  # abbreviation, not a flag
+        (["--enable-metric"], "did you mean --enable-metrics"),  # typo
+        (["--enable-metrics", "true"], "a switch, takes no value"),
+        (["--max-running-requests", "many"], "expected an integer"),
+        (["--speculative-algorithm", "MEDUSA"], "not one of SGLang's choices"),
+        (["--speculative-draft-attention-backend", "trtllm_mla"], "not one of SGLang's choices"),
+        (["--port"], "expects one value"),
+        (["--tp-size", "8", "--tp-size", "4"], "given twice"),
+        (["--speculative-ddtree-budget", "15"], "not an argument of SGLang 0.5.23"),
+    ],
+)
 def test_checker_refuses_bad_flags_on_the_real_definitions(release, argv, expected):
     problems = check_argv(["python", "-m", "sglang.launch_server", *argv], release)
     assert any(expected in p for p in problems), problems
@@ -97,15 +100,16 @@ def test_checker_accepts_equals_form_and_aliases(release):
 
 def test_ddtree_build_constraints():
     assert check_build_constraints(["--speculative-algorithm", "DDTREE", "--page-size", "1"], "ddtree-pr") == []
-    problems = check_build_constraints(["--attention-backend", "trtllm_mla", "--page-size", "64",
-                                        "--speculative-use-rejection-sampling"], "ddtree-pr")
+    problems = check_build_constraints(
+        ["--attention-backend", "trtllm_mla", "--page-size", "64", "--speculative-use-rejection-sampling"], "ddtree-pr"
+    )
     assert len(problems) == 3
     assert any("only page size 1" in p for p in problems)
     assert check_build_constraints(["--page-size", "64"], "release") == []
 
 
 SYNTHETIC = {
-    "sglang/srt/server_args.py": textwrap.dedent('''
+    "sglang/srt/server_args.py": textwrap.dedent("""
         from sglang.srt.arg_groups.choices import BACKENDS
         from sglang.srt.arg_groups.fields.kernel import Kernel
         _INPUT_NAMESPACES = [Kernel]
@@ -115,9 +119,9 @@ SYNTHETIC = {
                 parser.add_argument("--config", type=str)
                 parser.add_argument("--legacy-switch", action=DeprecatedStoreTrueAction)
                 parser.add_argument("--mode", type=str, choices=["a", "b"])
-    '''),
+    """),
     "sglang/srt/arg_groups/choices.py": 'BACKENDS = ["triton", "fa4", "trtllm_mla"]\n',
-    "sglang/srt/arg_groups/fields/kernel.py": textwrap.dedent('''
+    "sglang/srt/arg_groups/fields/kernel.py": textwrap.dedent("""
         class Kernel(msgspec.Struct):
             attention_backend: A[Optional[str], Arg(help="x", choices=BACKENDS)] = None
             tp_size: A[int, Arg(help="tp", aliases=["--tensor-parallel-size"])] = 1
@@ -127,20 +131,65 @@ SYNTHETIC = {
             sizes: A[list[int], "sizes"] = []
             hidden: A[int, Arg(no_cli=True)] = 0
             plain: int = 0
-    '''),
+    """),
 }
 
 
 def test_checker_on_synthetic_definitions():
     """The extractor itself, on a miniature of SGLang's layout: fields, Arg metadata, add_argument calls."""
     spec = spec_from_sources(SYNTHETIC, "9.9.9")
-    assert {"--attention-backend", "--tp-size", "--tensor-parallel-size", "--enable-thing", "--fused", "--no-fused",
-            "--layout", "--sizes", "--config", "--legacy-switch", "--mode"} <= set(spec.flags)
+    assert {
+        "--attention-backend",
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--enable-thing",
+        "--fused",
+        "--no-fused",
+        "--layout",
+        "--sizes",
+        "--config",
+        "--legacy-switch",
+        "--mode",
+    } <= set(spec.flags)
     assert "--hidden" not in spec.flags and "--plain" not in spec.flags
-    assert check_argv(["--attention-backend", "fa4", "--tp-size", "2", "--enable-thing", "--no-fused",
-                       "--layout", "hnd", "--sizes", "1", "2", "--legacy-switch", "--mode", "b"], spec) == []
-    bad = check_argv(["--attention-backend", "cutlass_mla", "--enable-thing", "yes", "--layout", "x",
-                      "--hidden", "1", "--mode", "c", "--sizes"], spec)
+    assert (
+        check_argv(
+            [
+                "--attention-backend",
+                "fa4",
+                "--tp-size",
+                "2",
+                "--enable-thing",
+                "--no-fused",
+                "--layout",
+                "hnd",
+                "--sizes",
+                "1",
+                "2",
+                "--legacy-switch",
+                "--mode",
+                "b",
+            ],
+            spec,
+        )
+        == []
+    )
+    bad = check_argv(
+        [
+            "--attention-backend",
+            "cutlass_mla",
+            "--enable-thing",
+            "yes",
+            "--layout",
+            "x",
+            "--hidden",
+            "1",
+            "--mode",
+            "c",
+            "--sizes",
+        ],
+        spec,
+    )
     assert len(bad) == 6, bad
     assert any("cutlass_mla: not one of SGLang's choices" in p for p in bad)
     assert any("--hidden: not an argument of SGLang 9.9.9" in p for p in bad)
@@ -148,9 +197,11 @@ def test_checker_on_synthetic_definitions():
 
 def test_lint_command_fails_on_a_typo_profile(tmp_path, wheel, capsys):
     typo = tmp_path / "typo.toml"
-    typo.write_text('name = "typo"\ndescription = "x"\nstrategy = "ar"\nserved_model_name = "m"\n'
-                    'model_path = "m"\ngpus = 8\n[[args]]\nflag = "--tp-size"\nvalue = 8\nwhy = "tp"\n'
-                    '[[args]]\nflag = "--attention-backend"\nvalue = "cutlass_mla"\nwhy = "old name"\n')
+    typo.write_text(
+        'name = "typo"\ndescription = "x"\nstrategy = "ar"\nserved_model_name = "m"\n'
+        'model_path = "m"\ngpus = 8\n[[args]]\nflag = "--tp-size"\nvalue = 8\nwhy = "tp"\n'
+        '[[args]]\nflag = "--attention-backend"\nvalue = "cutlass_mla"\nwhy = "old name"\n'
+    )
     assert backends_main(["lint", str(typo), "--wheel", str(wheel)]) == 1
     out = capsys.readouterr().out
     assert "typo" in out and "FAIL" in out and "cutlass_mla" in out

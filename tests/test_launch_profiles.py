@@ -38,8 +38,16 @@ def test_every_seed_system_has_a_profile_and_every_argument_a_reason():
             assert tokens[0] == arg.flag
         flags = _flag_values(command(prof))
         # Observability and naming on every server, as the gateway and the compose stack expect.
-        for needed in ("--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", "--served-model-name",
-                       "--tp-size", "--host", "--port", "--model-path"):
+        for needed in (
+            "--enable-metrics",
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            "--served-model-name",
+            "--tp-size",
+            "--host",
+            "--port",
+            "--model-path",
+        ):
             assert needed in flags, (prof.name, needed)
         assert flags["--tp-size"] == str(prof.gpus)
         assert flags["--served-model-name"] == prof.served_model_name
@@ -51,8 +59,11 @@ def test_study_facts_are_in_the_commands():
     eagle = _flag_values(command(load_profile("k26-eagle3")))
     assert eagle["--speculative-algorithm"] == "EAGLE3"
     assert eagle["--speculative-draft-model-path"] == "lightseekorg/kimi-k2.6-eagle3"
-    assert (eagle["--speculative-num-steps"], eagle["--speculative-eagle-topk"],
-            eagle["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+    assert (
+        eagle["--speculative-num-steps"],
+        eagle["--speculative-eagle-topk"],
+        eagle["--speculative-num-draft-tokens"],
+    ) == ("3", "1", "4")
     dflash = _flag_values(command(load_profile("k26-dflash")))
     assert dflash["--speculative-algorithm"] == "DFLASH"
     assert dflash["--speculative-draft-model-path"] == "z-lab/Kimi-K2.6-DFlash"
@@ -70,8 +81,11 @@ def test_launch_profiles_agree_with_the_twin_profiles_of_the_same_name():
     for prof in list_profiles():
         twin = load_twin(prof.name)
         flags = _flag_values(command(prof))
-        assert (twin.served_model_name, twin.strategy, twin.tp_size) == (prof.served_model_name, prof.strategy,
-                                                                         prof.gpus), prof.name
+        assert (twin.served_model_name, twin.strategy, twin.tp_size) == (
+            prof.served_model_name,
+            prof.strategy,
+            prof.gpus,
+        ), prof.name
         spec = twin.speculative
         assert (spec.algorithm if spec else None) == flags.get("--speculative-algorithm"), prof.name
         if spec is not None:
@@ -84,8 +98,9 @@ def test_launch_profiles_agree_with_the_twin_profiles_of_the_same_name():
 
 def test_options_fill_the_command():
     prof = load_profile("k26-ddtree")
-    opts = LaunchOptions(model_path="/models/k26", port=31000, gpus=tuple(range(8)), otlp_endpoint="jaeger:4317",
-                         ddtree_budget=64)
+    opts = LaunchOptions(
+        model_path="/models/k26", port=31000, gpus=tuple(range(8)), otlp_endpoint="jaeger:4317", ddtree_budget=64
+    )
     flags = _flag_values(command(prof, opts))
     assert flags["--model-path"] == "/models/k26" and flags["--port"] == "31000"
     assert flags["--speculative-ddtree-budget"] == "64" and flags["--otlp-traces-endpoint"] == "jaeger:4317"
@@ -101,8 +116,10 @@ def test_options_fill_the_command():
 
 def test_profile_without_reason_is_refused(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text('name = "bad"\ndescription = "x"\nstrategy = "ar"\nserved_model_name = "m"\n'
-                   'model_path = "m"\ngpus = 1\n[[args]]\nflag = "--tp-size"\nvalue = 1\nwhy = " "\n')
+    bad.write_text(
+        'name = "bad"\ndescription = "x"\nstrategy = "ar"\nserved_model_name = "m"\n'
+        'model_path = "m"\ngpus = 1\n[[args]]\nflag = "--tp-size"\nvalue = 1\nwhy = " "\n'
+    )
     with pytest.raises(ProfileError, match="reason"):
         load_profile(str(bad))
     assert backends_main(["show", str(bad)]) == 2
@@ -134,8 +151,21 @@ def test_explained_script_runs_the_same_command(tmp_path):
 
 
 def test_systemd_unit_runs_the_profile_command(capsys):
-    assert backends_main(["systemd", "k26-eagle3", "--python", "/opt/sglang/bin/python", "--gpus",
-                          "0,1,2,3,4,5,6,7", "--user", "gpu"]) == 0
+    assert (
+        backends_main(
+            [
+                "systemd",
+                "k26-eagle3",
+                "--python",
+                "/opt/sglang/bin/python",
+                "--gpus",
+                "0,1,2,3,4,5,6,7",
+                "--user",
+                "gpu",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "[Unit]" in text and "[Service]" in text and "WantedBy=multi-user.target" in text
     assert "User=gpu" in text and 'Environment="CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"' in text
@@ -168,9 +198,14 @@ def test_launch_preflight_and_exec_with_fakes():
     with pytest.raises(LaunchError, match="this host has 4"):
         preflight(prof, LaunchOptions(), find_spec=found, gpus=lambda: [0, 1, 2, 3])
     calls = []
-    launch(prof, LaunchOptions(gpus=(7, 6, 5, 4, 3, 2, 1, 0), port=30123), find_spec=found,
-           gpus=lambda: list(range(8)), execve=lambda path, argv, env: calls.append((path, argv, env)))
-    (path, argv, env), = calls
+    launch(
+        prof,
+        LaunchOptions(gpus=(7, 6, 5, 4, 3, 2, 1, 0), port=30123),
+        find_spec=found,
+        gpus=lambda: list(range(8)),
+        execve=lambda path, argv, env: calls.append((path, argv, env)),
+    )
+    ((path, argv, env),) = calls
     assert path == sys.executable and argv[0] == sys.executable and argv[1:3] == ["-m", "sglang.launch_server"]
     assert env["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0"
     assert argv[1:] == command(prof, LaunchOptions(port=30123))[1:]

@@ -27,10 +27,16 @@ def litestar_gateway(twin_factory):
 
 def test_stream_through_litestar_is_complete(litestar_gateway):
     url, _ = litestar_gateway
-    body = {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 12, "stream": True,
-            "stream_options": {"include_usage": True}}
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "model": "kimi-k2.6",
+        "messages": MSG,
+        "max_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
         events = [e for e in r.read().decode().split("\n\n") if e.strip()]

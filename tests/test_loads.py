@@ -12,12 +12,29 @@ from backends.loads import parse_get_load, parse_loads, parse_metrics, parse_ser
 from tests.support import gateway, get_json, wait_until
 
 V1_LOADS = {  # shape of sglang 0.5.23 python/sglang/srt/entrypoints/v1_loads.py, two DP ranks
-    "timestamp": "2026-11-30T00:00:00+00:00", "version": "0.5.23", "accelerator": None, "num_accelerators": 8,
+    "timestamp": "2026-11-30T00:00:00+00:00",
+    "version": "0.5.23",
+    "accelerator": None,
+    "num_accelerators": 8,
     "loads": [
-        {"timestamp": 1.0, "dp_rank": 0, "num_running_reqs": 7, "num_waiting_reqs": 2, "max_running_requests": 48,
-         "token_usage": 0.1, "speculative": {"accept_length": 4.0, "accept_rate": 0.4}},
-        {"timestamp": 1.0, "dp_rank": 1, "num_running_reqs": 3, "num_waiting_reqs": 0, "max_running_requests": 48,
-         "token_usage": 0.1, "speculative": {"accept_length": 5.0, "accept_rate": 0.5}},
+        {
+            "timestamp": 1.0,
+            "dp_rank": 0,
+            "num_running_reqs": 7,
+            "num_waiting_reqs": 2,
+            "max_running_requests": 48,
+            "token_usage": 0.1,
+            "speculative": {"accept_length": 4.0, "accept_rate": 0.4},
+        },
+        {
+            "timestamp": 1.0,
+            "dp_rank": 1,
+            "num_running_reqs": 3,
+            "num_waiting_reqs": 0,
+            "max_running_requests": 48,
+            "token_usage": 0.1,
+            "speculative": {"accept_length": 5.0, "accept_rate": 0.5},
+        },
     ],
 }
 
@@ -35,8 +52,15 @@ def test_v1_loads_without_spec_section_has_no_acceptance():
 
 
 def test_malformed_loads_give_none():
-    for bad in [None, [], {}, {"loads": []}, {"loads": [{"num_running_reqs": "x", "num_waiting_reqs": 0}]},
-                {"loads": ["x"]}, {"loads": [{"num_running_reqs": True, "num_waiting_reqs": 0}]}]:
+    for bad in [
+        None,
+        [],
+        {},
+        {"loads": []},
+        {"loads": [{"num_running_reqs": "x", "num_waiting_reqs": 0}]},
+        {"loads": ["x"]},
+        {"loads": [{"num_running_reqs": True, "num_waiting_reqs": 0}]},
+    ]:
         assert parse_loads(bad) is None
 
 
@@ -51,18 +75,26 @@ def test_get_load_of_older_releases():
 
 
 def test_metrics_accepts_both_prefixes():
-    text = ('# HELP sglang:num_running_reqs x\nsglang:num_running_reqs{model_name="m",dp_rank="0"} 5.0\n'
-            'sglang_num_running_reqs{dp_rank="1"} 2\nsglang:num_queue_reqs{model_name="m"} 3.0\n'
-            'sglang:spec_accept_length{model_name="m"} 3.5\n')
+    text = (
+        '# HELP sglang:num_running_reqs x\nsglang:num_running_reqs{model_name="m",dp_rank="0"} 5.0\n'
+        'sglang_num_running_reqs{dp_rank="1"} 2\nsglang:num_queue_reqs{model_name="m"} 3.0\n'
+        'sglang:spec_accept_length{model_name="m"} 3.5\n'
+    )
     r = parse_metrics(text)
     assert (r.running, r.waiting, r.accept_length, r.accept_source) == (7, 3, 3.5, "metrics gauge")
     assert parse_metrics("python_gc_objects_collected_total 1\n") is None
 
 
 def test_server_info():
-    info = parse_server_info({"speculative_algorithm": "DFLASH", "max_running_requests": 48,
-                              "served_model_name": "kimi-k2.6", "version": "0.5.23",
-                              "internal_states": [{"avg_spec_accept_length": 4.2}]})
+    info = parse_server_info(
+        {
+            "speculative_algorithm": "DFLASH",
+            "max_running_requests": 48,
+            "served_model_name": "kimi-k2.6",
+            "version": "0.5.23",
+            "internal_states": [{"avg_spec_accept_length": 4.2}],
+        }
+    )
     assert (info.speculative_algorithm, info.max_running_requests, info.avg_spec_accept_length) == ("DFLASH", 48, 4.2)
     assert not info.enable_metrics
     assert parse_server_info({"enable_metrics": True}).enable_metrics
@@ -74,8 +106,14 @@ def test_server_info():
 def _rank(moments, accept=None, kv=100_000):
     """One DP rank of SGLang 0.5.23's /v1/loads: decode_moments = [steps, sum batch, sum step us,
     sum batch^2, sum batch*us, sum generated] (scheduler.py::_accumulate_decode_moment)."""
-    rank = {"dp_rank": 0, "num_running_reqs": 4, "num_waiting_reqs": 0, "max_running_requests": 48,
-            "max_total_num_tokens": kv, "decode_moments": moments}
+    rank = {
+        "dp_rank": 0,
+        "num_running_reqs": 4,
+        "num_waiting_reqs": 0,
+        "max_running_requests": 48,
+        "max_total_num_tokens": kv,
+        "decode_moments": moments,
+    }
     if accept is not None:
         rank["speculative"] = {"accept_length": accept, "accept_rate": 0.5}
     return rank
@@ -97,8 +135,10 @@ def test_the_window_follows_a_collapse_the_lifetime_average_hides():
     barely moves; the window says 1.5 at once."""
     window = AcceptanceWindow()
     passes, generated = 1_000_000.0, 4_000_000.0
+
     def lifetime():
         return generated / passes
+
     assert window.update(parse_loads({"loads": [_rank(_moments(passes, generated), lifetime())]})) is None
     for _ in range(5):
         passes, generated = passes + 2_000, generated + 2_000 * 1.5
@@ -157,6 +197,7 @@ async def _pump(url: str, until, concurrency: int = 4) -> int:
     """Requests straight to the twin (as another gateway replica would send them) until `until()`."""
     sent = 0
     async with aiohttp.ClientSession() as s:
+
         async def worker() -> None:
             nonlocal sent
             while not await asyncio.to_thread(until):
@@ -165,6 +206,7 @@ async def _pump(url: str, until, concurrency: int = 4) -> int:
                     assert r.status == 200
                     await r.read()
                 sent += 1
+
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return sent
 
@@ -172,8 +214,9 @@ async def _pump(url: str, until, concurrency: int = 4) -> int:
 def test_reported_acceptance_follows_the_metrics_gauge_through_a_drift(tmp_path, twin_factory):
     """The drafter degrades 10 s after start: the twin's lifetime average (what /v1/loads says)
     keeps most of its old value, the gateway reports the windowed gauge, as policies need."""
-    twin = twin_factory("k26-dflash", "--enable-metrics", "--fault-accept-drop-at", "10",
-                        "--fault-accept-drop-to", "0.3")
+    twin = twin_factory(
+        "k26-dflash", "--enable-metrics", "--fault-accept-drop-at", "10", "--fault-accept-drop-to", "0.3"
+    )
     backends = [{"name": "d", "url": twin, "model": "kimi-k2.6", "strategy": "dflash"}]
     with gateway(tmp_path, backends, "[health]\ninterval_s = 0.1\n") as url:
         before: list[float] = []
@@ -183,12 +226,15 @@ def test_reported_acceptance_follows_the_metrics_gauge_through_a_drift(tmp_path,
             if g and not before:
                 before.append(g)
             return bool(before and g and g < 0.6 * before[0])
+
         asyncio.run(_pump(twin, dropped))
         assert before, "no window closed before the drop: the twin took over 10 s to start"
         after = _twin_gauge(twin)
         lifetime = _twin_lifetime(twin)
+
         def state():
             return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
+
         assert wait_until(lambda: state()["accept_length"] == after)  # the twin is idle: its gauge stands
         reported = state()
     assert reported["accept_source"] == "metrics gauge"
@@ -201,11 +247,15 @@ def test_without_metrics_decode_moments_give_the_window_through_a_drift(tmp_path
     between polls, and follows the drop that the lifetime average hides."""
     twin = twin_factory("k26-dflash", "--fault-accept-drop-at", "10", "--fault-accept-drop-to", "0.3")
     backends = [{"name": "d", "url": twin, "model": "kimi-k2.6", "strategy": "dflash"}]
+
     def moments():
         return get_json(f"{twin}/v1/loads")["loads"][0]["decode_moments"]
+
     with gateway(tmp_path, backends, "[health]\ninterval_s = 0.1\n") as url:
+
         def state():
             return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["d"]["reported_load"]
+
         levels: list[float] = []  # the twin's own acceptance, window by window, from its moments
         last: list[list[float]] = []
 
@@ -218,8 +268,14 @@ def test_without_metrics_decode_moments_give_the_window_through_a_drift(tmp_path
             elif m[1] - last[0][1] >= 400:
                 levels.append((m[5] - last[0][5]) / (m[1] - last[0][1]))
                 last[0] = m
-            return len(levels) >= 2 and levels[-1] < 0.6 * levels[0] and state() is not None \
-                and state()["accept_length"] is not None and state()["accept_length"] < 0.6 * levels[0]
+            return (
+                len(levels) >= 2
+                and levels[-1] < 0.6 * levels[0]
+                and state() is not None
+                and state()["accept_length"] is not None
+                and state()["accept_length"] < 0.6 * levels[0]
+            )
+
         asyncio.run(_pump(twin, dropped))
         # one more window of the twin's, wholly after the drop, to compare the gateway's with
         start = moments()

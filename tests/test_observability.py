@@ -45,8 +45,13 @@ def test_spans_names_parentage_and_attributes(k26):
         for _ in range(3):  # AR requests teach the gateway the baseline the speedup is measured against
             list(client.chat.completions.create(model="kimi-k2.6@k26-ar", messages=MATH, max_tokens=N, stream=True))
         raw = client.chat.completions.with_raw_response.create(
-            model="kimi-k2.6@k26-dflash", messages=MATH, max_tokens=N, stream=True, temperature=0.5,
-            extra_headers={"traceparent": traceparent, "x-request-id": "req-123"})
+            model="kimi-k2.6@k26-dflash",
+            messages=MATH,
+            max_tokens=N,
+            stream=True,
+            temperature=0.5,
+            extra_headers={"traceparent": traceparent, "x-request-id": "req-123"},
+        )
         chunks = list(raw.parse())
         headers = raw.headers
         tracing.force_flush()
@@ -122,20 +127,35 @@ class _OtlpReceiver(BaseHTTPRequestHandler):
 def test_otlp_http_export_over_the_wire(tmp_path, k26):
     receiver = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpReceiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",
-           "OTEL_SERVICE_NAME": "specroute-test", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",
+        "OTEL_SERVICE_NAME": "specroute-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
     backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in k26.items()]
     try:
         with gateway(tmp_path, backends, env=env) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
             for _ in range(3):
                 list(client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=8, stream=True))
-            assert wait_until(lambda: sum(1 for r in _OtlpReceiver.received for rs in r.resource_spans
-                                          for ss in rs.scope_spans for s in ss.spans if s.kind == 3) >= 3)
+            assert wait_until(
+                lambda: (
+                    sum(
+                        1
+                        for r in _OtlpReceiver.received
+                        for rs in r.resource_spans
+                        for ss in rs.scope_spans
+                        for s in ss.spans
+                        if s.kind == 3
+                    )
+                    >= 3
+                )
+            )
     finally:
         receiver.shutdown()
-    spans = [(rs, s) for r in _OtlpReceiver.received for rs in r.resource_spans for ss in rs.scope_spans
-             for s in ss.spans]
+    spans = [
+        (rs, s) for r in _OtlpReceiver.received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans
+    ]
     service = {a.value.string_value for rs, _ in spans for a in rs.resource.attributes if a.key == "service.name"}
     assert service == {"specroute-test"}
     client_spans = [s for _, s in spans if s.kind == 3]  # SPAN_KIND_CLIENT
@@ -163,12 +183,17 @@ def test_metrics_are_consistent_with_the_requests_sent(tmp_path, k26):
             client.chat.completions.create(model="nope", messages=MATH)
         text = __import__("urllib.request").request.urlopen(f"{url}/metrics").read().decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    requests = {(s.labels["backend"], s.labels["status"]): s.value for s in families["specroute_requests"].samples
-                if s.name == "specroute_requests_total"}
+    requests = {
+        (s.labels["backend"], s.labels["status"]): s.value
+        for s in families["specroute_requests"].samples
+        if s.name == "specroute_requests_total"
+    }
     assert sum(v for (b, st), v in requests.items() if st == "200") == 12
     assert requests[("none", "404")] == 1
+
     def count(family):
         return sum(s.value for s in families[family].samples if s.name.endswith("_count"))
+
     assert count("specroute_request_duration_seconds") == 12
     assert count("specroute_ttft_seconds") == 6  # only streams show a first token
     assert count("gen_ai_client_token_usage") == 24  # input and output per request
@@ -178,31 +203,58 @@ def test_metrics_are_consistent_with_the_requests_sent(tmp_path, k26):
     assert {s.labels["backend"] for s in accept if s.value} <= {"k26-dflash"}
     inflight = {s.labels["backend"]: s.value for s in families["specroute_inflight"].samples}
     assert inflight == {"k26-ar": 0, "k26-dflash": 0}
-    buckets = [s.labels["le"] for s in families["gen_ai_server_time_to_first_token_seconds"].samples
-               if s.name.endswith("_bucket")]
+    buckets = [
+        s.labels["le"]
+        for s in families["gen_ai_server_time_to_first_token_seconds"].samples
+        if s.name.endswith("_bucket")
+    ]
     assert buckets[:3] == ["0.001", "0.005", "0.01"]  # the GenAI conventions' boundaries
-    assert all(set(s.labels) <= {"model", "backend", "status", "domain", "policy", "kind", "state", "le",
-                                 "gen_ai_operation_name", "gen_ai_request_model", "gen_ai_provider_name",
-                                 "gen_ai_token_type"} for f in families.values() for s in f.samples)
+    assert all(
+        set(s.labels)
+        <= {
+            "model",
+            "backend",
+            "status",
+            "domain",
+            "policy",
+            "kind",
+            "state",
+            "le",
+            "gen_ai_operation_name",
+            "gen_ai_request_model",
+            "gen_ai_provider_name",
+            "gen_ai_token_type",
+        }
+        for f in families.values()
+        for s in f.samples
+    )
 
 
 def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_path, k26):
     backends = [{"name": n, "url": u, "model": "kimi-k2.6", "strategy": s} for n, (u, s) in k26.items()]
     port = free_port()
     cfg = tmp_path / "g.toml"
-    cfg.write_text(f'[gateway]\nlisten = "127.0.0.1:{port}"\n[auth]\napi_keys = ["sk-secret-key"]\n' +
-                   "".join(f'[[backends]]\nname = "{b["name"]}"\nurl = "{b["url"]}"\nmodel = "{b["model"]}"\n'
-                           f'strategy = "{b["strategy"]}"\n' for b in backends))
+    cfg.write_text(
+        f'[gateway]\nlisten = "127.0.0.1:{port}"\n[auth]\napi_keys = ["sk-secret-key"]\n'
+        + "".join(
+            f'[[backends]]\nname = "{b["name"]}"\nurl = "{b["url"]}"\nmodel = "{b["model"]}"\n'
+            f'strategy = "{b["strategy"]}"\n'
+            for b in backends
+        )
+    )
     with running(specroute("serve", "--config", str(cfg)), ready_url=f"http://127.0.0.1:{port}/health") as proc:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-secret-key", max_retries=0)
         ids = []
         for i in range(4):
-            raw = client.chat.completions.with_raw_response.create(model="kimi-k2.6", messages=MATH, max_tokens=6,
-                                                                   stream=bool(i % 2), temperature=i / 2)
+            raw = client.chat.completions.with_raw_response.create(
+                model="kimi-k2.6", messages=MATH, max_tokens=6, stream=bool(i % 2), temperature=i / 2
+            )
             ids.append(raw.headers["x-request-id"])
             raw.parse() if i % 2 == 0 else list(raw.parse())
+
         def lines():
             return [json.loads(line) for line in output(proc).splitlines() if line.startswith('{"ts"')]
+
         assert wait_until(lambda: len(lines()) == 4)
         log = lines()
         text = output(proc)
@@ -217,6 +269,7 @@ def test_a_loadgen_run_gives_one_trace_per_request_joined_by_trace_id(tmp_path, 
     """The acceptance run: with OTEL_EXPORTER_OTLP_ENDPOINT set, `loadgen` through the gateway
     makes one trace per request (a SERVER span and its CLIENT span, the speedup among the CLIENT
     span's attributes), and loadgen's requests.jsonl joins to them by trace id."""
+
     class Receiver(_OtlpReceiver):
         received: ClassVar[list[ExportTraceServiceRequest]] = []
 
@@ -227,16 +280,37 @@ def test_a_loadgen_run_gives_one_trace_per_request_joined_by_trace_id(tmp_path, 
     out = tmp_path / "run"
     try:
         with gateway(tmp_path, backends, env=env) as url:
-            run = subprocess.run(loadgen("--target", "gateway", "--gateway-url", url, "--concurrency", "4",
-                                         "--num-prompts", "12", "--max-tokens", "16", "--dataset", "math",
-                                         "--output", str(out), "--no-plots"),
-                                 capture_output=True, text=True, timeout=120)
+            run = subprocess.run(
+                loadgen(
+                    "--target",
+                    "gateway",
+                    "--gateway-url",
+                    url,
+                    "--concurrency",
+                    "4",
+                    "--num-prompts",
+                    "12",
+                    "--max-tokens",
+                    "16",
+                    "--dataset",
+                    "math",
+                    "--output",
+                    str(out),
+                    "--no-plots",
+                ),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert run.returncode == 0, run.stderr
             rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
             traces = {r["trace_id"] for r in rows}
+
             def spans():
-                return [s for r in Receiver.received for rs in r.resource_spans for ss in rs.scope_spans
-                                         for s in ss.spans]
+                return [
+                    s for r in Receiver.received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans
+                ]
+
             assert wait_until(lambda: len(spans()) >= 2 * len(rows))
     finally:
         receiver.shutdown()
@@ -264,12 +338,19 @@ def test_a_thinking_streams_client_span_times_its_first_reasoning_token(twin_fac
     thinker = twin_factory("k26-dflash", "--reasoning-parser", "kimi_k2")
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingSection(), exporter=exporter)
-    with serve_in_thread(_config({"k26-dflash": (thinker, "dflash")}), tracing=tracing,
-                         access_log=AccessLog(False)) as url:
+    with serve_in_thread(
+        _config({"k26-dflash": (thinker, "dflash")}), tracing=tracing, access_log=AccessLog(False)
+    ) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        chunks = list(client.chat.completions.create(
-            model="kimi-k2.6", messages=MATH, max_tokens=N, stream=True,
-            extra_body={"chat_template_kwargs": {"thinking": True}}))
+        chunks = list(
+            client.chat.completions.create(
+                model="kimi-k2.6",
+                messages=MATH,
+                max_tokens=N,
+                stream=True,
+                extra_body={"chat_template_kwargs": {"thinking": True}},
+            )
+        )
         tracing.force_flush()
     reasoning = [c for c in chunks if c.choices and (c.choices[0].delta.model_extra or {}).get("reasoning_content")]
     assert reasoning, "the twin should have thought first"

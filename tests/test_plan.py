@@ -53,8 +53,25 @@ def test_a_tiny_plan_ranks_fleets_against_the_best_homogeneous_and_matches_exhau
 def test_plan_cli_prints_the_ranking_and_what_it_assumed(tmp_path, capsys):
     path = _traffic(tmp_path, TINY)
     out_dir = tmp_path / "out"
-    assert main(["--servers", "2", "--traffic", str(path), "--types", "k26-ar,k26-dflash", "--sample-s", "30",
-                 "--jobs", "1", "--output", str(out_dir)]) == 0
+    assert (
+        main(
+            [
+                "--servers",
+                "2",
+                "--traffic",
+                str(path),
+                "--types",
+                "k26-ar,k26-dflash",
+                "--sample-s",
+                "30",
+                "--jobs",
+                "1",
+                "--output",
+                str(out_dir),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "winner:" in out and "vs best homog." in out and "assumed:" in out and "over the day:" in out
     doc = json.loads((out_dir / "plan.json").read_text())
@@ -67,35 +84,41 @@ def test_plan_help_says_what_is_assumed(capsys):
     assert "Assumes" in out and "restart" in out and "--slo" in out
 
 
-@pytest.mark.parametrize(("args", "culprit"), [
-    (["--servers", "0", "--traffic", "day"], "--servers 0"),
-    (["--servers", "99", "--traffic", "day"], "--servers 99"),
-    (["--servers", "2", "--traffic", "day", "--types", "k26-dflash,k26-nope"], "unknown profile 'k26-nope'"),
-    (["--servers", "2", "--traffic", "day", "--types", "2xk26-dflash"], "take no count"),
-    (["--servers", "2", "--traffic", "day", "--slo", "ttft=fast"], "ttft='fast'"),
-    (["--servers", "2", "--traffic", "day", "--slo", "latency=3"], "latency=3"),
-    (["--servers", "2", "--traffic", "no-such-traffic"], "unknown traffic 'no-such-traffic'"),
-    (["--servers", "2", "--traffic", "missing/file.jsonl"], "no such traffic file"),
-])
+@pytest.mark.parametrize(
+    ("args", "culprit"),
+    [
+        (["--servers", "0", "--traffic", "day"], "--servers 0"),
+        (["--servers", "99", "--traffic", "day"], "--servers 99"),
+        (["--servers", "2", "--traffic", "day", "--types", "k26-dflash,k26-nope"], "unknown profile 'k26-nope'"),
+        (["--servers", "2", "--traffic", "day", "--types", "2xk26-dflash"], "take no count"),
+        (["--servers", "2", "--traffic", "day", "--slo", "ttft=fast"], "ttft='fast'"),
+        (["--servers", "2", "--traffic", "day", "--slo", "latency=3"], "latency=3"),
+        (["--servers", "2", "--traffic", "no-such-traffic"], "unknown traffic 'no-such-traffic'"),
+        (["--servers", "2", "--traffic", "missing/file.jsonl"], "no such traffic file"),
+    ],
+)
 def test_bad_input_is_refused_naming_the_culprit(args, culprit, capsys):
     assert main(args) == 2
     assert culprit in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("lines", "line", "culprit"), [
-    (['{"name": "a", "load": 0.5}', '{"name": "b", "load": 0.5'], 3, "not JSON"),
-    (['{"name": "a", "load": 0.5, "speed": 3}'], 2, "unknown key 'speed'"),
-    (['{"name": "a"}'], 2, "exactly one of rate"),
-    (['{"name": "a", "rate": -1}'], 2, "rate must be a positive number"),
-    (['{"name": "a", "load": 0.5}', '{"name": "a", "load": 0.4}'], 3, "used twice"),
-    (['{"name": "a", "load": 0.5, "domains": {"poetry": 1}}'], 2, "unknown domain 'poetry'"),
-    (['{"name": "a", "load": 0.5, "mix": {"chat": 2}}'], 2, "mix.chat"),
-    (['{"name": "a", "load": 0.5, "mix": {"vibes": 1}}'], 2, "vibes"),
-    (['{"name": "a", "load": 0.5, "arrival": "closed"}'], 2, "open loop"),
-    (['{"name": "a", "load": 0.5}', '{"settings": {"min_tokens": 8}}'], 3, "comes first"),
-    (['{"settings": {"color": 1}}'], 2, "unknown setting 'color'"),
-    (['[1, 2]'], 2, "JSON object"),
-])
+@pytest.mark.parametrize(
+    ("lines", "line", "culprit"),
+    [
+        (['{"name": "a", "load": 0.5}', '{"name": "b", "load": 0.5'], 3, "not JSON"),
+        (['{"name": "a", "load": 0.5, "speed": 3}'], 2, "unknown key 'speed'"),
+        (['{"name": "a"}'], 2, "exactly one of rate"),
+        (['{"name": "a", "rate": -1}'], 2, "rate must be a positive number"),
+        (['{"name": "a", "load": 0.5}', '{"name": "a", "load": 0.4}'], 3, "used twice"),
+        (['{"name": "a", "load": 0.5, "domains": {"poetry": 1}}'], 2, "unknown domain 'poetry'"),
+        (['{"name": "a", "load": 0.5, "mix": {"chat": 2}}'], 2, "mix.chat"),
+        (['{"name": "a", "load": 0.5, "mix": {"vibes": 1}}'], 2, "vibes"),
+        (['{"name": "a", "load": 0.5, "arrival": "closed"}'], 2, "open loop"),
+        (['{"name": "a", "load": 0.5}', '{"settings": {"min_tokens": 8}}'], 3, "comes first"),
+        (['{"settings": {"color": 1}}'], 2, "unknown setting 'color'"),
+        (["[1, 2]"], 2, "JSON object"),
+    ],
+)
 def test_traffic_file_errors_give_the_file_and_line(tmp_path, lines, line, culprit):
     path = tmp_path / "bad.jsonl"
     path.write_text("# header\n" + "\n".join(lines) + "\n")

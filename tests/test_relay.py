@@ -21,19 +21,43 @@ def _chunk(content=None, finish=None, role=None):
         delta["role"] = role
     if content is not None:
         delta["content"] = content
-    return {"id": "abc", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                         "matched_stop": None}], "usage": None}
+    return {
+        "id": "abc",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+        "usage": None,
+    }
 
 
-SGLEXT = {"id": "abc", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
-          "sglext": {"spec_tokens_details": {"spec_verify_ct": 4, "spec_accept_length": 2.5}}}
-USAGE = {"id": "abc", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
-         "usage": {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17}}
+SGLEXT = {
+    "id": "abc",
+    "object": "chat.completion.chunk",
+    "created": 1,
+    "model": "m",
+    "choices": [],
+    "sglext": {"spec_tokens_details": {"spec_verify_ct": 4, "spec_accept_length": 2.5}},
+}
+USAGE = {
+    "id": "abc",
+    "object": "chat.completion.chunk",
+    "created": 1,
+    "model": "m",
+    "choices": [],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17},
+}
 
-STREAM = [_ev(_chunk(content="", role="assistant")), _ev(_chunk(content=" a b c")), _ev(_chunk(content=" d")),
-          _ev(_chunk(content=" e f g h i j", finish=None)), _ev(_chunk(content="", finish="length")),
-          _ev(SGLEXT), _ev(USAGE), b"data: [DONE]\n\n"]
+STREAM = [
+    _ev(_chunk(content="", role="assistant")),
+    _ev(_chunk(content=" a b c")),
+    _ev(_chunk(content=" d")),
+    _ev(_chunk(content=" e f g h i j", finish=None)),
+    _ev(_chunk(content="", finish="length")),
+    _ev(SGLEXT),
+    _ev(USAGE),
+    b"data: [DONE]\n\n",
+]
 
 
 def _run(relay: SseRelay, parts: list[bytes]) -> bytes:
@@ -74,7 +98,7 @@ def test_usage_kept_spec_removed():
 def test_events_split_across_network_reads_byte_by_byte():
     whole = b"".join(STREAM)
     relay = SseRelay(keep_usage=True, keep_spec=True)
-    assert _run(relay, [whole[i:i + 1] for i in range(len(whole))]) == whole
+    assert _run(relay, [whole[i : i + 1] for i in range(len(whole))]) == whole
     assert relay.result.done and relay.leftover() == b""
 
 
@@ -94,8 +118,13 @@ def test_midstream_error_is_forwarded_and_recorded():
 
 
 def test_completions_stream_text_chunks_count_as_content():
-    chunk = {"id": "x", "object": "text_completion", "created": 1, "model": "m",
-             "choices": [{"index": 0, "text": " hello", "logprobs": None, "finish_reason": None}]}
+    chunk = {
+        "id": "x",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "text": " hello", "logprobs": None, "finish_reason": None}],
+    }
     relay = SseRelay(keep_usage=False, keep_spec=False, clock=_ticking_clock())
     assert relay.feed(_ev(chunk)) == _ev(chunk)
     assert relay.result.t_first == 0.0
@@ -109,27 +138,44 @@ def test_spaced_json_falls_back_to_decoding_and_still_reads_telemetry():
 
 
 def _delta_chunk(delta: dict, finish=None) -> dict:
-    return {"id": "abc", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}]}
+    return {
+        "id": "abc",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+    }
 
 
 def test_reasoning_starts_the_clock_and_the_answer_is_timed_apart():
     relay = SseRelay(keep_usage=False, keep_spec=False, clock=_ticking_clock())
     # the clock ticks once per reading, and the relay reads it only for chunks with generated output
-    parts = [_ev(_delta_chunk({"reasoning_content": None, "role": "assistant", "content": ""})),  # no output
-             _ev(_delta_chunk({"reasoning_content": "Let me think"})),                            # t=0
-             _ev(_delta_chunk({"reasoning_content": ""})),                                        # empty: none
-             _ev(_delta_chunk({"reasoning_content": None, "content": "42"})),                     # t=1
-             _ev(_delta_chunk({"reasoning_content": None}, finish="stop"))]                      # finish: none
+    parts = [
+        _ev(_delta_chunk({"reasoning_content": None, "role": "assistant", "content": ""})),  # no output
+        _ev(_delta_chunk({"reasoning_content": "Let me think"})),  # t=0
+        _ev(_delta_chunk({"reasoning_content": ""})),  # empty: none
+        _ev(_delta_chunk({"reasoning_content": None, "content": "42"})),  # t=1
+        _ev(_delta_chunk({"reasoning_content": None}, finish="stop")),
+    ]  # finish: none
     assert _run(relay, parts) == b"".join(parts)
     r = relay.result
     assert (r.t_first, r.t_first_answer, r.t_last, r.finish_reason) == (0.0, 1.0, 1.0, "stop")
 
 
 def test_a_tool_call_delta_is_generated_output():
-    call = {"role": None, "content": None, "reasoning_content": None,
-            "tool_calls": [{"id": "functions.get_weather:0", "index": 0, "type": "function",
-                            "function": {"name": "get_weather", "arguments": ""}}]}
+    call = {
+        "role": None,
+        "content": None,
+        "reasoning_content": None,
+        "tool_calls": [
+            {
+                "id": "functions.get_weather:0",
+                "index": 0,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": ""},
+            }
+        ],
+    }
     relay = SseRelay(keep_usage=False, keep_spec=False, clock=_ticking_clock())
     relay.feed(_ev(_delta_chunk({"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None})))
     relay.feed(_ev(_delta_chunk(call)))
@@ -159,7 +205,7 @@ def _relay_of(fixture, split: bool, keep: bool) -> tuple[SseRelay, bytes]:
     out = []
     for t, data in fixture.writes:
         now[0] = t
-        for part in ([data[i:i + 7] for i in range(0, len(data), 7)] if split else [data]):
+        for part in [data[i : i + 7] for i in range(0, len(data), 7)] if split else [data]:
             out.append(relay.feed(part))
     relay.result.read_spec(True)
     return relay, b"".join(out)
@@ -197,5 +243,8 @@ def test_stripping_the_gateways_telemetry_keeps_the_clock(name):
     kept, _ = _relay_of(fixture, split=False, keep=True)
     stripped, out = _relay_of(fixture, split=False, keep=False)
     assert b'"sglext"' not in out
-    assert (stripped.result.t_first, stripped.result.t_last, stripped.result.usage) == \
-        (kept.result.t_first, kept.result.t_last, kept.result.usage)
+    assert (stripped.result.t_first, stripped.result.t_last, stripped.result.usage) == (
+        kept.result.t_first,
+        kept.result.t_last,
+        kept.result.usage,
+    )

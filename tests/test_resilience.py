@@ -24,13 +24,15 @@ class Twin:
     def __init__(self, profile: str = "k26-ar", *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = specroute("sim", "--profile", profile, "--port", str(self.port), "--time-scale", TEST_TIME_SCALE,
-                             *extra)
+        self.cmd = specroute(
+            "sim", "--profile", profile, "--port", str(self.port), "--time-scale", TEST_TIME_SCALE, *extra
+        )
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Twin:
-        self.proc = subprocess.Popen(self.cmd, start_new_session=True, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         wait_http_ok(f"{self.url}/ready", 30, self.proc)
         return self
 
@@ -51,13 +53,22 @@ def twins():
         twin = Twin(profile, *extra).start()
         started.append(twin)
         return twin
+
     yield make
     for t in started:
         t.kill()
 
 
-async def _chat(session: aiohttp.ClientSession, url: str, *, stream: bool, max_tokens: int, model: str = "kimi-k2.6",
-                headers: dict | None = None, on_stream_start=None) -> dict:
+async def _chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    stream: bool,
+    max_tokens: int,
+    model: str = "kimi-k2.6",
+    headers: dict | None = None,
+    on_stream_start=None,
+) -> dict:
     body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -66,15 +77,20 @@ async def _chat(session: aiohttp.ClientSession, url: str, *, stream: bool, max_t
             # the gateway sends the status line only with the first upstream byte: from here on no retry
             on_stream_start(r.headers.get("x-specroute-backend"))
         raw = await r.read()
-        result = {"status": r.status, "backend": r.headers.get("x-specroute-backend"),
-                  "retry_after": r.headers.get("retry-after"), "raw": raw}
+        result = {
+            "status": r.status,
+            "backend": r.headers.get("x-specroute-backend"),
+            "retry_after": r.headers.get("retry-after"),
+            "raw": raw,
+        }
     if stream and result["status"] == 200:
         events = [e[6:] for e in raw.decode().split("\n\n") if e.startswith("data: ")]
         result["done"] = events[-1] == "[DONE]" if events else False
         parsed = [json.loads(e) for e in events if e != "[DONE]"]
         result["error"] = next((p["error"] for p in parsed if "error" in p), None)
-        result["words"] = sum(len((p["choices"][0]["delta"].get("content") or "").split())
-                              for p in parsed if p.get("choices"))
+        result["words"] = sum(
+            len((p["choices"][0]["delta"].get("content") or "").split()) for p in parsed if p.get("choices")
+        )
         result["usage"] = next((p["usage"] for p in parsed if p.get("usage")), None)
     elif result["status"] != 200:
         result["error"] = json.loads(raw)["error"]
@@ -85,12 +101,17 @@ def test_failing_backend_costs_no_request_and_opens_its_circuit(tmp_path, twins)
     good = twins("k26-ar")
     bad = twins("k26-ar", "--fault-error-rate", "1.0")
     dead_port = free_port()
-    backends = [good.entry("good"), bad.entry("bad"),
-                {"name": "dead", "url": f"http://127.0.0.1:{dead_port}", "model": "kimi-k2.6", "strategy": "ar"}]
+    backends = [
+        good.entry("good"),
+        bad.entry("bad"),
+        {"name": "dead", "url": f"http://127.0.0.1:{dead_port}", "model": "kimi-k2.6", "strategy": "ar"},
+    ]
     with gateway(tmp_path, backends, "[health]\ncircuit_failures = 2\ncircuit_cooldown_s = 60\n") as url:
+
         async def run() -> list[dict]:
             async with aiohttp.ClientSession() as s:
                 return await asyncio.gather(*(_chat(s, url, stream=i % 2 == 0, max_tokens=8) for i in range(40)))
+
         results = asyncio.run(run())
         state = get_json(f"{url}/admin/backends")
     assert [r["status"] for r in results] == [200] * 40
@@ -105,14 +126,19 @@ def test_failing_backend_costs_no_request_and_opens_its_circuit(tmp_path, twins)
 def test_pinned_backend_that_is_down_is_503_not_rerouted(tmp_path, twins):
     good = twins("k26-ar")
     dead_port = free_port()
-    backends = [good.entry("good"),
-                {"name": "dead", "url": f"http://127.0.0.1:{dead_port}", "model": "kimi-k2.6", "strategy": "ar"}]
+    backends = [
+        good.entry("good"),
+        {"name": "dead", "url": f"http://127.0.0.1:{dead_port}", "model": "kimi-k2.6", "strategy": "ar"},
+    ]
     with gateway(tmp_path, backends, "[health]\ninterval_s = 0.1\n") as url:
-        assert wait_until(lambda: not {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
-                          ["dead"]["ready"])
+        assert wait_until(
+            lambda: not {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}["dead"]["ready"]
+        )
+
         async def run() -> dict:
             async with aiohttp.ClientSession() as s:
                 return await _chat(s, url, stream=False, max_tokens=4, model="kimi-k2.6@dead")
+
         result = asyncio.run(run())
     assert result["status"] == 503 and "dead" in result["error"]["message"]
 
@@ -121,6 +147,7 @@ def test_chaos_kill_and_restart_a_backend_under_load(tmp_path, twins):
     a, b = twins("k26-ar"), twins("k26-ar")
     extra = "[health]\ninterval_s = 0.2\nunhealthy_after = 1\ncircuit_failures = 1\ncircuit_cooldown_s = 0.5\n"
     with gateway(tmp_path, [a.entry("a"), b.entry("b")], extra) as url:
+
         async def run() -> list[dict]:
             async with aiohttp.ClientSession() as s:
                 results: list[dict] = []
@@ -136,17 +163,20 @@ def test_chaos_kill_and_restart_a_backend_under_load(tmp_path, twins):
 
                 async def worker(i: int) -> None:
                     while len(results) < stop_at:
-                        results.append(await _chat(s, url, stream=i % 2 == 0, max_tokens=300,
-                                                   on_stream_start=stream_started))
+                        results.append(
+                            await _chat(s, url, stream=i % 2 == 0, max_tokens=300, on_stream_start=stream_started)
+                        )
 
                 async def killer() -> None:
                     # kill `a` while streams that already sent bytes are on it, not after a fixed time
                     await a_is_streaming.wait()
                     a.kill()
+
                 kill = asyncio.create_task(killer())
                 await asyncio.gather(*(worker(i) for i in range(32)))
                 kill.cancel()  # never hang: if the kill did not happen, the assertions below say so
                 return results
+
         results = asyncio.run(run())
         non_stream = [r for r in results if "done" not in r]
         streams = [r for r in results if "done" in r]
@@ -167,6 +197,7 @@ def test_chaos_kill_and_restart_a_backend_under_load(tmp_path, twins):
         async def after() -> list[dict]:
             async with aiohttp.ClientSession() as s:
                 return await asyncio.gather(*(_chat(s, url, stream=False, max_tokens=4) for _ in range(20)))
+
         served = {r["backend"] for r in asyncio.run(after())}
         assert "a" in served, json.dumps(get_json(f"{url}/admin/backends"), indent=1)[:6000]
         assert wait_until(lambda: get_json(f"{url}/admin/backends")["inflight"] == 0)
@@ -186,10 +217,12 @@ def test_overload_gets_only_200_or_429_with_retry_after(tmp_path, twins):
     a, b = twins("k26-ar"), twins("k26-ar")
     extra = "[admission]\nmax_inflight = 64\nmax_queue = 64\nqueue_timeout_s = 0.3\n"
     with gateway(tmp_path, [a.entry("a"), b.entry("b")], extra) as url:
+
         async def burst() -> list[dict]:
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as s:
                 return await asyncio.gather(*(_chat(s, url, stream=i % 3 == 0, max_tokens=40) for i in range(500)))
+
         pid = _gateway_pid(int(url.rsplit(":", 1)[1]))
         first = asyncio.run(burst())
         rss_after_first = _rss_kb(pid)
@@ -210,17 +243,21 @@ def test_overload_gets_only_200_or_429_with_retry_after(tmp_path, twins):
 def test_drain_stops_new_requests_and_lets_inflight_finish(tmp_path, twins):
     a, b = twins("k26-ar"), twins("k26-ar")
     with gateway(tmp_path, [a.entry("a"), b.entry("b")]) as url:
+
         async def run() -> tuple[dict, list[dict]]:
             async with aiohttp.ClientSession() as s:
                 long_stream = asyncio.create_task(_chat(s, url, stream=True, max_tokens=600, model="kimi-k2.6@a"))
+
                 def streaming_on_a() -> bool:
                     backends = get_json(f"{url}/admin/backends")["backends"]
                     return any(x["name"] == "a" and x["inflight"] == 1 for x in backends)
+
                 assert await asyncio.to_thread(wait_until, streaming_on_a)
                 async with s.post(f"{url}/admin/backends/a/drain") as r:
                     assert r.status == 200 and (await r.json())["draining"]
                 others = await asyncio.gather(*(_chat(s, url, stream=False, max_tokens=4) for _ in range(20)))
                 return await long_stream, others
+
         finished, others = asyncio.run(run())
     assert finished["status"] == 200 and not finished["error"] and finished["usage"]["completion_tokens"] == 600
     assert {r["backend"] for r in others} == {"b"}
@@ -229,8 +266,10 @@ def test_drain_stops_new_requests_and_lets_inflight_finish(tmp_path, twins):
 def test_client_disconnect_aborts_the_upstream_request(tmp_path, twins):
     a = twins("k26-ar")
     with gateway(tmp_path, [a.entry("a")]) as url:
+
         def running():
             return get_json(f"{a.url}/v1/loads")["loads"][0]["num_running_reqs"]
+
         with open_stream(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}):
             assert running() == 1
         # the twin, like SGLang, aborts a request whose connection closed
@@ -243,11 +282,13 @@ def test_stalled_stream_ends_with_an_error_event_after_idle_stream_s(tmp_path, t
     gets an SSE error event and [DONE], and the gateway is left with nothing in flight."""
     hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
     with gateway(tmp_path, [hung.entry("hung")], "[timeouts]\nidle_stream_s = 0.5\n") as url:
+
         async def run() -> tuple[dict, float]:
             async with aiohttp.ClientSession() as s:
                 t0 = asyncio.get_running_loop().time()
                 result = await _chat(s, url, stream=True, max_tokens=200)
                 return result, asyncio.get_running_loop().time() - t0
+
         result, elapsed = asyncio.run(run())
         assert wait_until(lambda: get_json(f"{url}/admin/backends")["inflight"] == 0)
     assert result["status"] == 200 and result["done"]
@@ -262,9 +303,11 @@ def test_a_streamed_queue_full_answer_is_retried_like_a_503(tmp_path, twins):
     full, spare = twins("k26-ar", "--max-queued-requests", "0"), twins("k26-ar")
     backends = [full.entry("full"), spare.entry("spare")]
     with gateway(tmp_path, backends, gateway_keys='policy = "round_robin"\n') as url:
+
         async def run() -> list[dict]:
             async with aiohttp.ClientSession() as s:
                 return [await _chat(s, url, stream=i % 3 != 0, max_tokens=8) for i in range(8)]
+
         results = asyncio.run(run())
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
         state = {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}

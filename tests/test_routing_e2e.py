@@ -16,24 +16,30 @@ MATH = [{"role": "user", "content": "A train travels 60 miles in 1.5 hours. How 
 
 
 def _k26(twin_factory, *extra_ar: str) -> list[dict]:
-    return [{"name": "k26-ar", "url": twin_factory("k26-ar", *extra_ar), "model": "kimi-k2.6", "strategy": "ar"},
-            {"name": "k26-dflash", "url": twin_factory("k26-dflash"), "model": "kimi-k2.6", "strategy": "dflash"}]
+    return [
+        {"name": "k26-ar", "url": twin_factory("k26-ar", *extra_ar), "model": "kimi-k2.6", "strategy": "ar"},
+        {"name": "k26-dflash", "url": twin_factory("k26-dflash"), "model": "kimi-k2.6", "strategy": "dflash"},
+    ]
 
 
 def test_goodput_sends_math_at_low_load_to_speculation_and_explains_itself(tmp_path, twin_factory):
     with gateway(tmp_path, _k26(twin_factory)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         served = collections.Counter(
-            client.chat.completions.with_raw_response.create(model="kimi-k2.6", messages=MATH, max_tokens=32,
-                                                             stream=False).headers["x-specroute-backend"]
-            for _ in range(30))
+            client.chat.completions.with_raw_response.create(
+                model="kimi-k2.6", messages=MATH, max_tokens=32, stream=False
+            ).headers["x-specroute-backend"]
+            for _ in range(30)
+        )
         state = get_json(f"{url}/admin/backends")
     assert served["k26-dflash"] >= 24, served  # sequential math: speculation wins; a few explorations allowed
     policy = state["policies"]["kimi-k2.6"]
     assert policy["name"] == "goodput" and policy["policy"]["objective"] == "latency"
     dflash = policy["backends"]["k26-dflash"]
-    assert dflash["accept_length"]["math"] > 2 and dflash["predicted_tok_s"]["math"] > \
-        policy["backends"]["k26-ar"]["predicted_tok_s"]["math"]
+    assert (
+        dflash["accept_length"]["math"] > 2
+        and dflash["predicted_tok_s"]["math"] > policy["backends"]["k26-ar"]["predicted_tok_s"]["math"]
+    )
 
 
 def test_policy_header_needs_the_operators_permission(tmp_path, twin_factory):
@@ -41,18 +47,23 @@ def test_policy_header_needs_the_operators_permission(tmp_path, twin_factory):
     with gateway(tmp_path, backends) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.PermissionDeniedError) as info:
-            client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=2,
-                                           extra_headers={"x-specroute-policy": "round_robin"})
+            client.chat.completions.create(
+                model="kimi-k2.6", messages=MATH, max_tokens=2, extra_headers={"x-specroute-policy": "round_robin"}
+            )
         assert "allow_policy_header" in info.value.message
     with gateway(tmp_path, backends, gateway_keys="allow_policy_header = true\n") as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        names = [client.chat.completions.with_raw_response.create(
-            model="kimi-k2.6", messages=MATH, max_tokens=2, extra_headers={"x-specroute-policy": "round_robin"}
-        ).headers["x-specroute-backend"] for _ in range(4)]
+        names = [
+            client.chat.completions.with_raw_response.create(
+                model="kimi-k2.6", messages=MATH, max_tokens=2, extra_headers={"x-specroute-policy": "round_robin"}
+            ).headers["x-specroute-backend"]
+            for _ in range(4)
+        ]
         assert sorted(names) == ["k26-ar", "k26-ar", "k26-dflash", "k26-dflash"]  # round robin, not goodput
         with pytest.raises(openai.BadRequestError):
-            client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=2,
-                                           extra_headers={"x-specroute-policy": "fastest"})
+            client.chat.completions.create(
+                model="kimi-k2.6", messages=MATH, max_tokens=2, extra_headers={"x-specroute-policy": "fastest"}
+            )
 
 
 def test_per_model_policy_options_from_config(tmp_path, twin_factory):
@@ -60,23 +71,38 @@ def test_per_model_policy_options_from_config(tmp_path, twin_factory):
     with gateway(tmp_path, _k26(twin_factory), extra) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         # threshold 1: speculative only while nothing is in flight -> sequential requests go to dflash
-        names = {client.chat.completions.with_raw_response.create(
-            model="kimi-k2.6", messages=MATH, max_tokens=2).headers["x-specroute-backend"] for _ in range(4)}
+        names = {
+            client.chat.completions.with_raw_response.create(model="kimi-k2.6", messages=MATH, max_tokens=2).headers[
+                "x-specroute-backend"
+            ]
+            for _ in range(4)
+        }
         assert names == {"k26-dflash"}
         assert get_json(f"{url}/admin/backends")["policies"]["kimi-k2.6"]["name"] == "threshold"
 
 
 def test_inflight_is_released_on_midstream_crash_and_on_disconnect_while_queued(tmp_path, twin_factory):
-    backends = [{"name": "steady", "url": twin_factory("k26-ar"), "model": "kimi-k2.6", "strategy": "ar"},
-                {"name": "crashy", "url": twin_factory("k26-ar", "--fault-crash-after-tokens", "5"),
-                 "model": "kimi-k2.6", "strategy": "ar"}]
+    backends = [
+        {"name": "steady", "url": twin_factory("k26-ar"), "model": "kimi-k2.6", "strategy": "ar"},
+        {
+            "name": "crashy",
+            "url": twin_factory("k26-ar", "--fault-crash-after-tokens", "5"),
+            "model": "kimi-k2.6",
+            "strategy": "ar",
+        },
+    ]
+
     def state():
         return get_json(f"{url}/admin/backends")
+
     with gateway(tmp_path, backends, "[admission]\nmax_inflight = 1\nqueue_timeout_s = 30\n") as url:
+
         async def scenario() -> tuple[str, str]:
             async with aiohttp.ClientSession() as s:
+
                 def body(pin, n):
                     return {"model": f"kimi-k2.6@{pin}", "messages": MATH, "max_tokens": n, "stream": True}
+
                 holder = await s.post(f"{url}/v1/chat/completions", json=body("steady", 3000))
                 await holder.content.readany()
                 # the only slot is taken: a second request waits in the queue, then its client leaves
@@ -87,6 +113,7 @@ def test_inflight_is_released_on_midstream_crash_and_on_disconnect_while_queued(
                 held = (await holder.read()).decode()
                 async with s.post(f"{url}/v1/chat/completions", json=body("crashy", 50)) as crashed:
                     return held, (await crashed.read()).decode()
+
         held, crashed = asyncio.run(scenario())
         assert held.rstrip().endswith("data: [DONE]") and '"error"' not in held
         # the twin died after 5 tokens: the stream ends with an OpenAI-shaped error event, then [DONE]
@@ -128,6 +155,7 @@ async def _serve_once(proxy, body: dict) -> bytes:
 
     async def send(message: dict) -> None:
         sent.append(message)
+
     await proxy.serve(json.dumps(body).encode(), "chat", {}, None, Downstream(receive, send))
     return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
@@ -144,23 +172,45 @@ def test_the_policy_gets_the_requests_features_and_learns_cached_and_reasoning_t
 
     url = twin_factory("k26-dflash", "--reasoning-parser", "kimi_k2", "--enable-cache-report")
     spec = BackendSpec(name="d", url=url, model="kimi-k2.6", strategy=Strategy.DFLASH)
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
-                                               "parameters": {"type": "object", "properties": {}}}}]
-    history = [{"role": "system", "content": "You answer questions about rail travel. " * 40},
-               {"role": "user", "content": "A train travels 60 miles in 1.5 hours. What is its speed?"}]
-    body = {"model": "kimi-k2.6", "messages": history, "max_tokens": 64, "temperature": 0.7, "tools": tools,
-            "chat_template_kwargs": {"thinking": True}}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "look a word up",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
+    history = [
+        {"role": "system", "content": "You answer questions about rail travel. " * 40},
+        {"role": "user", "content": "A train travels 60 miles in 1.5 hours. What is its speed?"},
+    ]
+    body = {
+        "model": "kimi-k2.6",
+        "messages": history,
+        "max_tokens": 64,
+        "temperature": 0.7,
+        "tools": tools,
+        "chat_template_kwargs": {"thinking": True},
+    }
 
     async def run() -> tuple[_Recorder, list[bytes]]:
         pools = Pools([Backend(spec, SGLangClient(spec))])
         recorder = _Recorder()
-        proxy = Proxy(pools, Admission(pools, max_inflight=4, max_queue=4, queue_timeout_s=5),
-                      {"kimi-k2.6": recorder}, config_from_dict({}), access_log=AccessLog(False))
+        proxy = Proxy(
+            pools,
+            Admission(pools, max_inflight=4, max_queue=4, queue_timeout_s=5),
+            {"kimi-k2.6": recorder},
+            config_from_dict({}),
+            access_log=AccessLog(False),
+        )
         try:
             answers = [await _serve_once(proxy, body) for _ in range(2)]  # the second finds its prefix cached
         finally:
             await pools.close()
         return recorder, answers
+
     recorder, answers = asyncio.run(run())
     assert all(json.loads(a)["usage"]["completion_tokens"] == 64 for a in answers)
     f = recorder.features[0]

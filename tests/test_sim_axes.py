@@ -138,19 +138,16 @@ def test_long_uncached_history_ttft_is_seconds():
 @pytest.mark.parametrize("name", ["k26-dflash", "k26-ddtree", "k26-eagle3", "qwen36-ddtree-b15"])
 def test_acceptance_falls_with_temperature(name):
     prof = load_profile(name)
-    lengths = [run_closed_loop(prof, 4, 16, 256, domain="math", temperature=t).accept_length
-               for t in (0.0, 0.7, 1.0)]
+    lengths = [run_closed_loop(prof, 4, 16, 256, domain="math", temperature=t).accept_length for t in (0.0, 0.7, 1.0)]
     assert lengths[0] > lengths[1] > lengths[2]
     assert lengths[2] > 0.75 * lengths[0]  # the published drop is ~5-15%, not a collapse
 
 
 def test_temperature_effect_is_smaller_for_chat_and_top_p_softens_it():
     e = Engine(load_profile("k26-dflash"))
-    drop = {d: 1 - e.accept_prob(d, 7, temperature=1.0) / e.accept_prob(d, 7) for d in
-            ("math", "chat")}
+    drop = {d: 1 - e.accept_prob(d, 7, temperature=1.0) / e.accept_prob(d, 7) for d in ("math", "chat")}
     assert drop["math"] > 0 and drop["chat"] > 0
-    assert e.accept_prob("math", 7, temperature=1.0, top_p=0.5) > e.accept_prob(
-        "math", 7, temperature=1.0)
+    assert e.accept_prob("math", 7, temperature=1.0, top_p=0.5) > e.accept_prob("math", 7, temperature=1.0)
     assert load_profile("k26-ar").temperature is None
     with pytest.raises(ValueError, match="temperature"):
         e.submit("x", 10, 10, temperature=-1)
@@ -199,8 +196,7 @@ def test_reasoning_lengths_are_deterministic_and_ordered_by_domain():
     model = load_profile("k26-dflash").reasoning
     assert model is not None and model.parser == "kimi_k2"
     keys = range(1, 400)
-    mean = {d: sum(reasoning_tokens(model, d, k) for k in keys) / len(keys)
-            for d in ("math", "code", "chat")}
+    mean = {d: sum(reasoning_tokens(model, d, k) for k in keys) / len(keys) for d in ("math", "code", "chat")}
     assert mean["math"] > mean["code"] > mean["chat"] > 0
     assert reasoning_tokens(model, "math", 5) == reasoning_tokens(model, "math", 5)
     assert len({reasoning_tokens(model, "math", k) for k in keys}) > 100

@@ -37,8 +37,7 @@ from tests.test_sim_server import _start, twin
 CACHE = Path.home() / ".cache" / "specroute"
 WHEELS = CACHE / "wheels"
 VERSION = "0.5.23"
-_FILES = ("sglang/srt/entrypoints/openai/protocol.py", "sglang/srt/entrypoints/openai/sse_utils.py",
-          "sglang/utils.py")
+_FILES = ("sglang/srt/entrypoints/openai/protocol.py", "sglang/srt/entrypoints/openai/sse_utils.py", "sglang/utils.py")
 
 
 def _wheel() -> Path:
@@ -46,13 +45,15 @@ def _wheel() -> Path:
     if found:
         return found[0]
     WHEELS.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                          f"sglang=={VERSION}", "-d", str(WHEELS)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", f"sglang=={VERSION}", "-d", str(WHEELS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     found = sorted(WHEELS.glob(f"sglang-{VERSION}-*.whl"))
     if not found:
-        reason = f"sglang=={VERSION} wheel not cached and pip download failed: " \
-                 f"{out.stderr.strip()[-300:]}"
+        reason = f"sglang=={VERSION} wheel not cached and pip download failed: {out.stderr.strip()[-300:]}"
         print(reason, file=sys.stderr)
         pytest.skip(reason)
     return found[0]
@@ -71,25 +72,27 @@ class SGLang:
     """SGLang's protocol and sse_utils modules, loaded from the wheel."""
 
     def __init__(self, root: Path) -> None:
-        for name, sub in (("sglang", ""), ("sglang.srt", "srt"),
-                          ("sglang.srt.entrypoints", "srt/entrypoints"),
-                          ("sglang.srt.entrypoints.openai", "srt/entrypoints/openai")):
+        for name, sub in (
+            ("sglang", ""),
+            ("sglang.srt", "srt"),
+            ("sglang.srt.entrypoints", "srt/entrypoints"),
+            ("sglang.srt.entrypoints.openai", "srt/entrypoints/openai"),
+        ):
             pkg = types.ModuleType(name)
             pkg.__path__ = [str(root / sub)]
             sys.modules.setdefault(name, pkg)
         utils = types.ModuleType("sglang.utils")
         src = (root / "utils.py").read_text()
-        fn = next(n for n in ast.parse(src).body
-                  if isinstance(n, ast.FunctionDef) and n.name == "convert_json_schema_to_str")
-        prelude = ast.parse("import json\nfrom typing import Type, Union\n"
-                            "from pydantic import BaseModel\n").body
-        exec(compile(ast.Module(body=[*prelude, fn], type_ignores=[]), str(root / "utils.py"),
-                     "exec"), utils.__dict__)
+        fn = next(
+            n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "convert_json_schema_to_str"
+        )
+        prelude = ast.parse("import json\nfrom typing import Type, Union\nfrom pydantic import BaseModel\n").body
+        exec(compile(ast.Module(body=[*prelude, fn], type_ignores=[]), str(root / "utils.py"), "exec"), utils.__dict__)
         sys.modules["sglang.utils"] = utils
-        self.protocol = self._load("sglang.srt.entrypoints.openai.protocol",
-                                   root / "srt/entrypoints/openai/protocol.py")
-        self.sse = self._load("sglang.srt.entrypoints.openai.sse_utils",
-                              root / "srt/entrypoints/openai/sse_utils.py")
+        self.protocol = self._load(
+            "sglang.srt.entrypoints.openai.protocol", root / "srt/entrypoints/openai/protocol.py"
+        )
+        self.sse = self._load("sglang.srt.entrypoints.openai.sse_utils", root / "srt/entrypoints/openai/sse_utils.py")
 
     @staticmethod
     def _load(name: str, path: Path) -> types.ModuleType:
@@ -108,8 +111,9 @@ def sgl() -> SGLang:
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    yield from _start("k26-dflash", "--reasoning-parser", "kimi_k2", "--tool-call-parser",
-                      "kimi_k2", "--enable-cache-report")
+    yield from _start(
+        "k26-dflash", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-cache-report"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +125,9 @@ def _raw(url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read()
@@ -134,30 +139,45 @@ def _frames(raw: bytes) -> list[bytes]:
     out = [f for f in raw.split(b"\n\n") if f]
     assert all(f.startswith(b"data: ") for f in out)
     assert out[-1] == b"data: [DONE]"
-    return [f[len(b"data: "):] for f in out[:-1]]
+    return [f[len(b"data: ") :] for f in out[:-1]]
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 MSG = [{"role": "user", "content": "Tell me about the history of Lyon."}]
 
 CHAT_STREAMS = {
-    "thinking": {"messages": MSG, "max_tokens": 1500, "stream_options": {"include_usage": True},
-                 "return_spec_tokens_details": True},
-    "thinking_continuous_usage": {"messages": MSG, "max_tokens": 900,
-                                  "stream_options": {"include_usage": True,
-                                                     "continuous_usage_stats": True}},
-    "thinking_off": {"messages": MSG, "max_tokens": 40,
-                     "chat_template_kwargs": {"thinking": False, "other": 1}},
+    "thinking": {
+        "messages": MSG,
+        "max_tokens": 1500,
+        "stream_options": {"include_usage": True},
+        "return_spec_tokens_details": True,
+    },
+    "thinking_continuous_usage": {
+        "messages": MSG,
+        "max_tokens": 900,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    },
+    "thinking_off": {"messages": MSG, "max_tokens": 40, "chat_template_kwargs": {"thinking": False, "other": 1}},
     "inline_reasoning": {"messages": MSG, "max_tokens": 1200, "separate_reasoning": False},
-    "tool_call": {"messages": [{"role": "user", "content": "Weather in Paris please?"}],
-                  "tools": [WEATHER], "max_tokens": 4000,
-                  "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-    "tools_no_call": {"messages": [{"role": "user", "content": "Write a poem."}],
-                      "tools": [WEATHER], "max_tokens": 30,
-                      "chat_template_kwargs": {"thinking": False}},
+    "tool_call": {
+        "messages": [{"role": "user", "content": "Weather in Paris please?"}],
+        "tools": [WEATHER],
+        "max_tokens": 4000,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    },
+    "tools_no_call": {
+        "messages": [{"role": "user", "content": "Write a poem."}],
+        "tools": [WEATHER],
+        "max_tokens": 30,
+        "chat_template_kwargs": {"thinking": False},
+    },
 }
 
 
@@ -166,18 +186,29 @@ def _check_chat_chunk(sgl: SGLang, raw: bytes) -> None:
     p = sgl.protocol
     model = p.ChatCompletionStreamResponse.model_validate(obj)  # every chunk is a valid chunk
     choices = obj["choices"]
-    pydantic_path = not choices or "tool_calls" in choices[0]["delta"] \
+    pydantic_path = (
+        not choices
+        or "tool_calls" in choices[0]["delta"]
         or ("role" in choices[0]["delta"] and choices[0]["delta"]["role"] is None)
+    )
     if pydantic_path:
         assert model.model_dump_json().encode() == raw
         return
     (c,) = choices
     d = c["delta"]
     rebuilt = sgl.sse.build_sse_content(
-        chunk_id=obj["id"], created=obj["created"], model=obj["model"], index=c["index"],
-        role=d.get("role"), content=d.get("content"), reasoning_content=d["reasoning_content"],
-        finish_reason=c["finish_reason"], logprobs=c["logprobs"],
-        matched_stop=c["matched_stop"], usage=obj.get("usage"))
+        chunk_id=obj["id"],
+        created=obj["created"],
+        model=obj["model"],
+        index=c["index"],
+        role=d.get("role"),
+        content=d.get("content"),
+        reasoning_content=d["reasoning_content"],
+        finish_reason=c["finish_reason"],
+        logprobs=c["logprobs"],
+        matched_stop=c["matched_stop"],
+        usage=obj.get("usage"),
+    )
     assert rebuilt.encode() == b"data: " + raw + b"\n\n"
     if "usage" in obj:  # continuous usage: a real UsageInfo dump
         assert p.UsageInfo.model_validate(obj["usage"]).model_dump() == obj["usage"]
@@ -192,23 +223,27 @@ def test_chat_stream_chunks_match_sglang(sgl, url, name):
     frames = _frames(raw)
     for frame in frames:
         _check_chat_chunk(sgl, frame)
-    kinds = {k for f in frames for c in json.loads(f)["choices"] for k, v in c["delta"].items()
-             if v and k != "role"}
-    expected = {"thinking": {"reasoning_content", "content"},
-                "thinking_continuous_usage": {"reasoning_content", "content"},
-                "thinking_off": {"content"}, "inline_reasoning": {"content"},
-                "tool_call": {"reasoning_content", "tool_calls"},
-                "tools_no_call": {"content"}}[name]
+    kinds = {k for f in frames for c in json.loads(f)["choices"] for k, v in c["delta"].items() if v and k != "role"}
+    expected = {
+        "thinking": {"reasoning_content", "content"},
+        "thinking_continuous_usage": {"reasoning_content", "content"},
+        "thinking_off": {"content"},
+        "inline_reasoning": {"content"},
+        "tool_call": {"reasoning_content", "tool_calls"},
+        "tools_no_call": {"content"},
+    }[name]
     assert kinds == expected
 
 
-@pytest.mark.parametrize("body", [
-    {"messages": MSG, "max_tokens": 1500, "return_spec_tokens_details": True},
-    {"messages": MSG, "max_tokens": 20, "return_meta_info": True,
-     "chat_template_kwargs": {"thinking": False}},
-    {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": [WEATHER],
-     "max_tokens": 4000},
-], ids=["thinking_sglext", "meta_info", "tool_call"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": MSG, "max_tokens": 1500, "return_spec_tokens_details": True},
+        {"messages": MSG, "max_tokens": 20, "return_meta_info": True, "chat_template_kwargs": {"thinking": False}},
+        {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": [WEATHER], "max_tokens": 4000},
+    ],
+    ids=["thinking_sglext", "meta_info", "tool_call"],
+)
 def test_chat_non_stream_matches_sglang(sgl, url, body):
     body = {"model": "kimi-k2.6", **body}
     sgl.protocol.ChatCompletionRequest.model_validate(body)
@@ -218,12 +253,17 @@ def test_chat_non_stream_matches_sglang(sgl, url, body):
     assert model.model_dump_json().encode() == raw
 
 
-@pytest.mark.parametrize("stream_options", [None, {"include_usage": True},
-                                            {"include_usage": True,
-                                             "continuous_usage_stats": True}])
+@pytest.mark.parametrize(
+    "stream_options", [None, {"include_usage": True}, {"include_usage": True, "continuous_usage_stats": True}]
+)
 def test_completion_stream_matches_sglang(sgl, url, stream_options):
-    body: dict[str, Any] = {"model": "kimi-k2.6", "prompt": "def fib(n):", "max_tokens": 30,
-                            "stream": True, "return_spec_tokens_details": True}
+    body: dict[str, Any] = {
+        "model": "kimi-k2.6",
+        "prompt": "def fib(n):",
+        "max_tokens": 30,
+        "stream": True,
+        "return_spec_tokens_details": True,
+    }
     if stream_options:
         body["stream_options"] = stream_options
     sgl.protocol.CompletionRequest.model_validate(body)
@@ -235,8 +275,7 @@ def test_completion_stream_matches_sglang(sgl, url, stream_options):
         m = model.model_validate_json(frame)
         is_final_usage = not m.choices and m.usage is not None
         assert m.model_dump_json(exclude_none=is_final_usage).encode() == frame
-    finishes = [json.loads(f)["choices"][0]["finish_reason"] for f in frames
-                if json.loads(f)["choices"]]
+    finishes = [json.loads(f)["choices"][0]["finish_reason"] for f in frames if json.loads(f)["choices"]]
     assert finishes[-1] == "length" and all(x is None for x in finishes[:-1])
 
 
@@ -254,14 +293,17 @@ def _fastapi_message(errors: list[dict[str, Any]]) -> str:
     return f"{exc} {exc.errors()}"
 
 
-@pytest.mark.parametrize("tools,tool_choice", [
-    ([{"type": "function", "function": {"description": "no name"}}], None),
-    ([{"type": "function"}], None),
-    ({"not": "a list"}, None),
-    ([{"function": {"name": 3, "strict": "maybe"}}], None),
-    ([WEATHER], "sometimes"),
-    ([WEATHER], {"type": "function", "function": {"name": 7}}),
-])
+@pytest.mark.parametrize(
+    "tools,tool_choice",
+    [
+        ([{"type": "function", "function": {"description": "no name"}}], None),
+        ([{"type": "function"}], None),
+        ({"not": "a list"}, None),
+        ([{"function": {"name": 3, "strict": "maybe"}}], None),
+        ([WEATHER], "sometimes"),
+        ([WEATHER], {"type": "function", "function": {"name": 7}}),
+    ],
+)
 def test_invalid_tools_rejected_with_sglangs_validation_text(sgl, url, tools, tool_choice):
     from pydantic import ValidationError
 
@@ -275,8 +317,10 @@ def test_invalid_tools_rejected_with_sglangs_validation_text(sgl, url, tools, to
     assert status == 400
     err = sgl.protocol.ErrorResponse.model_validate_json(raw)
     assert err.type == "Bad Request" and err.param is None and err.code == 400
-    endpoint = ('\n  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
-                'openai_v1_chat_completions\n    POST /v1/chat/completions')
+    endpoint = (
+        '\n  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
+        "openai_v1_chat_completions\n    POST /v1/chat/completions"
+    )
     # SGLang's text names its install path on the endpoint line; everything else is identical
     assert err.message.replace(endpoint, "") == _fastapi_message(errors)
 
@@ -284,8 +328,7 @@ def test_invalid_tools_rejected_with_sglangs_validation_text(sgl, url, tools, to
 def test_queue_full_stream_error_event_matches_sglang(sgl):
     # a queue of 0 rejects every request, as SGLang's `len(queue) + 1 <= max_queued` does
     with twin("k26-ar", "--max-queued-requests", "0") as u:
-        status, raw = _raw(u, "/v1/chat/completions",
-                           {"model": "m", "messages": MSG, "max_tokens": 3, "stream": True})
+        status, raw = _raw(u, "/v1/chat/completions", {"model": "m", "messages": MSG, "max_tokens": 3, "stream": True})
     assert status == 200
     (frame,) = _frames(raw)
     obj = json.loads(frame)
@@ -297,12 +340,15 @@ def test_queue_full_stream_error_event_matches_sglang(sgl):
 
 def test_the_byte_comparison_is_not_vacuous(sgl):
     """A chunk SGLang would write differently (null usage kept, keys reordered) is caught."""
-    good = (b'{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index"'
-            b':0,"delta":{"reasoning_content":null,"content":"x"},"logprobs":null,"finish_reason":'
-            b'null,"matched_stop":null}]}')
+    good = (
+        b'{"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index"'
+        b':0,"delta":{"reasoning_content":null,"content":"x"},"logprobs":null,"finish_reason":'
+        b'null,"matched_stop":null}]}'
+    )
     _check_chat_chunk(sgl, good)
-    for bad in (good[:-1] + b',"usage":null}',
-                good.replace(b'"reasoning_content":null,"content":"x"',
-                             b'"content":"x","reasoning_content":null')):
+    for bad in (
+        good[:-1] + b',"usage":null}',
+        good.replace(b'"reasoning_content":null,"content":"x"', b'"content":"x","reasoning_content":null'),
+    ):
         with pytest.raises(AssertionError):
             _check_chat_chunk(sgl, bad)

@@ -24,22 +24,19 @@ from backends.sim.virtual import DEFAULT_PROMPTS, run_closed_loop
 
 WORD_PROBLEMS = [
     # ages
-    "Maria is three times as old as her son. In 12 years she will be twice as old as him. "
-    "How old is the son now?",
+    "Maria is three times as old as her son. In 12 years she will be twice as old as him. How old is the son now?",
     "Tom is 8 years older than his sister. The sum of their ages is 30. How old is Tom?",
     "Five years ago Ben was half the age he will be in eight years. How old is Ben today?",
     "A grandfather is 72 and his grandson is 12. In how many years will the grandfather be "
     "four times as old as the grandson?",
     "Lena's father was 31 when she was born. Today he is twice her age. How old is Lena?",
     # rates, travel
-    "A train leaves the station at 9:15 and travels 240 miles at 60 miles per hour. "
-    "What time does it arrive?",
+    "A train leaves the station at 9:15 and travels 240 miles at 60 miles per hour. What time does it arrive?",
     "Two cyclists start 90 km apart and ride toward each other at 14 km/h and 16 km/h. "
     "After how many hours do they meet?",
     "A car uses 7 liters of fuel every 100 km. How much fuel does it need for a 350 km drive?",
     "Jenny walks to school at 4 km/h and it takes her 30 minutes. How far is the school?",
-    "A plane flies 1,200 miles with the wind in 3 hours and back against it in 4 hours. "
-    "What is the speed of the wind?",
+    "A plane flies 1,200 miles with the wind in 3 hours and back against it in 4 hours. What is the speed of the wind?",
     "A tap fills a tank in 6 hours and a drain empties it in 9 hours. If both are open, "
     "how long does the tank take to fill?",
     "Sam runs a lap in 75 seconds and Ali in 90 seconds. How many laps has Sam run when he "
@@ -50,39 +47,30 @@ WORD_PROBLEMS = [
     "Omar had $80. He spent a quarter of it on lunch and $15 on a book. How much money is left?",
     "A bakery sells muffins at $2 each or a dozen for $20. How much do you save buying a "
     "dozen instead of twelve single muffins?",
-    "Kim earns $18 per hour and works 7 hours a day, 5 days a week. What does she earn in "
-    "a month of four weeks?",
-    "A phone plan charges $30 a month plus 10 cents per text. Alex paid $41.50. How many "
-    "texts did he send?",
+    "Kim earns $18 per hour and works 7 hours a day, 5 days a week. What does she earn in a month of four weeks?",
+    "A phone plan charges $30 a month plus 10 cents per text. Alex paid $41.50. How many texts did he send?",
     "Tickets cost $12 for adults and $7 for children. A family of 2 adults and 3 children "
     "pays with a $50 bill. What is their change?",
     "The price of a laptop rose from $800 to $920. By what percent did it increase?",
     # work
-    "Anna can paint a fence in 5 hours and Ben in 7 hours. How long will it take them "
-    "working together?",
+    "Anna can paint a fence in 5 hours and Ben in 7 hours. How long will it take them working together?",
     "Six workers build a wall in 10 days. How many days would 4 workers need?",
     "A printer prints 45 pages per minute. How long does it take to print 1,350 pages?",
-    "A farmer plants 18 rows of corn with 24 plants in each row. How many plants are there "
-    "altogether?",
+    "A farmer plants 18 rows of corn with 24 plants in each row. How many plants are there altogether?",
     "Three machines make 600 bolts in 4 hours. How many bolts do 5 machines make in 6 hours?",
     # mixtures, counting, misc
-    "A jar holds red and blue marbles in the ratio 3 to 5. There are 40 marbles. "
-    "How many are blue?",
-    "Natasha has 4 times as many stickers as Joe. Together they have 45 stickers. How many "
-    "does Joe have?",
+    "A jar holds red and blue marbles in the ratio 3 to 5. There are 40 marbles. How many are blue?",
+    "Natasha has 4 times as many stickers as Joe. Together they have 45 stickers. How many does Joe have?",
     "A class of 28 students has 4 more girls than boys. How many boys are in the class?",
     "A rectangle is twice as long as it is wide and its perimeter is 36 cm. Find its width.",
-    "If 3 apples and 2 pears cost $4 and 2 apples and 3 pears cost $4.50, what does one pear "
-    "cost?",
+    "If 3 apples and 2 pears cost $4 and 2 apples and 3 pears cost $4.50, what does one pear cost?",
     "A recipe needs 2 cups of flour for 12 cookies. How much flour do you need for 30 cookies?",
     "Leo reads 25 pages each evening. His book has 340 pages and he has read 90. How many "
     "more evenings until he finishes?",
-    "A water tank holds 500 gallons and leaks 2 gallons every hour. How much water remains "
-    "after three days?",
+    "A water tank holds 500 gallons and leaks 2 gallons every hour. How much water remains after three days?",
     "In a parking lot there are cars and motorbikes, 30 vehicles and 100 wheels in total. "
     "How many motorbikes are there?",
-    "A store had 150 boxes of cereal, sold 38 on Monday and twice as many on Tuesday. "
-    "How many boxes are left?",
+    "A store had 150 boxes of cereal, sold 38 on Monday and twice as many on Tuesday. How many boxes are left?",
     "A bus carries 45 passengers. How many buses are needed for 320 students?",
     "Emma saves $6 every week. After how many weeks will she have enough for a $90 bike?",
     "A pool is 25 meters long. How many lengths must Ravi swim to cover 1.5 kilometers?",
@@ -173,13 +161,11 @@ def _show(name: str, m: dict[str, dict[str, int]]) -> None:
     for t in DOMAINS:
         n = sum(m[t].values())
         if n:
-            print(f"{t:>6}  " + " ".join(f"{m[t][d]:>6}" for d in DOMAINS)
-                  + f"  {m[t][t] / n:.2f}")
+            print(f"{t:>6}  " + " ".join(f"{m[t][d]:>6}" for d in DOMAINS) + f"  {m[t][t] / n:.2f}")
 
 
 def test_held_out_set_confusion_matrix_and_floors():
-    labelled = ([(t, "math") for t in WORD_PROBLEMS] + [(t, "code") for t in CODE]
-                + [(t, "chat") for t in CHAT])
+    labelled = [(t, "math") for t in WORD_PROBLEMS] + [(t, "code") for t in CODE] + [(t, "chat") for t in CHAT]
     m = _confusion(labelled)
     _show("held-out set", m)
     for t in DOMAINS:
@@ -201,6 +187,5 @@ def test_sets_are_kept_apart_from_the_calibration_prompts():
 def test_held_out_word_problems_give_the_studies_r5_speed():
     # Domain read by the twin (domain=None), unlike calibration, which states it.
     prompts = tuple(WORD_PROBLEMS[:38])
-    lv = run_closed_loop(load_profile("qwen36-ddtree-b15"), 1, len(prompts), 512,
-                         prompts=prompts)
+    lv = run_closed_loop(load_profile("qwen36-ddtree-b15"), 1, len(prompts), 512, prompts=prompts)
     assert lv.mean_request_output_throughput == pytest.approx(173, rel=0.05)

@@ -9,8 +9,16 @@ from backends.sim.engine import Engine, QueueFull
 from backends.sim.profile import ProfileError, list_profiles, load_profile, numeric_parameters, profile_names
 from backends.sim.virtual import run_closed_loop
 
-EXPECTED_PROFILES = {"k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "qwen36-ar",
-                     "qwen36-ddtree-b15", "qwen36-ddtree-b64", "zero"}
+EXPECTED_PROFILES = {
+    "k26-ar",
+    "k26-eagle3",
+    "k26-dflash",
+    "k26-ddtree",
+    "qwen36-ar",
+    "qwen36-ddtree-b15",
+    "qwen36-ddtree-b64",
+    "zero",
+}
 
 
 def _drain(engine: Engine) -> int:
@@ -81,8 +89,7 @@ def test_calibration_targets_roughly_hold():
 
 def test_dflash_acceptance_by_domain_in_r8_range():
     prof = load_profile("k26-dflash")
-    lengths = {d: run_closed_loop(prof, 4, 32, 256, domain=d).accept_length
-               for d in ("math", "code", "chat")}
+    lengths = {d: run_closed_loop(prof, 4, 32, 256, domain=d).accept_length for d in ("math", "code", "chat")}
     assert lengths["math"] > lengths["code"] > lengths["chat"]
     for v in lengths.values():
         assert 3.5 <= v <= 5.0
@@ -114,8 +121,10 @@ def test_moe_keeps_more_gain_than_dense():
 
 def test_k26_ddtree_has_a_best_budget():
     base = load_profile("k26-ddtree")
-    tps = {b: run_closed_loop(base.with_budget(b), 1, 4, 256, domain="math")
-           .mean_request_output_throughput for b in (7, 32, 64, 256, 1024)}
+    tps = {
+        b: run_closed_loop(base.with_budget(b), 1, 4, 256, domain="math").mean_request_output_throughput
+        for b in (7, 32, 64, 256, 1024)
+    }
     best = max(tps, key=tps.get)
     assert best not in (7, 1024), tps
     assert tps[1024] < tps[best]
@@ -127,8 +136,10 @@ def test_qwen_acceptance_collapses_above_budget_15():
     assert b64.accept_length < b15.accept_length / 2
     # ... while on pure-attention K2.6 a bigger budget never loses acceptance
     k = load_profile("k26-ddtree")
-    assert (run_closed_loop(k.with_budget(64), 1, 4, 256, domain="math").accept_length
-            > run_closed_loop(k.with_budget(16), 1, 4, 256, domain="math").accept_length)
+    assert (
+        run_closed_loop(k.with_budget(64), 1, 4, 256, domain="math").accept_length
+        > run_closed_loop(k.with_budget(16), 1, 4, 256, domain="math").accept_length
+    )
 
 
 def test_deterministic_under_seed():

@@ -17,8 +17,7 @@ from tests.test_sim_server import CHAT, get, post
 
 
 def _cmd(port: int, profile: str, *extra: str) -> list[str]:
-    return specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", "0.02",
-                     *extra)
+    return specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", "0.02", *extra)
 
 
 def _wait(predicate, timeout: float = 15.0) -> None:
@@ -52,18 +51,15 @@ def test_error_rate_answers_5xx_before_first_byte():
 def test_error_rate_fraction_is_partial_and_seeded():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(_cmd(port, "zero", "--fault-error-rate", "0.5", "--seed", "3"),
-                 ready_url=f"{url}/ready"):
-        codes = [post(f"{url}/v1/completions", {"prompt": "x", "max_tokens": 1})[0]
-                 for _ in range(40)]
+    with running(_cmd(port, "zero", "--fault-error-rate", "0.5", "--seed", "3"), ready_url=f"{url}/ready"):
+        codes = [post(f"{url}/v1/completions", {"prompt": "x", "max_tokens": 1})[0] for _ in range(40)]
     assert set(codes) == {200, 500}
 
 
 def test_crash_after_tokens_exits_the_process():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(_cmd(port, "k26-ar", "--fault-crash-after-tokens", "20"),
-                 ready_url=f"{url}/ready") as proc:
+    with running(_cmd(port, "k26-ar", "--fault-crash-after-tokens", "20"), ready_url=f"{url}/ready") as proc:
         with pytest.raises((urllib.error.URLError, http.client.HTTPException, OSError)):
             post(f"{url}/v1/chat/completions", {**CHAT, "max_tokens": 200})
         assert proc.wait(15) == CRASH_EXIT_CODE
@@ -72,12 +68,14 @@ def test_crash_after_tokens_exits_the_process():
 def test_hang_after_tokens_stops_progress():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(_cmd(port, "zero", "--fault-hang-after-tokens", "5"),
-                 ready_url=f"{url}/ready") as proc:
+    with running(_cmd(port, "zero", "--fault-hang-after-tokens", "5"), ready_url=f"{url}/ready") as proc:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-        conn.request("POST", "/v1/chat/completions",
-                     body=json.dumps({**CHAT, "max_tokens": 1000, "stream": True}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps({**CHAT, "max_tokens": 1000, "stream": True}),
+            headers={"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         assert resp.status == 200
         # a zero-cost server would finish 1000 tokens in milliseconds; hung, it never does
@@ -107,11 +105,12 @@ def test_acceptance_drops_after_given_time():
     body = {**CHAT, "max_tokens": 200, "return_spec_tokens_details": True}
 
     def accept_length() -> float:
-        return post(f"{url}/v1/chat/completions", body)[1]["sglext"]["spec_tokens_details"][
-            "spec_accept_length"]
+        return post(f"{url}/v1/chat/completions", body)[1]["sglext"]["spec_tokens_details"]["spec_accept_length"]
 
-    with running(_cmd(port, "k26-dflash", "--fault-accept-drop-at", "1.0",
-                      "--fault-accept-drop-to", "0.1"), ready_url=f"{url}/ready"):
+    with running(
+        _cmd(port, "k26-dflash", "--fault-accept-drop-at", "1.0", "--fault-accept-drop-to", "0.1"),
+        ready_url=f"{url}/ready",
+    ):
         assert accept_length() > 3
         _wait(lambda: accept_length() < 1.5)
 

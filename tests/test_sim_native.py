@@ -15,16 +15,23 @@ import pytest
 from tests.support import free_port, running, specroute
 from tests.test_sim_server import CHAT, get, post, sse, twin
 
-SPEC_FIELDS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate",
-               "spec_num_correct_drafts", "spec_num_proposed_drafts",
-               "spec_correct_drafts_histogram"}
+SPEC_FIELDS = {
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+}
 
 
 def _start(profile: str, *extra: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(specroute("sim", "--profile", profile, "--port", str(port), "--time-scale",
-                           "0.02", *extra), ready_url=f"{url}/ready"):
+    with running(
+        specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", "0.02", *extra),
+        ready_url=f"{url}/ready",
+    ):
         yield url
 
 
@@ -39,8 +46,7 @@ def legacy_url() -> Iterator[str]:
 
 
 def test_generate_non_stream_meta_info(url):
-    status, body = post(f"{url}/generate", {"text": "Solve 2 + 2",
-                                            "sampling_params": {"max_new_tokens": 20}})
+    status, body = post(f"{url}/generate", {"text": "Solve 2 + 2", "sampling_params": {"max_new_tokens": 20}})
     assert status == 200
     assert len(body["output_ids"]) == 20 and len(body["text"].split()) == 20
     meta = body["meta_info"]
@@ -58,15 +64,13 @@ def test_generate_default_max_new_tokens_and_input_ids(url):
 
 
 def test_generate_stream_is_cumulative(url):
-    events = sse(f"{url}/generate", {"text": "Solve 2 + 2",
-                                     "sampling_params": {"max_new_tokens": 30}})
+    events = sse(f"{url}/generate", {"text": "Solve 2 + 2", "sampling_params": {"max_new_tokens": 30}})
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     texts = [c["text"] for c in chunks]
     assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
     assert len(texts[-1].split()) == 30
-    assert [c["meta_info"]["completion_tokens"] for c in chunks] == [
-        len(c["output_ids"]) for c in chunks]
+    assert [c["meta_info"]["completion_tokens"] for c in chunks] == [len(c["output_ids"]) for c in chunks]
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     assert "spec_verify_ct" not in chunks[0]["meta_info"]  # spec stats only when finished
     assert set(chunks[-1]["meta_info"]) >= SPEC_FIELDS
@@ -83,8 +87,7 @@ def test_generate_incremental_streaming_output():
 def test_generate_errors_are_native_shape(url):
     status, body = post(f"{url}/generate", {"sampling_params": {"max_new_tokens": 3}})
     assert status == 400 and isinstance(body["error"], str)
-    status, body = post(f"{url}/generate",
-                        {"text": "x", "sampling_params": {"max_new_tokens": "a"}})
+    status, body = post(f"{url}/generate", {"text": "x", "sampling_params": {"max_new_tokens": "a"}})
     assert status == 400 and "max_new_tokens" in body["error"]
 
 
@@ -94,8 +97,7 @@ def test_return_meta_info_chat(url):
     meta = body["choices"][0]["meta_info"]
     assert meta["completion_tokens"] == CHAT["max_tokens"]
     assert set(meta) >= SPEC_FIELDS
-    status, err = post(f"{url}/v1/chat/completions",
-                       {**CHAT, "return_meta_info": True, "stream": True})
+    status, err = post(f"{url}/v1/chat/completions", {**CHAT, "return_meta_info": True, "stream": True})
     assert status == 400 and err["object"] == "error" and err["param"] == "return_meta_info"
 
 
@@ -104,15 +106,22 @@ def test_metrics_names(url):
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         assert r.status == 200
         text = r.read().decode()
-    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
-                 "sglang:token_usage", "sglang:spec_accept_length", "sglang:spec_accept_rate",
-                 "sglang:spec_verify_calls_total", "sglang:generation_tokens_total",
-                 "sglang:prompt_tokens_total", "sglang:time_to_first_token_seconds_bucket",
-                 "sglang:inter_token_latency_seconds_count",
-                 "sglang:e2e_request_latency_seconds_sum"):
+    for name in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:gen_throughput",
+        "sglang:token_usage",
+        "sglang:spec_accept_length",
+        "sglang:spec_accept_rate",
+        "sglang:spec_verify_calls_total",
+        "sglang:generation_tokens_total",
+        "sglang:prompt_tokens_total",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:inter_token_latency_seconds_count",
+        "sglang:e2e_request_latency_seconds_sum",
+    ):
         assert name in text, name
-    gen_total = next(ln for ln in text.splitlines()
-                     if ln.startswith("sglang:generation_tokens_total{"))
+    gen_total = next(ln for ln in text.splitlines() if ln.startswith("sglang:generation_tokens_total{"))
     assert float(gen_total.rsplit(" ", 1)[1]) >= CHAT["max_tokens"]
 
 
@@ -125,8 +134,7 @@ def test_abort_request_ends_stream_with_abort(url):
     result: dict = {}
 
     def consume() -> None:
-        result["events"] = sse(f"{url}/v1/chat/completions",
-                               {**CHAT, "max_tokens": 100000, "rid": "abort-me"})
+        result["events"] = sse(f"{url}/v1/chat/completions", {**CHAT, "max_tokens": 100000, "rid": "abort-me"})
 
     t = threading.Thread(target=consume)
     t.start()
@@ -134,8 +142,11 @@ def test_abort_request_ends_stream_with_abort(url):
     while get(f"{url}/v1/loads")[1]["loads"][0]["num_running_reqs"] < 1:
         assert time.monotonic() < deadline, "request never started"
         time.sleep(0.01)
-    req = urllib.request.Request(f"{url}/abort_request", data=json.dumps({"rid": "abort-me"})
-                                 .encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}/abort_request",
+        data=json.dumps({"rid": "abort-me"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200
     t.join(20)
@@ -154,11 +165,9 @@ def test_compat_mode_imitates_older_sglang(legacy_url):
     assert status == 404
     status, load = get(f"{legacy_url}/get_load")
     assert status == 200 and isinstance(load, list) and "num_reqs" in load[0]
-    _, body = post(f"{legacy_url}/v1/chat/completions",
-                   {**CHAT, "return_spec_tokens_details": True})
+    _, body = post(f"{legacy_url}/v1/chat/completions", {**CHAT, "return_spec_tokens_details": True})
     assert "sglext" not in body and body["usage"]["completion_tokens"] == CHAT["max_tokens"]
-    events = sse(f"{legacy_url}/v1/chat/completions",
-                 {**CHAT, "return_spec_tokens_details": True})
+    events = sse(f"{legacy_url}/v1/chat/completions", {**CHAT, "return_spec_tokens_details": True})
     assert not any(isinstance(e, dict) and "sglext" in e for e in events)
     _, gen = post(f"{legacy_url}/generate", {"text": "x", "sampling_params": {"max_new_tokens": 9}})
     meta = gen["meta_info"]

@@ -22,12 +22,18 @@ from tests.test_sim_server import _start, get, post, sse, twin
 
 PARSERS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
 LYON = "Tell me about the history of Lyon."
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"type": "string",
-                                                             "enum": ["c", "f"]}},
-                   "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +62,12 @@ def test_thinking_stream_reasoning_then_content_sdk(url):
     r = _expected_reasoning([("user", LYON)])
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
     stream = client.chat.completions.create(
-        model="kimi-k2.6", messages=[{"role": "user", "content": LYON}], max_tokens=r + 30,
-        stream=True, stream_options={"include_usage": True})
+        model="kimi-k2.6",
+        messages=[{"role": "user", "content": LYON}],
+        max_tokens=r + 30,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     phases, reasoning, content, usage, reasons = [], "", "", None, []
     for chunk in stream:
         if chunk.usage:
@@ -74,7 +84,7 @@ def test_thinking_stream_reasoning_then_content_sdk(url):
             phases.append("c")
         reasons.append(chunk.choices[0].finish_reason)
     assert phases[0] == "r" and phases[-1] == "c"
-    assert "c" not in phases[:phases.index("c")] and "r" not in phases[phases.index("c") + 1:]
+    assert "c" not in phases[: phases.index("c")] and "r" not in phases[phases.index("c") + 1 :]
     assert THINK_END not in reasoning + content
     assert len(reasoning.split()) == r - 1  # the </think> token is counted but not shown
     assert len(content.split()) == 30
@@ -87,8 +97,7 @@ def test_thinking_stream_reasoning_then_content_sdk(url):
 def test_thinking_finish_chunk_bytes(url):
     events = sse(f"{url}/v1/chat/completions", {**_chat(LYON), "max_tokens": 12})
     role, finish = events[0], events[-2]
-    assert role["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant",
-                                           "content": ""}
+    assert role["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
     assert finish["choices"][0]["delta"] == {"reasoning_content": None}
     assert "usage" not in finish  # msgspec omit_defaults drops a null usage
     body = [e["choices"][0]["delta"] for e in events[1:-2]]
@@ -107,10 +116,14 @@ def test_thinking_non_stream_message_and_usage(url):
     assert body["metadata"] == {"weight_version": "default"}
 
 
-@pytest.mark.parametrize("extra", [{"chat_template_kwargs": {"thinking": False}},
-                                   {"chat_template_kwargs": {"thinking": False, "bogus": [1],
-                                                             "enable_thinking": "yes"}},
-                                   {"reasoning_effort": "none"}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"chat_template_kwargs": {"thinking": False}},
+        {"chat_template_kwargs": {"thinking": False, "bogus": [1], "enable_thinking": "yes"}},
+        {"reasoning_effort": "none"},
+    ],
+)
 def test_thinking_off(url, extra):
     status, body = post(f"{url}/v1/chat/completions", {**_chat(LYON), "max_tokens": 10, **extra})
     assert status == 200
@@ -121,15 +134,13 @@ def test_thinking_off(url, extra):
 
 @pytest.mark.parametrize("kwargs", [{"bogus": 1}, {"thinking": "maybe"}, {"a": {"b": None}}, {}])
 def test_unknown_chat_template_kwargs_never_crash(url, kwargs):
-    status, body = post(f"{url}/v1/chat/completions",
-                        {**_chat(LYON), "max_tokens": 5, "chat_template_kwargs": kwargs})
+    status, body = post(f"{url}/v1/chat/completions", {**_chat(LYON), "max_tokens": 5, "chat_template_kwargs": kwargs})
     assert status == 200 and body["usage"]["completion_tokens"] == 5
 
 
 def test_separate_reasoning_false_inlines_it(url):
     r = _expected_reasoning([("user", LYON)])
-    _, body = post(f"{url}/v1/chat/completions",
-                   {**_chat(LYON), "max_tokens": r + 5, "separate_reasoning": False})
+    _, body = post(f"{url}/v1/chat/completions", {**_chat(LYON), "max_tokens": r + 5, "separate_reasoning": False})
     msg = body["choices"][0]["message"]
     assert msg["reasoning_content"] is None
     before, after = msg["content"].split(THINK_END)
@@ -153,8 +164,13 @@ def test_tool_call_stream_sdk_and_next_turn(url):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
     question = {"role": "user", "content": "What is the weather in Paris right now?"}
     stream = client.chat.completions.create(
-        model="kimi-k2.6", messages=[question], tools=[WEATHER_TOOL], max_tokens=4000,
-        stream=True, extra_body={"chat_template_kwargs": {"thinking": False}})
+        model="kimi-k2.6",
+        messages=[question],
+        tools=[WEATHER_TOOL],
+        max_tokens=4000,
+        stream=True,
+        extra_body={"chat_template_kwargs": {"thinking": False}},
+    )
     calls: dict[int, dict] = {}
     finish = None
     for chunk in stream:
@@ -171,19 +187,31 @@ def test_tool_call_stream_sdk_and_next_turn(url):
     assert json.loads(call["arguments"]) == {"city": "Paris"}
     # the agent loop: the tool result comes back, the model answers in text
     follow = client.chat.completions.create(
-        model="kimi-k2.6", tools=[WEATHER_TOOL], max_tokens=6,
-        messages=[question,
-                  {"role": "assistant", "content": "", "tool_calls": [{
-                      "id": call["id"], "type": "function",
-                      "function": {"name": "get_weather", "arguments": call["arguments"]}}]},
-                  {"role": "tool", "tool_call_id": call["id"], "content": '{"temp": 21}'}],
-        extra_body={"chat_template_kwargs": {"thinking": False}})
+        model="kimi-k2.6",
+        tools=[WEATHER_TOOL],
+        max_tokens=6,
+        messages=[
+            question,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": call["arguments"]},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call["id"], "content": '{"temp": 21}'},
+        ],
+        extra_body={"chat_template_kwargs": {"thinking": False}},
+    )
     assert follow.choices[0].finish_reason == "length" and not follow.choices[0].message.tool_calls
 
 
 def test_tool_call_non_stream_after_reasoning(url):
-    body = {**_chat("Please look up the weather in Tokyo for me."), "tools": [WEATHER_TOOL],
-            "max_tokens": 30000}
+    body = {**_chat("Please look up the weather in Tokyo for me."), "tools": [WEATHER_TOOL], "max_tokens": 30000}
     status, out = post(f"{url}/v1/chat/completions", body)
     assert status == 200
     choice = out["choices"][0]
@@ -196,36 +224,59 @@ def test_tool_call_non_stream_after_reasoning(url):
 
 
 def test_no_call_when_the_prompt_does_not_ask_or_tool_choice_none(url):
-    for body in ({**_chat("Write a haiku about spring."), "tools": [WEATHER_TOOL]},
-                 {**_chat("What is the weather in Rome?"), "tools": [WEATHER_TOOL],
-                  "tool_choice": "none"}):
-        _, out = post(f"{url}/v1/chat/completions",
-                      {**body, "max_tokens": 8, "chat_template_kwargs": {"thinking": False}})
+    for body in (
+        {**_chat("Write a haiku about spring."), "tools": [WEATHER_TOOL]},
+        {**_chat("What is the weather in Rome?"), "tools": [WEATHER_TOOL], "tool_choice": "none"},
+    ):
+        _, out = post(
+            f"{url}/v1/chat/completions", {**body, "max_tokens": 8, "chat_template_kwargs": {"thinking": False}}
+        )
         assert out["choices"][0]["finish_reason"] == "length"
         assert "tool_calls" not in out["choices"][0]["message"]
 
 
 def test_required_tool_choice_always_calls(url):
-    _, out = post(f"{url}/v1/chat/completions",
-                  {**_chat("hi"), "tools": [WEATHER_TOOL], "tool_choice": "required",
-                   "max_tokens": 500, "chat_template_kwargs": {"thinking": False}})
+    _, out = post(
+        f"{url}/v1/chat/completions",
+        {
+            **_chat("hi"),
+            "tools": [WEATHER_TOOL],
+            "tool_choice": "required",
+            "max_tokens": 500,
+            "chat_template_kwargs": {"thinking": False},
+        },
+    )
     assert out["choices"][0]["finish_reason"] == "tool_calls"
 
 
-@pytest.mark.parametrize("tools,tool_choice,kind,needle", [
-    ([{"type": "function", "function": {"description": "no name"}}], None, "Bad Request",
-     "'loc': ('body', 'tools', 0, 'function', 'name'), 'msg': 'Field required'"),
-    ([{"type": "function"}], None, "Bad Request", "('body', 'tools', 0, 'function')"),
-    ({"not": "a list"}, None, "Bad Request", "'type': 'list_type'"),
-    ([{"function": {"name": 3}}], None, "Bad Request", "'type': 'string_type'"),
-    ([WEATHER_TOOL], "sometimes", "Bad Request", "('body', 'tool_choice'"),
-    (None, "required", "BadRequestError",
-     "Tools cannot be empty if tool choice is set to required."),
-    ([WEATHER_TOOL], {"type": "function", "function": {"name": "nope"}}, "BadRequestError",
-     "Tool 'nope' not found in tools list."),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "banana"}}}],
-     None, "BadRequestError", "Tool 0 function has invalid 'parameters' schema"),
-])
+@pytest.mark.parametrize(
+    "tools,tool_choice,kind,needle",
+    [
+        (
+            [{"type": "function", "function": {"description": "no name"}}],
+            None,
+            "Bad Request",
+            "'loc': ('body', 'tools', 0, 'function', 'name'), 'msg': 'Field required'",
+        ),
+        ([{"type": "function"}], None, "Bad Request", "('body', 'tools', 0, 'function')"),
+        ({"not": "a list"}, None, "Bad Request", "'type': 'list_type'"),
+        ([{"function": {"name": 3}}], None, "Bad Request", "'type': 'string_type'"),
+        ([WEATHER_TOOL], "sometimes", "Bad Request", "('body', 'tool_choice'"),
+        (None, "required", "BadRequestError", "Tools cannot be empty if tool choice is set to required."),
+        (
+            [WEATHER_TOOL],
+            {"type": "function", "function": {"name": "nope"}},
+            "BadRequestError",
+            "Tool 'nope' not found in tools list.",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "banana"}}}],
+            None,
+            "BadRequestError",
+            "Tool 0 function has invalid 'parameters' schema",
+        ),
+    ],
+)
 def test_invalid_tools_are_rejected_as_sglang_does(url, tools, tool_choice, kind, needle):
     body = {**_chat("weather in Paris?"), "tools": tools, "stream": True}
     if tool_choice is not None:
@@ -239,18 +290,24 @@ def test_invalid_tools_are_rejected_as_sglang_does(url, tools, tool_choice, kind
 def test_invalid_tools_via_sdk_raise_bad_request(url):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="kimi-k2.6", messages=[{"role": "user",
-                                                                      "content": "x"}],
-                                       tools=[{"type": "function", "function": {}}])
+        client.chat.completions.create(
+            model="kimi-k2.6", messages=[{"role": "user", "content": "x"}], tools=[{"type": "function", "function": {}}]
+        )
 
 
 # -------------------------------------------------------------------- usage, prefix cache
 
 
 def test_continuous_usage_stats_counts_every_chunk(url):
-    events = sse(f"{url}/v1/chat/completions",
-                 {**_chat(LYON), "max_tokens": 60, "chat_template_kwargs": {"thinking": False},
-                  "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    events = sse(
+        f"{url}/v1/chat/completions",
+        {
+            **_chat(LYON),
+            "max_tokens": 60,
+            "chat_template_kwargs": {"thinking": False},
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     body = [e for e in events[1:-1] if e["choices"] and e["choices"][0]["delta"].get("content")]
     counts = [e["usage"]["completion_tokens"] for e in body]
     words = [len(e["choices"][0]["delta"]["content"].split()) for e in body]
@@ -262,14 +319,23 @@ def test_continuous_usage_stats_counts_every_chunk(url):
 
 def test_prefix_cache_across_turns_reports_cached_tokens(url):
     history = "Here is a long document about rivers. " * 80  # ~760 prompt tokens
-    turn1 = {"model": "kimi-k2.6", "max_tokens": 16, "chat_template_kwargs": {"thinking": False},
-             "messages": [{"role": "user", "content": history + "Summarise it."}]}
+    turn1 = {
+        "model": "kimi-k2.6",
+        "max_tokens": 16,
+        "chat_template_kwargs": {"thinking": False},
+        "messages": [{"role": "user", "content": history + "Summarise it."}],
+    }
     _, first = post(f"{url}/v1/chat/completions", turn1)
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     answer = first["choices"][0]["message"]["content"]
-    turn2 = {**turn1, "messages": [*turn1["messages"],
-                                   {"role": "assistant", "content": answer},
-                                   {"role": "user", "content": "Now in one line."}]}
+    turn2 = {
+        **turn1,
+        "messages": [
+            *turn1["messages"],
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Now in one line."},
+        ],
+    }
     _, second = post(f"{url}/v1/chat/completions", turn2)
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     # the whole first turn (prompt and answer) is reused, in whole 64-token blocks
@@ -279,14 +345,17 @@ def test_prefix_cache_across_turns_reports_cached_tokens(url):
     assert loads["loads"][0]["cache_hit_rate"] > 0.5  # the last prefill batch was turn 2
     status, metrics = 200, None
     import urllib.request
+
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         metrics = r.read().decode()
     assert status == 200 and "sglang:cache_hit_rate" in metrics
 
 
 def test_without_cache_report_prompt_tokens_details_is_null(plain_url):
-    _, out = post(f"{plain_url}/v1/chat/completions",
-                  {**_chat("hi"), "max_tokens": 2, "chat_template_kwargs": {"thinking": False}})
+    _, out = post(
+        f"{plain_url}/v1/chat/completions",
+        {**_chat("hi"), "max_tokens": 2, "chat_template_kwargs": {"thinking": False}},
+    )
     assert out["usage"]["prompt_tokens_details"] is None
     _, loads = get(f"{plain_url}/v1/loads")
     assert loads["loads"][0]["cache_hit_rate"] == 0.0  # SGLang computes it only with metrics on
@@ -306,9 +375,10 @@ def _raw_stream(url: str, body: dict) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     raw = json.dumps({**body, "stream": True}).encode()
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: "
-                 + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+    )
     return sock
 
 
@@ -332,9 +402,15 @@ def test_stream_queue_full_is_200_then_error_event_then_done():
             b.recv(1)
         events = sse(f"{u}/v1/chat/completions", {**_chat("hi"), "max_tokens": 3})
         assert events[-1] == "[DONE]" and len(events) == 2
-        assert events[0] == {"error": {"object": "error", "message": "The request queue is full.",
-                                       "type": "SERVICE_UNAVAILABLE", "param": None,
-                                       "code": 503}}
+        assert events[0] == {
+            "error": {
+                "object": "error",
+                "message": "The request queue is full.",
+                "type": "SERVICE_UNAVAILABLE",
+                "param": None,
+                "code": 503,
+            }
+        }
         status, err = post(f"{u}/v1/chat/completions", {**_chat("hi"), "max_tokens": 3})
         assert status == 503 and err["type"] == "503"  # non-stream: an HTTP 503
         a.close()
@@ -345,8 +421,7 @@ def test_stream_queue_full_is_200_then_error_event_then_done():
 
 def test_native_generate_bad_json_is_flat(url):
     conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
-    conn.request("POST", "/generate", body=b"{not json", headers={"Content-Type":
-                                                                  "application/json"})
+    conn.request("POST", "/generate", body=b"{not json", headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     err = json.loads(resp.read())
     assert resp.status == 400

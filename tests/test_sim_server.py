@@ -24,8 +24,7 @@ def _start(profile: str, *extra: str) -> Iterator[str]:
     """Yield the URL of a twin process for the duration of the generator (fixtures)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", SCALE,
-                    *extra)
+    cmd = specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", SCALE, *extra)
     with running(cmd, ready_url=f"{url}/ready"):
         yield url
 
@@ -65,8 +64,9 @@ def post(url: str, body: Any, content_type: str = "application/json") -> tuple[i
 
 def sse(url: str, body: dict) -> list[Any]:
     """POST a streaming request; return the decoded `data:` payloads ("[DONE]" kept as str)."""
-    req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps({**body, "stream": True}).encode(), headers={"Content-Type": "application/json"}
+    )
     out: list[Any] = []
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
@@ -75,13 +75,12 @@ def sse(url: str, body: dict) -> list[Any]:
         if not frame:
             continue
         assert frame.startswith("data: "), frame
-        payload = frame[len("data: "):]
+        payload = frame[len("data: ") :]
         out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
 
 
-CHAT = {"model": "kimi-k2.6", "messages": [{"role": "user", "content": "Solve 3x + 5 = 11"}],
-        "max_tokens": 24}
+CHAT = {"model": "kimi-k2.6", "messages": [{"role": "user", "content": "Solve 3x + 5 = 11"}], "max_tokens": 24}
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -92,15 +91,31 @@ def test_list_prints_every_profile():
     assert out.returncode == 0
     lines = out.stdout.strip().splitlines()
     names = {ln.split()[0] for ln in lines}
-    assert {"k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "qwen36-ar",
-            "qwen36-ddtree-b15", "qwen36-ddtree-b64", "zero"} <= names
+    assert {
+        "k26-ar",
+        "k26-eagle3",
+        "k26-dflash",
+        "k26-ddtree",
+        "qwen36-ar",
+        "qwen36-ddtree-b15",
+        "qwen36-ddtree-b64",
+        "zero",
+    } <= names
     row = next(ln.split() for ln in lines if ln.startswith("k26-dflash "))
     assert row[1] == "dflash" and row[2] == "kimi-k2.6"
 
 
-@pytest.mark.parametrize("args", [["--profile", "nope"], ["--port", "x", "--profile", "k26-ar"],
-                                  ["--bogus"], [], ["--profile", "k26-ar", "--ddtree-budget", "8"],
-                                  ["--profile", "k26-ar", "--time-scale", "-1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--profile", "nope"],
+        ["--port", "x", "--profile", "k26-ar"],
+        ["--bogus"],
+        [],
+        ["--profile", "k26-ar", "--ddtree-budget", "8"],
+        ["--profile", "k26-ar", "--time-scale", "-1"],
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(args):
     out = subprocess.run(specroute("sim", *args), capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
@@ -123,11 +138,20 @@ def test_server_info_speculative_and_ar(spec_url, ar_url):
     for path in ("/server_info", "/get_server_info"):
         status, info = get(spec_url + path)
         assert status == 200
-        for key in ("speculative_algorithm", "speculative_draft_model_path",
-                    "speculative_num_steps", "speculative_eagle_topk",
-                    "speculative_num_draft_tokens", "speculative_dflash_block_size",
-                    "max_running_requests", "attention_backend", "served_model_name",
-                    "tp_size", "version", "internal_states"):
+        for key in (
+            "speculative_algorithm",
+            "speculative_draft_model_path",
+            "speculative_num_steps",
+            "speculative_eagle_topk",
+            "speculative_num_draft_tokens",
+            "speculative_dflash_block_size",
+            "max_running_requests",
+            "attention_backend",
+            "served_model_name",
+            "tp_size",
+            "version",
+            "internal_states",
+        ):
             assert key in info, key
         assert info["speculative_algorithm"] == "DFLASH"
         assert info["max_running_requests"] == 48
@@ -156,10 +180,21 @@ def test_loads_core_and_spec_sections(spec_url, ar_url):
     assert status == 200 and {"timestamp", "version", "loads"} <= set(body)
     assert isinstance(body["timestamp"], str) and "T" in body["timestamp"]  # ISO-8601
     load = body["loads"][0]
-    for key in ("timestamp", "dp_rank", "num_running_reqs", "num_waiting_reqs",
-                "num_used_tokens", "max_total_num_tokens", "max_running_requests",
-                "token_usage", "gen_throughput", "cache_hit_rate", "utilization",
-                "speculative", "queues"):
+    for key in (
+        "timestamp",
+        "dp_rank",
+        "num_running_reqs",
+        "num_waiting_reqs",
+        "num_used_tokens",
+        "max_total_num_tokens",
+        "max_running_requests",
+        "token_usage",
+        "gen_throughput",
+        "cache_hit_rate",
+        "utilization",
+        "speculative",
+        "queues",
+    ):
         assert key in load, key
     assert set(load["speculative"]) == {"accept_length", "accept_rate"}
     assert 2 < load["speculative"]["accept_length"] < 8
@@ -187,8 +222,7 @@ def test_health_ready(spec_url):
 
 
 def test_chat_non_stream_with_spec_details(spec_url):
-    status, body = post(f"{spec_url}/v1/chat/completions",
-                        {**CHAT, "return_spec_tokens_details": True})
+    status, body = post(f"{spec_url}/v1/chat/completions", {**CHAT, "return_spec_tokens_details": True})
     assert status == 200
     assert len(body["id"]) == 32 and int(body["id"], 16) >= 0
     assert body["object"] == "chat.completion"
@@ -200,10 +234,17 @@ def test_chat_non_stream_with_spec_details(spec_url):
     assert usage["completion_tokens"] == 24
     assert usage["total_tokens"] == usage["prompt_tokens"] + 24
     d = body["sglext"]["spec_tokens_details"]
-    assert list(d) == ["spec_accept_rate", "spec_accept_length", "spec_cap_length",
-                       "spec_block_accept_length", "spec_num_correct_drafts",
-                       "spec_num_proposed_drafts", "spec_verify_ct",
-                       "spec_correct_drafts_histogram", "spec_cap_lens_histogram"]
+    assert list(d) == [
+        "spec_accept_rate",
+        "spec_accept_length",
+        "spec_cap_length",
+        "spec_block_accept_length",
+        "spec_num_correct_drafts",
+        "spec_num_proposed_drafts",
+        "spec_verify_ct",
+        "spec_correct_drafts_histogram",
+        "spec_cap_lens_histogram",
+    ]
     assert d["spec_accept_length"] == pytest.approx(24 / d["spec_verify_ct"])
     hist = d["spec_correct_drafts_histogram"]
     assert sum(hist) == d["spec_verify_ct"]
@@ -216,15 +257,15 @@ def test_sglext_only_when_requested(spec_url):
 
 
 def test_client_rid_becomes_id(spec_url):
-    _, body = post(f"{spec_url}/v1/completions",
-                   {"model": "m", "prompt": "hi", "max_tokens": 3, "rid": "my-request-1"})
+    _, body = post(f"{spec_url}/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 3, "rid": "my-request-1"})
     assert body["id"] == "my-request-1"
 
 
 def test_chat_stream_chunk_order(spec_url):
-    events = sse(f"{spec_url}/v1/chat/completions",
-                 {**CHAT, "max_tokens": 40, "return_spec_tokens_details": True,
-                  "stream_options": {"include_usage": True}})
+    events = sse(
+        f"{spec_url}/v1/chat/completions",
+        {**CHAT, "max_tokens": 40, "return_spec_tokens_details": True, "stream_options": {"include_usage": True}},
+    )
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     ids = {c["id"] for c in chunks}
@@ -247,9 +288,10 @@ def test_chat_stream_chunk_order(spec_url):
 
 
 def test_ar_stream_has_no_sglext_and_one_token_per_chunk(ar_url):
-    events = sse(f"{ar_url}/v1/chat/completions",
-                 {**CHAT, "max_tokens": 10, "return_spec_tokens_details": True,
-                  "stream_options": {"include_usage": True}})
+    events = sse(
+        f"{ar_url}/v1/chat/completions",
+        {**CHAT, "max_tokens": 10, "return_spec_tokens_details": True, "stream_options": {"include_usage": True}},
+    )
     assert events[-1] == "[DONE]"
     assert not any("sglext" in c for c in events[:-1])
     content = events[1:-3]
@@ -260,9 +302,10 @@ def test_ar_stream_has_no_sglext_and_one_token_per_chunk(ar_url):
 
 
 def test_completion_stream_order(spec_url):
-    events = sse(f"{spec_url}/v1/completions",
-                 {"model": "m", "prompt": "def f():", "max_tokens": 12,
-                  "return_spec_tokens_details": True})
+    events = sse(
+        f"{spec_url}/v1/completions",
+        {"model": "m", "prompt": "def f():", "max_tokens": 12, "return_spec_tokens_details": True},
+    )
     assert events[-1] == "[DONE]"
     assert events[-2]["choices"] == [] and "sglext" in events[-2]
     # no separate finish chunk: the last text chunk carries finish_reason
@@ -282,12 +325,15 @@ def test_completion_defaults_to_16_tokens(spec_url):
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("path,body,needle", [
-    ("/v1/chat/completions", {"model": "m"}, "messages"),
-    ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}, "max_tokens"),
-    ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
-    ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "path,body,needle",
+    [
+        ("/v1/chat/completions", {"model": "m"}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}, "max_tokens"),
+        ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
+        ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ],
+)
 def test_bad_request_is_flat_400(spec_url, path, body, needle):
     status, err = post(spec_url + path, body)
     assert status == 400
@@ -316,15 +362,19 @@ def test_non_json_content_type_and_malformed_json(spec_url):
 
 def test_openai_sdk_chat_stream_and_completion(spec_url):
     client = openai.OpenAI(base_url=f"{spec_url}/v1", api_key="x")
-    chat = client.chat.completions.create(model="kimi-k2.6", max_tokens=8,
-                                          messages=[{"role": "user", "content": "hello"}])
+    chat = client.chat.completions.create(
+        model="kimi-k2.6", max_tokens=8, messages=[{"role": "user", "content": "hello"}]
+    )
     assert chat.choices[0].message.role == "assistant"
     assert chat.usage is not None and chat.usage.completion_tokens == 8
     stream = client.chat.completions.create(
-        model="kimi-k2.6", max_tokens=20, stream=True,
+        model="kimi-k2.6",
+        max_tokens=20,
+        stream=True,
         messages=[{"role": "user", "content": "hello"}],
         stream_options={"include_usage": True},
-        extra_body={"return_spec_tokens_details": True})
+        extra_body={"return_spec_tokens_details": True},
+    )
     text, usage, reasons = "", None, []
     for chunk in stream:
         if chunk.choices:
@@ -355,8 +405,7 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
 def _open_stream(url: str, path: str, body: dict) -> http.client.HTTPConnection:
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request("POST", path, body=json.dumps({**body, "stream": True}),
-                 headers={"Content-Type": "application/json"})
+    conn.request("POST", path, body=json.dumps({**body, "stream": True}), headers={"Content-Type": "application/json"})
     return conn
 
 

@@ -9,13 +9,19 @@ from tests.support import specroute
 
 
 def test_curves_cover_every_profile_and_level():
-    out = subprocess.run(specroute("sim", "curves", "--format", "json"), capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(specroute("sim", "curves", "--format", "json"), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     profiles = {r["profile"] for r in rows}
-    assert {"k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "qwen36-ar",
-            "qwen36-ddtree-b15", "qwen36-ddtree-b64"} <= profiles
+    assert {
+        "k26-ar",
+        "k26-eagle3",
+        "k26-dflash",
+        "k26-ddtree",
+        "qwen36-ar",
+        "qwen36-ddtree-b15",
+        "qwen36-ddtree-b64",
+    } <= profiles
     for name in profiles:
         levels = [r["concurrency"] for r in rows if r["profile"] == name]
         assert levels == [1, 2, 4, 8, 16, 32, 48]
@@ -26,19 +32,22 @@ def test_curves_cover_every_profile_and_level():
 
 
 def test_curves_markdown_and_bad_arguments():
-    out = subprocess.run(specroute("sim", "curves", "--profile", "k26-ar", "--concurrency", "1,2",
-                                   "--format", "markdown"), capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        specroute("sim", "curves", "--profile", "k26-ar", "--concurrency", "1,2", "--format", "markdown"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0
     assert out.stdout.startswith("| profile |") and out.stdout.count("| k26-ar |") == 2
-    bad = subprocess.run(specroute("sim", "curves", "--concurrency", "0"), capture_output=True,
-                         text=True, timeout=60)
+    bad = subprocess.run(specroute("sim", "curves", "--concurrency", "0"), capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_calibrate_quick_passes_every_figure():
-    out = subprocess.run(specroute("sim", "calibrate", "--quick", "--format", "json"),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        specroute("sim", "calibrate", "--quick", "--format", "json"), capture_output=True, text=True, timeout=120
+    )
     checks = json.loads(out.stdout)
     failed = [c for c in checks if not c["ok"]]
     assert out.returncode == 0 and not failed, failed

@@ -13,26 +13,34 @@ import pytest
 from tests.support import gateway
 from tests.test_sim_server import _start
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     tmp: Path = tmp_path_factory.mktemp("gw")
-    for twin_url in _start("k26-dflash", "--reasoning-parser", "kimi_k2", "--tool-call-parser",
-                           "kimi_k2", "--enable-cache-report"):
-        backends = [{"name": "dflash", "url": twin_url, "model": "kimi-k2.6",
-                     "strategy": "dflash"}]
+    for twin_url in _start(
+        "k26-dflash", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-cache-report"
+    ):
+        backends = [{"name": "dflash", "url": twin_url, "model": "kimi-k2.6", "strategy": "dflash"}]
         with gateway(tmp, backends) as url:
             yield openai.OpenAI(base_url=f"{url}/v1", api_key="x")
 
 
 def test_thinking_stream_through_the_gateway(client):
     stream = client.chat.completions.create(
-        model="kimi-k2.6", messages=[{"role": "user", "content": "Tell me about Lyon."}],
-        max_tokens=2500, stream=True, stream_options={"include_usage": True})
+        model="kimi-k2.6",
+        messages=[{"role": "user", "content": "Tell me about Lyon."}],
+        max_tokens=2500,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     reasoning, content, usage = "", "", None
     for chunk in stream:
         usage = chunk.usage or usage
@@ -46,8 +54,11 @@ def test_thinking_stream_through_the_gateway(client):
 
 def test_tool_call_through_the_gateway(client):
     out = client.chat.completions.create(
-        model="kimi-k2.6", tools=[WEATHER], max_tokens=4000,
-        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        model="kimi-k2.6",
+        tools=[WEATHER],
+        max_tokens=4000,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    )
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -57,11 +68,18 @@ def test_tool_call_through_the_gateway(client):
 
 def test_cached_tokens_through_the_gateway(client):
     history = [{"role": "user", "content": "A long story about rivers. " * 60}]
-    first = client.chat.completions.create(model="kimi-k2.6", messages=history, max_tokens=8,
-                                           extra_body={"chat_template_kwargs": {"thinking": False}})
+    first = client.chat.completions.create(
+        model="kimi-k2.6", messages=history, max_tokens=8, extra_body={"chat_template_kwargs": {"thinking": False}}
+    )
     second = client.chat.completions.create(
-        model="kimi-k2.6", max_tokens=8, extra_body={"chat_template_kwargs": {"thinking": False}},
-        messages=[*history, {"role": "assistant", "content": first.choices[0].message.content},
-                  {"role": "user", "content": "Shorter."}])
+        model="kimi-k2.6",
+        max_tokens=8,
+        extra_body={"chat_template_kwargs": {"thinking": False}},
+        messages=[
+            *history,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Shorter."},
+        ],
+    )
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 64

@@ -19,6 +19,7 @@ def test_no_first_token_within_first_byte_s_expires():
         with pytest.raises(TimeoutError):
             async with StreamDeadline(0.05, 10):
                 await asyncio.sleep(30)  # would hang the test without the deadline
+
     _run(main())
 
 
@@ -29,6 +30,7 @@ def test_after_the_first_token_a_read_that_stalls_expires_after_idle_s_not_first
                 d.first_token()
                 d.since = d.clock()
                 await asyncio.sleep(20)
+
     _run(main())
 
 
@@ -41,6 +43,7 @@ def test_time_spent_sending_to_a_slow_client_does_not_count():
                 await asyncio.sleep(0)  # a read that answers at once
                 d.since = None
                 await asyncio.sleep(0.2)  # a send that blocks 4x idle_s
+
     _run(main())
 
 
@@ -49,9 +52,11 @@ def test_someone_elses_cancellation_passes_through():
         async def victim() -> None:
             async with StreamDeadline(30, 30):
                 await asyncio.sleep(30)
+
         task = asyncio.ensure_future(victim())
         await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
     _run(main())

@@ -7,20 +7,33 @@
 """
 
 from backends.launch.profile import (
-                                     LaunchArg,
-                                     LaunchOptions,
-                                     LaunchProfile,
-                                     ProfileError,
-                                     command,
-                                     environment,
-                                     explained,
-                                     list_profiles,
-                                     load_profile,
-                                     profile_names,
-                                     rendered_args,
-                                     server_argv,
-                                     shell_line,
+    LaunchArg,
+    LaunchOptions,
+    LaunchProfile,
+    ProfileError,
+    command,
+    environment,
+    explained,
+    list_profiles,
+    load_profile,
+    profile_names,
+    rendered_args,
+    server_argv,
+    shell_line,
 )
 
-__all__ = ["LaunchArg", "LaunchOptions", "LaunchProfile", "ProfileError", "command", "environment", "explained",
-           "list_profiles", "load_profile", "profile_names", "rendered_args", "server_argv", "shell_line"]
+__all__ = [
+    "LaunchArg",
+    "LaunchOptions",
+    "LaunchProfile",
+    "ProfileError",
+    "command",
+    "environment",
+    "explained",
+    "list_profiles",
+    "load_profile",
+    "profile_names",
+    "rendered_args",
+    "server_argv",
+    "shell_line",
+]

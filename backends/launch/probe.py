@@ -25,8 +25,14 @@ __all__ = ["Generation", "ProbeReport", "probe", "render"]
 PROMPT = "Count from 1 to 30, separated by commas."
 
 # SGLang's resolved algorithm name -> the gateway's strategy (None: no matching strategy).
-_STRATEGIES = {None: "ar", "EAGLE3": "eagle3", "EAGLE": "eagle3", "NEXTN": "eagle3", "DFLASH": "dflash",
-               "DDTREE": "ddtree"}
+_STRATEGIES = {
+    None: "ar",
+    "EAGLE3": "eagle3",
+    "EAGLE": "eagle3",
+    "NEXTN": "eagle3",
+    "DFLASH": "dflash",
+    "DDTREE": "ddtree",
+}
 
 
 class Generation(msgspec.Struct, kw_only=True):
@@ -34,7 +40,7 @@ class Generation(msgspec.Struct, kw_only=True):
     completion_tokens: int | None = None
     spec_verify_ct: int | None = None
     accept_length: float | None = None
-    source: str | None = None          # where spec_verify_ct came from
+    source: str | None = None  # where spec_verify_ct came from
     seconds: float | None = None
     error: str | None = None
 
@@ -64,8 +70,12 @@ class ProbeReport(msgspec.Struct, kw_only=True):
 
     @property
     def ok(self) -> bool:
-        return self.reachable and self.server_info_path is not None and self.generation is not None \
+        return (
+            self.reachable
+            and self.server_info_path is not None
+            and self.generation is not None
             and self.generation.error is None
+        )
 
 
 class _Http:
@@ -77,8 +87,9 @@ class _Http:
     def request(self, path: str, body: dict | None = None) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {**self.headers, **({"Content-Type": "application/json"} if data is not None else {})}
-        req = urllib.request.Request(self.base + path, data=data, headers=headers,
-                                     method="POST" if data is not None else "GET")
+        req = urllib.request.Request(
+            self.base + path, data=data, headers=headers, method="POST" if data is not None else "GET"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                 return r.status, r.read()
@@ -130,11 +141,15 @@ def _server_info(http: _Http, report: ProbeReport) -> None:
             key = info.speculative_algorithm.upper() if info.speculative_algorithm else None
             report.strategy = _STRATEGIES.get(key)
             if report.strategy is None:
-                report.problems.append(f"speculative_algorithm {info.speculative_algorithm}: no gateway strategy "
-                                       "matches it (ar | eagle3 | dflash | ddtree)")
+                report.problems.append(
+                    f"speculative_algorithm {info.speculative_algorithm}: no gateway strategy "
+                    "matches it (ar | eagle3 | dflash | ddtree)"
+                )
             return
-    report.problems.append("neither /server_info nor /get_server_info answered with JSON: the gateway will not "
-                           "know the algorithm or the cap")
+    report.problems.append(
+        "neither /server_info nor /get_server_info answered with JSON: the gateway will not "
+        "know the algorithm or the cap"
+    )
 
 
 def _ready(http: _Http, report: ProbeReport) -> None:
@@ -150,8 +165,11 @@ def _ready(http: _Http, report: ProbeReport) -> None:
 
 
 def _load(http: _Http, report: ProbeReport) -> None:
-    for path, label in (("/v1/loads?include=core,spec", "/v1/loads"), ("/get_load", "/get_load"),
-                        ("/metrics", "/metrics")):
+    for path, label in (
+        ("/v1/loads?include=core,spec", "/v1/loads"),
+        ("/get_load", "/get_load"),
+        ("/metrics", "/metrics"),
+    ):
         status, raw = http.request(path)
         if status == 404:
             continue
@@ -172,8 +190,10 @@ def _load(http: _Http, report: ProbeReport) -> None:
         if load is None:
             report.problems.append(f"{label} answered but could not be parsed")
         return
-    report.problems.append("no load endpoint (/v1/loads, /get_load, /metrics without --enable-metrics): the gateway "
-                           "counts only its own in-flight for this backend")
+    report.problems.append(
+        "no load endpoint (/v1/loads, /get_load, /metrics without --enable-metrics): the gateway "
+        "counts only its own in-flight for this backend"
+    )
 
 
 def _int(value: Any) -> int | None:
@@ -182,8 +202,14 @@ def _int(value: Any) -> int | None:
 
 def _generate(http: _Http, report: ProbeReport, max_tokens: int) -> None:
     model = report.served_model_name or "default"
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": False, "return_spec_tokens_details": True}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": False,
+        "return_spec_tokens_details": True,
+    }
     t0 = time.perf_counter()
     status, data = http.json("/v1/chat/completions", body)
     gen = Generation(route="/v1/chat/completions", seconds=round(time.perf_counter() - t0, 3))
@@ -209,9 +235,13 @@ def _generate(http: _Http, report: ProbeReport, max_tokens: int) -> None:
         status, data = http.json("/generate", native)
         meta = data.get("meta_info") if isinstance(data, dict) else None
         if status == 200 and isinstance(meta, dict) and _int(meta.get("spec_verify_ct")):
-            report.generation = Generation(route="/generate", completion_tokens=_int(meta.get("completion_tokens")),
-                                           spec_verify_ct=meta["spec_verify_ct"], source="meta_info",
-                                           seconds=round(time.perf_counter() - t0, 3))
+            report.generation = Generation(
+                route="/generate",
+                completion_tokens=_int(meta.get("completion_tokens")),
+                spec_verify_ct=meta["spec_verify_ct"],
+                source="meta_info",
+                seconds=round(time.perf_counter() - t0, 3),
+            )
         else:
             report.problems.append("no per-request speculative stats on /v1/chat/completions nor /generate")
     gen = report.generation
@@ -253,15 +283,24 @@ def render(report: ProbeReport) -> str:
             ("sglang version", _fmt(report.version)),
             ("server info", _fmt(report.server_info_path)),
             ("served model", _fmt(report.served_model_name) + "   (the gateway rewrites `model` to this name)"),
-            ("algorithm", (report.algorithm or "none (autoregressive)")
-             + (f"   -> strategy {report.strategy}" if report.strategy else "")),
+            (
+                "algorithm",
+                (report.algorithm or "none (autoregressive)")
+                + (f"   -> strategy {report.strategy}" if report.strategy else ""),
+            ),
             ("verify width", _fmt(report.verify_width, " tokens per step")),
             ("draft model", _fmt(report.draft_model_path)),
             ("tp size", _fmt(report.tp_size)),
             ("attention", _fmt(report.attention_backend)),
-            ("cap", f"max_running_requests {_fmt(report.max_running_requests)}"
-             + ("   (the gateway's per-backend in-flight cap)" if report.max_running_requests else
-                "   (unknown: no per-backend cap)")),
+            (
+                "cap",
+                f"max_running_requests {_fmt(report.max_running_requests)}"
+                + (
+                    "   (the gateway's per-backend in-flight cap)"
+                    if report.max_running_requests
+                    else "   (unknown: no per-backend cap)"
+                ),
+            ),
             ("ready", f"{_fmt(report.ready_path)} {'200' if report.ready else 'not ready'}"),
         ]
         load = report.load
@@ -285,8 +324,10 @@ def render(report: ProbeReport) -> str:
             else:
                 text = f"{gen.route}: {_fmt(gen.completion_tokens)} tokens in {_fmt(gen.seconds, ' s')}"
                 if gen.spec_verify_ct:
-                    text += (f", {gen.spec_verify_ct} verify steps -> accept length {_fmt(gen.accept_length)}"
-                             f" (completion_tokens / spec_verify_ct, from {gen.source})")
+                    text += (
+                        f", {gen.spec_verify_ct} verify steps -> accept length {_fmt(gen.accept_length)}"
+                        f" (completion_tokens / spec_verify_ct, from {gen.source})"
+                    )
                 rows.append(("generation", text))
         if report.algorithm:
             if report.gateway_per_request_accept:

@@ -20,8 +20,15 @@ import msgspec
 
 from backends.descriptor import Strategy
 
-__all__ = ["LaunchArg", "LaunchOptions", "LaunchProfile", "ProfileError", "list_profiles", "load_profile",
-           "profile_names"]
+__all__ = [
+    "LaunchArg",
+    "LaunchOptions",
+    "LaunchProfile",
+    "ProfileError",
+    "list_profiles",
+    "load_profile",
+    "profile_names",
+]
 
 SGLANG_MODULE = "sglang.launch_server"
 BUILDS = ("release", "ddtree-pr")
@@ -50,8 +57,8 @@ class LaunchProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     strategy: Strategy
     served_model_name: str
     model_path: str
-    gpus: int                       # GPUs the server needs (its tensor-parallel size)
-    build: str = "release"          # release: sglang==0.5.23 | ddtree-pr: a build with DDTree
+    gpus: int  # GPUs the server needs (its tensor-parallel size)
+    build: str = "release"  # release: sglang==0.5.23 | ddtree-pr: a build with DDTree
     notes: str | None = None
     params: dict[str, str | int | float] = {}
     env: dict[str, str] = {}
@@ -65,7 +72,7 @@ class LaunchOptions:
     model_path: str | None = None
     host: str = "0.0.0.0"
     port: int = 30000
-    gpus: tuple[int, ...] | None = None   # CUDA_VISIBLE_DEVICES; its length must equal the profile's gpus
+    gpus: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES; its length must equal the profile's gpus
     otlp_endpoint: str = "localhost:4317"
     trace: bool = True
     ddtree_budget: int | None = None
@@ -154,8 +161,13 @@ def _placeholders(profile: LaunchProfile, options: LaunchOptions) -> dict[str, s
         if options.ddtree_budget < 1:
             raise ProfileError(f"{profile.name}: --ddtree-budget must be >= 1, got {options.ddtree_budget}")
         values["ddtree_budget"] = options.ddtree_budget
-    values.update(model_path=options.model_path or profile.model_path, served_model_name=profile.served_model_name,
-                  host=options.host, port=options.port, otlp_endpoint=options.otlp_endpoint)
+    values.update(
+        model_path=options.model_path or profile.model_path,
+        served_model_name=profile.served_model_name,
+        host=options.host,
+        port=options.port,
+        otlp_endpoint=options.otlp_endpoint,
+    )
     return {k: str(v) for k, v in values.items()}
 
 
@@ -204,8 +216,10 @@ def environment(profile: LaunchProfile, options: LaunchOptions | None = None) ->
     env = dict(profile.env)
     if options.gpus is not None:
         if len(options.gpus) != profile.gpus:
-            raise ProfileError(f"{profile.name} needs {profile.gpus} GPU(s) (tensor parallel {profile.gpus}); "
-                               f"--gpus names {len(options.gpus)}")
+            raise ProfileError(
+                f"{profile.name} needs {profile.gpus} GPU(s) (tensor parallel {profile.gpus}); "
+                f"--gpus names {len(options.gpus)}"
+            )
         if len(set(options.gpus)) != len(options.gpus):
             raise ProfileError(f"--gpus names a GPU twice: {','.join(map(str, options.gpus))}")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in options.gpus)

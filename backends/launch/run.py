@@ -29,8 +29,9 @@ def detect_gpus() -> list[int]:
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20)
+            out = subprocess.run(
+                [smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+            )
             if out.returncode == 0:
                 return [int(line) for line in out.stdout.split() if line.strip().isdigit()]
         except (OSError, subprocess.TimeoutExpired):
@@ -39,37 +40,53 @@ def detect_gpus() -> list[int]:
     return list(range(len(list(proc.iterdir())))) if proc.is_dir() else []
 
 
-def preflight(profile: LaunchProfile, options: LaunchOptions, *,
-              find_spec: Callable[[str], object] = importlib.util.find_spec,
-              gpus: Callable[[], list[int]] = detect_gpus) -> list[str]:
+def preflight(
+    profile: LaunchProfile,
+    options: LaunchOptions,
+    *,
+    find_spec: Callable[[str], object] = importlib.util.find_spec,
+    gpus: Callable[[], list[int]] = detect_gpus,
+) -> list[str]:
     """Raise LaunchError when the host cannot run the profile; return warnings otherwise."""
     if find_spec("sglang") is None:
-        raise LaunchError(f"SGLang is not installed in {sys.executable}: install the [sglang] extra on a GPU host "
-                          "(pip install 'specroute[sglang]')")
+        raise LaunchError(
+            f"SGLang is not installed in {sys.executable}: install the [sglang] extra on a GPU host "
+            "(pip install 'specroute[sglang]')"
+        )
     found = gpus()
     if not found:
-        raise LaunchError("no NVIDIA GPU found (nvidia-smi lists none): `backends launch` runs on a GPU host; "
-                          "use `specroute backends show` to print the command")
+        raise LaunchError(
+            "no NVIDIA GPU found (nvidia-smi lists none): `backends launch` runs on a GPU host; "
+            "use `specroute backends show` to print the command"
+        )
     wanted = list(options.gpus) if options.gpus is not None else list(range(profile.gpus))
     if len(wanted) != profile.gpus:
         raise LaunchError(f"{profile.name} needs {profile.gpus} GPU(s), --gpus names {len(wanted)}")
     missing = [g for g in wanted if g not in found]
     if missing:
-        raise LaunchError(f"{profile.name} needs GPUs {','.join(map(str, wanted))} but this host has "
-                          f"{len(found)} ({','.join(map(str, found))})")
+        raise LaunchError(
+            f"{profile.name} needs GPUs {','.join(map(str, wanted))} but this host has "
+            f"{len(found)} ({','.join(map(str, found))})"
+        )
     warnings = []
     if options.trace and find_spec("opentelemetry") is None:
         warnings.append("tracing is on but OpenTelemetry is not installed: install sglang[tracing] or pass --no-trace")
     if profile.build != "release":
-        warnings.append(f"{profile.name} needs an SGLang build with DDTree support; a release build refuses "
-                        "--speculative-algorithm DDTREE")
+        warnings.append(
+            f"{profile.name} needs an SGLang build with DDTree support; a release build refuses "
+            "--speculative-algorithm DDTREE"
+        )
     return warnings
 
 
-def launch(profile: LaunchProfile, options: LaunchOptions, *,
-           execve: Callable[[str, list[str], dict[str, str]], object] = os.execve,
-           find_spec: Callable[[str], object] = importlib.util.find_spec,
-           gpus: Callable[[], list[int]] = detect_gpus) -> None:
+def launch(
+    profile: LaunchProfile,
+    options: LaunchOptions,
+    *,
+    execve: Callable[[str, list[str], dict[str, str]], object] = os.execve,
+    find_spec: Callable[[str], object] = importlib.util.find_spec,
+    gpus: Callable[[], list[int]] = detect_gpus,
+) -> None:
     """Check the host and exec the server with this interpreter (the one that has SGLang)."""
     for warning in preflight(profile, options, find_spec=find_spec, gpus=gpus):
         print(f"specroute backends launch: warning: {warning}", file=sys.stderr)

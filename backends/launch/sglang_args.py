@@ -36,34 +36,53 @@ from pathlib import Path
 
 import msgspec
 
-__all__ = ["ArgSpec", "FlagDef", "WheelUnavailable", "check_argv", "check_build_constraints", "ddtree_pr_extension",
-           "ensure_wheel", "spec_from_sources", "spec_from_wheel", "spec_for_build"]
+__all__ = [
+    "ArgSpec",
+    "FlagDef",
+    "WheelUnavailable",
+    "check_argv",
+    "check_build_constraints",
+    "ddtree_pr_extension",
+    "ensure_wheel",
+    "spec_from_sources",
+    "spec_from_wheel",
+    "spec_for_build",
+]
 
 SGLANG_VERSION = "0.5.23"
 SERVER_ARGS = "sglang/srt/server_args.py"
 CHOICES = "sglang/srt/arg_groups/choices.py"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 SPEC_REGISTRY = "sglang/srt/speculative/spec_registry.py"
-_SWITCH_ACTIONS = {"store_true", "store_false", "store_const", "count", "help", "version",
-                   "DeprecatedStoreTrueAction", "BooleanOptionalAction"}
+_SWITCH_ACTIONS = {
+    "store_true",
+    "store_false",
+    "store_const",
+    "count",
+    "help",
+    "version",
+    "DeprecatedStoreTrueAction",
+    "BooleanOptionalAction",
+}
 
 
 class FlagDef(msgspec.Struct, frozen=True, kw_only=True):
-    name: str                               # the canonical spelling
-    takes_value: bool | None = True         # None: a custom action, the value is optional
-    nargs: str | None = None                # "+", "*", "?" or None (one value)
+    name: str  # the canonical spelling
+    takes_value: bool | None = True  # None: a custom action, the value is optional
+    nargs: str | None = None  # "+", "*", "?" or None (one value)
     choices: tuple[str, ...] | None = None  # None: any value
     case_insensitive: bool = False
-    type: str | None = None                 # "int" | "float" | None
-    source: str = ""                        # where it is defined, file:line
+    type: str | None = None  # "int" | "float" | None
+    source: str = ""  # where it is defined, file:line
 
 
 class ArgSpec(msgspec.Struct, frozen=True, kw_only=True):
     version: str
-    flags: dict[str, FlagDef]               # every accepted spelling (aliases too) -> its definition
+    flags: dict[str, FlagDef]  # every accepted spelling (aliases too) -> its definition
 
-    def extended(self, extra: dict[str, FlagDef], algorithms: Iterable[str] = (), version: str | None = None
-                 ) -> ArgSpec:
+    def extended(
+        self, extra: dict[str, FlagDef], algorithms: Iterable[str] = (), version: str | None = None
+    ) -> ArgSpec:
         flags = {**self.flags, **extra}
         algo = flags.get("--speculative-algorithm")
         added = tuple(a.upper() for a in algorithms)
@@ -104,8 +123,12 @@ def _literal_list(node: ast.AST, constants: dict[str, list[str]]) -> list[str] |
         return out
     if isinstance(node, ast.Name):
         return constants.get(node.id)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("list", "set", "sorted") \
-            and len(node.args) == 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("list", "set", "sorted")
+        and len(node.args) == 1
+    ):
         return _literal_list(node.args[0], constants)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _literal_list(node.left, constants), _literal_list(node.right, constants)
@@ -159,8 +182,12 @@ def _action_kind(action: ast.AST | None) -> tuple[bool | None, bool]:
 
 def _flags_from_field(stmt: ast.AnnAssign, constants: dict[str, list[str]], where: str) -> list[FlagDef]:
     ann = stmt.annotation
-    if not (isinstance(ann, ast.Subscript) and _name_of(ann.value) in ("A", "Annotated")
-            and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) >= 2):
+    if not (
+        isinstance(ann, ast.Subscript)
+        and _name_of(ann.value) in ("A", "Annotated")
+        and isinstance(ann.slice, ast.Tuple)
+        and len(ann.slice.elts) >= 2
+    ):
         return []
     typ, *meta = ann.slice.elts
     arg: ast.Call | None = None
@@ -197,13 +224,20 @@ def _flags_from_field(stmt: ast.AnnAssign, constants: dict[str, list[str]], wher
             elts = inner.slice.elts if isinstance(inner.slice, ast.Tuple) else [inner.slice]
             literal = [str(e.value) for e in elts if isinstance(e, ast.Constant)]
             choices = choices or literal
-        elif isinstance(inner, ast.Subscript) and _name_of(inner.value) in ("list", "List") \
-                and "type_parser" not in kw:
+        elif isinstance(inner, ast.Subscript) and _name_of(inner.value) in ("list", "List") and "type_parser" not in kw:
             nargs = nargs or "+"
     typ_s = type_name if type_name in ("int", "float") and "type_parser" not in kw else None
     source = f"{where}:{stmt.lineno}"
-    defs = [FlagDef(name=names[0], takes_value=takes_value, nargs=nargs,
-                    choices=tuple(choices) if choices is not None else None, type=typ_s, source=source)]
+    defs = [
+        FlagDef(
+            name=names[0],
+            takes_value=takes_value,
+            nargs=nargs,
+            choices=tuple(choices) if choices is not None else None,
+            type=typ_s,
+            source=source,
+        )
+    ]
     if twin:
         defs.append(FlagDef(name="--no-" + names[0][2:], takes_value=False, source=source))
     return [*defs, *(msgspec.structs.replace(defs[0], name=n) for n in names[1:])]
@@ -212,11 +246,15 @@ def _flags_from_field(stmt: ast.AnnAssign, constants: dict[str, list[str]], wher
 def _flags_from_add_argument(tree: ast.Module, constants: dict[str, list[str]], where: str) -> list[FlagDef]:
     out: list[FlagDef] = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+        ):
             continue
-        names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                 and a.value.startswith("--")]
+        names = [
+            a.value
+            for a in node.args
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")
+        ]
         if not names:
             continue
         kw = _kwargs(node)
@@ -224,9 +262,14 @@ def _flags_from_add_argument(tree: ast.Module, constants: dict[str, list[str]], 
         choices = _literal_list(kw["choices"], constants) if "choices" in kw else None
         nargs = kw["nargs"].value if isinstance(kw.get("nargs"), ast.Constant) else None
         typ = _name_of(kw.get("type"))
-        base = FlagDef(name=names[0], takes_value=takes_value, nargs=str(nargs) if nargs is not None else None,
-                       choices=tuple(choices) if choices is not None else None,
-                       type=typ if typ in ("int", "float") else None, source=f"{where}:{node.lineno}")
+        base = FlagDef(
+            name=names[0],
+            takes_value=takes_value,
+            nargs=str(nargs) if nargs is not None else None,
+            choices=tuple(choices) if choices is not None else None,
+            type=typ if typ in ("int", "float") else None,
+            source=f"{where}:{node.lineno}",
+        )
         out += [msgspec.structs.replace(base, name=n) for n in names]
         if twin:
             out.append(FlagDef(name="--no-" + names[0][2:], takes_value=False, source=base.source))
@@ -237,8 +280,9 @@ def _namespace_classes(tree: ast.Module) -> dict[str, str] | None:
     """`_INPUT_NAMESPACES` of server_args.py: class name -> file of the module that defines it."""
     names: list[str] | None = None
     for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES"
-                                                for t in stmt.targets):
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in stmt.targets
+        ):
             if isinstance(stmt.value, (ast.List, ast.Tuple)):
                 names = [e.id for e in stmt.value.elts if isinstance(e, ast.Name)]
     if names is None:
@@ -265,8 +309,9 @@ def _algorithm_choices(files: dict[str, str]) -> list[str] | None:
     aliases: list[str] = []
     if SPEC_REGISTRY in files:
         for stmt in ast.parse(files[SPEC_REGISTRY]).body:
-            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_RESERVED_ALIASES"
-                                                    for t in stmt.targets):
+            if isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_RESERVED_ALIASES" for t in stmt.targets
+            ):
                 value = stmt.value
                 if isinstance(value, ast.Call) and value.args:
                     value = value.args[0]
@@ -311,7 +356,8 @@ def spec_from_sources(files: dict[str, str], version: str = "unknown") -> ArgSpe
     draft = flags.get("--speculative-draft-attention-backend")
     if draft is not None and draft.choices is None and "DRAFT_ATTENTION_BACKEND_CHOICES" in constants:
         flags["--speculative-draft-attention-backend"] = msgspec.structs.replace(
-            draft, choices=tuple(constants["DRAFT_ATTENTION_BACKEND_CHOICES"]))
+            draft, choices=tuple(constants["DRAFT_ATTENTION_BACKEND_CHOICES"])
+        )
     return ArgSpec(version=version, flags=flags)
 
 
@@ -360,9 +406,15 @@ def ddtree_pr_extension() -> tuple[dict[str, FlagDef], list[str], str]:
     """Flags and algorithms a DDTree PR build adds (backends/launch/ddtree_pr_flags.toml), and its source."""
     path = Path(str(resources.files("backends.launch") / "ddtree_pr_flags.toml"))
     data = tomllib.loads(path.read_text(encoding="utf-8"))
-    flags = {name: FlagDef(name=name, takes_value=bool(d.get("takes_value", True)), type=d.get("type"),
-                           source=f"{path.name}: {data['source']}")
-             for name, d in data.get("flags", {}).items()}
+    flags = {
+        name: FlagDef(
+            name=name,
+            takes_value=bool(d.get("takes_value", True)),
+            type=d.get("type"),
+            source=f"{path.name}: {data['source']}",
+        )
+        for name, d in data.get("flags", {}).items()
+    }
     return flags, list(data.get("algorithms", {}).get("added", [])), data["source"]
 
 
@@ -407,7 +459,7 @@ def check_argv(argv: list[str], spec: ArgSpec) -> list[str]:
     """Problems of a `sglang.launch_server` command line against `spec`; empty when it parses."""
     args = list(argv)
     if "-m" in args[:3]:
-        args = args[args.index("-m") + 2:]
+        args = args[args.index("-m") + 2 :]
     problems: list[str] = []
     seen: set[str] = set()
     i = 0
@@ -456,7 +508,8 @@ def check_argv(argv: list[str], spec: ArgSpec) -> list[str]:
 
 def cache_dir() -> Path:
     base = os.environ.get("SPECROUTE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specroute")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specroute"
+    )
     return Path(base) / "wheels"
 
 
@@ -471,9 +524,25 @@ def ensure_wheel(version: str = SGLANG_VERSION, directory: Path | None = None, t
     if found:
         return found[0]
     directory.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
-           "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
-           "--implementation", "cp", f"sglang=={version}", "-d", str(directory)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--only-binary=:all:",
+        "--platform",
+        "manylinux_2_34_x86_64",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        f"sglang=={version}",
+        "-d",
+        str(directory),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -505,8 +574,11 @@ def check_build_constraints(argv: list[str], build: str) -> list[str]:
         return []
     path = Path(str(resources.files("backends.launch") / "ddtree_pr_flags.toml"))
     constraints = tomllib.loads(path.read_text(encoding="utf-8")).get("constraints", {})
-    problems = [f"{flag}: the DDTree build does not support it"
-                for flag in constraints.get("incompatible_flags", []) if _value_of(argv, flag) is not None]
+    problems = [
+        f"{flag}: the DDTree build does not support it"
+        for flag in constraints.get("incompatible_flags", [])
+        if _value_of(argv, flag) is not None
+    ]
     want = constraints.get("page_size")
     page = _value_of(argv, "--page-size")
     if want is not None and page is None:

@@ -17,8 +17,14 @@ def _quote(token: str) -> str:
     return token
 
 
-def unit(profile: LaunchProfile, options: LaunchOptions | None = None, *, user: str = "sglang",
-         working_directory: str | None = None, hf_home: str | None = None) -> str:
+def unit(
+    profile: LaunchProfile,
+    options: LaunchOptions | None = None,
+    *,
+    user: str = "sglang",
+    working_directory: str | None = None,
+    hf_home: str | None = None,
+) -> str:
     """The text of `sglang-<profile>.service`. `options.python` should be an absolute path here."""
     options = options or LaunchOptions(python=sys.executable)
     env = environment(profile, options)
@@ -33,8 +39,9 @@ def unit(profile: LaunchProfile, options: LaunchOptions | None = None, *, user: 
         f"#   sudo systemctl start sglang-{profile.name}",
     ]
     if profile.gpus >= 8:
-        lines.append("# It takes all 8 GPUs: run one such server at a time (stop the others first), "
-                     "as the studies did.")
+        lines.append(
+            "# It takes all 8 GPUs: run one such server at a time (stop the others first), as the studies did."
+        )
     if profile.build != "release":
         lines.append("# Needs an SGLang build with DDTree support (not in a release) in the Python of ExecStart.")
     lines += [

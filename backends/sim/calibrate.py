@@ -29,8 +29,9 @@ R8_RANGE = (3.6, 4.9)
 class Driver(Protocol):
     source: str
 
-    def level(self, profile: str, concurrency: int, num_requests: int, max_tokens: int,
-              domain: str | None = None) -> LevelResult: ...
+    def level(
+        self, profile: str, concurrency: int, num_requests: int, max_tokens: int, domain: str | None = None
+    ) -> LevelResult: ...
 
 
 class EngineDriver:
@@ -41,10 +42,12 @@ class EngineDriver:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def level(self, profile: str, concurrency: int, num_requests: int, max_tokens: int,
-              domain: str | None = None) -> LevelResult:
-        return run_closed_loop(load_profile(profile), concurrency, num_requests, max_tokens,
-                               domain=domain, seed=self.seed)
+    def level(
+        self, profile: str, concurrency: int, num_requests: int, max_tokens: int, domain: str | None = None
+    ) -> LevelResult:
+        return run_closed_loop(
+            load_profile(profile), concurrency, num_requests, max_tokens, domain=domain, seed=self.seed
+        )
 
 
 class Check(msgspec.Struct, frozen=True):
@@ -57,11 +60,9 @@ class Check(msgspec.Struct, frozen=True):
     source: str
 
 
-def _rel(figure: str, what: str, ref: float, measured: float, source: str,
-         unit: str = "") -> Check:
+def _rel(figure: str, what: str, ref: float, measured: float, source: str, unit: str = "") -> Check:
     err = abs(measured - ref) / ref
-    return Check(figure, what, f"{ref:g}{unit}", f"{measured:.1f}{unit}", err, err <= TOLERANCE,
-                 source)
+    return Check(figure, what, f"{ref:g}{unit}", f"{measured:.1f}{unit}", err, err <= TOLERANCE, source)
 
 
 def _figures(quick: bool) -> dict[str, Callable[[Driver], list[Check]]]:
@@ -71,61 +72,73 @@ def _figures(quick: bool) -> dict[str, Callable[[Driver], list[Check]]]:
 
     def r1(d: Driver) -> list[Check]:
         lv = d.level("k26-ar", 1, n1, 512)
-        return [_rel("R1", "K2.6 AR C=1 per-request tok/s", 26.3,
-                     lv.mean_request_output_throughput, d.source)]
+        return [_rel("R1", "K2.6 AR C=1 per-request tok/s", 26.3, lv.mean_request_output_throughput, d.source)]
 
     def r2(d: Driver) -> list[Check]:
         lv = d.level("k26-ar", 32, 32, 512)
-        return [_rel("R2", "K2.6 AR C=32 aggregate tok/s", 807.5, lv.output_throughput,
-                     d.source)]
+        return [_rel("R2", "K2.6 AR C=32 aggregate tok/s", 807.5, lv.output_throughput, d.source)]
 
     def r3(d: Driver) -> list[Check]:
         levels = (1, 8, 32) if quick else (1, 2, 4, 8, 16, 32)
         walls = {c: d.level("k26-ar", c, c, 512).duration_s for c in levels}
         worst = max(walls, key=lambda c: abs(walls[c] - 19.6))
-        chk = _rel("R3", f"K2.6 AR wall time per batch, worst of C={','.join(map(str, levels))}"
-                   f" (C={worst})", 19.6, walls[worst], d.source, " s")
+        chk = _rel(
+            "R3",
+            f"K2.6 AR wall time per batch, worst of C={','.join(map(str, levels))} (C={worst})",
+            19.6,
+            walls[worst],
+            d.source,
+            " s",
+        )
         return [chk]
 
     def r4(d: Driver) -> list[Check]:
         lv = d.level("qwen36-ar", 1, n1, 512)
-        return [_rel("R4", "Qwen3.6 AR C=1 per-request tok/s", 26.0,
-                     lv.mean_request_output_throughput, d.source)]
+        return [_rel("R4", "Qwen3.6 AR C=1 per-request tok/s", 26.0, lv.mean_request_output_throughput, d.source)]
 
     def r5(d: Driver) -> list[Check]:
         lv = d.level("qwen36-ddtree-b15", 1, n_dd, 512, "math")
-        return [_rel("R5", "Qwen3.6 DDTree b15 C=1 tok/s", 173.0,
-                     lv.mean_request_output_throughput, d.source),
-                _rel("R5", "Qwen3.6 DDTree b15 C=1 step", 87.0, lv.mean_step_s * 1000,
-                     d.source, " ms")]
+        return [
+            _rel("R5", "Qwen3.6 DDTree b15 C=1 tok/s", 173.0, lv.mean_request_output_throughput, d.source),
+            _rel("R5", "Qwen3.6 DDTree b15 C=1 step", 87.0, lv.mean_step_s * 1000, d.source, " ms"),
+        ]
 
     def r6(d: Driver) -> list[Check]:
         lv = d.level("qwen36-ddtree-b64", 1, n_dd, 512, "math")
-        return [_rel("R6", "Qwen3.6 DDTree b64 C=1 tok/s", 64.0,
-                     lv.mean_request_output_throughput, d.source),
-                _rel("R6", "Qwen3.6 DDTree b64 C=1 step", 77.0, lv.mean_step_s * 1000,
-                     d.source, " ms")]
+        return [
+            _rel("R6", "Qwen3.6 DDTree b64 C=1 tok/s", 64.0, lv.mean_request_output_throughput, d.source),
+            _rel("R6", "Qwen3.6 DDTree b64 C=1 step", 77.0, lv.mean_step_s * 1000, d.source, " ms"),
+        ]
 
     def r7(d: Driver) -> list[Check]:
         lv = d.level("k26-dflash", 32, 64 if quick else 128, 512, "math")
-        return [_rel("R7", "K2.6 DFlash C=32 GSM8K-like aggregate tok/s", 2577.0,
-                     lv.output_throughput, d.source)]
+        return [_rel("R7", "K2.6 DFlash C=32 GSM8K-like aggregate tok/s", 2577.0, lv.output_throughput, d.source)]
 
     def r8(d: Driver) -> list[Check]:
         n = 24 if quick else 48
-        lengths = {dom: d.level("k26-dflash", 8, n, 512, dom).accept_length
-                   for dom in ("math", "code", "chat")}
+        lengths = {dom: d.level("k26-dflash", 8, n, 512, dom).accept_length for dom in ("math", "code", "chat")}
         lo, hi = R8_RANGE
         out = []
         for dom, v in lengths.items():
             shown = round(v, 1)  # the reference range is stated to one decimal
             err = 0.0 if lo <= shown <= hi else min(abs(shown - lo), abs(shown - hi)) / lo
-            out.append(Check("R8", f"K2.6 DFlash acceptance length, {dom}", f"{lo}-{hi}",
-                             f"{v:.2f}", err, err == 0.0, d.source))
+            out.append(
+                Check(
+                    "R8", f"K2.6 DFlash acceptance length, {dom}", f"{lo}-{hi}", f"{v:.2f}", err, err == 0.0, d.source
+                )
+            )
         ordered = lengths["math"] > lengths["code"] > lengths["chat"]
-        out.append(Check("R8", "acceptance order math > code > chat", "ordered",
-                         "ordered" if ordered else "not ordered", 0.0 if ordered else 1.0,
-                         ordered, d.source))
+        out.append(
+            Check(
+                "R8",
+                "acceptance order math > code > chat",
+                "ordered",
+                "ordered" if ordered else "not ordered",
+                0.0 if ordered else 1.0,
+                ordered,
+                d.source,
+            )
+        )
         return out
 
     return {"R1": r1, "R2": r2, "R3": r3, "R4": r4, "R5": r5, "R6": r6, "R7": r7, "R8": r8}
@@ -136,8 +149,7 @@ HTTP_FIGURES_QUICK = ("R1", "R5")
 HTTP_FIGURES_FULL = ("R1", "R2", "R5", "R6", "R7")
 
 
-def evaluate(driver: Driver, figures: tuple[str, ...] | None = None,
-             quick: bool = False) -> list[Check]:
+def evaluate(driver: Driver, figures: tuple[str, ...] | None = None, quick: bool = False) -> list[Check]:
     """Measure the chosen figures (all by default) through `driver`."""
     table = _figures(quick)
     out: list[Check] = []
@@ -154,21 +166,27 @@ def _render(checks: list[Check]) -> None:
     for col in ("figure", "what", "reference", "measured", "error", "source", ""):
         table.add_column(col, justify="right" if col in ("error",) else "left")
     for c in checks:
-        table.add_row(c.figure, c.what, c.reference, c.measured, f"{c.error * 100:.1f}%",
-                      c.source, "[green]ok[/]" if c.ok else "[red]FAIL[/]")
+        table.add_row(
+            c.figure,
+            c.what,
+            c.reference,
+            c.measured,
+            f"{c.error * 100:.1f}%",
+            c.source,
+            "[green]ok[/]" if c.ok else "[red]FAIL[/]",
+        )
     Console().print(table)
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="specroute sim calibrate",
-                                description="twin vs the studies' reference figures R1-R8")
-    p.add_argument("--quick", action="store_true",
-                   help="fewer requests and a shorter HTTP cross-check (for tests)")
+    p = argparse.ArgumentParser(
+        prog="specroute sim calibrate", description="twin vs the studies' reference figures R1-R8"
+    )
+    p.add_argument("--quick", action="store_true", help="fewer requests and a shorter HTTP cross-check (for tests)")
     p.add_argument("--no-http", action="store_true", help="engine (virtual clock) only")
     # 0.5, not faster: at C=32 a scale of 0.1 asks one twin process for ~8000 chunks per wall
     # second, which a shared 2-core machine cannot give (R2 over HTTP fell to ~550 tok/s there)
-    p.add_argument("--time-scale", type=float, default=0.5,
-                   help="time scale of the twins of the HTTP cross-check")
+    p.add_argument("--time-scale", type=float, default=0.5, help="time scale of the twins of the HTTP cross-check")
     p.add_argument("--format", choices=["table", "json"], default="table")
     try:
         args = p.parse_args(argv)
@@ -187,15 +205,13 @@ def main(argv: list[str]) -> int:
                 checks.extend(evaluate(http, figs, quick=args.quick))
         except Exception as e:
             print(f"specroute sim calibrate: HTTP cross-check failed: {e}", file=sys.stderr)
-            checks.append(Check("HTTP", "cross-check over real HTTP", "runs", "failed", 1.0,
-                                False, "http"))
+            checks.append(Check("HTTP", "cross-check over real HTTP", "runs", "failed", 1.0, False, "http"))
     if args.format == "json":
         print(msgspec.json.encode(checks).decode())
     else:
         _render(checks)
     failed = [c for c in checks if not c.ok]
     if failed:
-        print(f"calibration FAILED: {', '.join(sorted({c.figure for c in failed}))}",
-              file=sys.stderr)
+        print(f"calibration FAILED: {', '.join(sorted({c.figure for c in failed}))}", file=sys.stderr)
         return 1
     return 0

@@ -77,10 +77,21 @@ class OutputScript:
 class ChatChunker:
     """Turns each step's tokens into SGLang's chat chunks; also assembles the non-stream body."""
 
-    def __init__(self, rid: str, created: int, model: str, *, reasoning_parser: bool,
-                 separate_reasoning: bool, thinking: bool, tool_parsing: bool,
-                 continuous_usage: bool, prompt_tokens: int, cached_tokens: int | None,
-                 call: PlannedCall | None = None) -> None:
+    def __init__(
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        *,
+        reasoning_parser: bool,
+        separate_reasoning: bool,
+        thinking: bool,
+        tool_parsing: bool,
+        continuous_usage: bool,
+        prompt_tokens: int,
+        cached_tokens: int | None,
+        call: PlannedCall | None = None,
+    ) -> None:
         self.rid = rid
         self.created = created
         self.model = model
@@ -104,8 +115,7 @@ class ChatChunker:
     # ------------------------------------------------------------------ accounting
 
     def usage(self) -> dict[str, Any]:
-        return chunks.usage_info(self.prompt_tokens, self.completion_tokens,
-                                 self.reasoning_tokens, self.cached_tokens)
+        return chunks.usage_info(self.prompt_tokens, self.completion_tokens, self.reasoning_tokens, self.cached_tokens)
 
     def _chunk_usage(self) -> dict[str, Any] | None:
         return self.usage() if self.continuous_usage else None
@@ -118,8 +128,7 @@ class ChatChunker:
     # ---------------------------------------------------------------------- stream
 
     def role_chunk(self) -> bytes:
-        return chunks.chat_delta_chunk(self.rid, self.created, self.model, role="assistant",
-                                       content="")
+        return chunks.chat_delta_chunk(self.rid, self.created, self.model, role="assistant", content="")
 
     def step(self, pieces: list[tuple[str, str]]) -> bytes:
         """The chunks of one engine step's tokens (possibly none)."""
@@ -139,16 +148,20 @@ class ChatChunker:
                 rest.append((text, part))
         if reasoning:
             self.reasoning_text.append(reasoning)
-            out.append(chunks.chat_delta_chunk(self.rid, self.created, self.model,
-                                               reasoning=reasoning, usage=self._chunk_usage()))
+            out.append(
+                chunks.chat_delta_chunk(
+                    self.rid, self.created, self.model, reasoning=reasoning, usage=self._chunk_usage()
+                )
+            )
         if self.tool_parsing:
             out.extend(self._tool_stream(rest))
         else:
             text = "".join(t for t, _ in rest)
             if text:
                 self.content_text.append(text)
-                out.append(chunks.chat_delta_chunk(self.rid, self.created, self.model,
-                                                   content=text, usage=self._chunk_usage()))
+                out.append(
+                    chunks.chat_delta_chunk(self.rid, self.created, self.model, content=text, usage=self._chunk_usage())
+                )
         return b"".join(out)
 
     def _tool_stream(self, rest: list[tuple[str, str]]) -> list[bytes]:
@@ -168,16 +181,19 @@ class ChatChunker:
         out: list[bytes] = []
         if normal:
             self.content_text.append(normal)
-            out.append(chunks.chat_choice_chunk(self.rid, self.created, self.model,
-                                                content=normal, usage=self._chunk_usage()))
+            out.append(
+                chunks.chat_choice_chunk(self.rid, self.created, self.model, content=normal, usage=self._chunk_usage())
+            )
         call = self._call
         if self._header and call is not None and (first or args):
             self.has_tool_calls = True
             self.call_args.append(args)
-            delta = chunks.tool_call_delta(0, call.call_id if first else None,
-                                           call.name if first else None, args)
-            out.append(chunks.chat_choice_chunk(self.rid, self.created, self.model,
-                                                tool_calls=[delta], usage=self._chunk_usage()))
+            delta = chunks.tool_call_delta(0, call.call_id if first else None, call.name if first else None, args)
+            out.append(
+                chunks.chat_choice_chunk(
+                    self.rid, self.created, self.model, tool_calls=[delta], usage=self._chunk_usage()
+                )
+            )
         return out
 
     def finish_reason(self, engine_reason: str | None) -> tuple[str | None, int | None]:
@@ -188,25 +204,39 @@ class ChatChunker:
 
     def finish_chunk(self, engine_reason: str | None) -> bytes:
         reason, matched = self.finish_reason(engine_reason)
-        return chunks.chat_delta_chunk(self.rid, self.created, self.model,
-                                       finish_reason=reason, matched_stop=matched)
+        return chunks.chat_delta_chunk(self.rid, self.created, self.model, finish_reason=reason, matched_stop=matched)
 
     # ------------------------------------------------------------------ non-stream
 
-    def response(self, engine_reason: str | None, meta_info: dict[str, Any] | None,
-                 sglext: dict[str, Any] | None) -> bytes:
+    def response(
+        self, engine_reason: str | None, meta_info: dict[str, Any] | None, sglext: dict[str, Any] | None
+    ) -> bytes:
         reasoning = "".join(self.reasoning_text) or None
         tool_calls = None
         reason, matched = engine_reason, None
         call = self._call
         if call is not None and self.has_tool_calls and engine_reason == "stop":
-            tool_calls = [{"id": call.call_id, "index": 0, "type": "function",
-                           "function": {"name": call.name, "arguments": call.arguments}}]
+            tool_calls = [
+                {
+                    "id": call.call_id,
+                    "index": 0,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ]
             reason = "tool_calls"
         elif engine_reason == "stop":
             matched = EOS_TOKEN_ID
-        return chunks.chat_response(self.rid, self.created, self.model,
-                                    content="".join(self.content_text), reasoning=reasoning,
-                                    tool_calls=tool_calls, finish_reason=reason,
-                                    matched_stop=matched, usage=self.usage(),
-                                    meta_info=meta_info, sglext=sglext)
+        return chunks.chat_response(
+            self.rid,
+            self.created,
+            self.model,
+            content="".join(self.content_text),
+            reasoning=reasoning,
+            tool_calls=tool_calls,
+            finish_reason=reason,
+            matched_stop=matched,
+            usage=self.usage(),
+            meta_info=meta_info,
+            sglext=sglext,
+        )

@@ -64,112 +64,186 @@ class _StreamChunk(msgspec.Struct, omit_defaults=True):
     usage: dict[str, Any] | None = None
 
 
-def chat_delta_chunk(rid: str, created: int, model: str, *, role: str | None = None,
-                     content: str | None = None, reasoning: str | None = None,
-                     finish_reason: str | None = None, matched_stop: int | str | None = None,
-                     usage: dict[str, Any] | None = None) -> bytes:
+def chat_delta_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    *,
+    role: str | None = None,
+    content: str | None = None,
+    reasoning: str | None = None,
+    finish_reason: str | None = None,
+    matched_stop: int | str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> bytes:
     """A chunk as `sse_utils.build_sse_content` writes it."""
-    choice = _StreamChoice(0, _StreamDelta(reasoning, role, content), None, finish_reason,
-                           matched_stop)
-    return _frame(_encode(_StreamChunk(rid, "chat.completion.chunk", created, model, [choice],
-                                       usage)))
+    choice = _StreamChoice(0, _StreamDelta(reasoning, role, content), None, finish_reason, matched_stop)
+    return _frame(_encode(_StreamChunk(rid, "chat.completion.chunk", created, model, [choice], usage)))
 
 
-def chat_choice_chunk(rid: str, created: int, model: str, *, content: str | None = None,
-                      tool_calls: list[dict[str, Any]] | None = None,
-                      usage: dict[str, Any] | None = None) -> bytes:
+def chat_choice_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    *,
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    usage: dict[str, Any] | None = None,
+) -> bytes:
     """A pydantic-dumped chunk with one choice (tool-call parser path)."""
     delta: dict[str, Any] = {"role": None, "content": content, "reasoning_content": None}
     if tool_calls is not None:
         delta["tool_calls"] = tool_calls
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None,
-              "matched_stop": None}
-    return _frame(_encode({"id": rid, "object": "chat.completion.chunk", "created": created,
-                           "model": model, "choices": [choice], "usage": usage}))
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, "matched_stop": None}
+    return _frame(
+        _encode(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+    )
 
 
-def chat_tail_chunk(rid: str, created: int, model: str, *, usage: dict[str, Any] | None = None,
-                    sglext: dict[str, Any] | None = None) -> bytes:
+def chat_tail_chunk(
+    rid: str, created: int, model: str, *, usage: dict[str, Any] | None = None, sglext: dict[str, Any] | None = None
+) -> bytes:
     """A `choices: []` chunk carrying `sglext` or the final usage (pydantic dump)."""
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                            "model": model, "choices": [], "usage": usage}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
     if sglext is not None:
         body["sglext"] = sglext
     return _frame(_encode(body))
 
 
-def tool_call_delta(index: int, call_id: str | None, name: str | None,
-                    arguments: str) -> dict[str, Any]:
+def tool_call_delta(index: int, call_id: str | None, name: str | None, arguments: str) -> dict[str, Any]:
     """One `ToolCall` of a streamed delta (id and name only on the call's first chunk)."""
-    return {"id": call_id, "index": index, "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return {"id": call_id, "index": index, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def usage_info(prompt: int, completion: int, reasoning: int = 0,
-               cached: int | None = None) -> dict[str, Any]:
+def usage_info(prompt: int, completion: int, reasoning: int = 0, cached: int | None = None) -> dict[str, Any]:
     """`UsageInfo.model_dump()`; `cached` is None unless the server runs --enable-cache-report."""
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-            "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
-            "reasoning_tokens": reasoning,
-            "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None}
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
+        "reasoning_tokens": reasoning,
+        "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
+    }
 
 
 def spec_tokens_details(d: dict[str, Any]) -> dict[str, Any]:
     """`SpecTokensDetails` (9 fields, declaration order) from the engine's spec fields."""
-    return {"spec_accept_rate": d["spec_accept_rate"],
-            "spec_accept_length": d["spec_accept_length"],
-            "spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
-            "spec_num_correct_drafts": d["spec_num_correct_drafts"],
-            "spec_num_proposed_drafts": d["spec_num_proposed_drafts"],
-            "spec_verify_ct": d["spec_verify_ct"],
-            "spec_correct_drafts_histogram": d["spec_correct_drafts_histogram"],
-            "spec_cap_lens_histogram": []}
+    return {
+        "spec_accept_rate": d["spec_accept_rate"],
+        "spec_accept_length": d["spec_accept_length"],
+        "spec_cap_length": 0.0,
+        "spec_block_accept_length": 0.0,
+        "spec_num_correct_drafts": d["spec_num_correct_drafts"],
+        "spec_num_proposed_drafts": d["spec_num_proposed_drafts"],
+        "spec_verify_ct": d["spec_verify_ct"],
+        "spec_correct_drafts_histogram": d["spec_correct_drafts_histogram"],
+        "spec_cap_lens_histogram": [],
+    }
 
 
 def stream_error_frame(message: str, err_type: str, code: int) -> bytes:
     """`data: {"error": ...}` as `create_streaming_error_response` writes it (json.dumps)."""
-    body = {"error": {"object": "error", "message": message, "type": err_type, "param": None,
-                      "code": code}}
+    body = {"error": {"object": "error", "message": message, "type": err_type, "param": None, "code": code}}
     return _frame(json.dumps(body).encode())
 
 
-def chat_response(rid: str, created: int, model: str, *, content: str,
-                  reasoning: str | None, tool_calls: list[dict[str, Any]] | None,
-                  finish_reason: str | None, matched_stop: int | str | None,
-                  usage: dict[str, Any], meta_info: dict[str, Any] | None = None,
-                  sglext: dict[str, Any] | None = None) -> bytes:
+def chat_response(
+    rid: str,
+    created: int,
+    model: str,
+    *,
+    content: str,
+    reasoning: str | None,
+    tool_calls: list[dict[str, Any]] | None,
+    finish_reason: str | None,
+    matched_stop: int | str | None,
+    usage: dict[str, Any],
+    meta_info: dict[str, Any] | None = None,
+    sglext: dict[str, Any] | None = None,
+) -> bytes:
     """`ChatCompletionResponse.model_dump_json()`."""
-    message: dict[str, Any] = {"role": "assistant", "content": content,
-                               "reasoning_content": reasoning}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     if tool_calls is not None:
         message["tool_calls"] = tool_calls
-    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                              "finish_reason": finish_reason, "matched_stop": matched_stop}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "matched_stop": matched_stop,
+    }
     if meta_info is not None:
         choice["meta_info"] = meta_info
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created,
-                            "model": model, "choices": [choice], "usage": usage,
-                            "metadata": {"weight_version": "default"}}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+        "metadata": {"weight_version": "default"},
+    }
     if sglext is not None:
         body["sglext"] = sglext
     return _encode(body)
 
 
-def completion_chunk(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                     matched_stop: int | str | None = None,
-                     usage: dict[str, Any] | None = None) -> bytes:
+def completion_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    matched_stop: int | str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> bytes:
     """`CompletionStreamResponse.model_dump_json()` with one choice."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-              "matched_stop": matched_stop}
-    return _frame(_encode({"id": rid, "object": "text_completion", "created": created,
-                           "model": model, "choices": [choice], "usage": usage}))
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "matched_stop": matched_stop}
+    return _frame(
+        _encode(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+    )
 
 
-def completion_tail_chunk(rid: str, created: int, model: str,
-                          sglext: dict[str, Any]) -> bytes:
-    return _frame(_encode({"id": rid, "object": "text_completion", "created": created,
-                           "model": model, "choices": [], "usage": None, "sglext": sglext}))
+def completion_tail_chunk(rid: str, created: int, model: str, sglext: dict[str, Any]) -> bytes:
+    return _frame(
+        _encode(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": None,
+                "sglext": sglext,
+            }
+        )
+    )
 
 
 def _drop_none(obj: Any) -> Any:
@@ -180,20 +254,43 @@ def _drop_none(obj: Any) -> Any:
 
 def completion_usage_chunk(rid: str, created: int, model: str, usage: dict[str, Any]) -> bytes:
     """The final usage chunk, dumped with `exclude_none=True`."""
-    return _frame(_encode(_drop_none({"id": rid, "object": "text_completion",
-                                      "created": created, "model": model, "choices": [],
-                                      "usage": usage})))
+    return _frame(
+        _encode(
+            _drop_none(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+        )
+    )
 
 
-def completion_response(rid: str, created: int, model: str, text: str,
-                        finish_reason: str | None, matched_stop: int | str | None,
-                        usage: dict[str, Any], sglext: dict[str, Any] | None = None) -> bytes:
+def completion_response(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    matched_stop: int | str | None,
+    usage: dict[str, Any],
+    sglext: dict[str, Any] | None = None,
+) -> bytes:
     """`CompletionResponse.model_dump_json()`."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-              "matched_stop": matched_stop}
-    body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
-                            "model": model, "choices": [choice], "usage": usage,
-                            "metadata": {"weight_version": "default"}}
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "matched_stop": matched_stop}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+        "metadata": {"weight_version": "default"},
+    }
     if sglext is not None:
         body["sglext"] = sglext
     return _encode(body)

@@ -50,6 +50,7 @@ def _int_at_least(low: int) -> Callable[[str], int]:
         if v < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}: {text}")
         return v
+
     return parse
 
 
@@ -68,23 +69,34 @@ def _server_parser() -> _Parser:
     p.add_argument("--port", type=_int_at_least(0), default=30000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
-    p.add_argument("--time-scale", type=_positive_float, default=1.0,
-                   help="multiply every simulated duration (0.02 = 50x faster)")
+    p.add_argument(
+        "--time-scale", type=_positive_float, default=1.0, help="multiply every simulated duration (0.02 = 50x faster)"
+    )
     p.add_argument("--max-running-requests", type=_int_at_least(1))
     p.add_argument("--max-queued-requests", type=_int_at_least(0))
     p.add_argument("--served-model-name")
-    p.add_argument("--ddtree-budget", "--speculative-ddtree-budget", dest="ddtree_budget",
-                   type=_int_at_least(1), help="DDTree node budget (DDTree profiles only)")
-    p.add_argument("--incremental-streaming-output", action="store_true",
-                   help="native /generate streams deltas instead of cumulative text")
-    p.add_argument("--enable-cache-report", action="store_true",
-                   help="report usage.prompt_tokens_details.cached_tokens")
-    p.add_argument("--reasoning-parser", choices=["kimi_k2"],
-                   help="split the model's reasoning into reasoning_content (thinking profiles)")
-    p.add_argument("--tool-call-parser", choices=["kimi_k2"],
-                   help="parse the model's tool-call markup into tool_calls")
-    p.add_argument("--compat", choices=["0.5.9"],
-                   help="imitate an older SGLang 0.5.x (no spec details, /get_load)")
+    p.add_argument(
+        "--ddtree-budget",
+        "--speculative-ddtree-budget",
+        dest="ddtree_budget",
+        type=_int_at_least(1),
+        help="DDTree node budget (DDTree profiles only)",
+    )
+    p.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="native /generate streams deltas instead of cumulative text",
+    )
+    p.add_argument(
+        "--enable-cache-report", action="store_true", help="report usage.prompt_tokens_details.cached_tokens"
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=["kimi_k2"],
+        help="split the model's reasoning into reasoning_content (thinking profiles)",
+    )
+    p.add_argument("--tool-call-parser", choices=["kimi_k2"], help="parse the model's tool-call markup into tool_calls")
+    p.add_argument("--compat", choices=["0.5.9"], help="imitate an older SGLang 0.5.x (no spec details, /get_load)")
     f = p.add_argument_group("fault knobs")
     f.add_argument("--fault-latency-ms", type=_positive_float, default=0.0)
     f.add_argument("--fault-error-rate", type=_fraction, default=0.0)
@@ -98,8 +110,7 @@ def _server_parser() -> _Parser:
 
 def _print_list() -> int:
     for prof in list_profiles():
-        print(f"{prof.name:<20} {prof.strategy.value:<7} {prof.served_model_name:<13} "
-              f"{prof.description}")
+        print(f"{prof.name:<20} {prof.strategy.value:<7} {prof.served_model_name:<13} {prof.description}")
     return 0
 
 
@@ -116,18 +127,30 @@ def _run_server(args: argparse.Namespace) -> int:
     except ProfileError as e:
         raise _ArgError(str(e)) from None
     faults = FaultOptions(
-        latency_ms=args.fault_latency_ms, error_rate=args.fault_error_rate,
+        latency_ms=args.fault_latency_ms,
+        error_rate=args.fault_error_rate,
         crash_after_tokens=args.fault_crash_after_tokens,
-        hang_after_tokens=args.fault_hang_after_tokens, slow_ready_s=args.fault_slow_ready,
-        accept_drop_at_s=args.fault_accept_drop_at, accept_drop_to=args.fault_accept_drop_to)
+        hang_after_tokens=args.fault_hang_after_tokens,
+        slow_ready_s=args.fault_slow_ready,
+        accept_drop_at_s=args.fault_accept_drop_at,
+        accept_drop_to=args.fault_accept_drop_to,
+    )
     options = ServerOptions(
-        host=args.host, port=args.port, seed=args.seed, time_scale=args.time_scale,
+        host=args.host,
+        port=args.port,
+        seed=args.seed,
+        time_scale=args.time_scale,
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,
-        served_model_name=args.served_model_name, enable_metrics=args.enable_metrics,
-        compat=args.compat, incremental_streaming_output=args.incremental_streaming_output,
-        enable_cache_report=args.enable_cache_report, reasoning_parser=args.reasoning_parser,
-        tool_call_parser=args.tool_call_parser, faults=faults)
+        served_model_name=args.served_model_name,
+        enable_metrics=args.enable_metrics,
+        compat=args.compat,
+        incremental_streaming_output=args.incremental_streaming_output,
+        enable_cache_report=args.enable_cache_report,
+        reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
+        faults=faults,
+    )
     return serve(profile, options)
 
 
@@ -136,9 +159,11 @@ def main(argv: list[str]) -> int:
     try:
         if argv and argv[0] == "curves":
             from backends.sim.curves import main as curves_main
+
             return curves_main(argv[1:])
         if argv and argv[0] == "calibrate":
             from backends.sim.calibrate import main as calibrate_main
+
             return calibrate_main(argv[1:])
         args = _server_parser().parse_args(argv)
         if args.list:

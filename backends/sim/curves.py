@@ -37,14 +37,17 @@ def _ar_profile_for(profile: Profile) -> Profile | None:
     return load_profile(name)
 
 
-def _level(profile: Profile, c: int, max_tokens: int, domain: str | None,
-           seed: int) -> LevelResult:
+def _level(profile: Profile, c: int, max_tokens: int, domain: str | None, seed: int) -> LevelResult:
     return run_closed_loop(profile, c, max(4 * c, 8), max_tokens, domain=domain, seed=seed)
 
 
-def compute_curves(profiles: list[Profile], levels: tuple[int, ...] = DEFAULT_LEVELS,
-                   max_tokens: int = 512, domain: str | None = None,
-                   seed: int = 0) -> list[CurveRow]:
+def compute_curves(
+    profiles: list[Profile],
+    levels: tuple[int, ...] = DEFAULT_LEVELS,
+    max_tokens: int = 512,
+    domain: str | None = None,
+    seed: int = 0,
+) -> list[CurveRow]:
     """Rows for every profile and level; speedup relative to the model's AR profile."""
     rows: list[CurveRow] = []
     ar_cache: dict[tuple[str, int], float] = {}
@@ -58,19 +61,25 @@ def compute_curves(profiles: list[Profile], levels: tuple[int, ...] = DEFAULT_LE
                 if key not in ar_cache:
                     ar_cache[key] = _level(ar, c, max_tokens, domain, seed).output_throughput
                 speedup = res.output_throughput / ar_cache[key]
-            rows.append(CurveRow(prof.name, c, res.mean_request_output_throughput,
-                                 res.output_throughput, res.accept_length, speedup))
+            rows.append(
+                CurveRow(
+                    prof.name, c, res.mean_request_output_throughput, res.output_throughput, res.accept_length, speedup
+                )
+            )
     return rows
 
 
 def render_markdown(rows: list[CurveRow]) -> str:
-    out = ["| profile | C | per-request tok/s | aggregate tok/s | accept length | vs AR |",
-           "|---|---:|---:|---:|---:|---:|"]
+    out = [
+        "| profile | C | per-request tok/s | aggregate tok/s | accept length | vs AR |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         sp = f"{r.speedup_vs_ar:.2f}x" if r.speedup_vs_ar is not None else "-"
         acc = f"{r.accept_length:.2f}" if r.accept_length else "-"
-        out.append(f"| {r.profile} | {r.concurrency} | {r.per_request_tps:.1f} | "
-                   f"{r.aggregate_tps:.1f} | {acc} | {sp} |")
+        out.append(
+            f"| {r.profile} | {r.concurrency} | {r.per_request_tps:.1f} | {r.aggregate_tps:.1f} | {acc} | {sp} |"
+        )
     return "\n".join(out)
 
 
@@ -86,10 +95,14 @@ def render_rich(rows: list[CurveRow], title: str) -> None:
         if last is not None and r.profile != last:
             table.add_section()
         last = r.profile
-        table.add_row(r.profile, str(r.concurrency), f"{r.per_request_tps:.1f}",
-                      f"{r.aggregate_tps:.1f}",
-                      f"{r.accept_length:.2f}" if r.accept_length else "-",
-                      f"{r.speedup_vs_ar:.2f}x" if r.speedup_vs_ar is not None else "-")
+        table.add_row(
+            r.profile,
+            str(r.concurrency),
+            f"{r.per_request_tps:.1f}",
+            f"{r.aggregate_tps:.1f}",
+            f"{r.accept_length:.2f}" if r.accept_length else "-",
+            f"{r.speedup_vs_ar:.2f}x" if r.speedup_vs_ar is not None else "-",
+        )
     Console().print(table)
 
 
@@ -100,13 +113,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str]) -> int:
-    p = _Parser(prog="specroute sim curves",
-                description="per-request and aggregate tok/s per profile (virtual clock)")
+    p = _Parser(prog="specroute sim curves", description="per-request and aggregate tok/s per profile (virtual clock)")
     p.add_argument("--profile", action="append", help="profile(s); default: all but zero")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_LEVELS)))
     p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--domain", choices=["math", "code", "chat"],
-                   help="prompt domain; default: a mix of all three")
+    p.add_argument("--domain", choices=["math", "code", "chat"], help="prompt domain; default: a mix of all three")
     p.add_argument("--budgets", help="DDTree budgets to sweep (e.g. 8,16,32,64,128)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=["table", "markdown", "json"], default="table")
@@ -119,12 +130,18 @@ def main(argv: list[str]) -> int:
         if any(c < 1 for c in levels) or args.max_tokens < 1:
             raise ValueError
     except ValueError:
-        print("specroute sim curves: error: --concurrency takes positive integers like 1,8,32 "
-              "and --max-tokens a positive integer", file=sys.stderr)
+        print(
+            "specroute sim curves: error: --concurrency takes positive integers like 1,8,32 "
+            "and --max-tokens a positive integer",
+            file=sys.stderr,
+        )
         return 2
     try:
-        profiles = ([load_profile(n) for n in args.profile] if args.profile
-                    else [x for x in list_profiles() if x.name != "zero"])
+        profiles = (
+            [load_profile(n) for n in args.profile]
+            if args.profile
+            else [x for x in list_profiles() if x.name != "zero"]
+        )
         if args.budgets:
             swept = []
             for prof in profiles:
@@ -142,6 +159,5 @@ def main(argv: list[str]) -> int:
         print(msgspec.json.encode(rows).decode())
     else:
         dom = args.domain or "mixed"
-        render_rich(rows, f"twin curves: {args.max_tokens}-token outputs, {dom} prompts, "
-                          "closed loop, virtual clock")
+        render_rich(rows, f"twin curves: {args.max_tokens}-token outputs, {dom} prompts, closed loop, virtual clock")
     return 0

@@ -37,8 +37,11 @@ _CODE = re.compile(
     _FLAGS,
 )
 # code itself in the prompt (a definition to complete, a fence, a doctest): the answer is code
-_CODE_SYNTAX = re.compile(r"```|\bdef \w+\s*\(|\bclass \w+\s*[:({]|\bfrom [\w.]+ import\b|>>> |"
-                          r"\bfunction \w+\s*\(|\bfunc \w+\s*\(|\bfn \w+\s*\(", _FLAGS)
+_CODE_SYNTAX = re.compile(
+    r"```|\bdef \w+\s*\(|\bclass \w+\s*[:({]|\bfrom [\w.]+ import\b|>>> |"
+    r"\bfunction \w+\s*\(|\bfunc \w+\s*\(|\bfn \w+\s*\(",
+    _FLAGS,
+)
 # explicit mathematics: one of these is enough
 _MATH_WORDS = re.compile(
     r"\bsolve\b|\bequation|\bcalculate\b|\bcompute\b|\bprove\b|\btheorem\b|\bprobability\b|"
@@ -60,8 +63,11 @@ _COMPUTE = re.compile(
     r"\bfinish the (job|work)\b|\bworking together\b|\bwhen will\b|\bwhat time\b",
     _FLAGS,
 )
-_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?![\w.])|\b(one|two|three|four|five|six|seven|"
-                     r"eight|nine|ten|twelve|twenty|hundred|thousand|dozen)\b", _FLAGS)
+_NUMBER = re.compile(
+    r"(?<![\w.])\d+(?:[.,]\d+)?(?![\w.])|\b(one|two|three|four|five|six|seven|"
+    r"eight|nine|ten|twelve|twenty|hundred|thousand|dozen)\b",
+    _FLAGS,
+)
 _MONEY_UNITS = re.compile(
     r"[$€£¥]\s*\d|\b\d+(?:\.\d+)?\s*(dollars?|cents?|euros?|pounds?|yen|years? old|years?|"
     r"months?|weeks?|days?|hours?|minutes?|seconds?|miles?|km|kilometers?|meters?|feet|"

@@ -147,17 +147,49 @@ class SimRequest:
     """One request inside the engine; its counters become usage and spec details."""
 
     __slots__ = (
-        "rid", "prompt_tokens", "max_new_tokens", "domain", "seed", "key", "accept_p",
-        "temperature", "top_p", "prefix_blocks", "limit", "limit_reason", "cached_tokens",
-        "completion_tokens", "verify_ct", "correct_drafts", "proposed_drafts", "histogram",
-        "state", "finish_reason", "_rng", "_logp", "_prefill_left", "_prefilled",
+        "rid",
+        "prompt_tokens",
+        "max_new_tokens",
+        "domain",
+        "seed",
+        "key",
+        "accept_p",
+        "temperature",
+        "top_p",
+        "prefix_blocks",
+        "limit",
+        "limit_reason",
+        "cached_tokens",
+        "completion_tokens",
+        "verify_ct",
+        "correct_drafts",
+        "proposed_drafts",
+        "histogram",
+        "state",
+        "finish_reason",
+        "_rng",
+        "_logp",
+        "_prefill_left",
+        "_prefilled",
         "_outside_cache",
     )
 
-    def __init__(self, rid: str, prompt_tokens: int, max_new_tokens: int, domain: str,
-                 seed: int, accept_p: float, max_drafts: int, *, key: int = 0,
-                 temperature: float = 0.0, top_p: float = 1.0,
-                 prefix_blocks: Sequence[int] = (), stop_after_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        rid: str,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        domain: str,
+        seed: int,
+        accept_p: float,
+        max_drafts: int,
+        *,
+        key: int = 0,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        prefix_blocks: Sequence[int] = (),
+        stop_after_tokens: int | None = None,
+    ) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
@@ -198,8 +230,9 @@ class SimRequest:
         if not self.verify_ct:
             return None
         rate = self.correct_drafts / self.proposed_drafts if self.proposed_drafts else 0.0
-        return SpecDetails(self.verify_ct, self.accept_length, rate, self.correct_drafts,
-                           self.proposed_drafts, list(self.histogram))
+        return SpecDetails(
+            self.verify_ct, self.accept_length, rate, self.correct_drafts, self.proposed_drafts, list(self.histogram)
+        )
 
 
 def effective_accept_prob(spec: SpecConfig, max_depth: int, p_chain: float) -> float:
@@ -240,8 +273,9 @@ class _Interval:
 class Engine:
     """Continuous batching over one simulated server. Not thread-safe; one driver at a time."""
 
-    def __init__(self, profile: Profile, seed: int = 0, max_running: int | None = None,
-                 max_queued: int | None = None) -> None:
+    def __init__(
+        self, profile: Profile, seed: int = 0, max_running: int | None = None, max_queued: int | None = None
+    ) -> None:
         self.profile = profile
         self.seed = seed
         self.max_running = max_running or profile.max_running_requests
@@ -256,8 +290,7 @@ class Engine:
         self._chunked: SimRequest | None = None
         self._by_rid: dict[str, SimRequest] = {}
         self._occurrences: dict[int, int] = {}
-        self._window: collections.deque[tuple[float, int]] = collections.deque(
-            maxlen=_THROUGHPUT_WINDOW)
+        self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=_THROUGHPUT_WINDOW)
         self._interval = _Interval()
         self._published_accept = (0.0, 0.0)  # last interval's (length, rate)
         self._published_total = (0, 0)  # lifetime (accept tokens, verify ct) at the last refresh
@@ -319,8 +352,9 @@ class Engine:
         end = before + new
         return self._pf_pair * (end * end - before * before) / 2.0
 
-    def accept_prob(self, domain: str, key: int = 0, *, temperature: float = 0.0,
-                    top_p: float = 1.0, context_tokens: int = 0) -> float:
+    def accept_prob(
+        self, domain: str, key: int = 0, *, temperature: float = 0.0, top_p: float = 1.0, context_tokens: int = 0
+    ) -> float:
         """Per-depth acceptance probability of a prompt of `domain` with prompt hash `key`."""
         acc = self.profile.acceptance
         spec = self.profile.speculative
@@ -330,8 +364,7 @@ class Engine:
         # uniform in effect whether p is 0.75 or 0.99, and p never leaves (0, 1).
         miss = (1.0 - getattr(acc, domain)) * math.exp(acc.prompt_spread * prompt_variation(key))
         miss *= temperature_miss_scale(self.profile.temperature, domain, temperature, top_p)
-        miss *= window_miss_scale(spec.draft_window_tokens, spec.window_miss_per_doubling,
-                                  context_tokens)
+        miss *= window_miss_scale(spec.draft_window_tokens, spec.window_miss_per_doubling, context_tokens)
         p = effective_accept_prob(spec, self._max_drafts, min(max(1.0 - miss, 0.0), 0.999))
         return min(max(p, 0.0), 0.999)
 
@@ -356,10 +389,20 @@ class Engine:
         """Prompt tokens of the waiting queue (O(queue); for load reports, not per step)."""
         return sum(r.prompt_tokens for r in self._waiting)
 
-    def submit(self, rid: str, prompt_tokens: int, max_new_tokens: int, prompt_text: str = "",
-               domain: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0,
-               prefix_blocks: Sequence[int] = (), stop_after_tokens: int | None = None,
-               key: int | None = None) -> SimRequest:
+    def submit(
+        self,
+        rid: str,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        prompt_text: str = "",
+        domain: str | None = None,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        prefix_blocks: Sequence[int] = (),
+        stop_after_tokens: int | None = None,
+        key: int | None = None,
+    ) -> SimRequest:
         """Queue a request. The domain is read from `prompt_text` unless given.
 
         `temperature`/`top_p` lower acceptance (sampling.py); `prefix_blocks` is the prompt's hash
@@ -383,12 +426,20 @@ class Engine:
         self._occurrences[key] = occurrence + 1
         dom = domain or (classify(prompt_text) if prompt_text else "chat")
         prompt_tokens = max(1, prompt_tokens)
-        req = SimRequest(rid, prompt_tokens, max(1, max_new_tokens), dom,
-                         _seed_of(self.seed, key, occurrence),
-                         self.accept_prob(dom, key, temperature=temperature, top_p=top_p,
-                                          context_tokens=prompt_tokens),
-                         self._max_drafts, key=key, temperature=temperature, top_p=top_p,
-                         prefix_blocks=prefix_blocks, stop_after_tokens=stop_after_tokens)
+        req = SimRequest(
+            rid,
+            prompt_tokens,
+            max(1, max_new_tokens),
+            dom,
+            _seed_of(self.seed, key, occurrence),
+            self.accept_prob(dom, key, temperature=temperature, top_p=top_p, context_tokens=prompt_tokens),
+            self._max_drafts,
+            key=key,
+            temperature=temperature,
+            top_p=top_p,
+            prefix_blocks=prefix_blocks,
+            stop_after_tokens=stop_after_tokens,
+        )
         self._waiting.append(req)
         self._by_rid[rid] = req
         return req
@@ -503,8 +554,8 @@ class Engine:
         kv_read = self._kv_running
         duration = self.step_time(batch, kv_tokens=kv_read)
         prefill_s, prefilled, admitted, computed, cached = (
-            self._prefill(batch) if (self._waiting or self._chunked is not None)
-            else (0.0, [], 0, 0, 0))
+            self._prefill(batch) if (self._waiting or self._chunked is not None) else (0.0, [], 0, 0, 0)
+        )
         duration += prefill_s
         self._prefill_busy_us += int(prefill_s * 1e6)
         self._total_prompt += computed
@@ -597,8 +648,7 @@ class Engine:
         self._busy_s += duration
         if batch or computed:
             self._window.append((duration, generated))
-        return StepResult(duration, emissions, batch, self._width, admitted, computed,
-                          kv_read, cached)
+        return StepResult(duration, emissions, batch, self._width, admitted, computed, kv_read, cached)
 
     def _count_decode(self, verifies: int, verify_tokens: int, correct: int) -> None:
         self._total_verify_ct += verifies
@@ -611,8 +661,7 @@ class Engine:
         if iv.steps >= DECODE_LOG_INTERVAL:
             if iv.verify_ct:
                 proposed = iv.verify_ct * self._proposed_per_verify
-                self._published_accept = (iv.accept_tokens / iv.verify_ct,
-                                          iv.correct / proposed if proposed else 0.0)
+                self._published_accept = (iv.accept_tokens / iv.verify_ct, iv.correct / proposed if proposed else 0.0)
             self._published_total = (self._total_verify_tokens, self._total_verify_ct)
             self._interval = _Interval()
 
@@ -642,8 +691,7 @@ class Engine:
             accept_length=self._published_accept[0],
             accept_rate=self._published_accept[1],
             lifetime_accept_length=tokens / verifies if spec and verifies else None,
-            live_accept_length=(self._total_verify_tokens / self._total_verify_ct
-                                if self._total_verify_ct else 0.0),
+            live_accept_length=(self._total_verify_tokens / self._total_verify_ct if self._total_verify_ct else 0.0),
             total_verify_ct=self._total_verify_ct,
             total_generated_tokens=self._total_generated,
             total_prompt_tokens=self._total_prompt,

@@ -12,15 +12,13 @@ from aiohttp import web
 
 __all__ = ["ApiError", "flat_error", "native_error"]
 
-_PHRASE = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-           503: "ServiceUnavailableError"}
+_PHRASE = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 class ApiError(Exception):
     """Raised by request handling; rendered by the route in the route family's shape."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 err_type: str | None = None) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None, err_type: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -32,17 +30,16 @@ class ApiError(Exception):
 
 
 def _body(err: ApiError) -> dict[str, object]:
-    return {"object": "error", "message": err.message, "type": err.err_type,
-            "param": err.param, "code": err.status}
+    return {"object": "error", "message": err.message, "type": err.err_type, "param": err.param, "code": err.status}
 
 
 def flat_error(err: ApiError) -> web.Response:
     """OpenAI-route error response in SGLang's flat shape."""
-    return web.Response(status=err.status, body=msgspec.json.encode(_body(err)),
-                        content_type="application/json")
+    return web.Response(status=err.status, body=msgspec.json.encode(_body(err)), content_type="application/json")
 
 
 def native_error(err: ApiError) -> web.Response:
     """Native-route (`/generate`) error response: `{"error": "<text>"}`."""
-    return web.Response(status=err.status, body=msgspec.json.encode({"error": err.message}),
-                        content_type="application/json")
+    return web.Response(
+        status=err.status, body=msgspec.json.encode({"error": err.message}), content_type="application/json"
+    )

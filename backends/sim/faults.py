@@ -39,8 +39,7 @@ class Faults:
         if o.crash_after_tokens is not None or o.hang_after_tokens is not None:
             self.runtime.on_tokens.append(self._count)
         if o.accept_drop_at_s is not None:
-            self._drop_handle = asyncio.get_running_loop().call_later(
-                o.accept_drop_at_s, self._drop_acceptance)
+            self._drop_handle = asyncio.get_running_loop().call_later(o.accept_drop_at_s, self._drop_acceptance)
 
     def uninstall(self) -> None:
         if self._drop_handle is not None:
@@ -53,8 +52,7 @@ class Faults:
         self._delivered += n_tokens
         o = self.options
         if o.crash_after_tokens is not None and self._delivered >= o.crash_after_tokens:
-            print(f"specroute sim: injected crash after {self._delivered} tokens",
-                  file=sys.stderr, flush=True)
+            print(f"specroute sim: injected crash after {self._delivered} tokens", file=sys.stderr, flush=True)
             os._exit(CRASH_EXIT_CODE)
         if o.hang_after_tokens is not None and self._delivered >= o.hang_after_tokens:
             self.runtime.hang()

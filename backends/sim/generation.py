@@ -30,13 +30,32 @@ QUEUE_FULL_MESSAGE = "The request queue is full."
 class Generation:
     """An admitted request: engine record, channel, deterministic tokens, timing."""
 
-    __slots__ = ("state", "rid", "req", "channel", "tokens", "created", "prompt_tokens",
-                 "max_new_tokens", "t_start", "t_first", "t_last", "finish_reason",
-                 "prompt_text")
+    __slots__ = (
+        "state",
+        "rid",
+        "req",
+        "channel",
+        "tokens",
+        "created",
+        "prompt_tokens",
+        "max_new_tokens",
+        "t_start",
+        "t_first",
+        "t_last",
+        "finish_reason",
+        "prompt_text",
+    )
 
-    def __init__(self, state: SimState, rid: str, req: SimRequest | None,
-                 channel: Channel | None, prompt_tokens: int, max_new_tokens: int,
-                 prompt_text: str = "") -> None:
+    def __init__(
+        self,
+        state: SimState,
+        rid: str,
+        req: SimRequest | None,
+        channel: Channel | None,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        prompt_text: str = "",
+    ) -> None:
         self.state = state
         self.rid = rid
         self.req = req
@@ -100,8 +119,7 @@ class Generation:
 
     def usage(self, reasoning_tokens: int = 0) -> dict[str, Any]:
         """SGLang's `UsageInfo` (field order of protocol.py)."""
-        return usage_info(self.prompt_tokens, self.completion_tokens, reasoning_tokens,
-                          self.cache_report())
+        return usage_info(self.prompt_tokens, self.completion_tokens, reasoning_tokens, self.cache_report())
 
     def spec_details(self) -> dict[str, Any] | None:
         """SGLang 0.5.23 spec fields, or None (AR server, no verify pass)."""
@@ -117,9 +135,13 @@ class Generation:
         engine may already be a step ahead of what the client has received).
         """
         c = self.completion_tokens if completion_tokens is None else completion_tokens
-        meta: dict[str, Any] = {"id": self.rid, "finish_reason": None,
-                                "prompt_tokens": self.prompt_tokens, "completion_tokens": c,
-                                "cached_tokens": self.cached_tokens}
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": None,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": c,
+            "cached_tokens": self.cached_tokens,
+        }
         if not finished:
             return meta
         reason = self.finish_reason or "length"
@@ -138,9 +160,14 @@ class Generation:
                 meta["spec_accept_token_num"] = spec["spec_num_correct_drafts"]
                 meta["spec_accept_histogram"] = spec["spec_correct_drafts_histogram"]
             else:  # tokenizer_manager's order
-                for key in ("spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
-                            "spec_num_proposed_drafts", "spec_verify_ct",
-                            "spec_correct_drafts_histogram"):
+                for key in (
+                    "spec_accept_rate",
+                    "spec_accept_length",
+                    "spec_num_correct_drafts",
+                    "spec_num_proposed_drafts",
+                    "spec_verify_ct",
+                    "spec_correct_drafts_histogram",
+                ):
                     meta[key] = spec[key]
         return meta
 
@@ -149,16 +176,14 @@ class Generation:
         a follow-up turn whose prompt repeats this text hits."""
         if self.req is None or self.finish_reason == "abort" or not self.prompt_text:
             return
-        self.state.engine.cache_output(chain_from_text(self.prompt_text + separator
-                                                       + generated_text))
+        self.state.engine.cache_output(chain_from_text(self.prompt_text + separator + generated_text))
 
     def release(self) -> None:
         """Free the engine slot if the request is still in flight (client gone, error)."""
         self.state.runtime.release(self.rid)
 
 
-def sampling_values(state: SimState, temperature: float | None,
-                    top_p: float | None) -> tuple[float, float]:
+def sampling_values(state: SimState, temperature: float | None, top_p: float | None) -> tuple[float, float]:
     """Resolved temperature/top_p, validated as SGLang's SamplingParams.verify does."""
     t = state.profile.default_temperature if temperature is None else temperature
     p = 1.0 if top_p is None else top_p
@@ -169,16 +194,24 @@ def sampling_values(state: SimState, temperature: float | None,
     return min(t, 2.0), p
 
 
-async def admit(state: SimState, rid: str | None, prompt_text: str, prompt_tokens: int,
-                max_new_tokens: int, *, domain: str | None = None, key: int | None = None,
-                temperature: float = 0.0, top_p: float = 1.0,
-                stop_after_tokens: int | None = None,
-                prefix_blocks: Sequence[int] | None = None) -> Generation:
+async def admit(
+    state: SimState,
+    rid: str | None,
+    prompt_text: str,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    *,
+    domain: str | None = None,
+    key: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    stop_after_tokens: int | None = None,
+    prefix_blocks: Sequence[int] | None = None,
+) -> Generation:
     """Validate limits, apply fault knobs, submit to the engine. Raises ApiError (4xx/5xx);
     a full queue is an ApiError with status 503 and QUEUE_FULL_MESSAGE."""
     if max_new_tokens < 0:
-        raise ApiError(f"max_new_tokens must be at least 0, got {max_new_tokens}.",
-                       param="max_tokens")
+        raise ApiError(f"max_new_tokens must be at least 0, got {max_new_tokens}.", param="max_tokens")
     ctx = state.profile.context_length
     if prompt_tokens + max_new_tokens > ctx:
         raise ApiError(
@@ -186,17 +219,26 @@ async def admit(state: SimState, rid: str | None, prompt_text: str, prompt_token
             f" You requested a total of {prompt_tokens + max_new_tokens} tokens:"
             f" {prompt_tokens} tokens from the input messages and {max_new_tokens} tokens for"
             " the completion. Please reduce the number of tokens in the input messages or the"
-            " completion to fit within the limit.")
+            " completion to fit within the limit."
+        )
     await state.faults.before_generation()
     rid = rid or new_rid()
     if max_new_tokens == 0:
         return Generation(state, rid, None, None, prompt_tokens, 0, prompt_text)
     blocks = chain_from_text(prompt_text) if prefix_blocks is None else prefix_blocks
     try:
-        req, ch = state.runtime.submit(rid, prompt_tokens, max_new_tokens, prompt_text,
-                                       domain=domain, key=key, temperature=temperature,
-                                       top_p=top_p, stop_after_tokens=stop_after_tokens,
-                                       prefix_blocks=blocks)
+        req, ch = state.runtime.submit(
+            rid,
+            prompt_tokens,
+            max_new_tokens,
+            prompt_text,
+            domain=domain,
+            key=key,
+            temperature=temperature,
+            top_p=top_p,
+            stop_after_tokens=stop_after_tokens,
+            prefix_blocks=blocks,
+        )
     except QueueFull:
         raise ApiError(QUEUE_FULL_MESSAGE, status=503, err_type="503") from None  # HTTPException
     except ValueError as e:

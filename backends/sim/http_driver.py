@@ -41,10 +41,19 @@ class TwinProcess:
     def __init__(self, profile: str, time_scale: float, *extra: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "backends.sim", "--profile", profile, "--port",
-               str(self.port), "--time-scale", str(time_scale), *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "backends.sim",
+            "--profile",
+            profile,
+            "--port",
+            str(self.port),
+            "--time-scale",
+            str(time_scale),
+            *extra,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
@@ -53,8 +62,10 @@ class TwinProcess:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
                 raise RuntimeError(f"twin exited early: {err.strip()[-500:]}")
-            with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(
-                    f"{self.url}/ready", timeout=2) as r:
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(f"{self.url}/ready", timeout=2) as r,
+            ):
                 if r.status == 200:
                     return
             time.sleep(0.05)
@@ -87,13 +98,17 @@ class _Record(msgspec.Struct):
 _decode = msgspec.json.Decoder().decode
 
 
-async def _one(session: aiohttp.ClientSession, url: str, prompt: str,
-               max_tokens: int) -> _Record:
-    body = {"model": "default", "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "stream": True, "return_spec_tokens_details": True,
-            # the studies' benchmarks decode greedily; SGLang's default would be 1.0
-            "temperature": 0,
-            "stream_options": {"include_usage": True}}
+async def _one(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> _Record:
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "return_spec_tokens_details": True,
+        # the studies' benchmarks decode greedily; SGLang's default would be 1.0
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     rec = _Record(start=time.perf_counter())
     async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
@@ -115,8 +130,9 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str,
     return rec
 
 
-async def _closed_loop(url: str, concurrency: int, num_requests: int, max_tokens: int,
-                       prompts: tuple[str, ...]) -> tuple[list[_Record], float]:
+async def _closed_loop(
+    url: str, concurrency: int, num_requests: int, max_tokens: int, prompts: tuple[str, ...]
+) -> tuple[list[_Record], float]:
     issued = 0
     records: list[_Record] = []
 
@@ -156,13 +172,12 @@ class HttpDriver:
             self._twins[profile] = TwinProcess(profile, self.time_scale)
         return self._twins[profile]
 
-    def level(self, profile: str, concurrency: int, num_requests: int, max_tokens: int,
-              domain: str | None = None) -> LevelResult:
-        prompts = DEFAULT_PROMPTS[domain] if domain else tuple(
-            p for g in DEFAULT_PROMPTS.values() for p in g)
+    def level(
+        self, profile: str, concurrency: int, num_requests: int, max_tokens: int, domain: str | None = None
+    ) -> LevelResult:
+        prompts = DEFAULT_PROMPTS[domain] if domain else tuple(p for g in DEFAULT_PROMPTS.values() for p in g)
         url = self._twin(profile).url
-        records, wall = asyncio.run(_closed_loop(url, concurrency, num_requests, max_tokens,
-                                                 prompts))
+        records, wall = asyncio.run(_closed_loop(url, concurrency, num_requests, max_tokens, prompts))
         s = self.time_scale
         n = len(records)
         e2e = [(r.last - r.start) / s for r in records]
@@ -170,10 +185,12 @@ class HttpDriver:
         steps = [((r.last - r.first) / s) / (r.chunks - 1) for r in records if r.chunks > 1]
         acc = [r.completion_tokens / r.verify_ct for r in records if r.verify_ct]
         return LevelResult(
-            concurrency=concurrency, completed=n, duration_s=wall / s, total_output_tokens=total,
+            concurrency=concurrency,
+            completed=n,
+            duration_s=wall / s,
+            total_output_tokens=total,
             output_throughput=total / (wall / s),
-            mean_request_output_throughput=sum(r.completion_tokens / t
-                                               for r, t in zip(records, e2e, strict=True)) / n,
+            mean_request_output_throughput=sum(r.completion_tokens / t for r, t in zip(records, e2e, strict=True)) / n,
             mean_ttft_s=sum((r.first - r.start) / s for r in records) / n,
             mean_e2e_s=sum(e2e) / n,
             accept_length=sum(acc) / len(acc) if acc else 0.0,

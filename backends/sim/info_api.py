@@ -49,8 +49,13 @@ def server_args(state: SimState) -> dict[str, Any]:
         "dp_size": 1,
         "context_length": p.context_length,
         # SGLang fills this only from the flag or its speculative hooks (48): null on AR.
-        "max_running_requests": (o.max_running_requests if o.max_running_requests is not None
-                                 else state.max_running_requests if spec else None),
+        "max_running_requests": (
+            o.max_running_requests
+            if o.max_running_requests is not None
+            else state.max_running_requests
+            if spec
+            else None
+        ),
         "max_queued_requests": o.max_queued_requests,
         "max_total_tokens": p.max_total_num_tokens,
         "attention_backend": p.attention_backend,
@@ -92,20 +97,40 @@ async def server_info(request: web.Request) -> web.Response:
 async def model_info(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     p = state.profile
-    return _json({"model_path": p.model_path, "tokenizer_path": p.model_path,
-                  "served_model_name": state.served_model_name, "is_generation": True,
-                  "preferred_sampling_params": None, "weight_version": "default",
-                  "has_image_understanding": False, "has_audio_understanding": False,
-                  "model_type": p.served_model_name.split("-")[0],
-                  "architectures": None})
+    return _json(
+        {
+            "model_path": p.model_path,
+            "tokenizer_path": p.model_path,
+            "served_model_name": state.served_model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": p.served_model_name.split("-")[0],
+            "architectures": None,
+        }
+    )
 
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    return _json({"object": "list", "data": [{
-        "id": state.served_model_name, "object": "model", "created": state.created,
-        "owned_by": "sglang", "root": state.profile.model_path, "parent": None,
-        "max_model_len": state.profile.context_length}]})
+    return _json(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.served_model_name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "sglang",
+                    "root": state.profile.model_path,
+                    "parent": None,
+                    "max_model_len": state.profile.context_length,
+                }
+            ],
+        }
+    )
 
 
 def load_entry(state: SimState, include: set[str] | None = None) -> dict[str, Any]:
@@ -136,21 +161,27 @@ def load_entry(state: SimState, include: set[str] | None = None) -> dict[str, An
         return load
     sections = _SECTIONS if include is None or "all" in include else include
     if "memory" in sections:
-        load["memory"] = {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0,
-                          "token_capacity": state.profile.max_total_num_tokens}
+        load["memory"] = {
+            "weight_gb": 0.0,
+            "kv_cache_gb": 0.0,
+            "graph_gb": 0.0,
+            "token_capacity": state.profile.max_total_num_tokens,
+        }
     if st.lifetime_accept_length is not None and "spec" in sections:
-        load["speculative"] = {"accept_length": st.lifetime_accept_length,
-                               "accept_rate": st.accept_rate}
+        load["speculative"] = {"accept_length": st.lifetime_accept_length, "accept_rate": st.accept_rate}
     if "disagg" in sections:
-        load["disaggregation"] = {"mode": "null", "prefill_bootstrap_queue_reqs": 0,
-                                  "prefill_inflight_queue_reqs": 0,
-                                  "decode_prealloc_queue_reqs": 0,
-                                  "decode_transfer_queue_reqs": 0,
-                                  "decode_retracted_queue_reqs": 0,
-                                  "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
+        load["disaggregation"] = {
+            "mode": "null",
+            "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": 0,
+            "decode_transfer_queue_reqs": 0,
+            "decode_retracted_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": 0.0,
+            "kv_transfer_latency_ms": 0.0,
+        }
     if "queues" in sections:
-        load["queues"] = {"waiting": st.num_waiting, "grammar": 0, "paused": 0, "retracted": 0,
-                          "prealloc_ready": 0}
+        load["queues"] = {"waiting": st.num_waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0}
     return load
 
 
@@ -163,12 +194,16 @@ async def loads(request: web.Request) -> web.Response:
     if include is not None and not include <= _SECTIONS:
         bad = include - _SECTIONS
         msg = f"Invalid include sections: {bad}. Valid options: {sorted(_SECTIONS)}"
-        return _json({"object": "error", "message": msg, "type": "400", "param": None,
-                      "code": 400}, status=400)
-    return _json({"timestamp": datetime.now(UTC).isoformat(), "version": state.version,
-                  "accelerator": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                  "num_accelerators": state.profile.tp_size,
-                  "loads": [load_entry(state, include)]})
+        return _json({"object": "error", "message": msg, "type": "400", "param": None, "code": 400}, status=400)
+    return _json(
+        {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": state.version,
+            "accelerator": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            "num_accelerators": state.profile.tp_size,
+            "loads": [load_entry(state, include)],
+        }
+    )
 
 
 async def get_load(request: web.Request) -> web.Response:
@@ -177,8 +212,16 @@ async def get_load(request: web.Request) -> web.Response:
     if not state.legacy:
         raise web.HTTPNotFound()
     st = state.engine.stats()
-    return _json([{"dp_rank": 0, "num_reqs": st.num_running + st.num_waiting,
-                   "num_waiting_reqs": st.num_waiting, "num_tokens": st.num_used_tokens}])
+    return _json(
+        [
+            {
+                "dp_rank": 0,
+                "num_reqs": st.num_running + st.num_waiting,
+                "num_waiting_reqs": st.num_waiting,
+                "num_tokens": st.num_used_tokens,
+            }
+        ]
+    )
 
 
 async def ready(request: web.Request) -> web.Response:

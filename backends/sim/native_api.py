@@ -59,10 +59,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         text, ntok = _prompt(body)
         params = body.sampling_params
         # SamplingParams: temperature 1.0 and top_p 1.0 when unset
-        temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0),
-                                             _number(params, "top_p", 1.0))
-        gen = await admit(state, body.rid, text, ntok, _max_new_tokens(params),
-                          temperature=temperature, top_p=top_p)
+        temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0), _number(params, "top_p", 1.0))
+        gen = await admit(state, body.rid, text, ntok, _max_new_tokens(params), temperature=temperature, top_p=top_p)
     except ApiError as e:
         # schema errors (bad JSON, wrong field types) come from FastAPI's handler: flat shape
         return flat_error(e) if e.err_type == "Bad Request" else native_error(e)
@@ -72,11 +70,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
             async for n in gen.steps():
                 ids.extend(gen.tokens.take_ids(n))
             gen.cache_output(detokenize(ids))
-            return web.Response(body=_encode({"text": detokenize(ids), "output_ids": ids,
-                                              "meta_info": gen.meta_info(finished=True)}),
-                                content_type="application/json")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+            return web.Response(
+                body=_encode({"text": detokenize(ids), "output_ids": ids, "meta_info": gen.meta_info(finished=True)}),
+                content_type="application/json",
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         incremental = state.options.incremental_streaming_output
         all_ids: list[int] = []
@@ -90,8 +88,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
                     await resp.write(_chunk(ids, all_ids, incremental, meta))
                 else:  # the last step's tokens travel with the finished meta_info
                     final_ids = ids
-            await resp.write(_chunk(final_ids, all_ids, incremental, gen.meta_info(True))
-                             + b"data: [DONE]\n\n")
+            await resp.write(_chunk(final_ids, all_ids, incremental, gen.meta_info(True)) + b"data: [DONE]\n\n")
             await resp.write_eof()
             gen.cache_output(detokenize(all_ids))
         except ConnectionResetError:
@@ -101,8 +98,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         gen.release()
 
 
-def _chunk(new_ids: list[int], all_ids: list[int], incremental: bool,
-           meta: dict[str, Any]) -> bytes:
+def _chunk(new_ids: list[int], all_ids: list[int], incremental: bool, meta: dict[str, Any]) -> bytes:
     ids = new_ids if incremental else list(all_ids)
     obj = {"text": detokenize(ids), "output_ids": ids, "meta_info": meta, "index": 0}
     return b"data: " + _encode(obj) + b"\n\n"
@@ -128,10 +124,10 @@ async def metrics(request: web.Request) -> web.Response:
     if state.metrics is None:
         raise web.HTTPNotFound()
     text = state.metrics.render(state.engine.stats(), state.profile.is_speculative)
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type-Options": "nosniff"})
+    return web.Response(
+        text=text, content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"}
+    )
 
 
 def routes() -> list[web.RouteDef]:
-    return [web.post("/generate", generate), web.post("/abort_request", abort_request),
-            web.get("/metrics", metrics)]
+    return [web.post("/generate", generate), web.post("/abort_request", abort_request), web.get("/metrics", metrics)]

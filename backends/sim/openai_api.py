@@ -66,8 +66,7 @@ def _sglext(state: SimState, gen: Generation, requested: bool) -> dict[str, Any]
 async def _queue_full_stream(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
-    await resp.write(chunks.stream_error_frame(QUEUE_FULL_MESSAGE, "SERVICE_UNAVAILABLE", 503)
-                     + chunks.DONE)
+    await resp.write(chunks.stream_error_frame(QUEUE_FULL_MESSAGE, "SERVICE_UNAVAILABLE", 503) + chunks.DONE)
     await resp.write_eof()
     return resp
 
@@ -81,8 +80,7 @@ def _rendered(m: ChatMessage) -> str:
         if isinstance(fn, dict):
             args = fn.get("arguments")
             args = args if isinstance(args, str) else ("{}" if args is None else str(args))
-            text += (f"{SECTION_BEGIN}{CALL_BEGIN}{call.get('id', '')}{ARG_BEGIN}{args}"
-                     f"{CALL_END}{SECTION_END}")
+            text += f"{SECTION_BEGIN}{CALL_BEGIN}{call.get('id', '')}{ARG_BEGIN}{args}{CALL_END}{SECTION_END}"
     return text
 
 
@@ -114,8 +112,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if body.n != 1:
             raise ApiError("the twin serves n=1 only", param="n")
         if body.return_meta_info and body.stream:
-            raise ApiError("return_meta_info is only supported for non-streaming requests",
-                           param="return_meta_info")
+            raise ApiError("return_meta_info is only supported for non-streaming requests", param="return_meta_info")
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
         turns = [(m.role, _rendered(m)) for m in body.messages]
         # Templates render the tool schemas ahead of the conversation: they count as prompt
@@ -126,12 +123,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         key = prompt_key(text)
         thinking = _thinking(state, body)
         reasoning = reasoning_tokens(state.profile.reasoning, domain, key) if thinking else 0
-        call = (plan_call(tools, tool_choice, turns, history_tool_calls(body.messages))
-                if tools and tool_choice != "none" else None)
+        call = (
+            plan_call(tools, tool_choice, turns, history_tool_calls(body.messages))
+            if tools and tool_choice != "none"
+            else None
+        )
         script_len = OutputScript(0, reasoning, call).natural_length
-        gen = await admit(state, body.rid, text, count_prompt_tokens(text),
-                          body.requested_max_tokens, domain=domain, key=key,
-                          temperature=temperature, top_p=top_p, stop_after_tokens=script_len)
+        gen = await admit(
+            state,
+            body.rid,
+            text,
+            count_prompt_tokens(text),
+            body.requested_max_tokens,
+            domain=domain,
+            key=key,
+            temperature=temperature,
+            top_p=top_p,
+            stop_after_tokens=script_len,
+        )
     except ApiError as e:
         if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
             return await _queue_full_stream(request)
@@ -139,28 +148,40 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     opts = state.options
     stream_options = body.stream_options
     chunker = ChatChunker(
-        gen.rid, gen.created, body.model,
+        gen.rid,
+        gen.created,
+        body.model,
         reasoning_parser=opts.reasoning_parser is not None,
-        separate_reasoning=body.separate_reasoning, thinking=thinking,
+        separate_reasoning=body.separate_reasoning,
+        thinking=thinking,
         tool_parsing=opts.tool_call_parser is not None and bool(tools) and tool_choice != "none",
         continuous_usage=bool(stream_options and stream_options.continuous_usage_stats),
-        prompt_tokens=gen.prompt_tokens, cached_tokens=None, call=call)
+        prompt_tokens=gen.prompt_tokens,
+        cached_tokens=None,
+        call=call,
+    )
     script = OutputScript(gen.seed, reasoning, call)
     include_usage = bool(stream_options and stream_options.include_usage)
     try:
         if body.stream:
-            return await _chat_stream(request, state, gen, chunker, script, include_usage,
-                                      body.return_spec_tokens_details)
-        return await _chat_collect(state, gen, chunker, script, body.return_spec_tokens_details,
-                                   body.return_meta_info)
+            return await _chat_stream(
+                request, state, gen, chunker, script, include_usage, body.return_spec_tokens_details
+            )
+        return await _chat_collect(state, gen, chunker, script, body.return_spec_tokens_details, body.return_meta_info)
     finally:
         # Client gone (handler cancelled) or finished: either way the slot must be freed.
         gen.release()
 
 
-async def _chat_stream(request: web.Request, state: SimState, gen: Generation,
-                       chunker: ChatChunker, script: OutputScript, include_usage: bool,
-                       want_spec: bool) -> web.StreamResponse:
+async def _chat_stream(
+    request: web.Request,
+    state: SimState,
+    gen: Generation,
+    chunker: ChatChunker,
+    script: OutputScript,
+    include_usage: bool,
+    want_spec: bool,
+) -> web.StreamResponse:
     steps = gen.steps()
     first = await anext(steps, None)  # headers go out with the first token, as in SGLang
     resp = web.StreamResponse(headers=_SSE_HEADERS)
@@ -176,11 +197,9 @@ async def _chat_stream(request: web.Request, state: SimState, gen: Generation,
         tail = [chunker.finish_chunk(gen.finish_reason)]
         sglext = _sglext(state, gen, want_spec)
         if sglext is not None:
-            tail.append(chunks.chat_tail_chunk(gen.rid, gen.created, chunker.model,
-                                               sglext=sglext))
+            tail.append(chunks.chat_tail_chunk(gen.rid, gen.created, chunker.model, sglext=sglext))
         if include_usage:
-            tail.append(chunks.chat_tail_chunk(gen.rid, gen.created, chunker.model,
-                                               usage=chunker.usage()))
+            tail.append(chunks.chat_tail_chunk(gen.rid, gen.created, chunker.model, usage=chunker.usage()))
         await resp.write(b"".join(tail) + chunks.DONE)
         await resp.write_eof()
         gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
@@ -189,9 +208,9 @@ async def _chat_stream(request: web.Request, state: SimState, gen: Generation,
     return resp
 
 
-async def _chat_collect(state: SimState, gen: Generation, chunker: ChatChunker,
-                        script: OutputScript, want_spec: bool,
-                        want_meta: bool) -> web.Response:
+async def _chat_collect(
+    state: SimState, gen: Generation, chunker: ChatChunker, script: OutputScript, want_spec: bool, want_meta: bool
+) -> web.Response:
     async for n in gen.steps():
         chunker.step(script.take(n))
     chunker.cached_tokens = gen.cache_report()
@@ -215,17 +234,21 @@ def _completion_prompt(prompt: str | list[Any]) -> tuple[str, int]:
         return " ".join(map(str, prompt)), len(prompt)
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0], count_prompt_tokens(prompt[0])
-    raise ApiError("the twin serves one prompt per request (a string or a list of token ids)",
-                   param="prompt")
+    raise ApiError("the twin serves one prompt per request (a string or a list of token ids)", param="prompt")
 
 
 def _max_tokens_error(value: int) -> ApiError:
     """CompletionRequest's `validate_max_tokens_positive`, reported by FastAPI's handler."""
-    err = {"type": "value_error", "loc": ("body", "max_tokens"),
-           "msg": "Value error, max_tokens must be positive", "input": value,
-           "ctx": {"error": "max_tokens must be positive"}}
-    endpoint = ('  File "sglang/srt/entrypoints/http_server.py", line 1861, in '
-                'openai_v1_completions\n    POST /v1/completions')
+    err = {
+        "type": "value_error",
+        "loc": ("body", "max_tokens"),
+        "msg": "Value error, max_tokens must be positive",
+        "input": value,
+        "ctx": {"error": "max_tokens must be positive"},
+    }
+    endpoint = (
+        '  File "sglang/srt/entrypoints/http_server.py", line 1861, in openai_v1_completions\n    POST /v1/completions'
+    )
     return ApiError(fastapi_message([err], endpoint), err_type="Bad Request")
 
 
@@ -241,8 +264,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise ApiError("the twin serves n=1 only", param="n")
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
-        gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens,
-                          temperature=temperature, top_p=top_p)
+        gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
     except ApiError as e:
         if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
             return await _queue_full_stream(request)
@@ -252,14 +274,22 @@ async def completions(request: web.Request) -> web.StreamResponse:
     continuous = bool(stream_options and stream_options.continuous_usage_stats)
     try:
         if body.stream:
-            return await _completion_stream(request, state, gen, body.model, include_usage,
-                                            continuous, body.return_spec_tokens_details)
+            return await _completion_stream(
+                request, state, gen, body.model, include_usage, continuous, body.return_spec_tokens_details
+            )
         parts = [gen.tokens.take(n) async for n in gen.steps()]
         out = "".join(parts)
         reason, matched = _completion_reason(gen)
         resp_body = chunks.completion_response(
-            gen.rid, gen.created, body.model, out, reason, matched, gen.usage(),
-            _sglext(state, gen, body.return_spec_tokens_details))
+            gen.rid,
+            gen.created,
+            body.model,
+            out,
+            reason,
+            matched,
+            gen.usage(),
+            _sglext(state, gen, body.return_spec_tokens_details),
+        )
         gen.cache_output(out)
         return web.Response(body=resp_body, content_type="application/json")
     finally:
@@ -272,9 +302,15 @@ def _completion_reason(gen: Generation) -> tuple[str | None, int | None]:
     return gen.finish_reason, None
 
 
-async def _completion_stream(request: web.Request, state: SimState, gen: Generation,
-                             model: str, include_usage: bool, continuous: bool,
-                             want_spec: bool) -> web.StreamResponse:
+async def _completion_stream(
+    request: web.Request,
+    state: SimState,
+    gen: Generation,
+    model: str,
+    include_usage: bool,
+    continuous: bool,
+    want_spec: bool,
+) -> web.StreamResponse:
     steps = gen.steps()
     first = await anext(steps, None)
     resp = web.StreamResponse(headers=_SSE_HEADERS)
@@ -291,9 +327,8 @@ async def _completion_stream(request: web.Request, state: SimState, gen: Generat
         last = gen.finish_reason is not None
         finish_sent = last
         reason, matched = _completion_reason(gen) if last else (None, None)
-        usage = (chunks.usage_info(gen.prompt_tokens, done) if continuous else None)
-        return chunks.completion_chunk(gen.rid, gen.created, model, text, reason, matched,
-                                       usage)
+        usage = chunks.usage_info(gen.prompt_tokens, done) if continuous else None
+        return chunks.completion_chunk(gen.rid, gen.created, model, text, reason, matched, usage)
 
     try:
         if first is not None:
@@ -307,8 +342,7 @@ async def _completion_stream(request: web.Request, state: SimState, gen: Generat
         if sglext is not None:
             tail.append(chunks.completion_tail_chunk(gen.rid, gen.created, model, sglext))
         if include_usage:
-            tail.append(chunks.completion_usage_chunk(gen.rid, gen.created, model,
-                                                      gen.usage()))
+            tail.append(chunks.completion_usage_chunk(gen.rid, gen.created, model, gen.usage()))
         await resp.write(b"".join(tail) + chunks.DONE)
         await resp.write_eof()
         gen.cache_output("".join(parts))
@@ -318,5 +352,4 @@ async def _completion_stream(request: web.Request, state: SimState, gen: Generat
 
 
 def routes() -> list[web.RouteDef]:
-    return [web.post("/v1/chat/completions", chat_completions),
-            web.post("/v1/completions", completions)]
+    return [web.post("/v1/chat/completions", chat_completions), web.post("/v1/completions", completions)]

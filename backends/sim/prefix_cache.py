@@ -49,7 +49,7 @@ def chain_from_text(text: str) -> list[int]:
     chain: list[int] = []
     parent = 0
     for start in range(0, len(data) - BLOCK_CHARS + 1, BLOCK_CHARS):
-        parent = _link(parent, data[start:start + BLOCK_CHARS])
+        parent = _link(parent, data[start : start + BLOCK_CHARS])
         chain.append(parent)
     return chain
 

@@ -154,8 +154,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The same profile with another DDTree node budget (verify width budget+1)."""
         if self.speculative is None or self.speculative.algorithm != "DDTREE":
             raise ProfileError(f"profile {self.name} is not a DDTree profile")
-        spec = msgspec.structs.replace(self.speculative, ddtree_budget=budget,
-                                       num_draft_tokens=budget + 1)
+        spec = msgspec.structs.replace(self.speculative, ddtree_budget=budget, num_draft_tokens=budget + 1)
         return msgspec.structs.replace(self, speculative=spec)
 
 

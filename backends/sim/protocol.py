@@ -130,8 +130,7 @@ async def decode_body(request: web.Request, typ: type) -> Any:
     `json_invalid` error at the byte offset); field errors carry msgspec's description.
     """
     if request.content_type != "application/json":
-        raise ApiError("Unsupported Media Type: Only 'application/json' is allowed",
-                       err_type="Bad Request")
+        raise ApiError("Unsupported Media Type: Only 'application/json' is allowed", err_type="Bad Request")
     raw = await request.read()
     try:
         return msgspec.json.decode(raw, type=typ)
@@ -149,6 +148,5 @@ def _json_error_message(raw: bytes) -> str:
         pos, why = e.pos, e.msg
     except UnicodeDecodeError:
         pos, why = 0, "Invalid UTF-8"
-    err = {"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error",
-           "input": {}, "ctx": {"error": why}}
+    err = {"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error", "input": {}, "ctx": {"error": why}}
     return f"1 validation error:\n  {err} [{err}]"

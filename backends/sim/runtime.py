@@ -71,8 +71,9 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(self, rid: str, prompt_tokens: int, max_new_tokens: int,
-               prompt_text: str, **engine_args: Any) -> tuple[SimRequest, Channel]:
+    def submit(
+        self, rid: str, prompt_tokens: int, max_new_tokens: int, prompt_text: str, **engine_args: Any
+    ) -> tuple[SimRequest, Channel]:
         """Queue a request in the engine (may raise QueueFull, ValueError) and open its channel.
 
         `engine_args` go to Engine.submit (domain, temperature, prefix_blocks, ...).

@@ -38,8 +38,9 @@ class TemperatureModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     chat: float = 1.0
 
 
-def temperature_miss_scale(model: TemperatureModel | None, domain: str, temperature: float,
-                           top_p: float = 1.0) -> float:
+def temperature_miss_scale(
+    model: TemperatureModel | None, domain: str, temperature: float, top_p: float = 1.0
+) -> float:
     """Multiplier of the miss rate at this temperature and top_p (1.0 when greedy)."""
     if model is None or temperature < GREEDY_BELOW:
         return 1.0

@@ -41,11 +41,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return response
     except web.HTTPException as e:
         if e.status == 404:
-            return web.Response(status=404, body=b'{"detail":"Not Found"}',
-                                content_type="application/json")
+            return web.Response(status=404, body=b'{"detail":"Not Found"}', content_type="application/json")
         if e.status == 405:
-            return web.Response(status=405, body=b'{"detail":"Method Not Allowed"}',
-                                content_type="application/json")
+            return web.Response(status=405, body=b'{"detail":"Method Not Allowed"}', content_type="application/json")
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
@@ -56,8 +54,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 def build_app(profile: Profile, options: ServerOptions) -> web.Application:
     """The aiohttp application; the step loop starts with the app and stops with it."""
-    engine = Engine(profile, seed=options.seed, max_running=options.max_running_requests,
-                    max_queued=options.max_queued_requests)
+    engine = Engine(
+        profile, seed=options.seed, max_running=options.max_running_requests, max_queued=options.max_queued_requests
+    )
     runtime = Runtime(engine, options.time_scale)
     state = SimState(profile, options, runtime)
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024 * 1024)
@@ -70,8 +69,9 @@ def build_app(profile: Profile, options: ServerOptions) -> web.Application:
         runtime.start()
         state.faults.install()
         delay = options.faults.slow_ready_s
-        ready_task = asyncio.get_running_loop().call_later(
-            delay, lambda: setattr(state, "ready", True)) if delay > 0 else None
+        ready_task = (
+            asyncio.get_running_loop().call_later(delay, lambda: setattr(state, "ready", True)) if delay > 0 else None
+        )
         if ready_task is None:
             state.ready = True
         yield
@@ -92,19 +92,20 @@ def build_app(profile: Profile, options: ServerOptions) -> web.Application:
 
 
 async def _run(app: web.Application, host: str, port: int) -> int:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=_SHUTDOWN_GRACE_S)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_GRACE_S)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
     except OSError as e:
         await runner.cleanup()
-        print(f"specroute sim: cannot listen on {host}:{port}: {e.strerror or e}",
-              file=sys.stderr)
+        print(f"specroute sim: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         return 1
     state = app[STATE_KEY]
-    print(f"specroute sim: profile {state.profile.name} serving {state.served_model_name} on "
-          f"http://{host}:{port}", file=sys.stderr, flush=True)
+    print(
+        f"specroute sim: profile {state.profile.name} serving {state.served_model_name} on http://{host}:{port}",
+        file=sys.stderr,
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,14 +13,14 @@ import random
 __all__ = ["VOCAB", "TokenStream", "count_prompt_tokens", "detokenize", "render_chat"]
 
 _WORDS = (
-        "the of and to in is that for it as was with be by on not he this are or his from at which "
-        "but have an had they you were their one all we can her has there been if more when will "
-        "would who so no time may out up into its then two these first any new some could only "
-        "other also over than such our very make most after just well where much through back years "
-        "way even because each those people how state good many must world still own see men work "
-        "long here between both life being under never day same another know while last might us "
-        "great old year off come since against go came right used take three sum value step answer "
-        "code list node tree token batch draft verify accept model"
+    "the of and to in is that for it as was with be by on not he this are or his from at which "
+    "but have an had they you were their one all we can her has there been if more when will "
+    "would who so no time may out up into its then two these first any new some could only "
+    "other also over than such our very make most after just well where much through back years "
+    "way even because each those people how state good many must world still own see men work "
+    "long here between both life being under never day same another know while last might us "
+    "great old year off come since against go came right used take three sum value step answer "
+    "code list node tree token batch draft verify accept model"
 )
 VOCAB: tuple[str, ...] = tuple(" " + w for w in _WORDS.split())
 

@@ -105,8 +105,10 @@ class ToolChoice(BaseModel):
 
 _TOOLS = TypeAdapter(list[Tool] | None)
 _CHOICE = TypeAdapter(ToolChoice | Literal["auto", "required", "none"])
-_CHAT_ENDPOINT = ('  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
-                  'openai_v1_chat_completions\n    POST /v1/chat/completions')
+_CHAT_ENDPOINT = (
+    '  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
+    "openai_v1_chat_completions\n    POST /v1/chat/completions"
+)
 
 
 def fastapi_message(errors: list[dict[str, Any]], endpoint: str = _CHAT_ENDPOINT) -> str:
@@ -129,8 +131,7 @@ def _errors(exc: ValidationError, prefix: tuple[Any, ...]) -> list[dict[str, Any
     return out
 
 
-def validate_tools(tools: Any, tool_choice: Any, messages_have_tools: bool = False) -> tuple[
-        list[dict[str, Any]], Any]:
+def validate_tools(tools: Any, tool_choice: Any, messages_have_tools: bool = False) -> tuple[list[dict[str, Any]], Any]:
     """Validate `tools` and `tool_choice`; return (tools as dicts, resolved tool_choice).
 
     The resolved tool_choice defaults to "none" without tools and "auto" with them (SGLang's
@@ -156,21 +157,19 @@ def validate_tools(tools: Any, tool_choice: Any, messages_have_tools: bool = Fal
         raise ToolError("Tools cannot be empty if tool choice is set to required.", schema=False)
     if isinstance(choice, ToolChoice):
         if not tool_list:
-            raise ToolError("Tools cannot be empty if tool choice is set to a specific tool.",
-                            schema=False)
+            raise ToolError("Tools cannot be empty if tool choice is set to a specific tool.", schema=False)
         if not any(t.function.name == choice.function.name for t in tool_list):
-            raise ToolError(f"Tool '{choice.function.name}' not found in tools list.",
-                            schema=False)
+            raise ToolError(f"Tool '{choice.function.name}' not found in tools list.", schema=False)
     for i, tool in enumerate(tool_list):
         params = tool.function.parameters
         if params is None:
             continue
         problem = _schema_problem(params)
         if problem:
-            raise ToolError(f"Tool {i} function has invalid 'parameters' schema: {problem}",
-                            schema=False)
-    resolved = ({"type": "function", "function": {"name": choice.function.name}}
-                if isinstance(choice, ToolChoice) else choice)
+            raise ToolError(f"Tool {i} function has invalid 'parameters' schema: {problem}", schema=False)
+    resolved = (
+        {"type": "function", "function": {"name": choice.function.name}} if isinstance(choice, ToolChoice) else choice
+    )
     return [t.model_dump() for t in tool_list], resolved
 
 
@@ -198,14 +197,56 @@ class PlannedCall(msgspec.Struct, frozen=True):
 
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
-_ASKS_FOR_TOOL = re.compile(r"\b(use|call|invoke|run)\b[^.?!]{0,40}\b(tool|function)\b|"
-                            r"\buse the \w+ (tool|function)\b", re.IGNORECASE)
-_GENERIC = frozenset({"get", "set", "list", "fetch", "do", "make", "the", "a", "an", "to", "of",
-                      "for", "by", "and", "tool", "function", "api", "v1", "v2"})
+_ASKS_FOR_TOOL = re.compile(
+    r"\b(use|call|invoke|run)\b[^.?!]{0,40}\b(tool|function)\b|"
+    r"\buse the \w+ (tool|function)\b",
+    re.IGNORECASE,
+)
+_GENERIC = frozenset(
+    {
+        "get",
+        "set",
+        "list",
+        "fetch",
+        "do",
+        "make",
+        "the",
+        "a",
+        "an",
+        "to",
+        "of",
+        "for",
+        "by",
+        "and",
+        "tool",
+        "function",
+        "api",
+        "v1",
+        "v2",
+    }
+)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _CAPITALISED = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*\b")
-_TEXTY = ("city", "location", "place", "name", "query", "q", "topic", "term", "keyword", "text",
-          "title", "symbol", "ticker", "country", "address", "destination", "origin", "user")
+_TEXTY = (
+    "city",
+    "location",
+    "place",
+    "name",
+    "query",
+    "q",
+    "topic",
+    "term",
+    "keyword",
+    "text",
+    "title",
+    "symbol",
+    "ticker",
+    "country",
+    "address",
+    "destination",
+    "origin",
+    "user",
+)
 
 
 def _name_words(name: str) -> set[str]:
@@ -270,8 +311,9 @@ def _arguments(tool: dict[str, Any], user_text: str) -> str:
     return json.dumps({p: _value(p, props[p], user_text, used) for p in names}, ensure_ascii=False)
 
 
-def plan_call(tools: list[dict[str, Any]], tool_choice: Any, messages: list[tuple[str, str]],
-              history_tool_calls: int) -> PlannedCall | None:
+def plan_call(
+    tools: list[dict[str, Any]], tool_choice: Any, messages: list[tuple[str, str]], history_tool_calls: int
+) -> PlannedCall | None:
     """The tool call this turn makes, or None (answer in text). `messages` are (role, text)."""
     forced = isinstance(tool_choice, dict) or tool_choice == "required"
     if (not messages or messages[-1][0] != "user") and not forced:
@@ -285,7 +327,7 @@ def plan_call(tools: list[dict[str, Any]], tool_choice: Any, messages: list[tupl
 
 
 def _split(text: str) -> list[str]:
-    return [text[i:i + _PIECE_CHARS] for i in range(0, len(text), _PIECE_CHARS)] or [""]
+    return [text[i : i + _PIECE_CHARS] for i in range(0, len(text), _PIECE_CHARS)] or [""]
 
 
 def call_pieces(call: PlannedCall) -> list[tuple[str, str]]:

@@ -56,10 +56,17 @@ class LevelResult(msgspec.Struct, frozen=True):
     mean_step_s: float  # mean decode/verify step time over busy steps
 
 
-def run_closed_loop(profile: Profile | Engine, concurrency: int, num_requests: int,
-                    max_new_tokens: int, prompts: Sequence[str] | None = None,
-                    seed: int = 0, domain: str | None = None, temperature: float = 0.0,
-                    prompt_tokens: int | None = None) -> LevelResult:
+def run_closed_loop(
+    profile: Profile | Engine,
+    concurrency: int,
+    num_requests: int,
+    max_new_tokens: int,
+    prompts: Sequence[str] | None = None,
+    seed: int = 0,
+    domain: str | None = None,
+    temperature: float = 0.0,
+    prompt_tokens: int | None = None,
+) -> LevelResult:
     """Keep exactly `concurrency` requests in flight until `num_requests` finished.
 
     Prompts cycle through `prompts` (default: the domain's sample prompts, or all of them);
@@ -67,8 +74,7 @@ def run_closed_loop(profile: Profile | Engine, concurrency: int, num_requests: i
     """
     engine = profile if isinstance(profile, Engine) else Engine(profile, seed=seed)
     if prompts is None:
-        prompts = DEFAULT_PROMPTS[domain] if domain else tuple(
-            p for group in DEFAULT_PROMPTS.values() for p in group)
+        prompts = DEFAULT_PROMPTS[domain] if domain else tuple(p for group in DEFAULT_PROMPTS.values() for p in group)
     now = 0.0
     issued = 0
     submitted: dict[str, float] = {}
@@ -89,8 +95,7 @@ def run_closed_loop(profile: Profile | Engine, concurrency: int, num_requests: i
         text = render_chat([("user", prompts[issued % len(prompts)])])
         rid = f"v{issued}"
         ntok = prompt_tokens if prompt_tokens is not None else count_prompt_tokens(text)
-        requests[rid] = engine.submit(rid, ntok, max_new_tokens, text, domain=domain,
-                                      temperature=temperature)
+        requests[rid] = engine.submit(rid, ntok, max_new_tokens, text, domain=domain, temperature=temperature)
         submitted[rid] = now
         issued += 1
 

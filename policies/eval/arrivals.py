@@ -31,8 +31,9 @@ class BurstShape(msgspec.Struct, frozen=True, kw_only=True):
 class Arrivals:
     """Arrival times of one phase, drawn lazily: `next_after(t)` -> the next arrival time > t."""
 
-    def __init__(self, kind: str, rate: float, start_s: float, rng: random.Random,
-                 shape: BurstShape | None = None) -> None:
+    def __init__(
+        self, kind: str, rate: float, start_s: float, rng: random.Random, shape: BurstShape | None = None
+    ) -> None:
         if kind not in ("poisson", "bursty"):
             raise ValueError(f"open-loop arrivals are poisson or bursty, not {kind!r}")
         if not rate > 0 or not math.isfinite(rate):

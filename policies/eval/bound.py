@@ -135,6 +135,8 @@ def phase_ceiling(engines: dict[str, Engine], phase: Phase) -> PhaseCeiling:
         for k, (i, _) in enumerate(domains):
             speeds[b, k, 1:] = [m.rate(i, n) for n in range(1, c + 1)]
     value, split = best_split(np.einsum("bdn,d->bn", speeds, weights), c)
-    return PhaseCeiling(best_split_request_tok_s=value,
-                        best_split={m.name: n for m, n in zip(models, split, strict=False) if n},
-                        bound_request_tok_s=policy_bound(speeds, weights, c))
+    return PhaseCeiling(
+        best_split_request_tok_s=value,
+        best_split={m.name: n for m, n in zip(models, split, strict=False) if n},
+        bound_request_tok_s=policy_bound(speeds, weights, c),
+    )

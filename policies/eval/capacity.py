@@ -30,12 +30,25 @@ def _capacity(member: str, phase_json: bytes, min_tokens: int, max_tokens: int) 
     from policies.simple import Pinned
 
     ph = msgspec.json.decode(phase_json, type=Phase)
-    probe = Scenario(name=f"capacity:{member}", description="", pool=(member,), phases=(), min_tokens=min_tokens,
-                     max_tokens=max_tokens)
+    probe = Scenario(
+        name=f"capacity:{member}",
+        description="",
+        pool=(member,),
+        phases=(),
+        min_tokens=min_tokens,
+        max_tokens=max_tokens,
+    )
     engine = next(iter(build_engines(probe, 0).values()))
     name = next(iter(build_engines(probe, 0)))
-    closed = msgspec.structs.replace(ph, name="capacity", arrival="closed", load=0.0, duration_s=WARMUP_S + MEASURE_S,
-                                     concurrency=engine.max_running, represents_s=0.0)
+    closed = msgspec.structs.replace(
+        ph,
+        name="capacity",
+        arrival="closed",
+        load=0.0,
+        duration_s=WARMUP_S + MEASURE_S,
+        concurrency=engine.max_running,
+        represents_s=0.0,
+    )
     probe = msgspec.structs.replace(probe, phases=(closed,))
     run = simulate(probe, lambda e, s: Pinned(name), seed=0, ignore_delays=True)
     done = sum(1 for r in run.records if r.t_last >= WARMUP_S)

@@ -38,7 +38,7 @@ def expected_accept(p: float, max_drafts: int) -> float:
     if max_drafts <= 0:
         return 1.0
     p = min(max(p, 0.0), 0.999)
-    return 1.0 + p * (1.0 - p ** max_drafts) / (1.0 - p)
+    return 1.0 + p * (1.0 - p**max_drafts) / (1.0 - p)
 
 
 class Clairvoyant:
@@ -64,8 +64,12 @@ class Clairvoyant:
         kv_now = engine.stats().num_used_tokens
         kv = kv_now + turn.prompt_tokens + turn.max_tokens // 2
         step = engine.step_time(batch, kv_tokens=kv)
-        p = engine.accept_prob(turn.domain, prompt_key(turn.tag), temperature=turn.temperature,
-                               context_tokens=turn.prompt_tokens) * engine.accept_scale
+        p = (
+            engine.accept_prob(
+                turn.domain, prompt_key(turn.tag), temperature=turn.temperature, context_tokens=turn.prompt_tokens
+            )
+            * engine.accept_scale
+        )
         accept = expected_accept(p, engine.profile.max_accept_drafts)
         rate = accept / step
         cached = min(engine.cache.match(turn.chain) * PREFIX_BLOCK_TOKENS, turn.prompt_tokens - 1)

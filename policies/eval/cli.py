@@ -38,30 +38,53 @@ __all__ = ["main", "parser"]
 
 # On a homogeneous fleet the contestants that matter: the SGLang router's policies (the user's
 # alternative), specroute's, and the clairvoyant references the ratios need.
-HOMOGENEOUS_CONTESTANTS = ("least_inflight", "goodput/latency", "sglang/round_robin", "sglang/power_of_two",
-                           "sglang/least_load", "sglang/cache_aware", "clairvoyant/e2e")
+HOMOGENEOUS_CONTESTANTS = (
+    "least_inflight",
+    "goodput/latency",
+    "sglang/round_robin",
+    "sglang/power_of_two",
+    "sglang/least_load",
+    "sglang/cache_aware",
+    "clairvoyant/e2e",
+)
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="specroute eval",
-        description="Evaluate routing policies against the twin's engine on a virtual clock.")
-    ap.add_argument("--scenario", default="all",
-                    help=f"scenario name(s), comma-separated, or 'all' (known: {', '.join(SCENARIOS)})")
+        prog="specroute eval", description="Evaluate routing policies against the twin's engine on a virtual clock."
+    )
+    ap.add_argument(
+        "--scenario", default="all", help=f"scenario name(s), comma-separated, or 'all' (known: {', '.join(SCENARIOS)})"
+    )
     ap.add_argument("--output", required=True, type=Path, help="directory for eval.json")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--objective", choices=OBJECTIVES, default=None,
-                    help="run goodput/clairvoyant for this objective only (default: both)")
-    ap.add_argument("--fleet", action="append", default=[],
-                    help="run on this fleet (repeatable): FLEET, 'plan' or 'homogeneous'")
-    ap.add_argument("--servers", type=int, default=None,
-                    help="fleet size for --fleet plan/homogeneous (default: the scenario's pool size)")
+    ap.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default=None,
+        help="run goodput/clairvoyant for this objective only (default: both)",
+    )
+    ap.add_argument(
+        "--fleet", action="append", default=[], help="run on this fleet (repeatable): FLEET, 'plan' or 'homogeneous'"
+    )
+    ap.add_argument(
+        "--servers",
+        type=int,
+        default=None,
+        help="fleet size for --fleet plan/homogeneous (default: the scenario's pool size)",
+    )
     ap.add_argument("--slo", default=None, help=f"ttft=S,tpot=S in seconds (default {DEFAULT_SLO.label})")
     return ap
 
 
-def _fleets_for(scenario: Scenario, specs: list[str], servers: int | None, seed: int,
-                log: Callable[[str], None], plan_policy: dict[str, str]) -> list[tuple[str, str]]:
+def _fleets_for(
+    scenario: Scenario,
+    specs: list[str],
+    servers: int | None,
+    seed: int,
+    log: Callable[[str], None],
+    plan_policy: dict[str, str],
+) -> list[tuple[str, str]]:
     """(role, fleet) pairs: role is 'own', 'given', 'plan' or 'homogeneous'; the plan's policy
     for its fleet goes into `plan_policy`."""
     from policies.eval.plan import DEFAULT_TYPES
@@ -80,8 +103,12 @@ def _fleets_for(scenario: Scenario, specs: list[str], servers: int | None, seed:
             if not scenario.open_loop:
                 raise FleetError(f"--fleet plan needs an open-loop scenario; {scenario.name} is closed loop")
             log(f"planning {n} servers for {scenario.name} ...")
-            res = plan(n, Traffic(name=scenario.name, scenario=scenario, rates=tuple(None for _ in scenario.phases)),
-                       seed=seed, log=log)
+            res = plan(
+                n,
+                Traffic(name=scenario.name, scenario=scenario, rates=tuple(None for _ in scenario.phases)),
+                seed=seed,
+                log=log,
+            )
             out.append(("plan", res.ranked[0].fleet))
             plan_policy[scenario.name] = res.ranked[0].policy
         else:
@@ -99,8 +126,7 @@ def main(argv: list[str]) -> int:
     names = list(SCENARIOS) if args.scenario == "all" else args.scenario.split(",")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        print(f"specroute eval: unknown scenario {unknown[0]!r} (known: all, {', '.join(SCENARIOS)})",
-              file=sys.stderr)
+        print(f"specroute eval: unknown scenario {unknown[0]!r} (known: all, {', '.join(SCENARIOS)})", file=sys.stderr)
         return 2
     try:
         slo = parse_slo(args.slo) if args.slo is not None else DEFAULT_SLO
@@ -153,14 +179,18 @@ def main(argv: list[str]) -> int:
         if not SCENARIOS[res.name.split("@")[0]].open_loop:
             continue  # a closed loop's first minute is its first phase, already judged against the clairvoyant
         for key, c in res.cold_start.items():
-            targets.append(Target(name=f"{res.name}: cold-start regret of {key} (first {c['window_s']:.0f} s vs "
-                                       "the clairvoyant)", holds=None,
-                                  value=f"{100 * c['regret']:.1f}% ({c['request_tok_s']} vs {c['reference_tok_s']} "
-                                        "req tok/s)"))
+            targets.append(
+                Target(
+                    name=f"{res.name}: cold-start regret of {key} (first {c['window_s']:.0f} s vs the clairvoyant)",
+                    holds=None,
+                    value=f"{100 * c['regret']:.1f}% ({c['request_tok_s']} vs {c['reference_tok_s']} req tok/s)",
+                )
+            )
     print_targets(targets, sys.stdout)
     path = args.output / "eval.json"
-    write_json(path, to_json(results, targets, seed=args.seed, objectives=objectives, primary=primary,
-                             fleets=fleets_doc))
+    write_json(
+        path, to_json(results, targets, seed=args.seed, objectives=objectives, primary=primary, fleets=fleets_doc)
+    )
     # the homogeneous fleets appear in the fleet-vs-fleet table, not phase by phase
     shown = [res for g in groups.values() for role, res in g if role != "homogeneous"]
     (args.output / "eval.md").write_text(markdown(shown, targets, seed=args.seed, extra=extra))

@@ -76,8 +76,9 @@ def scaled_time(profile: Profile, factor: float) -> Profile:
     """Every time figure of the step model (ms and ns costs; not the knee, a token count) times
     `factor`: a slower or faster machine."""
     st = profile.step
-    scaled = {k: v * factor for k, v in msgspec.structs.asdict(st).items()
-              if isinstance(v, float) and k != "knee_tokens"}
+    scaled = {
+        k: v * factor for k, v in msgspec.structs.asdict(st).items() if isinstance(v, float) and k != "knee_tokens"
+    }
     return msgspec.structs.replace(profile, step=msgspec.structs.replace(st, **scaled))
 
 
@@ -109,15 +110,21 @@ def parse_member(text: str) -> Member:
     try:
         profile = load_profile(name)
     except ProfileError:
-        raise FleetError(f"fleet member {text!r}: unknown profile {name!r} "
-                         f"(known: {', '.join(profile_names())})") from None
+        raise FleetError(
+            f"fleet member {text!r}: unknown profile {name!r} (known: {', '.join(profile_names())})"
+        ) from None
     opts: dict[str, float | int] = {}
     for part in (p for p in rest.split(":") if p):
         _option(text, part, opts)
     if "b" in opts and (profile.speculative is None or profile.speculative.algorithm != "DDTREE"):
         raise FleetError(f"fleet member {text!r}: b= (a DDTree budget) on {name}, which is not a DDTree profile")
-    return Member(profile=name, count=count, budget=int(opts["b"]) if "b" in opts else None,
-                  time_scale=float(opts.get("t", 1.0)), accept_scale=float(opts.get("a", 1.0)))
+    return Member(
+        profile=name,
+        count=count,
+        budget=int(opts["b"]) if "b" in opts else None,
+        time_scale=float(opts.get("t", 1.0)),
+        accept_scale=float(opts.get("a", 1.0)),
+    )
 
 
 def parse_fleet(text: str) -> tuple[Member, ...]:

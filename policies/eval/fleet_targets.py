@@ -81,8 +81,12 @@ def _bound(scenario_name: str, phase_name: str, n: int, rate: float, baseline_to
     composition = best_any / best_h if best_h > 0 else 1.0
     optimism = best_h / baseline_tok_s if baseline_tok_s > 0 else 1.0
     bound = composition * affinity * best_h / baseline_tok_s if baseline_tok_s > 0 else 0.0
-    return {"composition": round(composition, 3), "affinity": round(affinity, 3),
-            "fluid_optimism": round(optimism, 3), "bound_ratio": round(bound, 3)}
+    return {
+        "composition": round(composition, 3),
+        "affinity": round(affinity, 3),
+        "fluid_optimism": round(optimism, 3),
+        "bound_ratio": round(bound, 3),
+    }
 
 
 class Bound(msgspec.Struct, kw_only=True):
@@ -111,8 +115,9 @@ class PhaseCheck(msgspec.Struct, kw_only=True):
         return self.e2e_p99_s[0] > self.e2e_p99_s[1] or self.ttft_p99_ms[0] > self.ttft_p99_ms[1]
 
 
-def _check_phase(scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult], n: int,
-                 policy: str) -> PhaseCheck | None:
+def _check_phase(
+    scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult], n: int, policy: str
+) -> PhaseCheck | None:
     mine = ph.policies[policy]
     base = _baseline(homog, ph.name)
     if base is None:
@@ -122,15 +127,21 @@ def _check_phase(scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult]
     li = ph.policies["least_inflight"].mean_request_tok_s
     ratio = mine.mean_request_tok_s / b.mean_request_tok_s if b.mean_request_tok_s else 0.0
     return PhaseCheck(
-        phase=ph.name, rate_rps=round(ph.rate_rps, 3), plan_tok_s=round(mine.mean_request_tok_s, 2),
-        baseline=f"{fleet} behind {peer}", baseline_tok_s=round(b.mean_request_tok_s, 2), ratio=round(ratio, 3),
+        phase=ph.name,
+        rate_rps=round(ph.rate_rps, 3),
+        plan_tok_s=round(mine.mean_request_tok_s, 2),
+        baseline=f"{fleet} behind {peer}",
+        baseline_tok_s=round(b.mean_request_tok_s, 2),
+        ratio=round(ratio, 3),
         e2e_p99_s=(round(mine.p99_e2e_s, 1), round(b.p99_e2e_s, 1)),
         ttft_p99_ms=(round(mine.p99_ttft_ms), round(b.p99_ttft_ms)),
         clairvoyant_ratio=round(mine.clairvoyant_ratio or 0.0, 3),
         vs_least_inflight=round(mine.mean_request_tok_s / li, 3) if li else None,
         vs_best_static=round(mine.mean_request_tok_s / top_static, 3) if top_static else None,
         bound=msgspec.convert(_bound(scenario, ph.name, n, ph.rate_rps, b.mean_request_tok_s), Bound)
-        if ratio < SPEEDUP else None)
+        if ratio < SPEEDUP
+        else None,
+    )
 
 
 def _fleet_targets(scenario: str, plan: ScenarioResult, rows: Sequence[PhaseCheck], policy: str) -> list[Target]:
@@ -142,31 +153,52 @@ def _fleet_targets(scenario: str, plan: ScenarioResult, rows: Sequence[PhaseChec
     for r in rows:
         line = f"{r.phase}: {r.plan_tok_s} vs {r.baseline_tok_s} ({r.baseline}) = {r.ratio}x"
         if r.bound is not None:
-            line += (f", bound {r.bound.bound_ratio}x (composition {r.bound.composition}, affinity "
-                     f"{r.bound.affinity}, fluid/measured {r.bound.fluid_optimism})")
+            line += (
+                f", bound {r.bound.bound_ratio}x (composition {r.bound.composition}, affinity "
+                f"{r.bound.affinity}, fluid/measured {r.bound.fluid_optimism})"
+            )
         detail.append(line)
-    out = [Target(
-        name=f"{where}: goodput >= {SPEEDUP}x best homogeneous fleet behind the best SGLang router, judged phases",
-        holds=all(r.ratio >= SPEEDUP for r in rows),
-        value=f"min {worst.ratio:.2f}x ({worst.phase} vs {worst.baseline}), "
-              f"mean {sum(r.ratio for r in rows) / len(rows):.2f}x{bound_txt}", detail=detail)]
+    out = [
+        Target(
+            name=f"{where}: goodput >= {SPEEDUP}x best homogeneous fleet behind the best SGLang router, judged phases",
+            holds=all(r.ratio >= SPEEDUP for r in rows),
+            value=f"min {worst.ratio:.2f}x ({worst.phase} vs {worst.baseline}), "
+            f"mean {sum(r.ratio for r in rows) / len(rows):.2f}x{bound_txt}",
+            detail=detail,
+        )
+    ]
     worse = [r for r in rows if r.worse_tail]
-    out.append(Target(
-        name=f"{where}: e2e p99 and TTFT p99 no worse than that baseline", holds=not worse,
-        value=f"{len(rows) - len(worse)} of {len(rows)} phases",
-        detail=[f"{r.phase}: e2e p99 {r.e2e_p99_s[0]} vs {r.e2e_p99_s[1]} s, TTFT p99 "
-                f"{r.ttft_p99_ms[0]} vs {r.ttft_p99_ms[1]} ms" for r in worse]))
+    out.append(
+        Target(
+            name=f"{where}: e2e p99 and TTFT p99 no worse than that baseline",
+            holds=not worse,
+            value=f"{len(rows) - len(worse)} of {len(rows)} phases",
+            detail=[
+                f"{r.phase}: e2e p99 {r.e2e_p99_s[0]} vs {r.e2e_p99_s[1]} s, TTFT p99 "
+                f"{r.ttft_p99_ms[0]} vs {r.ttft_p99_ms[1]} ms"
+                for r in worse
+            ],
+        )
+    )
     low = min(rows, key=lambda r: r.clairvoyant_ratio)
-    out.append(Target(
-        name=f"{where}: goodput >= {CLAIRVOYANT}x clairvoyant in every judged phase",
-        holds=all(r.clairvoyant_ratio >= CLAIRVOYANT for r in rows),
-        value=f"min {low.clairvoyant_ratio:.3f} ({low.phase})"))
+    out.append(
+        Target(
+            name=f"{where}: goodput >= {CLAIRVOYANT}x clairvoyant in every judged phase",
+            holds=all(r.clairvoyant_ratio >= CLAIRVOYANT for r in rows),
+            value=f"min {low.clairvoyant_ratio:.3f} ({low.phase})",
+        )
+    )
     floor = min(min(r.vs_least_inflight or 9.9, r.vs_best_static or 9.9) for r in rows)
-    out.append(Target(
-        name=f"{where}: goodput never below least_inflight or the best single backend",
-        holds=floor >= 1.0, value=f"min {floor:.3f}x",
-        detail=[f"{r.phase}: vs least_inflight {r.vs_least_inflight}, vs best static {r.vs_best_static}"
-                for r in rows]))
+    out.append(
+        Target(
+            name=f"{where}: goodput never below least_inflight or the best single backend",
+            holds=floor >= 1.0,
+            value=f"min {floor:.3f}x",
+            detail=[
+                f"{r.phase}: vs least_inflight {r.vs_least_inflight}, vs best static {r.vs_best_static}" for r in rows
+            ],
+        )
+    )
     return out
 
 
@@ -181,11 +213,13 @@ def _session_target(res: ScenarioResult) -> Target | None:
     return Target(
         name=f"sessions ({res.fleet}): goodput TTFT p50 <= cache_aware's, request tok/s kept",
         holds=all(t <= ct and r >= cr for _, t, ct, r, cr in rows),
-        value="; ".join(f"{n}: TTFT p50 {t:.0f} vs {ct:.0f} ms, {r:.1f} vs {cr:.1f} tok/s" for n, t, ct, r, cr in rows))
+        value="; ".join(f"{n}: TTFT p50 {t:.0f} vs {ct:.0f} ms, {r:.1f} vs {cr:.1f} tok/s" for n, t, ct, r, cr in rows),
+    )
 
 
-def check_fleet_targets(groups: dict[str, list[tuple[str, ScenarioResult]]], plan_policy: dict[str, str]
-                        ) -> tuple[list[Target], dict[str, object]]:
+def check_fleet_targets(
+    groups: dict[str, list[tuple[str, ScenarioResult]]], plan_policy: dict[str, str]
+) -> tuple[list[Target], dict[str, object]]:
     """`plan_policy`: the goodput objective plan chose for its fleet, per scenario (default latency)."""
     targets: list[Target] = []
     doc: dict[str, object] = {}
@@ -197,10 +231,17 @@ def check_fleet_targets(groups: dict[str, list[tuple[str, ScenarioResult]]], pla
             policy = plan_policy.get(scenario, POLICY)
             policy = policy if policy.startswith("goodput/") else POLICY  # "routed by goodput"
             judged = set(_judged(scenario, [p.name for p in plan.phases]))
-            rows = [c for ph in plan.phases if ph.name in judged
-                    and (c := _check_phase(scenario, ph, homog, n, policy)) is not None]
-            doc[scenario] = {"plan_fleet": plan.fleet, "policy": policy, "homogeneous": [r.fleet for r in homog],
-                             "phases": msgspec.to_builtins(rows)}
+            rows = [
+                c
+                for ph in plan.phases
+                if ph.name in judged and (c := _check_phase(scenario, ph, homog, n, policy)) is not None
+            ]
+            doc[scenario] = {
+                "plan_fleet": plan.fleet,
+                "policy": policy,
+                "homogeneous": [r.fleet for r in homog],
+                "phases": msgspec.to_builtins(rows),
+            }
             if rows:
                 targets += _fleet_targets(scenario, plan, rows, policy)
         if scenario == "sessions":
@@ -212,11 +253,13 @@ def check_fleet_targets(groups: dict[str, list[tuple[str, ScenarioResult]]], pla
 
 def fleet_table(groups: dict[str, list[tuple[str, ScenarioResult]]]) -> list[str]:
     """Fleet vs fleet: per scenario and phase, each fleet's best policy by mean request tok/s."""
-    lines = ["Fleet vs fleet (same arrivals, same size): each fleet with its best policy of the phase by mean "
-             "request tok/s, and goodput/latency on every fleet. req = mean request tok/s; SLO = attainment.", "",
-             "| scenario | phase | fleet | role | best policy | req | goodput/latency req | TTFT p99 ms | e2e p99 s "
-             "| SLO |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "Fleet vs fleet (same arrivals, same size): each fleet with its best policy of the phase by mean "
+        "request tok/s, and goodput/latency on every fleet. req = mean request tok/s; SLO = attainment.",
+        "",
+        "| scenario | phase | fleet | role | best policy | req | goodput/latency req | TTFT p99 ms | e2e p99 s | SLO |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for scenario, runs in groups.items():
         if not any(role == "homogeneous" for role, _ in runs):
             continue
@@ -227,8 +270,10 @@ def fleet_table(groups: dict[str, list[tuple[str, ScenarioResult]]]) -> list[str
                 best = max(cands, key=lambda k: cands[k].mean_request_tok_s)
                 m = cands[best]
                 gp = ph.policies.get(POLICY)
-                lines.append(f"| {scenario} | {ph0.name} | {res.fleet} | {role} | {best} | "
-                             f"{m.mean_request_tok_s:.1f} | {gp.mean_request_tok_s if gp else 0:.1f} | "
-                             f"{m.p99_ttft_ms:.0f} | {m.p99_e2e_s:.1f} | "
-                             f"{m.slo_attainment:.2f} |")
+                lines.append(
+                    f"| {scenario} | {ph0.name} | {res.fleet} | {role} | {best} | "
+                    f"{m.mean_request_tok_s:.1f} | {gp.mean_request_tok_s if gp else 0:.1f} | "
+                    f"{m.p99_ttft_ms:.0f} | {m.p99_e2e_s:.1f} | "
+                    f"{m.slo_attainment:.2f} |"
+                )
     return lines

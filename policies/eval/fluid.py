@@ -56,8 +56,13 @@ class _Sample(msgspec.Struct, frozen=True):
 
 
 @functools.lru_cache(maxsize=64)
-def _samples(phase_json: bytes, min_tokens: int, max_tokens: int, reasoning_json: bytes,
-             prompt_tokens: tuple[int, int] = (50, 400)) -> tuple[_Sample, ...]:
+def _samples(
+    phase_json: bytes,
+    min_tokens: int,
+    max_tokens: int,
+    reasoning_json: bytes,
+    prompt_tokens: tuple[int, int] = (50, 400),
+) -> tuple[_Sample, ...]:
     from backends.sim.thinking import ReasoningModel
 
     ph = msgspec.json.decode(phase_json, type=Phase)
@@ -69,8 +74,9 @@ def _samples(phase_json: bytes, min_tokens: int, max_tokens: int, reasoning_json
         tag = f"fluid:{ph.name}:{i}"
         if ph.mix is None:
             rng = random.Random(tag)
-            s = single_request(tag, rng.choices(domains, weights)[0], rng.randint(*prompt_tokens),
-                               rng.randint(min_tokens, max_tokens))
+            s = single_request(
+                tag, rng.choices(domains, weights)[0], rng.randint(*prompt_tokens), rng.randint(min_tokens, max_tokens)
+            )
         else:
             s = draw_session(tag, ph.mix, domains, weights, (min_tokens, max_tokens), reasoning)
         prev: tuple[int, ...] = ()
@@ -80,8 +86,16 @@ def _samples(phase_json: bytes, min_tokens: int, max_tokens: int, reasoning_json
                 if a != b:
                     break
                 shared += 1
-            out.append(_Sample(t.domain, prompt_key(t.tag), t.temperature, t.prompt_tokens,
-                               min(shared * PREFIX_BLOCK_TOKENS, t.prompt_tokens - 1), t.max_tokens))
+            out.append(
+                _Sample(
+                    t.domain,
+                    prompt_key(t.tag),
+                    t.temperature,
+                    t.prompt_tokens,
+                    min(shared * PREFIX_BLOCK_TOKENS, t.prompt_tokens - 1),
+                    t.max_tokens,
+                )
+            )
             prev = t.output_chain
     return tuple(out)
 
@@ -108,8 +122,9 @@ def request_rates(member: Member, scenario: Scenario, phase: Phase, x: float) ->
 
 
 @functools.lru_cache(maxsize=512)
-def _rates_at(member: Member, phase_json: bytes, min_tokens: int, max_tokens: int, x: float
-              ) -> tuple[float, ...] | None:
+def _rates_at(
+    member: Member, phase_json: bytes, min_tokens: int, max_tokens: int, x: float
+) -> tuple[float, ...] | None:
     model = _model(member, phase_json, min_tokens, max_tokens)
     n = model.load_for(x)
     return None if n is None else tuple(model.rates(n))
@@ -127,9 +142,16 @@ class _Model:
         samples = _samples(phase_json, min_tokens, max_tokens, msgspec.json.encode(engine.profile.reasoning))
         m = engine.profile.max_accept_drafts
         self.engine = engine
-        self.acc = np.array([expected_accept(engine.accept_prob(s.domain, s.key, temperature=s.temperature,
-                                                                context_tokens=s.prompt) * member.accept_scale, m)
-                             for s in samples])
+        self.acc = np.array(
+            [
+                expected_accept(
+                    engine.accept_prob(s.domain, s.key, temperature=s.temperature, context_tokens=s.prompt)
+                    * member.accept_scale,
+                    m,
+                )
+                for s in samples
+            ]
+        )
         self.prefill = np.array([engine.prefill_time(s.prompt - s.cached, 1, s.cached) for s in samples])
         self.tokens = np.array([float(s.tokens) for s in samples])
         self.kv_mean = float(np.mean([s.prompt + s.tokens / 2 for s in samples]))

@@ -96,16 +96,26 @@ from policies.eval.runner import contestants
 from policies.eval.scenarios import K26_POOL, Phase, Scenario
 from policies.eval.sim import MODEL, simulate
 
-__all__ = ["CheckPlan", "CheckResult", "PhaseFigures", "Row", "compare", "main", "print_report",
-           "run_check", "run_http", "run_virtual"]
+__all__ = [
+    "CheckPlan",
+    "CheckResult",
+    "PhaseFigures",
+    "Row",
+    "compare",
+    "main",
+    "print_report",
+    "run_check",
+    "run_http",
+    "run_virtual",
+]
 
 POLICIES: tuple[str, ...] = ("least_inflight", "goodput/latency")
 REFERENCE = "least_inflight"
 CHALLENGER = "goodput/latency"
 METRICS: tuple[str, ...] = ("mean_request_tok_s", "aggregate_tok_s")
 SERVED_MODEL = "kimi-k2.6"  # the K2.6 twins' served model name
-AR_C1_TOK_S = 26.3          # R1: the AR twin's C=1 per-request tok/s, for the overhead check
-OVERHEAD_WARN = 0.03        # warn when the AR twin over HTTP is further off than this
+AR_C1_TOK_S = 26.3  # R1: the AR twin's C=1 per-request tok/s, for the overhead check
+OVERHEAD_WARN = 0.03  # warn when the AR twin over HTTP is further off than this
 
 
 @dataclass(frozen=True)
@@ -115,9 +125,9 @@ class CheckPlan:
     concurrencies: tuple[int, ...] = (4, 16)
     phase_s: float = 60.0
     domain: str = "math"
-    min_tokens: int = 384       # the evaluation scenarios' range
+    min_tokens: int = 384  # the evaluation scenarios' range
     max_tokens: int = 640
-    warmup_requests: int = 2    # per backend, pinned, one after the other
+    warmup_requests: int = 2  # per backend, pinned, one after the other
     time_scale: float = 0.25
     poll_s: float = 1.0
     seed: int = 0
@@ -130,9 +140,17 @@ class CheckPlan:
             name=f"http-{self.domain}-c{concurrency}",
             description=f"{concurrency} clients, {self.domain} only, from an idle pool",
             pool=self.pool,
-            phases=(Phase(name=f"{self.domain}-c{concurrency}", duration_s=self.phase_s,
-                          concurrency=concurrency, domains={self.domain: 1.0}),),
-            min_tokens=self.min_tokens, max_tokens=self.max_tokens)
+            phases=(
+                Phase(
+                    name=f"{self.domain}-c{concurrency}",
+                    duration_s=self.phase_s,
+                    concurrency=concurrency,
+                    domains={self.domain: 1.0},
+                ),
+            ),
+            min_tokens=self.min_tokens,
+            max_tokens=self.max_tokens,
+        )
 
 
 class PhaseFigures(msgspec.Struct, kw_only=True):
@@ -140,8 +158,8 @@ class PhaseFigures(msgspec.Struct, kw_only=True):
 
     aggregate_tok_s: float
     mean_request_tok_s: float
-    requests: int                       # finished inside the window (request tok/s samples)
-    backend_share: dict[str, float]     # of the requests sent during the phase
+    requests: int  # finished inside the window (request tok/s samples)
+    backend_share: dict[str, float]  # of the requests sent during the phase
     errors: int = 0
 
 
@@ -149,11 +167,11 @@ class Row(msgspec.Struct, kw_only=True):
     phase: str
     concurrency: int
     metric: str
-    virtual: dict[str, float]           # policy -> figure
+    virtual: dict[str, float]  # policy -> figure
     http: dict[str, float]
     virtual_ratio: float
     http_ratio: float
-    diff: float                         # http_ratio / virtual_ratio - 1
+    diff: float  # http_ratio / virtual_ratio - 1
     agrees: bool
 
 
@@ -169,6 +187,7 @@ class CheckResult(msgspec.Struct, kw_only=True):
 
 
 # ---------------------------------------------------------------------------------- prompts
+
 
 def _domain_prompts(domain: str) -> list[str]:
     """loadgen's built-in prompts for `domain`, read as data (policies do not import loadgen)."""
@@ -194,8 +213,7 @@ def write_dataset(plan: CheckPlan, path: Path, n: int, salt: str = "phases") -> 
     prompts = _domain_prompts(plan.domain)
     items = [(prompts[i % len(prompts)], t) for i, t in enumerate(_token_draws(plan, n, salt))]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"prompt": p, "domain": plan.domain, "max_tokens": t}) + "\n"
-                            for p, t in items))
+    path.write_text("".join(json.dumps({"prompt": p, "domain": plan.domain, "max_tokens": t}) + "\n" for p, t in items))
     return items
 
 
@@ -208,10 +226,12 @@ def _phase_requests_bound(plan: CheckPlan) -> int:
 
 # ---------------------------------------------------------------------------- virtual clock
 
+
 def _specs(pool: Sequence[str]) -> list[BackendSpec]:
     """The specs `simulate` gives the policy (same names, model and strategies)."""
-    return [BackendSpec(name=n, url=f"sim://{n}", model=MODEL,
-                        strategy=Strategy(load_profile(n).strategy)) for n in pool]
+    return [
+        BackendSpec(name=n, url=f"sim://{n}", model=MODEL, strategy=Strategy(load_profile(n).strategy)) for n in pool
+    ]
 
 
 def _learns(policy_name: str) -> bool:
@@ -245,10 +265,21 @@ def virtual_warmup(policy: Policy, plan: CheckPlan, items: Sequence[tuple[str, i
                     if em.finished:
                         done, reason = True, em.finish_reason
             verify = req.verify_ct or None
-            policy.observe(Outcome(
-                backend=name, domain=Domain(plan.domain), inflight_at_dispatch=1, mean_inflight=1.0,
-                prompt_tokens=0, completion_tokens=n, ttft_s=t_first - t_send, decode_s=now - t_first,
-                verify_ct=verify, accept_length=n / verify if verify else None, finish_reason=reason))
+            policy.observe(
+                Outcome(
+                    backend=name,
+                    domain=Domain(plan.domain),
+                    inflight_at_dispatch=1,
+                    mean_inflight=1.0,
+                    prompt_tokens=0,
+                    completion_tokens=n,
+                    ttft_s=t_first - t_send,
+                    decode_s=now - t_first,
+                    verify_ct=verify,
+                    accept_length=n / verify if verify else None,
+                    finish_reason=reason,
+                )
+            )
             if n > 1 and now > t_first:
                 seen.append((n - 1) / (now - t_first))
         rates[name] = sum(seen) / len(seen) if seen else 0.0
@@ -259,8 +290,9 @@ def _given(policy: Policy) -> Callable[[dict[str, Engine], list[BackendSpec]], P
     return lambda _e, _s: policy
 
 
-def run_virtual(plan: CheckPlan, items: Sequence[tuple[str, int]]
-                ) -> tuple[dict[str, list[PhaseFigures]], dict[str, float]]:
+def run_virtual(
+    plan: CheckPlan, items: Sequence[tuple[str, int]]
+) -> tuple[dict[str, list[PhaseFigures]], dict[str, float]]:
     """(a): per policy, the figures of every phase; and the warm-up's tok/s per backend."""
     table = contestants(plan.pool, ["latency"], plan.seed)
     specs = _specs(plan.pool)
@@ -275,14 +307,20 @@ def run_virtual(plan: CheckPlan, items: Sequence[tuple[str, int]]
             scn = plan.scenario(c)
             run = simulate(scn, _given(policy), seed=plan.seed, poll_s=plan.poll_s)
             m = phase_metrics(run, scn, list(plan.pool))[0]
-            figures.append(PhaseFigures(aggregate_tok_s=m.aggregate_tok_s,
-                                        mean_request_tok_s=m.mean_request_tok_s,
-                                        requests=m.requests, backend_share=m.backend_share))
+            figures.append(
+                PhaseFigures(
+                    aggregate_tok_s=m.aggregate_tok_s,
+                    mean_request_tok_s=m.mean_request_tok_s,
+                    requests=m.requests,
+                    backend_share=m.backend_share,
+                )
+            )
         out[name] = figures
     return out, warm
 
 
 # ------------------------------------------------------------------------------------ HTTP
+
 
 def _tool(name: str) -> str:
     """A console script of this installation (next to the interpreter), else on PATH."""
@@ -306,16 +344,34 @@ def _die_with_parent(parent: int) -> None:
 def gateway_toml(plan: CheckPlan, policy_name: str, port: int, twins: dict[str, str]) -> str:
     """Config of one gateway over the twins: `least_inflight` or `goodput/OBJECTIVE`."""
     policy, _, objective = policy_name.partition("/")
-    lines = ["# written by policies.eval.http_check", "[gateway]",
-             f'listen = "127.0.0.1:{port}"', f'policy = "{policy}"']
+    lines = [
+        "# written by policies.eval.http_check",
+        "[gateway]",
+        f'listen = "127.0.0.1:{port}"',
+        f'policy = "{policy}"',
+    ]
     if objective:
         lines.append(f'objective = "{objective}"')
-    lines += ["", "[health]", f"interval_s = {plan.poll_s * plan.time_scale!r}",
-              "", "[logging]", "access_log = false",
-              "", f'[models."{SERVED_MODEL}"]', f"seed = {plan.seed}"]
+    lines += [
+        "",
+        "[health]",
+        f"interval_s = {plan.poll_s * plan.time_scale!r}",
+        "",
+        "[logging]",
+        "access_log = false",
+        "",
+        f'[models."{SERVED_MODEL}"]',
+        f"seed = {plan.seed}",
+    ]
     for name, url in twins.items():
-        lines += ["", "[[backends]]", f'name = "{name}"', f'url = "{url}"',
-                  f'model = "{SERVED_MODEL}"', f'strategy = "{Strategy(load_profile(name).strategy).value}"']
+        lines += [
+            "",
+            "[[backends]]",
+            f'name = "{name}"',
+            f'url = "{url}"',
+            f'model = "{SERVED_MODEL}"',
+            f'strategy = "{Strategy(load_profile(name).strategy).value}"',
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -336,12 +392,19 @@ def _loadgen(args: Sequence[str], out_dir: Path, timeout: float) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     parent = os.getpid()
     with (out_dir / "loadgen.log").open("wb") as log:
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                           timeout=timeout, preexec_fn=lambda: _die_with_parent(parent))
+        p = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            preexec_fn=lambda: _die_with_parent(parent),
+        )
     if p.returncode != 0:
         tail = (out_dir / "loadgen.log").read_text(errors="replace").strip().splitlines()[-1:]
-        raise RuntimeError(f"loadgen exited with {p.returncode}: {tail[0] if tail else ''} "
-                           f"(log: {out_dir / 'loadgen.log'})")
+        raise RuntimeError(
+            f"loadgen exited with {p.returncode}: {tail[0] if tail else ''} (log: {out_dir / 'loadgen.log'})"
+        )
 
 
 def _records(out_dir: Path) -> list[dict[str, Any]]:
@@ -382,19 +445,22 @@ def http_figures(records: Sequence[dict[str, Any]], plan: CheckPlan, pool: Seque
         if last < end and dtp:
             rates.append(dtp * f)
     total = sum(sent.values())
-    return PhaseFigures(aggregate_tok_s=tokens / end,
-                        mean_request_tok_s=sum(rates) / len(rates) if rates else 0.0,
-                        requests=len(rates),
-                        backend_share={k: v / total if total else 0.0 for k, v in sent.items()},
-                        errors=errors)
+    return PhaseFigures(
+        aggregate_tok_s=tokens / end,
+        mean_request_tok_s=sum(rates) / len(rates) if rates else 0.0,
+        requests=len(rates),
+        backend_share={k: v / total if total else 0.0 for k, v in sent.items()},
+        errors=errors,
+    )
 
 
 def _wall(plan: CheckPlan, simulated_s: float) -> float:
     return simulated_s * plan.time_scale
 
 
-def run_http(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda s: None
-             ) -> tuple[dict[str, list[PhaseFigures]], dict[str, float]]:
+def run_http(
+    plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda s: None
+) -> tuple[dict[str, list[PhaseFigures]], dict[str, float]]:
     """(b): twins, one gateway per policy, loadgen; per policy the figures of every phase, and
     the warm-up's C=1 decode tok/s per backend (simulated)."""
     specroute = _tool("specroute")
@@ -409,9 +475,23 @@ def run_http(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda 
         twins: dict[str, str] = {}
         for i, name in enumerate(plan.pool):
             port = free_port()
-            servers.start(name, [specroute, "sim", "--profile", name, "--host", "127.0.0.1",
-                                 "--port", str(port), "--seed", str(plan.seed * 7919 + i),
-                                 "--time-scale", repr(plan.time_scale)])
+            servers.start(
+                name,
+                [
+                    specroute,
+                    "sim",
+                    "--profile",
+                    name,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--seed",
+                    str(plan.seed * 7919 + i),
+                    "--time-scale",
+                    repr(plan.time_scale),
+                ],
+            )
             twins[name] = f"http://127.0.0.1:{port}"
         servers.wait_ready({n: u + "/ready" for n, u in twins.items()})
         log(f"twins ready: {', '.join(plan.pool)} (time scale {plan.time_scale})")
@@ -428,40 +508,70 @@ def run_http(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda 
             if _learns(policy_name) and plan.warmup_requests:
                 for name in plan.pool:
                     wdir = out / tag / f"warmup-{name}"
-                    _loadgen([*common, "--model", f"{SERVED_MODEL}@{name}", "--concurrency", "1",
-                              "--num-prompts", str(plan.warmup_requests),
-                              "--dataset", f"jsonl:{out / 'warmup.jsonl'}"],
-                             wdir, timeout=60 + _wall(plan, 3 * plan.warmup_requests * ar_request_s))
+                    _loadgen(
+                        [
+                            *common,
+                            "--model",
+                            f"{SERVED_MODEL}@{name}",
+                            "--concurrency",
+                            "1",
+                            "--num-prompts",
+                            str(plan.warmup_requests),
+                            "--dataset",
+                            f"jsonl:{out / 'warmup.jsonl'}",
+                        ],
+                        wdir,
+                        timeout=60 + _wall(plan, 3 * plan.warmup_requests * ar_request_s),
+                    )
                     recs = [r for r in _records(wdir) if r.get("ok") and r.get("decode_throughput")]
-                    warm[name] = (sum(r["decode_throughput"] for r in recs) / len(recs)
-                                  * plan.time_scale) if recs else 0.0
-                log(f"{policy_name}: warm-up done: " + ", ".join(
-                    f"{n} {v:.1f}" for n, v in warm.items()) + " tok/s (C=1, simulated)")
+                    warm[name] = (
+                        (sum(r["decode_throughput"] for r in recs) / len(recs) * plan.time_scale) if recs else 0.0
+                    )
+                log(
+                    f"{policy_name}: warm-up done: "
+                    + ", ".join(f"{n} {v:.1f}" for n, v in warm.items())
+                    + " tok/s (C=1, simulated)"
+                )
             pdir = out / tag / "phases"
-            _loadgen([*common, "--concurrency", ",".join(map(str, plan.concurrencies)),
-                      "--duration", repr(_wall(plan, plan.phase_s)),
-                      "--dataset", f"jsonl:{dataset}", "--max-tokens", str(plan.max_tokens)],
-                     pdir, timeout=120 + len(plan.concurrencies)
-                     * _wall(plan, 3 * (plan.phase_s + 4 * ar_request_s)))
+            _loadgen(
+                [
+                    *common,
+                    "--concurrency",
+                    ",".join(map(str, plan.concurrencies)),
+                    "--duration",
+                    repr(_wall(plan, plan.phase_s)),
+                    "--dataset",
+                    f"jsonl:{dataset}",
+                    "--max-tokens",
+                    str(plan.max_tokens),
+                ],
+                pdir,
+                timeout=120 + len(plan.concurrencies) * _wall(plan, 3 * (plan.phase_s + 4 * ar_request_s)),
+            )
             recs = _records(pdir)
             results[policy_name] = [
                 http_figures([r for r in recs if r.get("max_concurrency") == c], plan, plan.pool)
-                for c in plan.concurrencies]
+                for c in plan.concurrencies
+            ]
             servers.stop(f"gateway-{tag}")
-            log(f"{policy_name}: " + "; ".join(
-                f"C={c}: req {m.mean_request_tok_s:.1f} agg {m.aggregate_tok_s:.1f}"
-                for c, m in zip(plan.concurrencies, results[policy_name], strict=False)))
+            log(
+                f"{policy_name}: "
+                + "; ".join(
+                    f"C={c}: req {m.mean_request_tok_s:.1f} agg {m.aggregate_tok_s:.1f}"
+                    for c, m in zip(plan.concurrencies, results[policy_name], strict=False)
+                )
+            )
     return results, warm
 
 
 # ---------------------------------------------------------------------------------- compare
 
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan
 
 
-def compare(plan: CheckPlan, virtual: dict[str, list[PhaseFigures]],
-            http: dict[str, list[PhaseFigures]]) -> list[Row]:
+def compare(plan: CheckPlan, virtual: dict[str, list[PhaseFigures]], http: dict[str, list[PhaseFigures]]) -> list[Row]:
     rows = []
     for i, c in enumerate(plan.concurrencies):
         for metric in METRICS:
@@ -470,9 +580,19 @@ def compare(plan: CheckPlan, virtual: dict[str, list[PhaseFigures]],
             vr = _ratio(v[CHALLENGER], v[REFERENCE])
             hr = _ratio(h[CHALLENGER], h[REFERENCE])
             diff = hr / vr - 1.0 if vr > 0 else math.nan
-            rows.append(Row(phase=f"{plan.domain}-c{c}", concurrency=c, metric=metric,
-                            virtual=v, http=h, virtual_ratio=vr, http_ratio=hr, diff=diff,
-                            agrees=math.isfinite(diff) and abs(diff) <= plan.tolerance))
+            rows.append(
+                Row(
+                    phase=f"{plan.domain}-c{c}",
+                    concurrency=c,
+                    metric=metric,
+                    virtual=v,
+                    http=h,
+                    virtual_ratio=vr,
+                    http_ratio=hr,
+                    diff=diff,
+                    agrees=math.isfinite(diff) and abs(diff) <= plan.tolerance,
+                )
+            )
     return rows
 
 
@@ -481,16 +601,34 @@ def run_check(plan: CheckPlan, out: Path, *, log: Callable[[str], None] = lambda
     out.mkdir(parents=True, exist_ok=True)
     warm_items = write_dataset(plan, out / "warmup.jsonl", plan.warmup_requests, salt="warmup")
     virtual, v_warm = run_virtual(plan, warm_items)
-    log("virtual clock: " + "; ".join(
-        f"{p} " + " ".join(f"C={c} req {m.mean_request_tok_s:.1f} agg {m.aggregate_tok_s:.1f}"
-                           for c, m in zip(plan.concurrencies, virtual[p], strict=False)) for p in plan.policies))
+    log(
+        "virtual clock: "
+        + "; ".join(
+            f"{p} "
+            + " ".join(
+                f"C={c} req {m.mean_request_tok_s:.1f} agg {m.aggregate_tok_s:.1f}"
+                for c, m in zip(plan.concurrencies, virtual[p], strict=False)
+            )
+            for p in plan.policies
+        )
+    )
     http, h_warm = run_http(plan, out, log=log)
     rows = compare(plan, virtual, http)
-    warm = {name: {"virtual": v_warm.get(name, 0.0), "http": h_warm.get(name, 0.0)}
-            for name in plan.pool if name in v_warm or name in h_warm}
+    warm = {
+        name: {"virtual": v_warm.get(name, 0.0), "http": h_warm.get(name, 0.0)}
+        for name in plan.pool
+        if name in v_warm or name in h_warm
+    }
     plan_dict = asdict(plan)
-    return CheckResult(plan=plan_dict, virtual=virtual, http=http, warmup=warm, rows=rows,
-                       agrees=all(r.agrees for r in rows), wall_s=time.perf_counter() - t0)
+    return CheckResult(
+        plan=plan_dict,
+        virtual=virtual,
+        http=http,
+        warmup=warm,
+        rows=rows,
+        agrees=all(r.agrees for r in rows),
+        wall_s=time.perf_counter() - t0,
+    )
 
 
 def _fmt(x: float) -> str:
@@ -500,41 +638,54 @@ def _fmt(x: float) -> str:
 def print_report(res: CheckResult, out: IO[str]) -> None:
     plan = res.plan
     tol = plan["tolerance"]
-    out.write(f"\n== HTTP cross-check: {', '.join(plan['pool'])}; {plan['domain']}, "
-              f"max_tokens {plan['min_tokens']}-{plan['max_tokens']}, {plan['phase_s']:.0f} s phases, "
-              f"time scale {plan['time_scale']} ({res.wall_s:.0f} s)\n")
+    out.write(
+        f"\n== HTTP cross-check: {', '.join(plan['pool'])}; {plan['domain']}, "
+        f"max_tokens {plan['min_tokens']}-{plan['max_tokens']}, {plan['phase_s']:.0f} s phases, "
+        f"time scale {plan['time_scale']} ({res.wall_s:.0f} s)\n"
+    )
     if res.warmup:
         out.write("warm-up, C=1 decode tok/s per backend (simulated; HTTP measured x F):\n")
         for name, w in res.warmup.items():
             note = ""
             if name.endswith("-ar") and w["http"]:
                 note = f"  (AR: {100 * (w['http'] / AR_C1_TOK_S - 1):+.1f}% vs {AR_C1_TOK_S})"
-            out.write(f"  {name:12s} virtual {w['virtual']:7.1f}  http {w['http']:7.1f}  "
-                      f"{100 * (_ratio(w['http'], w['virtual']) - 1):+5.1f}%{note}\n")
+            out.write(
+                f"  {name:12s} virtual {w['virtual']:7.1f}  http {w['http']:7.1f}  "
+                f"{100 * (_ratio(w['http'], w['virtual']) - 1):+5.1f}%{note}\n"
+            )
         ar = next((w["http"] for n, w in res.warmup.items() if n.endswith("-ar")), None)
         if ar and abs(ar / AR_C1_TOK_S - 1) > OVERHEAD_WARN:
-            out.write(f"  warning: the AR twin's C=1 tok/s over HTTP is {100 * (ar / AR_C1_TOK_S - 1):+.1f}% "
-                      "off its engine figure: client/server overhead is not small at this time "
-                      "scale (try a larger --time-scale)\n")
-    out.write(f"{'phase':10s} {'metric':18s} {'LI virt':>8s} {'GP virt':>8s} {'ratio':>6s}   "
-              f"{'LI http':>8s} {'GP http':>8s} {'ratio':>6s}   {'diff':>6s}  within {tol:.0%}\n")
+            out.write(
+                f"  warning: the AR twin's C=1 tok/s over HTTP is {100 * (ar / AR_C1_TOK_S - 1):+.1f}% "
+                "off its engine figure: client/server overhead is not small at this time "
+                "scale (try a larger --time-scale)\n"
+            )
+    out.write(
+        f"{'phase':10s} {'metric':18s} {'LI virt':>8s} {'GP virt':>8s} {'ratio':>6s}   "
+        f"{'LI http':>8s} {'GP http':>8s} {'ratio':>6s}   {'diff':>6s}  within {tol:.0%}\n"
+    )
     for r in res.rows:
-        out.write(f"{r.phase:10s} {r.metric:18s} {_fmt(r.virtual[REFERENCE]):>8s} "
-                  f"{_fmt(r.virtual[CHALLENGER]):>8s} {r.virtual_ratio:6.3f}   "
-                  f"{_fmt(r.http[REFERENCE]):>8s} {_fmt(r.http[CHALLENGER]):>8s} {r.http_ratio:6.3f}   "
-                  f"{100 * r.diff:+5.1f}%  {'yes' if r.agrees else 'NO'}\n")
+        out.write(
+            f"{r.phase:10s} {r.metric:18s} {_fmt(r.virtual[REFERENCE]):>8s} "
+            f"{_fmt(r.virtual[CHALLENGER]):>8s} {r.virtual_ratio:6.3f}   "
+            f"{_fmt(r.http[REFERENCE]):>8s} {_fmt(r.http[CHALLENGER]):>8s} {r.http_ratio:6.3f}   "
+            f"{100 * r.diff:+5.1f}%  {'yes' if r.agrees else 'NO'}\n"
+        )
     out.write("backend share of requests sent (virtual | http):\n")
     for p in plan["policies"]:
         for i, c in enumerate(plan["concurrencies"]):
             v, h = res.virtual[p][i], res.http[p][i]
-            shares = "  ".join(f"{b.removeprefix('k26-')} {v.backend_share.get(b, 0):.2f}|"
-                               f"{h.backend_share.get(b, 0):.2f}" for b in plan["pool"])
+            shares = "  ".join(
+                f"{b.removeprefix('k26-')} {v.backend_share.get(b, 0):.2f}|{h.backend_share.get(b, 0):.2f}"
+                for b in plan["pool"]
+            )
             err = f"  errors {h.errors}" if h.errors else ""
             out.write(f"  {p:16s} C={c:<3d} {shares}   requests {v.requests}|{h.requests}{err}\n")
     out.write(f"ratios agree within {tol:.0%}: {'yes' if res.agrees else 'NO'}\n")
 
 
 # -------------------------------------------------------------------------------------- CLI
+
 
 def _concurrencies(text: str) -> tuple[int, ...]:
     try:
@@ -551,21 +702,36 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="specroute eval --http",
         description="Run one scenario on the virtual clock and over HTTP (twins, gateway, loadgen) "
-                    "and compare goodput/least_inflight ratios.")
-    ap.add_argument("--time-scale", type=float, default=d.time_scale,
-                    help=f"twins run at F x real time (default {d.time_scale})")
-    ap.add_argument("--output", type=Path, default=Path("out/eval-http"),
-                    help="directory for http_check.json, configs, loadgen outputs, logs")
+        "and compare goodput/least_inflight ratios.",
+    )
+    ap.add_argument(
+        "--time-scale", type=float, default=d.time_scale, help=f"twins run at F x real time (default {d.time_scale})"
+    )
+    ap.add_argument(
+        "--output",
+        type=Path,
+        default=Path("out/eval-http"),
+        help="directory for http_check.json, configs, loadgen outputs, logs",
+    )
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--concurrency", type=_concurrencies, default=d.concurrencies,
-                    help=f"phases, comma-separated (default {','.join(map(str, d.concurrencies))})")
-    ap.add_argument("--phase-seconds", type=float, default=d.phase_s,
-                    help=f"simulated seconds per phase (default {d.phase_s:.0f})")
+    ap.add_argument(
+        "--concurrency",
+        type=_concurrencies,
+        default=d.concurrencies,
+        help=f"phases, comma-separated (default {','.join(map(str, d.concurrencies))})",
+    )
+    ap.add_argument(
+        "--phase-seconds", type=float, default=d.phase_s, help=f"simulated seconds per phase (default {d.phase_s:.0f})"
+    )
     ap.add_argument("--domain", choices=[x.value for x in Domain], default=d.domain)
     ap.add_argument("--min-tokens", type=int, default=d.min_tokens)
     ap.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    ap.add_argument("--warmup-requests", type=int, default=d.warmup_requests,
-                    help="pinned requests per backend before the goodput run (default 2)")
+    ap.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=d.warmup_requests,
+        help="pinned requests per backend before the goodput run (default 2)",
+    )
     ap.add_argument("--tolerance", type=float, default=d.tolerance)
     return ap
 
@@ -576,16 +742,30 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    if not 0 < args.time_scale <= 10 or args.phase_seconds <= 0 or not 1 <= args.min_tokens <= args.max_tokens \
-            or args.warmup_requests < 0 or args.tolerance <= 0:
-        print("http_check: need 0 < --time-scale <= 10, --phase-seconds > 0, "
-              "1 <= --min-tokens <= --max-tokens, --warmup-requests >= 0, --tolerance > 0",
-              file=sys.stderr)
+    if (
+        not 0 < args.time_scale <= 10
+        or args.phase_seconds <= 0
+        or not 1 <= args.min_tokens <= args.max_tokens
+        or args.warmup_requests < 0
+        or args.tolerance <= 0
+    ):
+        print(
+            "http_check: need 0 < --time-scale <= 10, --phase-seconds > 0, "
+            "1 <= --min-tokens <= --max-tokens, --warmup-requests >= 0, --tolerance > 0",
+            file=sys.stderr,
+        )
         return 2
-    plan = CheckPlan(concurrencies=args.concurrency, phase_s=args.phase_seconds, domain=args.domain,
-                     min_tokens=args.min_tokens, max_tokens=args.max_tokens,
-                     warmup_requests=args.warmup_requests, time_scale=args.time_scale,
-                     seed=args.seed, tolerance=args.tolerance)
+    plan = CheckPlan(
+        concurrencies=args.concurrency,
+        phase_s=args.phase_seconds,
+        domain=args.domain,
+        min_tokens=args.min_tokens,
+        max_tokens=args.max_tokens,
+        warmup_requests=args.warmup_requests,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        tolerance=args.tolerance,
+    )
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -80,8 +80,9 @@ def _pct(values: Sequence[float], q: float, scale: float = 1.0) -> float:
     return v * scale if v is not None else 0.0  # 0 for a phase with no requests
 
 
-def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
-                  settle_s: float = SETTLE_S, slo: SLO = DEFAULT_SLO) -> list[PhaseMetrics]:
+def phase_metrics(
+    run: RunResult, scenario: Scenario, pool: Sequence[str], settle_s: float = SETTLE_S, slo: SLO = DEFAULT_SLO
+) -> list[PhaseMetrics]:
     starts: list[float] = []  # measured window of each phase: [start, end)
     ends: list[float] = []
     begins: list[float] = []  # when each phase began
@@ -89,8 +90,9 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
     began = run.phase_starts if len(run.phase_starts) == len(scenario.phases) else None
     for i, ph in enumerate(scenario.phases):
         t0 = began[i] if began is not None else t
-        settle = min(OPEN_SETTLE_S, ph.duration_s / 4) if ph.open_loop else (
-            min(settle_s, ph.duration_s / 2) if i else 0.0)
+        settle = (
+            min(OPEN_SETTLE_S, ph.duration_s / 4) if ph.open_loop else (min(settle_s, ph.duration_s / 2) if i else 0.0)
+        )
         begins.append(t0)
         starts.append(t0 + settle)
         t = t0 + ph.duration_s
@@ -137,31 +139,34 @@ def phase_metrics(run: RunResult, scenario: Scenario, pool: Sequence[str],
         total = sum(sent[i].values())
         span = ends[i] - starts[i]
         prompt = sum(r.prompt_tokens for r in done)
-        out.append(PhaseMetrics(
-            aggregate_tok_s=tokens[i] / span if span > 0 else 0.0,
-            mean_request_tok_s=sum(rates) / len(rates) if rates else 0.0,
-            p50_request_tok_s=_pct(rates, 50),
-            p99_ttft_ms=_pct(ttfts, 99, 1000.0),
-            backend_share={k: (v / total if total else 0.0) for k, v in sent[i].items()},
-            requests=len(rates),
-            p50_ttft_ms=_pct(ttfts, 50, 1000.0),
-            p50_tpot_ms=_pct(tpots, 50, 1000.0),
-            p99_tpot_ms=_pct(tpots, 99, 1000.0),
-            p50_e2e_s=_pct(e2es, 50),
-            p99_e2e_s=_pct(e2es, 99),
-            arrived=len(recs),
-            shed=sum(1 for r in recs if r.status == "shed"),
-            unfinished=sum(1 for r in recs if r.status == "unfinished"),
-            slo_attainment=good / len(recs) if recs else 0.0,
-            goodput_rps=good / span if span > 0 else 0.0,
-            cached_share=sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
-            slo_request_tok_s=sum(r.decode_tok_s or 0.0 for r in met) / len(recs) if recs else 0.0,
-        ))
+        out.append(
+            PhaseMetrics(
+                aggregate_tok_s=tokens[i] / span if span > 0 else 0.0,
+                mean_request_tok_s=sum(rates) / len(rates) if rates else 0.0,
+                p50_request_tok_s=_pct(rates, 50),
+                p99_ttft_ms=_pct(ttfts, 99, 1000.0),
+                backend_share={k: (v / total if total else 0.0) for k, v in sent[i].items()},
+                requests=len(rates),
+                p50_ttft_ms=_pct(ttfts, 50, 1000.0),
+                p50_tpot_ms=_pct(tpots, 50, 1000.0),
+                p99_tpot_ms=_pct(tpots, 99, 1000.0),
+                p50_e2e_s=_pct(e2es, 50),
+                p99_e2e_s=_pct(e2es, 99),
+                arrived=len(recs),
+                shed=sum(1 for r in recs if r.status == "shed"),
+                unfinished=sum(1 for r in recs if r.status == "unfinished"),
+                slo_attainment=good / len(recs) if recs else 0.0,
+                goodput_rps=good / span if span > 0 else 0.0,
+                cached_share=sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
+                slo_request_tok_s=sum(r.decode_tok_s or 0.0 for r in met) / len(recs) if recs else 0.0,
+            )
+        )
     return out
 
 
-def window_series(run: RunResult, start_s: float, end_s: float, width_s: float, step_s: float,
-                  objective: str) -> list[tuple[float, float]]:
+def window_series(
+    run: RunResult, start_s: float, end_s: float, width_s: float, step_s: float, objective: str
+) -> list[tuple[float, float]]:
     """(window start, objective metric) over sliding windows [t, t + width) from start_s."""
     out = []
     t = start_s

@@ -43,15 +43,28 @@ def true_accept_length(engine: Engine, domain: str, temperature: float = 0.0, co
     for key in _KEYS:
         p = engine.accept_prob(domain, key, temperature=temperature, context_tokens=context_tokens) * scale
         p = min(max(p, 0.0), 0.999)
-        total += 1.0 + (p * (1.0 - p ** m) / (1.0 - p) if p < 1.0 else float(m))
+        total += 1.0 + (p * (1.0 - p**m) / (1.0 - p) if p < 1.0 else float(m))
     return total / _PROMPTS
 
 
 class OracleModel(RateModel):
     """Duck-types BackendEstimate's lookups with the engine's truth."""
 
-    __slots__ = ("name", "engine", "max_running", "seen", "last_chosen", "accept_n", "last_report",
-                 "_scale", "_accept", "_cells", "_steps", "_kv_at", "_kv_per_request")
+    __slots__ = (
+        "name",
+        "engine",
+        "max_running",
+        "seen",
+        "last_chosen",
+        "accept_n",
+        "last_report",
+        "_scale",
+        "_accept",
+        "_cells",
+        "_steps",
+        "_kv_at",
+        "_kv_per_request",
+    )
     observed = 1 << 20  # the truth is fully measured: never stood in for by a peer
 
     def __init__(self, name: str, engine: Engine) -> None:
@@ -98,8 +111,12 @@ class OracleModel(RateModel):
         if scale != self._scale:
             self._scale = scale
             self._accept = [true_accept_length(self.engine, d.value) for d in DOMAINS]
-            self._cells = [true_accept_length(self.engine, d.value, _BAND_TEMPERATURE[t], _BAND_CONTEXT[c])
-                           for d in DOMAINS for t in range(TEMPERATURE_BANDS) for c in range(CONTEXT_BANDS)]
+            self._cells = [
+                true_accept_length(self.engine, d.value, _BAND_TEMPERATURE[t], _BAND_CONTEXT[c])
+                for d in DOMAINS
+                for t in range(TEMPERATURE_BANDS)
+                for c in range(CONTEXT_BANDS)
+            ]
         return self._accept
 
     def accept_at(self, c: int) -> float:
@@ -126,8 +143,10 @@ class OracleModel(RateModel):
         return self.engine.prefill_time(uncached, 1)
 
     def describe(self) -> dict[str, Any]:
-        return {"accept_length": {d.value: round(a, 3) for d, a in zip(DOMAINS, self._accepts(), strict=False)},
-                "step_ms": {str(b): round(self.step_s(b) * 1000, 2) for b in (1, 2, 4, 8, 16, 32, 64, 128)}}
+        return {
+            "accept_length": {d.value: round(a, 3) for d, a in zip(DOMAINS, self._accepts(), strict=False)},
+            "step_ms": {str(b): round(self.step_s(b) * 1000, 2) for b in (1, 2, 4, 8, 16, 32, 64, 128)},
+        }
 
 
 class OracleEstimates:
@@ -138,8 +157,7 @@ class OracleEstimates:
         self.used = 0
         self.skipped: dict[str, int] = {}
 
-    def register(self, name: str, strategy: Strategy | str, max_running: int | None = None
-                 ) -> OracleModel:
+    def register(self, name: str, strategy: Strategy | str, max_running: int | None = None) -> OracleModel:
         try:
             return self.backends[name]
         except KeyError:

@@ -42,8 +42,16 @@ import msgspec
 
 from policies.base import BackendView, Decision, NoCandidate, Outcome, RequestFeatures
 
-__all__ = ["PEER_POLICIES", "CacheAware", "LeastLoad", "LoadSnapshot", "PowerOfTwo", "RandomPeer",
-           "RoundRobinPeer", "make_peer"]
+__all__ = [
+    "PEER_POLICIES",
+    "CacheAware",
+    "LeastLoad",
+    "LoadSnapshot",
+    "PowerOfTwo",
+    "RandomPeer",
+    "RoundRobinPeer",
+    "make_peer",
+]
 
 BLOCK_TOKENS = 64
 CHARS_PER_TOKEN = 4
@@ -145,8 +153,9 @@ class LeastLoad(_Peer):
         if snap is not None:
             tp = snap.gen_throughput if snap.gen_throughput > 0 else self.default_throughput
             k = min(max(snap.token_usage, 0.0), 0.999)
-            return ((snap.num_waiting_uncached_tokens + self._inflight_tokens.get(v.name, 0)) / tp
-                    + self.kv_pressure_weight * k / (1.0 - k))
+            return (
+                snap.num_waiting_uncached_tokens + self._inflight_tokens.get(v.name, 0)
+            ) / tp + self.kv_pressure_weight * k / (1.0 - k)
         if fleet_has_loads:
             return v.inflight * self.mean_prefill_tokens / nominal
         return float(v.inflight)
@@ -201,9 +210,15 @@ class _Tree:
 class CacheAware(_Peer):
     name = "sglang/cache_aware"
 
-    def __init__(self, *, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
-                 balance_rel_threshold: float = 1.5, max_tree_size: int = 1 << 26,
-                 miss: str = "min_load") -> None:
+    def __init__(
+        self,
+        *,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        max_tree_size: int = 1 << 26,
+        miss: str = "min_load",
+    ) -> None:
         if miss not in ("min_load", "smallest_tree"):
             raise ValueError(f"miss is min_load or smallest_tree, not {miss!r}")
         self.cache_threshold = cache_threshold
@@ -234,8 +249,12 @@ class CacheAware(_Peer):
             best_n = 0
             for v in pool:
                 n = self._tree(v.name).match(chain)
-                if n > best_n or (n == best_n and n and best is not None
-                                  and self._last_used.get(v.name, 0) > self._last_used.get(best.name, 0)):
+                if n > best_n or (
+                    n == best_n
+                    and n
+                    and best is not None
+                    and self._last_used.get(v.name, 0) > self._last_used.get(best.name, 0)
+                ):
                     best, best_n = v, n
             rate = best_n * BLOCK_TOKENS / request.prompt_tokens if request.prompt_tokens > 0 else 0.0
             if best is not None and rate > self.cache_threshold:
@@ -251,8 +270,12 @@ class CacheAware(_Peer):
         return Decision(backend=chosen, reason=reason)
 
 
-PEER_POLICIES: tuple[str, ...] = ("sglang/round_robin", "sglang/power_of_two", "sglang/least_load",
-                                  "sglang/cache_aware")
+PEER_POLICIES: tuple[str, ...] = (
+    "sglang/round_robin",
+    "sglang/power_of_two",
+    "sglang/least_load",
+    "sglang/cache_aware",
+)
 
 
 def make_peer(name: str, seed: int | None = None) -> _Peer:

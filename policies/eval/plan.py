@@ -51,8 +51,14 @@ from policies.eval.traffic import Traffic
 __all__ = ["DEFAULT_TYPES", "RESTART_S", "FleetFigures", "PlanResult", "Reshape", "compositions", "plan"]
 
 # The K2.6 family: AR, EAGLE-3, DFlash and DDTree at three budgets (32 is the profile's own).
-DEFAULT_TYPES: tuple[str, ...] = ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree:b=8", "k26-ddtree:b=16",
-                                  "k26-ddtree")
+DEFAULT_TYPES: tuple[str, ...] = (
+    "k26-ar",
+    "k26-eagle3",
+    "k26-dflash",
+    "k26-ddtree:b=8",
+    "k26-ddtree:b=16",
+    "k26-ddtree",
+)
 # Restart of a 1T-parameter server (assumption): ~600 GB of INT4 weights read at ~1.5 GB/s
 # (~7 min), then the drafter, CUDA-graph capture and warm-up (~8 min).
 RESTART_S = 15 * 60.0
@@ -200,8 +206,19 @@ def _phase_score(m: PhaseMetrics, objective: str) -> float:
 
 
 class _Planner:
-    def __init__(self, n: int, traffic: Traffic, *, slo: SLO, types: Sequence[str], objective: str,
-                 sample_s: float, seed: int, log: Callable[[str], None], jobs: int = 1) -> None:
+    def __init__(
+        self,
+        n: int,
+        traffic: Traffic,
+        *,
+        slo: SLO,
+        types: Sequence[str],
+        objective: str,
+        sample_s: float,
+        seed: int,
+        log: Callable[[str], None],
+        jobs: int = 1,
+    ) -> None:
         if not 1 <= n <= MAX_SERVERS:
             raise FleetError(f"--servers must be between 1 and {MAX_SERVERS}, got {n}")
         if objective not in ("tok_s", "goodput"):
@@ -230,8 +247,10 @@ class _Planner:
 
     # ------------------------------------------------------------------ fluid
     def grids(self) -> list[PhaseGrid]:
-        return [PhaseGrid([type_curve(t, self.base, ph) for t in self.types], self.rates[i])
-                for i, ph in enumerate(self.phases)]
+        return [
+            PhaseGrid([type_curve(t, self.base, ph) for t in self.types], self.rates[i])
+            for i, ph in enumerate(self.phases)
+        ]
 
     def weighted(self, values: Sequence[float], spans: Sequence[float] | None = None) -> float:
         spans = self.spans if spans is None else spans
@@ -270,25 +289,46 @@ class _Planner:
             fair = {pol: v for pol, v in tried[counts].items() if worst[pol] >= max(worst.values()) - SLO_PARITY}
             policy, (score, ms) = max(fair.items(), key=lambda kv: kv[1][0])
             label = _label(self.types, counts)
-            self.log(f"  simulated {label}: best {policy} {score:.2f} "
-                     f"({', '.join(f'{p} {s:.1f}' for p, (s, _) in tried[counts].items())})")
+            self.log(
+                f"  simulated {label}: best {policy} {score:.2f} "
+                f"({', '.join(f'{p} {s:.1f}' for p, (s, _) in tried[counts].items())})"
+            )
             out[counts] = FleetFigures(
-                fleet=label, policy=policy, score=score, fluid=fluid,
+                fleet=label,
+                policy=policy,
+                score=score,
+                fluid=fluid,
                 homogeneous=sum(1 for k in counts if k) == 1,
                 policies_tried={p: round(s, 3) for p, (s, _) in tried[counts].items()},
-                phases={ph.name: PhaseFigures(
-                    score=_phase_score(m, self.objective), request_tok_s=m.mean_request_tok_s,
-                    slo_attainment=m.slo_attainment, goodput_rps=m.goodput_rps, ttft_p99_ms=m.p99_ttft_ms,
-                    e2e_p99_s=m.p99_e2e_s, shed=m.shed, arrived=m.arrived)
-                    for ph, m in zip(self.phases, ms, strict=True)})
+                phases={
+                    ph.name: PhaseFigures(
+                        score=_phase_score(m, self.objective),
+                        request_tok_s=m.mean_request_tok_s,
+                        slo_attainment=m.slo_attainment,
+                        goodput_rps=m.goodput_rps,
+                        ttft_p99_ms=m.p99_ttft_ms,
+                        e2e_p99_s=m.p99_e2e_s,
+                        shed=m.shed,
+                        arrived=m.arrived,
+                    )
+                    for ph, m in zip(self.phases, ms, strict=True)
+                },
+            )
         return out
 
     # ---------------------------------------------------------------- reshape
-    def reshape(self, winner_counts: Sequence[int], winner: FleetFigures, fluid: dict[tuple[int, ...], list[float]],
-                restart_s: float) -> Reshape:
+    def reshape(
+        self,
+        winner_counts: Sequence[int],
+        winner: FleetFigures,
+        fluid: dict[tuple[int, ...], list[float]],
+        restart_s: float,
+    ) -> Reshape:
         winner_counts = tuple(winner_counts)
-        best_of = [max(fluid, key=lambda c, i=i: fluid[c][i])  # type: ignore[misc]
-                   for i in range(len(self.phases))]
+        best_of = [
+            max(fluid, key=lambda c, i=i: fluid[c][i])  # type: ignore[misc]
+            for i in range(len(self.phases))
+        ]
         # like for like: both fleets on the phase alone (cold caches and estimates for both)
         jobs: list[tuple[int, tuple[int, ...], str]] = []
         for i, best in enumerate(best_of):
@@ -325,39 +365,62 @@ class _Planner:
             downtime = changed * restart_s
             short = list(cur)
             short[max(range(len(short)), key=lambda j: short[j])] -= 1  # one server down at a time
-            curves = [(k, type_curve(t, self.base, self.phases[i]))
-                      for t, k in zip(self.types, short, strict=True) if k]
+            curves = [
+                (k, type_curve(t, self.base, self.phases[i])) for t, k in zip(self.types, short, strict=True) if k
+            ]
             degraded = fleet_value(curves, self.rates[i]) if curves else 0.0
             # the simulated score of the phase, scaled by what one server fewer costs in the fluid model
             full_fluid = fluid[cur][i]
             kept = degraded / full_fluid if full_fluid > 0 else 0.0
             cost = min(downtime, self.spans[i]) * schedule[i][1] * max(0.0, 1.0 - kept)
             value -= cost
-            switches.append(Switch(before=self.phases[i - 1].name, after=self.phases[i].name,
-                                   fleet=_label(self.types, cur), servers_restarted=changed,
-                                   downtime_s=downtime, cost=cost))
+            switches.append(
+                Switch(
+                    before=self.phases[i - 1].name,
+                    after=self.phases[i].name,
+                    fleet=_label(self.types, cur),
+                    servers_restarted=changed,
+                    downtime_s=downtime,
+                    cost=cost,
+                )
+            )
         reshape_score = value / total
         gain = reshape_score / winner.score - 1 if winner.score > 0 else 0.0
         sched = {ph.name: _label(self.types, c) for ph, (c, _) in zip(self.phases, schedule, strict=False)}
         if not switches:
             advice = f"keep {winner.fleet} all day: no phase's best fleet beats it in simulation"
         elif gain <= 0.02:
-            advice = (f"keep {winner.fleet}: reshaping ({len(switches)} switches) would gain {100 * gain:+.1f}% "
-                      f"after {restart_s / 60:.0f} min restarts, not worth the risk")
+            advice = (
+                f"keep {winner.fleet}: reshaping ({len(switches)} switches) would gain {100 * gain:+.1f}% "
+                f"after {restart_s / 60:.0f} min restarts, not worth the risk"
+            )
         else:
             parts = ", ".join(f"{sw.after} -> {sw.fleet}" for sw in switches)
-            advice = (f"reshape over the day ({parts}): {100 * gain:+.1f}% over {winner.fleet} all day, "
-                      f"net of {restart_s / 60:.0f} min per restarted server")
-        return Reshape(schedule=sched, static_score=winner.score, reshape_score=reshape_score, gain=gain,
-                       switches=switches, restart_s=restart_s, advice=advice)
+            advice = (
+                f"reshape over the day ({parts}): {100 * gain:+.1f}% over {winner.fleet} all day, "
+                f"net of {restart_s / 60:.0f} min per restarted server"
+            )
+        return Reshape(
+            schedule=sched,
+            static_score=winner.score,
+            reshape_score=reshape_score,
+            gain=gain,
+            switches=switches,
+            restart_s=restart_s,
+            advice=advice,
+        )
 
 
 CONFIRM_SEEDS = 2
 CONFIRM_LEADERS = 3
 
 
-def _confirm(p: _Planner, everything: dict[tuple[int, ...], FleetFigures], pick: tuple[int, ...],
-             fluid: dict[tuple[int, ...], float]) -> Exhaustive:
+def _confirm(
+    p: _Planner,
+    everything: dict[tuple[int, ...], FleetFigures],
+    pick: tuple[int, ...],
+    fluid: dict[tuple[int, ...], float],
+) -> Exhaustive:
     leaders = sorted(everything, key=lambda c: -everything[c].score)[:CONFIRM_LEADERS]
     fleets = list(dict.fromkeys([*leaders, pick]))
     seeds = [p.seed + 1 + k for k in range(CONFIRM_SEEDS)]
@@ -370,10 +433,16 @@ def _confirm(p: _Planner, everything: dict[tuple[int, ...], FleetFigures], pick:
     p.seed = base_seed
     best = max(fleets, key=lambda c: means[c])
     gap = means[pick] / means[best] - 1 if means[best] > 0 else 0.0
-    return Exhaustive(seeds=seeds, pick=_label(p.types, pick), pick_score=round(means[pick], 3),
-                      best=_label(p.types, best), best_score=round(means[best], 3), gap=round(gap, 4),
-                      leaders={_label(p.types, c): round(means[c], 3) for c in fleets},
-                      scores={f.fleet: round(f.score, 3) for f in everything.values()})
+    return Exhaustive(
+        seeds=seeds,
+        pick=_label(p.types, pick),
+        pick_score=round(means[pick], 3),
+        best=_label(p.types, best),
+        best_score=round(means[best], 3),
+        gap=round(gap, 4),
+        leaders={_label(p.types, c): round(means[c], 3) for c in fleets},
+        scores={f.fleet: round(f.score, 3) for f in everything.values()},
+    )
 
 
 def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
@@ -382,12 +451,16 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
         f"servers: twin profiles on the virtual clock ({', '.join(t.label for t in p.types)}); "
         "step times, acceptance and reasoning lengths as the profiles state (their provenance)",
         f"load: phase rates {', '.join(f'{r:.2f}' for r in p.rates)} req/s"
-        + ("" if all(r is not None for r in p.traffic.rates) else
-           f" (loads are fractions of {p.n} x {ref}'s saturation rate on each phase's traffic)"),
+        + (
+            ""
+            if all(r is not None for r in p.traffic.rates)
+            else f" (loads are fractions of {p.n} x {ref}'s saturation rate on each phase's traffic)"
+        ),
         f"each phase simulated for {sample_s:.0f} s of steady traffic, weighed by the part of the day it "
         "stands for; results are one seed's",
         f"score: span-weighted mean request decode tok/s, a request missing the SLO ({p.slo.label}: shed, "
-        "unfinished or late) counting 0" if p.objective == "tok_s"
+        "unfinished or late) counting 0"
+        if p.objective == "tok_s"
         else f"score: span-weighted requests/s meeting the SLO ({p.slo.label})",
         "policies: goodput (latency and throughput objectives) for mixed fleets; goodput and SGLang's router's "
         "cache_aware (implemented from its source) for homogeneous ones; each fleet with its best policy "
@@ -399,14 +472,27 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
     ]
 
 
-def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[str] = DEFAULT_TYPES,
-         objective: str = "tok_s", shortlist: int = 3, homogeneous: int = 2, sample_s: float = 90.0,
-         seed: int = 0, restart_s: float = RESTART_S, exhaustive: bool = False,
-         jobs: int | None = None, log: Callable[[str], None] = lambda s: None) -> PlanResult:
+def plan(
+    n: int,
+    traffic: Traffic,
+    *,
+    slo: SLO = DEFAULT_SLO,
+    types: Sequence[str] = DEFAULT_TYPES,
+    objective: str = "tok_s",
+    shortlist: int = 3,
+    homogeneous: int = 2,
+    sample_s: float = 90.0,
+    seed: int = 0,
+    restart_s: float = RESTART_S,
+    exhaustive: bool = False,
+    jobs: int | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> PlanResult:
     t0 = time.perf_counter()
     jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-    p = _Planner(n, traffic, slo=slo, types=types, objective=objective, sample_s=sample_s, seed=seed, log=log,
-                 jobs=jobs)
+    p = _Planner(
+        n, traffic, slo=slo, types=types, objective=objective, sample_s=sample_s, seed=seed, log=log, jobs=jobs
+    )
     combos = compositions(len(p.types), n)
     grids = p.grids()
     fluid_phase = {c: [g.value(c) for g in grids] for c in combos}
@@ -427,8 +513,10 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
                 v[o] += 1
                 variants.append(tuple(v))
     picked = list(dict.fromkeys(homog[:homogeneous] + mixed[:shortlist] + variants))
-    log(f"fluid model: {len(combos)} compositions of {n} servers over {len(p.types)} types; "
-        f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked))
+    log(
+        f"fluid model: {len(combos)} compositions of {n} servers over {len(p.types)} types; "
+        f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked)
+    )
     figures = p.figures_all([(c, fluid[c]) for c in picked])
     best_h = max((f for f in figures.values() if f.homogeneous), key=lambda f: f.score)
     floor = best_h.worst_slo - SLO_PARITY
@@ -451,9 +539,22 @@ def plan(n: int, traffic: Traffic, *, slo: SLO = DEFAULT_SLO, types: Sequence[st
         exhaustive_best = max(everything.values(), key=lambda f: f.score)
         check = _confirm(p, everything, winner_counts, fluid)
     return PlanResult(
-        servers=n, seed=seed, traffic=traffic.name, objective=objective, slo=slo, types=[t.label for t in p.types],
+        servers=n,
+        seed=seed,
+        traffic=traffic.name,
+        objective=objective,
+        slo=slo,
+        types=[t.label for t in p.types],
         rates_rps={ph.name: round(r, 4) for ph, r in zip(p.phases, p.rates, strict=False)},
-        spans_s={ph.name: ph.span_s for ph in p.phases}, ranked=ranked, best_homogeneous=best_h,
-        reshape=reshape, compositions=len(combos), simulated=p.simulated, sample_s=sample_s,
-        assumptions=_assumptions(p, restart_s, sample_s), wall_s=time.perf_counter() - t0,
-        exhaustive_best=exhaustive_best, exhaustive=check)
+        spans_s={ph.name: ph.span_s for ph in p.phases},
+        ranked=ranked,
+        best_homogeneous=best_h,
+        reshape=reshape,
+        compositions=len(combos),
+        simulated=p.simulated,
+        sample_s=sample_s,
+        assumptions=_assumptions(p, restart_s, sample_s),
+        wall_s=time.perf_counter() - t0,
+        exhaustive_best=exhaustive_best,
+        exhaustive=check,
+    )

@@ -50,34 +50,42 @@ def _short(name: str) -> str:
 def print_scenario(res: ScenarioResult, out: TextIO) -> None:
     out.write(f"\n== {res.name}: {res.description} (fleet {res.fleet}; SLO {res.slo.label}; {res.wall_s:.1f} s)\n")
     backends = res.pool
-    header = (f"{'phase':16s} {'contestant':20s} {'agg tok/s':>9s} {'req mean':>8s} {'ttft p50':>8s} "
-              f"{'p99 ms':>7s} {'tpot p50':>8s} {'p99 ms':>6s} {'e2e p50':>7s} {'p99 s':>6s} {'SLO':>5s} "
-              f"{'good/s':>6s} {'shed':>4s} {'cache':>5s} {'vs CV':>6s}  share "
-              + " ".join(f"{b[-7:]:>7s}" for b in backends))
+    header = (
+        f"{'phase':16s} {'contestant':20s} {'agg tok/s':>9s} {'req mean':>8s} {'ttft p50':>8s} "
+        f"{'p99 ms':>7s} {'tpot p50':>8s} {'p99 ms':>6s} {'e2e p50':>7s} {'p99 s':>6s} {'SLO':>5s} "
+        f"{'good/s':>6s} {'shed':>4s} {'cache':>5s} {'vs CV':>6s}  share " + " ".join(f"{b[-7:]:>7s}" for b in backends)
+    )
     out.write(header + "\n")
     for ph in res.phases:
-        label = (f"{ph.name} {ph.rate_rps:.2f}/s" if ph.arrival != "closed" else f"{ph.name} C={ph.concurrency}")
+        label = f"{ph.name} {ph.rate_rps:.2f}/s" if ph.arrival != "closed" else f"{ph.name} C={ph.concurrency}"
         for key, m in ph.policies.items():
             shares = " ".join(f"{m.backend_share.get(b, 0.0):7.2f}" for b in backends)
             ratio = f"{m.clairvoyant_ratio:6.3f}" if m.clairvoyant_ratio is not None else " " * 6
-            out.write(f"{label:16.16s} {_short(key):20.20s} {m.aggregate_tok_s:9.1f} {m.mean_request_tok_s:8.1f} "
-                      f"{m.p50_ttft_ms:8.0f} {m.p99_ttft_ms:7.0f} {m.p50_tpot_ms:8.1f} {m.p99_tpot_ms:6.1f} "
-                      f"{m.p50_e2e_s:7.1f} {m.p99_e2e_s:6.1f} {m.slo_attainment:5.2f} {m.goodput_rps:6.2f} "
-                      f"{m.shed:4d} {m.cached_share:5.2f} {ratio}  {shares}\n")
+            out.write(
+                f"{label:16.16s} {_short(key):20.20s} {m.aggregate_tok_s:9.1f} {m.mean_request_tok_s:8.1f} "
+                f"{m.p50_ttft_ms:8.0f} {m.p99_ttft_ms:7.0f} {m.p50_tpot_ms:8.1f} {m.p99_tpot_ms:6.1f} "
+                f"{m.p50_e2e_s:7.1f} {m.p99_e2e_s:6.1f} {m.slo_attainment:5.2f} {m.goodput_rps:6.2f} "
+                f"{m.shed:4d} {m.cached_share:5.2f} {ratio}  {shares}\n"
+            )
             label = ""
         if ph.ceiling is not None:
             c = ph.ceiling
             split = ", ".join(f"{b} {n}" for b, n in c.best_split.items())
-            out.write(f"{'':16s} {'ceiling (eval.bound)':20s} best fixed split {c.best_split_request_tok_s:.1f} "
-                      f"req tok/s ({split}); no policy above {c.bound_request_tok_s:.1f}\n")
+            out.write(
+                f"{'':16s} {'ceiling (eval.bound)':20s} best fixed split {c.best_split_request_tok_s:.1f} "
+                f"req tok/s ({split}); no policy above {c.bound_request_tok_s:.1f}\n"
+            )
     for obj, rec in res.recovery.items():
         t = rec["recovery_s"]
-        out.write(f"recovery after the drop ({obj}): {'never' if t is None else f'{t:.0f} s'}; "
-                  f"{rec['window_s']:.0f} s windows: "
-                  + " ".join(f"+{w:.0f}:{r:.2f}" for w, r in rec["ratios"]) + "\n")
+        out.write(
+            f"recovery after the drop ({obj}): {'never' if t is None else f'{t:.0f} s'}; "
+            f"{rec['window_s']:.0f} s windows: " + " ".join(f"+{w:.0f}:{r:.2f}" for w, r in rec["ratios"]) + "\n"
+        )
     for key, cold in res.cold_start.items():
-        out.write(f"cold start ({key}): first {cold['window_s']:.0f} s {cold['request_tok_s']:.1f} req tok/s vs "
-                  f"clairvoyant {cold['reference_tok_s']:.1f} (regret {100 * cold['regret']:.1f}%)\n")
+        out.write(
+            f"cold start ({key}): first {cold['window_s']:.0f} s {cold['request_tok_s']:.1f} req tok/s vs "
+            f"clairvoyant {cold['reference_tok_s']:.1f} (regret {100 * cold['regret']:.1f}%)\n"
+        )
 
 
 def print_targets(targets: Sequence[Target], out: TextIO) -> None:
@@ -96,26 +104,46 @@ def scenario_json(res: ScenarioResult) -> dict[str, Any]:
         "fleet": res.fleet,
         "pool": res.pool,
         "wall_s": round(res.wall_s, 3),
-        "phases": {ph.name: {"concurrency": ph.concurrency, "arrival": ph.arrival, "load": ph.load,
-                             "rate_rps": round(ph.rate_rps, 4), "duration_s": ph.duration_s,
-                             "domains": ph.domains, "policies": msgspec.to_builtins(ph.policies),
-                             "ceiling": msgspec.to_builtins(ph.ceiling)}
-                   for ph in res.phases},
+        "phases": {
+            ph.name: {
+                "concurrency": ph.concurrency,
+                "arrival": ph.arrival,
+                "load": ph.load,
+                "rate_rps": round(ph.rate_rps, 4),
+                "duration_s": ph.duration_s,
+                "domains": ph.domains,
+                "policies": msgspec.to_builtins(ph.policies),
+                "ceiling": msgspec.to_builtins(ph.ceiling),
+            }
+            for ph in res.phases
+        },
         "summary": res.summary,
         "recovery": res.recovery,
         "cold_start": res.cold_start,
     }
 
 
-def to_json(results: Sequence[ScenarioResult], targets: Sequence[Target], *, seed: int,
-            objectives: Sequence[str], primary: str, fleets: dict[str, Any] | None = None) -> dict[str, Any]:
+def to_json(
+    results: Sequence[ScenarioResult],
+    targets: Sequence[Target],
+    *,
+    seed: int,
+    objectives: Sequence[str],
+    primary: str,
+    fleets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     scenarios = {}
     for res in results:
         scenarios[res.name] = scenario_json(res)
     slo = results[0].slo if results else None
-    doc = {"seed": seed, "objectives": list(objectives), "primary_objective": primary,
-           "slo": msgspec.to_builtins(slo), "scenarios": scenarios,
-           "targets": msgspec.to_builtins(list(targets))}
+    doc = {
+        "seed": seed,
+        "objectives": list(objectives),
+        "primary_objective": primary,
+        "slo": msgspec.to_builtins(slo),
+        "scenarios": scenarios,
+        "targets": msgspec.to_builtins(list(targets)),
+    }
     if fleets:
         doc["fleets"] = fleets
     return doc
@@ -133,14 +161,22 @@ def _f(x: float) -> str:
 def _closed_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
     objectives = results[0].objectives
     cols = ["least_inflight"] + [f"{k}/{o}" for o in objectives for k in ("goodput", "clairvoyant")]
-    names = ["LI"] + [f"{'GP' if k == 'goodput' else 'CV'}-{o[:3]}" for o in objectives
-                      for k in ("goodput", "clairvoyant")]
-    lines = [f"Closed loop on the virtual clock (`specroute eval --seed {seed}`). "
-             "LI = least_inflight, GP = goodput, CV = clairvoyant; lat/thr = objective. "
-             "Request tok/s = mean single-request decode tok/s; ratio = goodput / clairvoyant on the "
-             "objective's metric.", ""]
-    head = (["scenario", "phase", "C"] + [f"agg {n}" for n in names] + [f"req {n}" for n in names]
-            + [f"ratio GP-{o[:3]}" for o in objectives])
+    names = ["LI"] + [
+        f"{'GP' if k == 'goodput' else 'CV'}-{o[:3]}" for o in objectives for k in ("goodput", "clairvoyant")
+    ]
+    lines = [
+        f"Closed loop on the virtual clock (`specroute eval --seed {seed}`). "
+        "LI = least_inflight, GP = goodput, CV = clairvoyant; lat/thr = objective. "
+        "Request tok/s = mean single-request decode tok/s; ratio = goodput / clairvoyant on the "
+        "objective's metric.",
+        "",
+    ]
+    head = (
+        ["scenario", "phase", "C"]
+        + [f"agg {n}" for n in names]
+        + [f"req {n}" for n in names]
+        + [f"ratio GP-{o[:3]}" for o in objectives]
+    )
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for res in results:
@@ -167,20 +203,42 @@ def _best_static(policies: dict[str, Any]) -> str | None:
 def _open_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
     """Policy vs peer baselines with SLO goodput, per open-loop phase."""
     slo = results[0].slo
-    lines = [f"Open loop on the virtual clock (`specroute eval --seed {seed}`), SLO {slo.label} (seconds). "
-             "Per phase: goodput/latency, the best SGLang-router policy of that phase (by mean request "
-             "tok/s), least_inflight, the best static backend (alone with a 1/N share of the arrivals) and "
-             "the clairvoyant references. req = mean request tok/s; SLO = attainment (shed and unfinished "
-             "count as misses); good/s = requests/s meeting the SLO.", ""]
-    head = ["scenario", "phase", "req/s", "contestant", "req tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p99 ms",
-            "e2e p99 s", "SLO", "good/s", "shed", "cached"]
+    lines = [
+        f"Open loop on the virtual clock (`specroute eval --seed {seed}`), SLO {slo.label} (seconds). "
+        "Per phase: goodput/latency, the best SGLang-router policy of that phase (by mean request "
+        "tok/s), least_inflight, the best static backend (alone with a 1/N share of the arrivals) and "
+        "the clairvoyant references. req = mean request tok/s; SLO = attainment (shed and unfinished "
+        "count as misses); good/s = requests/s meeting the SLO.",
+        "",
+    ]
+    head = [
+        "scenario",
+        "phase",
+        "req/s",
+        "contestant",
+        "req tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT p99 ms",
+        "e2e p99 s",
+        "SLO",
+        "good/s",
+        "shed",
+        "cached",
+    ]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for res in results:
         for ph in res.phases:
             p = ph.policies
-            keys = ["goodput/latency", _best_peer(p), "least_inflight", _best_static(p), "clairvoyant/latency",
-                    "clairvoyant/e2e"]
+            keys = [
+                "goodput/latency",
+                _best_peer(p),
+                "least_inflight",
+                _best_static(p),
+                "clairvoyant/latency",
+                "clairvoyant/e2e",
+            ]
             first = True
             for k in keys:
                 if k is None or k not in p:
@@ -188,15 +246,26 @@ def _open_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
                 m = p[k]
                 lead = [res.name, ph.name, f"{ph.rate_rps:.2f}"] if first else ["", "", ""]
                 first = False
-                cells = [*lead, k, _f(m.mean_request_tok_s), f"{m.p50_ttft_ms:.0f}", f"{m.p99_ttft_ms:.0f}",
-                         f"{m.p99_tpot_ms:.0f}", f"{m.p99_e2e_s:.1f}", f"{m.slo_attainment:.2f}",
-                         f"{m.goodput_rps:.2f}", str(m.shed), f"{m.cached_share:.2f}"]
+                cells = [
+                    *lead,
+                    k,
+                    _f(m.mean_request_tok_s),
+                    f"{m.p50_ttft_ms:.0f}",
+                    f"{m.p99_ttft_ms:.0f}",
+                    f"{m.p99_tpot_ms:.0f}",
+                    f"{m.p99_e2e_s:.1f}",
+                    f"{m.slo_attainment:.2f}",
+                    f"{m.goodput_rps:.2f}",
+                    str(m.shed),
+                    f"{m.cached_share:.2f}",
+                ]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def markdown(results: Sequence[ScenarioResult], targets: Sequence[Target], *, seed: int,
-             extra: Sequence[str] = ()) -> str:
+def markdown(
+    results: Sequence[ScenarioResult], targets: Sequence[Target], *, seed: int, extra: Sequence[str] = ()
+) -> str:
     """A compact summary (`DIR/eval.md`) for docs/evaluation.md: the closed-loop table (least_inflight
     against goodput and clairvoyant), the open-loop table (policy vs peer baselines, SLO goodput),
     any extra tables (fleet vs fleet), then the targets."""

@@ -93,9 +93,16 @@ def _static_names(scenario: Scenario) -> dict[str, str]:
     return out
 
 
-def contestants(pool: Sequence[str], objectives: Sequence[str], seed: int,
-                goodput_options: dict[str, Any] | None = None, *, statics: dict[str, str] | None = None,
-                peers: bool = True, e2e_clairvoyant: bool = False) -> dict[str, tuple[str | None, Factory]]:
+def contestants(
+    pool: Sequence[str],
+    objectives: Sequence[str],
+    seed: int,
+    goodput_options: dict[str, Any] | None = None,
+    *,
+    statics: dict[str, str] | None = None,
+    peers: bool = True,
+    e2e_clairvoyant: bool = False,
+) -> dict[str, tuple[str | None, Factory]]:
     """Name -> (objective or None, factory). Factories get the run's engines and specs."""
     opts = goodput_options or {}
 
@@ -103,8 +110,7 @@ def contestants(pool: Sequence[str], objectives: Sequence[str], seed: int,
         return lambda e, s: Goodput(obj, seed=seed, backends=s, **opts)
 
     def clairvoyant(obj: str) -> Factory:
-        return lambda e, s: Goodput(obj, seed=seed, epsilon=0.0, bonus=0.0,
-                                    estimates=OracleEstimates(e))  # type: ignore[arg-type]
+        return lambda e, s: Goodput(obj, seed=seed, epsilon=0.0, bonus=0.0, estimates=OracleEstimates(e))  # type: ignore[arg-type]
 
     def peer(name: str) -> Factory:
         return lambda e, s: make_peer(name, seed)  # type: ignore[return-value]
@@ -136,7 +142,7 @@ def _request_mean(run: RunResult) -> float:
 
 
 def _span_metric(run: RunResult, start: float, end: float, objective: str) -> float:
-    (_, value), = window_series(run, start, end, end - start, end - start, objective)
+    ((_, value),) = window_series(run, start, end, end - start, end - start, objective)
     return value
 
 
@@ -164,20 +170,29 @@ def _recovery(goodput: RunResult, oracle: RunResult, scenario: Scenario, objecti
         if r >= RECOVERY_RATIO and rest(t) >= RECOVERY_RATIO:
             recovered = t
             break
-    return {"recovery_s": recovered, "window_s": RECOVERY_WINDOW_S,
-            "ratio_after_30s": round(rest(30.0), 3),
-            "ratios": [(round(t, 1), round(r, 3)) for t, r in ratios]}
+    return {
+        "recovery_s": recovered,
+        "window_s": RECOVERY_WINDOW_S,
+        "ratio_after_30s": round(rest(30.0), 3),
+        "ratios": [(round(t, 1), round(r, 3)) for t, r in ratios],
+    }
 
 
 def _cold_start(run: RunResult, reference: RunResult) -> dict[str, float]:
     """Mean request tok/s of requests sent in the first COLD_START_S, against the reference's:
     what starting from priors (or a short measurement) costs before the estimates settle."""
+
     def mean(r: RunResult) -> float:
         vals = [v for x in r.records if x.t_send < COLD_START_S and (v := x.decode_tok_s) is not None]
         return sum(vals) / len(vals) if vals else 0.0
+
     a, b = mean(run), mean(reference)
-    return {"window_s": COLD_START_S, "request_tok_s": round(a, 2), "reference_tok_s": round(b, 2),
-            "regret": round(1.0 - a / b, 4) if b > 0 else 0.0}
+    return {
+        "window_s": COLD_START_S,
+        "request_tok_s": round(a, 2),
+        "reference_tok_s": round(b, 2),
+        "regret": round(1.0 - a / b, 4) if b > 0 else 0.0,
+    }
 
 
 def _static_share_run(scenario: Scenario, member: str, rates: list[float], seed: int) -> RunResult:
@@ -199,17 +214,25 @@ def on_fleet(scenario: Scenario, fleet: str) -> Scenario:
     return moved
 
 
-def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str] = OBJECTIVES,
-                 primary: str = "latency", only: Sequence[str] | None = None,
-                 goodput_options: dict[str, Any] | None = None, slo: SLO = DEFAULT_SLO,
-                 peers: bool = True) -> ScenarioResult:
+def run_scenario(
+    scenario: Scenario,
+    *,
+    seed: int = 0,
+    objectives: Sequence[str] = OBJECTIVES,
+    primary: str = "latency",
+    only: Sequence[str] | None = None,
+    goodput_options: dict[str, Any] | None = None,
+    slo: SLO = DEFAULT_SLO,
+    peers: bool = True,
+) -> ScenarioResult:
     """Run all contestants (or those named in `only`) and compute per-phase metrics and ratios."""
     t0 = time.perf_counter()
     servers = fleet_servers(scenario)
     pool = [s.name for s in servers]
     statics = _static_names(scenario)
-    table = contestants(pool, objectives, seed, goodput_options, statics=statics, peers=peers,
-                        e2e_clairvoyant=scenario.open_loop)
+    table = contestants(
+        pool, objectives, seed, goodput_options, statics=statics, peers=peers, e2e_clairvoyant=scenario.open_loop
+    )
     if only is not None:
         wanted = set(only) | {f"clairvoyant/{o}" for o in objectives}
         table = {k: v for k, v in table.items() if k in wanted}
@@ -239,21 +262,33 @@ def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str]
                 ratios[o] = metric_of(m, o) / ref if ref > 0 else 1.0
             m.clairvoyant_ratios = ratios
             m.clairvoyant_ratio = ratios.get(obj or primary, next(iter(ratios.values()), None))
-            best_static = max((metrics[s][i].mean_request_tok_s for s in table if s.startswith("static/")),
-                              default=0.0)
+            best_static = max((metrics[s][i].mean_request_tok_s for s in table if s.startswith("static/")), default=0.0)
             m.regret = 1.0 - m.mean_request_tok_s / best_static if best_static > 0 else None
     engines = build_engines(scenario, seed)
     phases = []
     for i, ph in enumerate(scenario.phases):
-        ceiling = (phase_ceiling(engines, ph) if not ph.open_loop and ph.mix is None
-                   and ph.concurrency <= CEILING_MAX_CLIENTS else None)
-        phases.append(PhaseResult(
-            name=ph.name, concurrency=ph.concurrency, duration_s=ph.duration_s, domains=dict(ph.domains),
-            policies={k: metrics[k][i] for k in table}, ceiling=ceiling, arrival=ph.arrival, load=ph.load,
-            rate_rps=rates[i] if rates else 0.0))
+        ceiling = (
+            phase_ceiling(engines, ph)
+            if not ph.open_loop and ph.mix is None and ph.concurrency <= CEILING_MAX_CLIENTS
+            else None
+        )
+        phases.append(
+            PhaseResult(
+                name=ph.name,
+                concurrency=ph.concurrency,
+                duration_s=ph.duration_s,
+                domains=dict(ph.domains),
+                policies={k: metrics[k][i] for k in table},
+                ceiling=ceiling,
+                arrival=ph.arrival,
+                load=ph.load,
+                rate_rps=rates[i] if rates else 0.0,
+            )
+        )
     summary = {}
-    static_means = {k: sum(m.mean_request_tok_s for m in metrics[k]) / len(metrics[k])
-                    for k in table if k.startswith("static/")}
+    static_means = {
+        k: sum(m.mean_request_tok_s for m in metrics[k]) / len(metrics[k]) for k in table if k.startswith("static/")
+    }
     best_hindsight = max(static_means.values(), default=0.0)
     for key in table:
         ms = metrics[key]
@@ -274,9 +309,17 @@ def run_scenario(scenario: Scenario, *, seed: int = 0, objectives: Sequence[str]
             if f"goodput/{o}" in runs:
                 recovery[o] = _recovery(runs[f"goodput/{o}"], runs[f"clairvoyant/{o}"], scenario, o)
     reference = runs.get(f"clairvoyant/{primary}") or runs.get("clairvoyant/e2e")
-    cold = {k: _cold_start(runs[k], reference) for k in runs
-            if reference is not None and k.startswith("goodput/")}
-    return ScenarioResult(name=scenario.name, description=scenario.description, pool=pool,
-                          objectives=list(objectives), phases=phases, summary=summary,
-                          recovery=recovery, wall_s=time.perf_counter() - t0,
-                          fleet=fleet_label(parse_fleet(",".join(scenario.pool))), slo=slo, cold_start=cold)
+    cold = {k: _cold_start(runs[k], reference) for k in runs if reference is not None and k.startswith("goodput/")}
+    return ScenarioResult(
+        name=scenario.name,
+        description=scenario.description,
+        pool=pool,
+        objectives=list(objectives),
+        phases=phases,
+        summary=summary,
+        recovery=recovery,
+        wall_s=time.perf_counter() - t0,
+        fleet=fleet_label(parse_fleet(",".join(scenario.pool))),
+        slo=slo,
+        cold_start=cold,
+    )

@@ -25,8 +25,17 @@ import msgspec
 from policies.eval.arrivals import ARRIVALS, BurstShape
 from policies.eval.workload import Mix
 
-__all__ = ["DAY_MIX", "Degrade", "K26_POOL", "Phase", "QWEN_POOL", "REALISTIC_MIX", "SCENARIOS", "Scenario",
-           "scenario_names"]
+__all__ = [
+    "DAY_MIX",
+    "Degrade",
+    "K26_POOL",
+    "Phase",
+    "QWEN_POOL",
+    "REALISTIC_MIX",
+    "SCENARIOS",
+    "Scenario",
+    "scenario_names",
+]
 
 K26_POOL: tuple[str, ...] = ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree")
 QWEN_POOL: tuple[str, ...] = ("qwen36-ar", "qwen36-ddtree-b15", "qwen36-ddtree-b64")
@@ -123,18 +132,26 @@ def _seconds(c: int) -> float:
 
 def _steady(c: int) -> Scenario:
     return Scenario(
-        name=f"steady-{c}", description=f"{c} clients, one domain per phase (math, code, chat)",
+        name=f"steady-{c}",
+        description=f"{c} clients, one domain per phase (math, code, chat)",
         pool=K26_POOL,
-        phases=tuple(Phase(name=d, duration_s=_seconds(c), concurrency=c, domains={d: 1.0})
-                     for d in ("math", "code", "chat")))
+        phases=tuple(
+            Phase(name=d, duration_s=_seconds(c), concurrency=c, domains={d: 1.0}) for d in ("math", "code", "chat")
+        ),
+    )
 
 
 def _ramp() -> Scenario:
     levels = (1, 2, 4, 8, 16, 32, 64, 32, 16, 8, 4, 2, 1)
     return Scenario(
-        name="ramp", description="concurrency 1 -> 64 -> 1, mixed domains", pool=K26_POOL,
-        phases=tuple(Phase(name=f"{i:02d}-c{c}", duration_s=_seconds(c), concurrency=c, domains=ALL)
-                     for i, c in enumerate(levels)))
+        name="ramp",
+        description="concurrency 1 -> 64 -> 1, mixed domains",
+        pool=K26_POOL,
+        phases=tuple(
+            Phase(name=f"{i:02d}-c{c}", duration_s=_seconds(c), concurrency=c, domains=ALL)
+            for i, c in enumerate(levels)
+        ),
+    )
 
 
 def _mixed() -> Scenario:
@@ -149,34 +166,47 @@ def _mixed() -> Scenario:
         ("chat-code-c24", 24, {"chat": 2.0, "code": 1.0}),
     )
     return Scenario(
-        name="mixed", description="domains and concurrency changing by phase", pool=K26_POOL,
-        phases=tuple(Phase(name=n, duration_s=_seconds(c), concurrency=c, domains=d) for n, c, d in spec))
+        name="mixed",
+        description="domains and concurrency changing by phase",
+        pool=K26_POOL,
+        phases=tuple(Phase(name=n, duration_s=_seconds(c), concurrency=c, domains=d) for n, c, d in spec),
+    )
 
 
 def _degrade() -> Scenario:
     return Scenario(
-        name="degrade", description="k26-ddtree acceptance x0.7 at t=60 s; 8 clients, mixed domains",
+        name="degrade",
+        description="k26-ddtree acceptance x0.7 at t=60 s; 8 clients, mixed domains",
         pool=K26_POOL,
-        phases=(Phase(name="before", duration_s=60.0, concurrency=8, domains=ALL),
-                Phase(name="after", duration_s=90.0, concurrency=8, domains=ALL)),
-        degrade=Degrade(backend="k26-ddtree", at_s=60.0, scale=0.7))
+        phases=(
+            Phase(name="before", duration_s=60.0, concurrency=8, domains=ALL),
+            Phase(name="after", duration_s=90.0, concurrency=8, domains=ALL),
+        ),
+        degrade=Degrade(backend="k26-ddtree", at_s=60.0, scale=0.7),
+    )
 
 
 def _qwen() -> Scenario:
     levels = (1, 4, 16, 48, 16, 4, 1)
     return Scenario(
-        name="qwen", description="Qwen3.6-27B pool (AR, DDTree budgets 15 and 64), ramp, mixed domains",
-        pool=QWEN_POOL, reference="qwen36-ddtree-b15",
-        phases=tuple(Phase(name=f"{i:02d}-c{c}", duration_s=_seconds(c), concurrency=c, domains=ALL)
-                     for i, c in enumerate(levels)))
+        name="qwen",
+        description="Qwen3.6-27B pool (AR, DDTree budgets 15 and 64), ramp, mixed domains",
+        pool=QWEN_POOL,
+        reference="qwen36-ddtree-b15",
+        phases=tuple(
+            Phase(name=f"{i:02d}-c{c}", duration_s=_seconds(c), concurrency=c, domains=ALL)
+            for i, c in enumerate(levels)
+        ),
+    )
 
 
 # Traffic with the realistic axes (thinking, tools, sessions, temperature, long context): shares of
 # sessions (assumptions: a plausible production mix for a thinking, agentic model; no public K2.6
 # traffic breakdown exists). Temperatures: greedy clients,
 # K2.6's instant-mode recommendation (0.6) and its thinking-mode recommendation (1.0, model card).
-REALISTIC_MIX = Mix(chat=0.35, agent=0.2, thinking=0.5, long_context=0.1,
-                    temperatures=((0.0, 0.3), (0.6, 0.3), (1.0, 0.4)))
+REALISTIC_MIX = Mix(
+    chat=0.35, agent=0.2, thinking=0.5, long_context=0.1, temperatures=((0.0, 0.3), (0.6, 0.3), (1.0, 0.4))
+)
 DAY_MIX = REALISTIC_MIX
 OPEN_LOADS = (0.3, 0.6, 0.9, 1.1)
 OPEN_PHASE_S = 120.0
@@ -187,20 +217,36 @@ OPERATOR_MAX_QUEUED = 128
 
 def _open(kind: str) -> Scenario:
     return Scenario(
-        name=f"open-{kind}", description=f"open loop, {kind} arrivals at 30/60/90/110% of capacity, realistic mix",
-        pool=K26_POOL, max_queued=OPERATOR_MAX_QUEUED,
-        phases=tuple(Phase(name=f"load-{round(f * 100)}", duration_s=OPEN_PHASE_S, arrival=kind, load=f,
-                           domains=ALL, mix=REALISTIC_MIX) for f in OPEN_LOADS))
+        name=f"open-{kind}",
+        description=f"open loop, {kind} arrivals at 30/60/90/110% of capacity, realistic mix",
+        pool=K26_POOL,
+        max_queued=OPERATOR_MAX_QUEUED,
+        phases=tuple(
+            Phase(
+                name=f"load-{round(f * 100)}",
+                duration_s=OPEN_PHASE_S,
+                arrival=kind,
+                load=f,
+                domains=ALL,
+                mix=REALISTIC_MIX,
+            )
+            for f in OPEN_LOADS
+        ),
+    )
 
 
 def _sessions() -> Scenario:
-    chat = Mix(chat=0.8, agent=0.2, thinking=0.3, think_s=8.0, turns=(3, 8),
-               temperatures=((0.0, 0.5), (1.0, 0.5)))
+    chat = Mix(chat=0.8, agent=0.2, thinking=0.3, think_s=8.0, turns=(3, 8), temperatures=((0.0, 0.5), (1.0, 0.5)))
     return Scenario(
-        name="sessions", description="multi-turn chats and agent loops (prefix reuse), Poisson at 40% and 70%",
-        pool=K26_POOL, max_queued=OPERATOR_MAX_QUEUED,
-        phases=(Phase(name="load-40", duration_s=180.0, arrival="poisson", load=0.4, domains=ALL, mix=chat),
-                Phase(name="load-70", duration_s=180.0, arrival="poisson", load=0.7, domains=ALL, mix=chat)))
+        name="sessions",
+        description="multi-turn chats and agent loops (prefix reuse), Poisson at 40% and 70%",
+        pool=K26_POOL,
+        max_queued=OPERATOR_MAX_QUEUED,
+        phases=(
+            Phase(name="load-40", duration_s=180.0, arrival="poisson", load=0.4, domains=ALL, mix=chat),
+            Phase(name="load-70", duration_s=180.0, arrival="poisson", load=0.7, domains=ALL, mix=chat),
+        ),
+    )
 
 
 def _day() -> Scenario:
@@ -220,27 +266,50 @@ def _day() -> Scenario:
         ("22-night", 2, 0.2, {"math": 1.0, "code": 2.0, "chat": 1.0}, dict(agent=0.4, long_context=0.2)),
     )
     return Scenario(
-        name="day", description="a day: load 15-90% of capacity, domain/session/thinking/tool mix changing",
-        pool=K26_POOL, max_queued=OPERATOR_MAX_QUEUED,
-        phases=tuple(Phase(name=n, duration_s=120.0, arrival="poisson", load=load, domains=d,
-                           mix=msgspec.structs.replace(DAY_MIX, **changes), represents_s=h * hour)
-                     for n, h, load, d, changes in spec))
+        name="day",
+        description="a day: load 15-90% of capacity, domain/session/thinking/tool mix changing",
+        pool=K26_POOL,
+        max_queued=OPERATOR_MAX_QUEUED,
+        phases=tuple(
+            Phase(
+                name=n,
+                duration_s=120.0,
+                arrival="poisson",
+                load=load,
+                domains=d,
+                mix=msgspec.structs.replace(DAY_MIX, **changes),
+                represents_s=h * hour,
+            )
+            for n, h, load, d, changes in spec
+        ),
+    )
 
 
 def _offprior() -> Scenario:
     """Twins whose physics are not the studies' figures the policy's priors come from: a slower
     DFlash machine, a weaker DDTree drafter, a faster EAGLE-3 machine. Cold start counts."""
     return Scenario(
-        name="offprior", description="physics off the priors (dflash t=1.4, ddtree a=0.8, eagle3 t=0.8), Poisson 60%",
-        pool=("k26-ar", "k26-eagle3:t=0.8", "k26-dflash:t=1.4", "k26-ddtree:a=0.8"), max_queued=OPERATOR_MAX_QUEUED,
-        phases=(Phase(name="load-60", duration_s=180.0, arrival="poisson", load=0.6, domains=ALL, mix=REALISTIC_MIX),))
+        name="offprior",
+        description="physics off the priors (dflash t=1.4, ddtree a=0.8, eagle3 t=0.8), Poisson 60%",
+        pool=("k26-ar", "k26-eagle3:t=0.8", "k26-dflash:t=1.4", "k26-ddtree:a=0.8"),
+        max_queued=OPERATOR_MAX_QUEUED,
+        phases=(Phase(name="load-60", duration_s=180.0, arrival="poisson", load=0.6, domains=ALL, mix=REALISTIC_MIX),),
+    )
 
 
 SCENARIOS: dict[str, Scenario] = {
-    s.name: s for s in (
+    s.name: s
+    for s in (
         *(_steady(c) for c in (1, 4, 16, 32, 64)),
-        _ramp(), _mixed(), _degrade(), _qwen(),
-        _open("poisson"), _open("bursty"), _sessions(), _day(), _offprior(),
+        _ramp(),
+        _mixed(),
+        _degrade(),
+        _qwen(),
+        _open("poisson"),
+        _open("bursty"),
+        _sessions(),
+        _day(),
+        _offprior(),
     )
 }
 for _s in SCENARIOS.values():

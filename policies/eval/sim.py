@@ -190,25 +190,38 @@ def _phase_rate(scenario: Scenario, ph: Phase, n_servers: int) -> float:
     return ph.load * reference_rate(scenario, ph, n_servers)
 
 
-def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[BackendSpec]], Policy],
-             *, seed: int = 0, poll_s: float = 1.0, phase_rates: list[float] | None = None,
-             ignore_delays: bool = False) -> RunResult:
+def simulate(
+    scenario: Scenario,
+    make_policy: Callable[[dict[str, Engine], list[BackendSpec]], Policy],
+    *,
+    seed: int = 0,
+    poll_s: float = 1.0,
+    phase_rates: list[float] | None = None,
+    ignore_delays: bool = False,
+) -> RunResult:
     """Run `scenario` under the policy `make_policy(engines, specs)` builds; deterministic in seed.
 
     `phase_rates` (requests/s per phase) overrides the open-loop rates computed from the
     scenario's reference capacity; `ignore_delays` sends a session's next turn at once (the
     capacity measurement: work per request, not user pacing)."""
     engines = build_engines(scenario, seed)
-    specs = [BackendSpec(name=n, url=f"sim://{n}", model=MODEL, strategy=Strategy(e.profile.strategy))
-             for n, e in engines.items()]
+    specs = [
+        BackendSpec(name=n, url=f"sim://{n}", model=MODEL, strategy=Strategy(e.profile.strategy))
+        for n, e in engines.items()
+    ]
     policy = make_policy(engines, specs)
-    backends = [_Backend(s.name, engines[s.name],
-                         BackendView(spec=s, kv_tokens=engines[s.name].profile.max_total_num_tokens)) for s in specs]
+    backends = [
+        _Backend(s.name, engines[s.name], BackendView(spec=s, kv_tokens=engines[s.name].profile.max_total_num_tokens))
+        for s in specs
+    ]
     by_name = {b.name: b for b in backends}
     views = [b.view for b in backends]
     reasoning = _reasoning_model(engines)
-    rates = list(phase_rates) if phase_rates is not None else [
-        _phase_rate(scenario, ph, len(backends)) if ph.open_loop else 0.0 for ph in scenario.phases]
+    rates = (
+        list(phase_rates)
+        if phase_rates is not None
+        else [_phase_rate(scenario, ph, len(backends)) if ph.open_loop else 0.0 for ph in scenario.phases]
+    )
     answer = (scenario.min_tokens, scenario.max_tokens)
     heap: list[tuple[float, int, int, Any]] = []
     seq = 0
@@ -298,8 +311,9 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         else:
             heapq.heappush(idle_clients, c)
 
-    def dispatch(features: RequestFeatures, turn: Turn, rid: int, exclude: str | None) -> tuple[
-            _Backend, SimRequest, str, int] | None:
+    def dispatch(
+        features: RequestFeatures, turn: Turn, rid: int, exclude: str | None
+    ) -> tuple[_Backend, SimRequest, str, int] | None:
         pool = views if exclude is None else [v for v in views if v.spec.name != exclude]
         if not pool:
             return None
@@ -309,13 +323,28 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             return None
         b = by_name[decision.backend.spec.name]
         try:
-            sim_req = b.engine.submit(str(rid), turn.prompt_tokens, turn.max_tokens, turn.tag, domain=turn.domain,
-                                      temperature=turn.temperature, prefix_blocks=turn.chain,
-                                      key=prompt_key(turn.tag))
+            sim_req = b.engine.submit(
+                str(rid),
+                turn.prompt_tokens,
+                turn.max_tokens,
+                turn.tag,
+                domain=turn.domain,
+                temperature=turn.temperature,
+                prefix_blocks=turn.chain,
+                key=prompt_key(turn.tag),
+            )
         except QueueFull:
             # the 503 reaches the gateway at once: the policy hears of the failed attempt
-            policy.observe(Outcome(backend=b.name, domain=Domain(turn.domain), inflight_at_dispatch=b.view.inflight + 1,
-                                   prompt_tokens=turn.prompt_tokens, error="queue_full", features=features))
+            policy.observe(
+                Outcome(
+                    backend=b.name,
+                    domain=Domain(turn.domain),
+                    inflight_at_dispatch=b.view.inflight + 1,
+                    prompt_tokens=turn.prompt_tokens,
+                    error="queue_full",
+                    features=features,
+                )
+            )
             return b, None, decision.reason, 0  # type: ignore[return-value]
         pf = decision.prefill_tokens
         return b, sim_req, decision.reason, turn.prompt_tokens if pf is None else pf
@@ -330,14 +359,31 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         # A client of a thinking, agentic model does not know how long the answer will be: it sends
         # no max_tokens (SGLang's default cap), so the policy predicts the length from what it has
         # seen; the closed loops' single requests keep their exact max_tokens (loadgen's ignore_eos runs).
-        features = RequestFeatures(model=MODEL, domain=Domain(turn.domain), prompt_tokens=turn.prompt_tokens,
-                                   max_tokens=turn.max_tokens if stream.session.exact_length else None,
-                                   stream=True, temperature=turn.temperature,
-                                   thinking=turn.thinking, tools=turn.tools, prefix=turn.chain)
-        rec = RequestRecord(rid=rid, backend="", domain=turn.domain, t_send=now, client=stream.client or 0,
-                            phase=phase, prompt_tokens=turn.prompt_tokens, reasoning_tokens=turn.reasoning_tokens,
-                            session=stream.session.tag, kind=stream.session.kind,
-                            turn=stream.next_turn - 1, temperature=turn.temperature)
+        features = RequestFeatures(
+            model=MODEL,
+            domain=Domain(turn.domain),
+            prompt_tokens=turn.prompt_tokens,
+            max_tokens=turn.max_tokens if stream.session.exact_length else None,
+            stream=True,
+            temperature=turn.temperature,
+            thinking=turn.thinking,
+            tools=turn.tools,
+            prefix=turn.chain,
+        )
+        rec = RequestRecord(
+            rid=rid,
+            backend="",
+            domain=turn.domain,
+            t_send=now,
+            client=stream.client or 0,
+            phase=phase,
+            prompt_tokens=turn.prompt_tokens,
+            reasoning_tokens=turn.reasoning_tokens,
+            session=stream.session.tag,
+            kind=stream.session.kind,
+            turn=stream.next_turn - 1,
+            temperature=turn.temperature,
+        )
         got = dispatch(features, turn, rid, None)
         if got is not None and got[1] is None:  # 503: once more on another backend
             rec.retried = True
@@ -355,8 +401,16 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         b.view.inflight += 1
         b.waiting_tokens[str(rid)] = turn.prompt_tokens
         b.prefill_started(str(rid), prefill)
-        inflight[str(rid)] = _Flight(rec=rec, features=features, backend=b, inflight_at_dispatch=b.view.inflight,
-                                     integral_at_dispatch=b.integral, sim=sim_req, turn=turn, stream=stream)
+        inflight[str(rid)] = _Flight(
+            rec=rec,
+            features=features,
+            backend=b,
+            inflight_at_dispatch=b.view.inflight,
+            integral_at_dispatch=b.integral,
+            sim=sim_req,
+            turn=turn,
+            stream=stream,
+        )
         kick(b)
 
     def complete(f: _Flight) -> None:
@@ -368,14 +422,24 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
         rec.verify_ct = verify_ct or 0
         rec.cached_tokens = f.sim.cached_tokens
         b.engine.cache_output(f.turn.output_chain)
-        policy.observe(Outcome(
-            backend=b.name, domain=Domain(rec.domain), inflight_at_dispatch=f.inflight_at_dispatch,
-            mean_inflight=mean_load, prompt_tokens=rec.prompt_tokens, completion_tokens=rec.tokens,
-            ttft_s=rec.t_first - rec.t_send, decode_s=rec.t_last - rec.t_first, verify_ct=verify_ct,
-            accept_length=rec.tokens / verify_ct if verify_ct else None,
-            finish_reason="tool_calls" if f.turn.tool_call else "stop",
-            cached_tokens=rec.cached_tokens, reasoning_tokens=rec.reasoning_tokens or None,
-            features=f.features))
+        policy.observe(
+            Outcome(
+                backend=b.name,
+                domain=Domain(rec.domain),
+                inflight_at_dispatch=f.inflight_at_dispatch,
+                mean_inflight=mean_load,
+                prompt_tokens=rec.prompt_tokens,
+                completion_tokens=rec.tokens,
+                ttft_s=rec.t_first - rec.t_send,
+                decode_s=rec.t_last - rec.t_first,
+                verify_ct=verify_ct,
+                accept_length=rec.tokens / verify_ct if verify_ct else None,
+                finish_reason="tool_calls" if f.turn.tool_call else "stop",
+                cached_tokens=rec.cached_tokens,
+                reasoning_tokens=rec.reasoning_tokens or None,
+                features=f.features,
+            )
+        )
         finished.append(rec)
         stream = f.stream
         if stream.next_turn < len(stream.session.turns) and now < end and accepting:
@@ -467,8 +531,9 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
                 target = 0
                 mix = ph.mix or Mix()
                 session_rate = rates[phase] / mix.mean_turns
-                arrivals = Arrivals(ph.arrival, session_rate, now,
-                                    random.Random(f"{seed}:{scenario.name}:{phase}:arrivals"), ph.burst)
+                arrivals = Arrivals(
+                    ph.arrival, session_rate, now, random.Random(f"{seed}:{scenario.name}:{phase}:arrivals"), ph.burst
+                )
                 first = arrivals.next_after(now)
                 if first < now + ph.duration_s:
                     push(first, _ARRIVAL, (phase, first))
@@ -495,9 +560,12 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
             snaps = {}
             for b in backends:
                 st = b.engine.stats()
-                snaps[b.name] = LoadSnapshot(num_used_tokens=st.num_used_tokens, token_usage=st.token_usage,
-                                             gen_throughput=st.gen_throughput,
-                                             num_waiting_uncached_tokens=sum(b.waiting_tokens.values()))
+                snaps[b.name] = LoadSnapshot(
+                    num_used_tokens=st.num_used_tokens,
+                    token_usage=st.token_usage,
+                    gen_throughput=st.gen_throughput,
+                    num_waiting_uncached_tokens=sum(b.waiting_tokens.values()),
+                )
             assert peer_poll is not None
             peer_poll(snaps)
             push(now + getattr(policy, "poll_s", 10.0), _PEER_POLL, None)
@@ -508,6 +576,11 @@ def simulate(scenario: Scenario, make_policy: Callable[[dict[str, Engine], list[
     for f in inflight.values():
         f.rec.status = "unfinished"
         failed.append(f.rec)
-    return RunResult(records=finished, tokens_at=tokens_at, duration_s=end if math.isfinite(end) else now,
-                     failed=failed, phase_rates=[r if math.isfinite(r) else 0.0 for r in rates],
-                     phase_starts=starts)
+    return RunResult(
+        records=finished,
+        tokens_at=tokens_at,
+        duration_s=end if math.isfinite(end) else now,
+        failed=failed,
+        phase_rates=[r if math.isfinite(r) else 0.0 for r in rates],
+        phase_starts=starts,
+    )

@@ -47,10 +47,13 @@ def _ratio_target(results: Sequence[ScenarioResult], objective: str) -> Target:
             if r < RATIO:
                 misses.append(f"{where}: {r:.3f}")
     if worst is None:
-        return Target(name=f"goodput/{objective} >= {RATIO} x clairvoyant in every phase",
-                      holds=None, value="not run")
-    return Target(name=f"goodput/{objective} >= {RATIO} x clairvoyant in every phase",
-                  holds=not misses, value=f"min {worst[0]:.3f} ({worst[1]})", detail=misses)
+        return Target(name=f"goodput/{objective} >= {RATIO} x clairvoyant in every phase", holds=None, value="not run")
+    return Target(
+        name=f"goodput/{objective} >= {RATIO} x clairvoyant in every phase",
+        holds=not misses,
+        value=f"min {worst[0]:.3f} ({worst[1]})",
+        detail=misses,
+    )
 
 
 def _speedup_target(by_name: dict[str, ScenarioResult]) -> Target:
@@ -76,14 +79,22 @@ def _speedup_target(by_name: dict[str, ScenarioResult]) -> Target:
         split = sum(c.best_split_request_tok_s for c in ceilings) / len(ceilings) / mean_li
         bound = sum(c.bound_request_tok_s for c in ceilings) / len(ceilings) / mean_li
         ceiling = f"; best fixed split {split:.2f}x, no policy above {bound:.2f}x"
+
     def gain(ph: PhaseResult) -> float:
         return ph.policies["goodput/latency"].mean_request_tok_s / ph.policies["least_inflight"].mean_request_tok_s
 
-    per_phase = [f"{r.name}/{ph.name}: {gain(ph):.2f}x"
-                 for r in runs for ph in r.phases if ph.policies["least_inflight"].mean_request_tok_s > 0]
-    return Target(name=name, holds=phase_ratio >= SPEEDUP,
-                  value=f"phase-mean {phase_ratio:.2f}x, request-weighted {req_ratio:.2f}x{ceiling}",
-                  detail=per_phase)
+    per_phase = [
+        f"{r.name}/{ph.name}: {gain(ph):.2f}x"
+        for r in runs
+        for ph in r.phases
+        if ph.policies["least_inflight"].mean_request_tok_s > 0
+    ]
+    return Target(
+        name=name,
+        holds=phase_ratio >= SPEEDUP,
+        value=f"phase-mean {phase_ratio:.2f}x, request-weighted {req_ratio:.2f}x{ceiling}",
+        detail=per_phase,
+    )
 
 
 def _aggregate_target(results: Sequence[ScenarioResult]) -> Target:
@@ -109,16 +120,24 @@ def _aggregate_target(results: Sequence[ScenarioResult]) -> Target:
 def _recovery_target(by_name: dict[str, ScenarioResult]) -> list[Target]:
     res = by_name.get("degrade")
     out = []
-    for obj, rec in (res.recovery.items() if res else ()):
+    for obj, rec in res.recovery.items() if res else ():
         t = rec["recovery_s"]
-        out.append(Target(name=f"goodput/{obj} back to {RATIO} x clairvoyant within {RECOVERY_S:.0f} s after the "
-                               "degrade drop",
-                          holds=t is not None and t <= RECOVERY_S,
-                          value="never" if t is None else f"{t:.0f} s",
-                          detail=[f"+{w:.0f}s: {r:.3f}" for w, r in rec["ratios"]]))
+        out.append(
+            Target(
+                name=f"goodput/{obj} back to {RATIO} x clairvoyant within {RECOVERY_S:.0f} s after the degrade drop",
+                holds=t is not None and t <= RECOVERY_S,
+                value="never" if t is None else f"{t:.0f} s",
+                detail=[f"+{w:.0f}s: {r:.3f}" for w, r in rec["ratios"]],
+            )
+        )
     if not out:
-        out.append(Target(name=f"back to {RATIO} x clairvoyant within {RECOVERY_S:.0f} s after the degrade drop",
-                          holds=None, value="not run"))
+        out.append(
+            Target(
+                name=f"back to {RATIO} x clairvoyant within {RECOVERY_S:.0f} s after the degrade drop",
+                holds=None,
+                value="not run",
+            )
+        )
     return out
 
 

@@ -99,10 +99,15 @@ def _phase(where: str, obj: dict[str, Any], index: int) -> tuple[Phase, float | 
         raise TrafficError(f"{where}: name must be a non-empty string")
     try:
         mix = msgspec.convert(obj["mix"], Mix) if "mix" in obj else None
-        phase = Phase(name=name, duration_s=sample, arrival=obj.get("arrival", "poisson"),
-                      load=load if load is not None else 1.0,
-                      domains=obj.get("domains", {"math": 1.0, "code": 1.0, "chat": 1.0}), mix=mix,
-                      represents_s=span)
+        phase = Phase(
+            name=name,
+            duration_s=sample,
+            arrival=obj.get("arrival", "poisson"),
+            load=load if load is not None else 1.0,
+            domains=obj.get("domains", {"math": 1.0, "code": 1.0, "chat": 1.0}),
+            mix=mix,
+            represents_s=span,
+        )
         if phase.arrival == "closed":
             raise ValueError("plan traffic is open loop: arrival is poisson or bursty")
         phase.validate()
@@ -140,7 +145,7 @@ def load_traffic(spec: str) -> Traffic:
             raise TrafficError(f"{where}: each line is a JSON object")
         if "settings" in obj:
             if phases or settings or len(obj) != 1 or not isinstance(obj["settings"], dict):
-                raise TrafficError(f"{where}: a settings object comes first, alone: {{\"settings\": {{...}}}}")
+                raise TrafficError(f'{where}: a settings object comes first, alone: {{"settings": {{...}}}}')
             settings = obj["settings"]
             unknown = sorted(set(settings) - _SETTINGS_KEYS)
             if unknown:
@@ -156,13 +161,19 @@ def load_traffic(spec: str) -> Traffic:
         raise TrafficError(f"{spec}: no phases (one JSON object per line)")
     where = settings.pop("_line", spec)
     try:
-        scenario = Scenario(name=path.stem, description=f"traffic file {spec}", pool=("k26-dflash",),
-                            phases=tuple(phases), min_tokens=int(settings.get("min_tokens", 384)),
-                            max_tokens=int(settings.get("max_tokens", 640)),
-                            max_queued=settings.get("max_queued", 128),
-                            reference=str(settings.get("reference", "k26-dflash")))
+        scenario = Scenario(
+            name=path.stem,
+            description=f"traffic file {spec}",
+            pool=("k26-dflash",),
+            phases=tuple(phases),
+            min_tokens=int(settings.get("min_tokens", 384)),
+            max_tokens=int(settings.get("max_tokens", 640)),
+            max_queued=settings.get("max_queued", 128),
+            reference=str(settings.get("reference", "k26-dflash")),
+        )
         scenario.validate()
         from policies.eval.fleet import parse_member
+
         parse_member(scenario.reference)
     except (ValueError, TypeError) as e:
         raise TrafficError(f"{where}: {e}") from None

@@ -74,11 +74,21 @@ class Mix(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
                 raise ValueError(f"mix.{name} is a share in [0, 1], got {v!r}")
         if self.chat + self.agent > 1.0 + 1e-9:
             raise ValueError(f"mix.chat + mix.agent is at most 1, got {self.chat + self.agent:g}")
-        if not self.temperatures or any(w < 0 or not 0.0 <= t <= 2.0 for t, w in self.temperatures) \
-                or sum(w for _, w in self.temperatures) <= 0:
+        if (
+            not self.temperatures
+            or any(w < 0 or not 0.0 <= t <= 2.0 for t, w in self.temperatures)
+            or sum(w for _, w in self.temperatures) <= 0
+        ):
             raise ValueError("mix.temperatures: (temperature in [0, 2], weight >= 0) pairs with a positive total")
-        for name in ("long_tokens", "prompt_tokens", "turns", "tool_calls", "tool_result_tokens",
-                     "system_tokens", "agent_system_tokens"):
+        for name in (
+            "long_tokens",
+            "prompt_tokens",
+            "turns",
+            "tool_calls",
+            "tool_result_tokens",
+            "system_tokens",
+            "agent_system_tokens",
+        ):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"mix.{name}: need 1 <= low <= high, got ({lo}, {hi})")
@@ -129,13 +139,37 @@ def single_request(tag: str, domain: str, prompt_tokens: int, max_tokens: int) -
     """The closed-loop scenarios' request: no thinking, greedy, a fresh prompt."""
     chain = tuple(chain_from_tokens(prompt_tokens, tag))
     out = tuple(chain_from_tokens(prompt_tokens + max_tokens, tag + ":out", chain))
-    return Session(tag=tag, kind="single", domain=domain, exact_length=True, turns=(Turn(
-        tag=tag, domain=domain, prompt_tokens=prompt_tokens, answer_tokens=max_tokens, reasoning_tokens=0,
-        temperature=0.0, thinking=False, tools=False, tool_call=False, chain=chain, output_chain=out),))
+    return Session(
+        tag=tag,
+        kind="single",
+        domain=domain,
+        exact_length=True,
+        turns=(
+            Turn(
+                tag=tag,
+                domain=domain,
+                prompt_tokens=prompt_tokens,
+                answer_tokens=max_tokens,
+                reasoning_tokens=0,
+                temperature=0.0,
+                thinking=False,
+                tools=False,
+                tool_call=False,
+                chain=chain,
+                output_chain=out,
+            ),
+        ),
+    )
 
 
-def draw_session(tag: str, mix: Mix, domains: Sequence[str], weights: Sequence[float],
-                 answer_tokens: tuple[int, int], reasoning: ReasoningModel | None) -> Session:
+def draw_session(
+    tag: str,
+    mix: Mix,
+    domains: Sequence[str],
+    weights: Sequence[float],
+    answer_tokens: tuple[int, int],
+    reasoning: ReasoningModel | None,
+) -> Session:
     """Everything session `tag` will send, drawn from its own seeded stream."""
     rng = random.Random(tag)
     domain = rng.choices(list(domains), list(weights))[0]
@@ -145,8 +179,7 @@ def draw_session(tag: str, mix: Mix, domains: Sequence[str], weights: Sequence[f
     temps, tw = zip(*mix.temperatures, strict=False)
     temperature = float(rng.choices(temps, tw)[0])
     long_doc = _uniform(rng, mix.long_tokens) if rng.random() < mix.long_context else 0
-    n_turns = (_uniform(rng, mix.turns) if kind == "chat" else
-               _uniform(rng, mix.tool_calls) if kind == "agent" else 1)
+    n_turns = _uniform(rng, mix.turns) if kind == "chat" else _uniform(rng, mix.tool_calls) if kind == "agent" else 1
     history: list[int] = []
     tokens = 0
     if kind != "single":  # a shared system prompt: same tokens for every session of this app
@@ -159,8 +192,9 @@ def draw_session(tag: str, mix: Mix, domains: Sequence[str], weights: Sequence[f
     delay = 0.0
     for k in range(n_turns):
         t_tag = f"{tag}:{k}"
-        added = (_uniform(rng, mix.tool_result_tokens) if kind == "agent" and k
-                 else _uniform(rng, mix.prompt_tokens)) + (long_doc if k == 0 else 0)
+        added = (
+            _uniform(rng, mix.tool_result_tokens) if kind == "agent" and k else _uniform(rng, mix.prompt_tokens)
+        ) + (long_doc if k == 0 else 0)
         tokens += added
         chain = chain_from_tokens(tokens, t_tag, history)
         last = k == n_turns - 1
@@ -168,15 +202,32 @@ def draw_session(tag: str, mix: Mix, domains: Sequence[str], weights: Sequence[f
         answer = _uniform(rng, TOOL_CALL_TOKENS) if tool_call else _uniform(rng, answer_tokens)
         think = reasoning_tokens(reasoning, domain, prompt_key(t_tag)) if thinking else 0
         out = chain_from_tokens(tokens + think + answer, t_tag + ":out", chain)
-        turns.append(Turn(tag=t_tag, domain=domain, prompt_tokens=tokens, answer_tokens=answer,
-                          reasoning_tokens=think, temperature=temperature, thinking=thinking,
-                          tools=kind == "agent", tool_call=tool_call, chain=tuple(chain),
-                          output_chain=tuple(out), delay_s=delay))
+        turns.append(
+            Turn(
+                tag=t_tag,
+                domain=domain,
+                prompt_tokens=tokens,
+                answer_tokens=answer,
+                reasoning_tokens=think,
+                temperature=temperature,
+                thinking=thinking,
+                tools=kind == "agent",
+                tool_call=tool_call,
+                chain=tuple(chain),
+                output_chain=tuple(out),
+                delay_s=delay,
+            )
+        )
         # The next turn's history: this prompt, then the answer as the client re-sends it: with
         # reasoning only inside an agent loop (see the module docstring), so a thinking chat turn
         # diverges from what the server cached right after this prompt.
         history = chain_from_tokens(tokens + answer, t_tag + ":resent", chain) if think and kind != "agent" else out
         tokens += answer + (think if kind == "agent" else 0)
-        delay = rng.expovariate(1 / mix.tool_s) if kind == "agent" and mix.tool_s > 0 else \
-            rng.expovariate(1 / mix.think_s) if mix.think_s > 0 else 0.0
+        delay = (
+            rng.expovariate(1 / mix.tool_s)
+            if kind == "agent" and mix.tool_s > 0
+            else rng.expovariate(1 / mix.think_s)
+            if mix.think_s > 0
+            else 0.0
+        )
     return Session(tag=tag, kind=kind, domain=domain, turns=tuple(turns))
