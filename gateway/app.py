@@ -8,7 +8,7 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
@@ -17,6 +17,7 @@ from litestar.params import FromPath
 
 from common.admin_api import AdminBackends, BackendState
 from gateway.access_log import AccessLog
+from gateway.asgi import ASGIApp
 from gateway.auth import AuthGate
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError
@@ -216,14 +217,17 @@ def create_app(
     return app
 
 
-def create_asgi(config: Config, **kwargs: Any) -> Any:
+def create_asgi(config: Config, **kwargs: Any) -> AuthGate:
     """The app as served: API-key gate outside the router, so unknown routes need a key too; the two
     generation routes answered as plain ASGI (FastRoutes), everything else by litestar."""
     app = create_app(config, **kwargs)
     rt: Runtime = app.state.runtime
+    # Litestar types its ASGI arguments as its own TypedDicts (HTTPScope, HTTPReceiveMessage, ...),
+    # which a plain-mapping callable is not assignable to; at run time both are the server's dicts.
+    litestar_app = cast(ASGIApp, app)
     # SERVER spans (tracing on): FastRoutes makes those of the generation routes, the middleware
     # those of litestar's routes but probes and scrapes.
-    inner: Any = rt.tracing.server_span_middleware(app) if rt.tracing.enabled else app
+    inner = rt.tracing.server_span_middleware(litestar_app) if rt.tracing.enabled else litestar_app
     # The generation routes (POST /v1/chat/completions, /v1/completions, under any root_path) are
     # answered by FastRoutes alone; rt.proxy is looked up per request (a reload may replace it).
     fast = FastRoutes(

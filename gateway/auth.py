@@ -10,13 +10,11 @@ from __future__ import annotations
 import hmac
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
+from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.config import AuthSection
 from gateway.errors import ApiError
-
-ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
 def configured_keys(auth: AuthSection) -> tuple[list[str], str | None]:
@@ -63,7 +61,7 @@ class AuthGate:
     def enabled(self) -> bool:
         return bool(self.keys or self.admin_key)
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._current is not None and (section := self._current()) is not self._section:
             self._configure(section)  # keys changed by a reload
         if scope["type"] != "http" or not self.enabled or scope["path"] in self.public:
@@ -99,15 +97,15 @@ def _bearer(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
-def _match(token: bytes, keys: list[bytes | None]) -> int:
+def _match(token: bytes, keys: Sequence[bytes]) -> int:
     found = -1
     for i, key in enumerate(keys):  # no early exit: time does not depend on which key matched
-        if key is not None and hmac.compare_digest(token, key) and found < 0:
+        if hmac.compare_digest(token, key) and found < 0:
             found = i
     return found
 
 
-async def _reject(send: Any, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _reject(send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     body = ApiError(status, message).body()  # the error type for the status, as everywhere else
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:

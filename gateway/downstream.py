@@ -15,15 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from types import TracebackType
-from typing import Any
 
+from gateway.asgi import Message, Receive, Send
 from gateway.errors import ApiError
-
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 LISTEN_AFTER_S = 0.02  # see DisconnectWatch
 JSON = b"application/json"

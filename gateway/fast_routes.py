@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from litestar.utils import normalize_path
 
-from gateway.downstream import Downstream, Receive, Send
+from gateway.asgi import ASGIApp, Receive, Scope, Send
+from gateway.downstream import Downstream
 from gateway.errors import ApiError, sse_error_event
 from gateway.openai_request import Kind
 
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("specroute.app")
 
-ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 # litestar's own host check (litestar._asgi.utils), so a bad Host header gets the same 400.
 _HOST = re.compile(rb"\A[0-9A-Za-z!$&'()*+,;=\-._~:\[\]@%]*\Z", re.IGNORECASE)
@@ -52,7 +52,7 @@ class FastRoutes:
         self.max_body = max_body_bytes
         self.tracing = tracing if tracing is not None and tracing.enabled else None
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             kind = ROUTES.get(scope["path"])
             if kind is None and "completions" in scope["path"]:  # under a root_path, or another spelling
@@ -64,7 +64,7 @@ class FastRoutes:
                 return await Downstream(receive, send).send_error(ApiError(405, "method not allowed for this route"))
         return await self.app(scope, receive, send)
 
-    async def _route(self, scope: dict[str, Any], kind: Kind, receive: Receive, send: Send) -> None:
+    async def _route(self, scope: Scope, kind: Kind, receive: Receive, send: Send) -> None:
         headers = _headers(scope["headers"])
         tracing = self.tracing
         if tracing is None:
@@ -140,7 +140,7 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return out
 
 
-def _litestar_path(scope: dict[str, Any]) -> str:
+def _litestar_path(scope: Scope) -> str:
     """The path as litestar's router matches it: without the root_path, slashes normalised."""
     path: str = scope["path"]
     if root_path := scope.get("root_path", ""):

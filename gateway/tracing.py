@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from gateway.asgi import ASGIApp, Message, Receive, Scope, Send
 from gateway.config import TracingSection
 from gateway.records import RequestRecord, encode_request
 from gateway.sampling import Sampler, sampler_from
@@ -144,7 +145,7 @@ class Tracing:
                 )
             )
 
-    def server_span_middleware(self, app: Any) -> Any:
+    def server_span_middleware(self, app: ASGIApp) -> ASGIApp:
         """ASGI: the SERVER span of every traced request, current while the app runs (the two
         generation routes make theirs in `FastRoutes`, from the headers they decode anyway).
 
@@ -154,7 +155,7 @@ class Tracing:
         assert self.shipper is not None
         start, end = self.start_server_span, self.end_server_span
 
-        async def traced(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def traced(scope: Scope, receive: Receive, send: Send) -> None:
             path = scope.get("path", "")
             if scope["type"] != "http" or path in UNTRACED_PATHS:
                 await app(scope, receive, send)
@@ -175,7 +176,7 @@ class Tracing:
                 return
             status = 0
 
-            async def send_status(message: dict[str, Any]) -> None:
+            async def send_status(message: Message) -> None:
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
