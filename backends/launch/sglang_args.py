@@ -183,7 +183,8 @@ def _action_kind(action: ast.AST | None) -> tuple[bool | None, bool]:
 def _flags_from_field(stmt: ast.AnnAssign, constants: dict[str, list[str]], where: str) -> list[FlagDef]:
     ann = stmt.annotation
     if not (
-        isinstance(ann, ast.Subscript)
+        isinstance(stmt.target, ast.Name)
+        and isinstance(ann, ast.Subscript)
         and _name_of(ann.value) in ("A", "Annotated")
         and isinstance(ann.slice, ast.Tuple)
         and len(ann.slice.elts) >= 2
@@ -202,9 +203,10 @@ def _flags_from_field(stmt: ast.AnnAssign, constants: dict[str, list[str]], wher
     if arg is None and not has_help:
         return []  # no CLI metadata: SGLang skips the field
     kw = _kwargs(arg) if arg is not None else {}
-    if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value is True:
+    no_cli = kw.get("no_cli")
+    if isinstance(no_cli, ast.Constant) and no_cli.value is True:
         return []
-    field = stmt.target.id  # type: ignore[union-attr]
+    field = stmt.target.id
     cli_name = _const_str(kw["cli_name"]) if "cli_name" in kw else None
     names = [cli_name or "--" + field.replace("_", "-")]
     if "aliases" in kw:
@@ -260,7 +262,8 @@ def _flags_from_add_argument(tree: ast.Module, constants: dict[str, list[str]], 
         kw = _kwargs(node)
         takes_value, twin = _action_kind(kw.get("action"))
         choices = _literal_list(kw["choices"], constants) if "choices" in kw else None
-        nargs = kw["nargs"].value if isinstance(kw.get("nargs"), ast.Constant) else None
+        nargs_node = kw.get("nargs")
+        nargs = nargs_node.value if isinstance(nargs_node, ast.Constant) else None
         typ = _name_of(kw.get("type"))
         base = FlagDef(
             name=names[0],
@@ -280,11 +283,12 @@ def _namespace_classes(tree: ast.Module) -> dict[str, str] | None:
     """`_INPUT_NAMESPACES` of server_args.py: class name -> file of the module that defines it."""
     names: list[str] | None = None
     for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in stmt.targets
+        if (
+            isinstance(stmt, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in stmt.targets)
+            and isinstance(stmt.value, (ast.List, ast.Tuple))
         ):
-            if isinstance(stmt.value, (ast.List, ast.Tuple)):
-                names = [e.id for e in stmt.value.elts if isinstance(e, ast.Name)]
+            names = [e.id for e in stmt.value.elts if isinstance(e, ast.Name)]
     if names is None:
         return None
     modules: dict[str, str] = {}
@@ -361,43 +365,35 @@ def spec_from_sources(files: dict[str, str], version: str = "unknown") -> ArgSpe
     return ArgSpec(version=version, flags=flags)
 
 
-class _Archive:
-    """Members of a wheel (zip) or an sdist (tar.gz) by their path below the package root."""
+def _srt_sources(members: Iterable[str]) -> dict[str, str]:
+    """The `sglang/srt/` Python members of an archive by their path below the package root -> member name."""
+    names: dict[str, str] = {}
+    for m in members:
+        i = m.find("sglang/")
+        if m.endswith(".py") and i >= 0 and "sglang/srt/" in m:
+            names.setdefault(m[i:], m)
+    return names
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._names: dict[str, str] = {}
-        if path.suffix == ".whl" or zipfile.is_zipfile(path):
-            self._zip: zipfile.ZipFile | None = zipfile.ZipFile(path)
-            members = self._zip.namelist()
-            self._tar = None
-        else:
-            self._zip = None
-            self._tar = tarfile.open(path)
-            members = self._tar.getnames()
-        for m in members:
-            i = m.find("sglang/")
-            if m.endswith(".py") and i >= 0 and "sglang/srt/" in m:
-                self._names.setdefault(m[i:], m)
 
-    def read(self, rel: str) -> str | None:
-        member = self._names.get(rel)
-        if member is None:
-            return None
-        if self._zip is not None:
-            return self._zip.read(member).decode("utf-8")
-        f = self._tar.extractfile(member) if self._tar is not None else None
-        return f.read().decode("utf-8") if f is not None else None
+def _wanted(rel: str) -> bool:
+    return rel in {SERVER_ARGS, CHOICES, SPEC_INFO, SPEC_REGISTRY} or rel.startswith("sglang/srt/arg_groups/")
 
-    def names(self) -> list[str]:
-        return list(self._names)
+
+def _read_sources(path: Path) -> dict[str, str]:
+    """What `spec_from_sources` reads, from a wheel (zip) or an sdist (tar.gz), by path below the package root."""
+    if path.suffix == ".whl" or zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            return {rel: z.read(m).decode("utf-8") for rel, m in _srt_sources(z.namelist()).items() if _wanted(rel)}
+    files: dict[str, str] = {}
+    with tarfile.open(path) as t:
+        for rel, m in _srt_sources(t.getnames()).items():
+            if _wanted(rel) and (f := t.extractfile(m)) is not None:
+                files[rel] = f.read().decode("utf-8")
+    return files
 
 
 def spec_from_wheel(path: str | Path) -> ArgSpec:
-    archive = _Archive(Path(path))
-    wanted = {SERVER_ARGS, CHOICES, SPEC_INFO, SPEC_REGISTRY}
-    wanted |= {n for n in archive.names() if n.startswith("sglang/srt/arg_groups/")}
-    files = {n: text for n in wanted if (text := archive.read(n)) is not None}
+    files = _read_sources(Path(path))
     version = Path(path).name.split("-")[1] if Path(path).name.count("-") >= 1 else "unknown"
     return spec_from_sources(files, version)
 
