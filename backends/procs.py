@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 
@@ -29,17 +30,21 @@ def _die_with_parent() -> None:
 
 def http_get(url: str, timeout: float = 2.0) -> bytes | None:
     """Body of a 200 answer; None for any other status or no answer (not up yet, or gone)."""
-    with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            if r.status == 200:
-                return r.read()
+    with (
+        contextlib.suppress(urllib.error.URLError, OSError, ValueError),
+        urllib.request.urlopen(url, timeout=timeout) as r,
+    ):
+        if r.status == 200:
+            body: bytes = r.read()  # urlopen's answer is typed Any
+            return body
     return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # an AF_INET address: (host, port); typed Any
+        return port
 
 
 def specroute_cmd(*args: str) -> list[str]:
@@ -47,31 +52,34 @@ def specroute_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 
 
+_Sink = int | IO[bytes] | None  # what Popen accepts for stdout/stderr: a file, DEVNULL/STDOUT, or inherit
+
+
+def _spawn(cmd: Sequence[str], *, stdout: _Sink, stderr: _Sink) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        list(cmd), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent
+    )
+
+
 class ProcessGroup:
     def __init__(self, log_dir: Path | None = None) -> None:
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.log_dir = log_dir  # when set, each child's output goes to log_dir/NAME.log
 
     def start(
         self, name: str, cmd: Sequence[str], *, quiet: bool = True, log_file: Path | None = None
-    ) -> subprocess.Popen:
+    ) -> subprocess.Popen[bytes]:
         """Start a child; its output goes to `log_file` (or the group's log_dir), or nowhere when
         `quiet`, else to our terminal."""
         if log_file is None and self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_file = self.log_dir / f"{name}.log"
-        out = open(log_file, "ab") if log_file else (subprocess.DEVNULL if quiet else None)
-        try:
-            proc = subprocess.Popen(
-                list(cmd),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT if log_file else out,
-                preexec_fn=_die_with_parent,
-            )
-        finally:
-            if log_file:
-                out.close()  # type: ignore[union-attr]
+        if log_file is not None:
+            with open(log_file, "ab") as log:  # the child holds its own copy of the descriptor
+                proc = _spawn(cmd, stdout=log, stderr=subprocess.STDOUT)
+        else:
+            sink = subprocess.DEVNULL if quiet else None
+            proc = _spawn(cmd, stdout=sink, stderr=sink)
         self.procs[name] = proc
         return proc
 
