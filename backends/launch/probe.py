@@ -84,7 +84,7 @@ class _Http:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
 
-    def request(self, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    def request(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {**self.headers, **({"Content-Type": "application/json"} if data is not None else {})}
         req = urllib.request.Request(
@@ -96,7 +96,7 @@ class _Http:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
-    def json(self, path: str, body: dict | None = None) -> tuple[int, Any]:
+    def json(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         status, raw = self.request(path, body)
         try:
             return status, json.loads(raw) if raw else None
@@ -108,10 +108,11 @@ def _verify_width(info: dict[str, Any]) -> int | None:
     algo = (info.get("speculative_algorithm") or "").upper()
     if not algo:
         return 1
-    if algo == "DDTREE" and isinstance(info.get("speculative_ddtree_budget"), int):
-        return info["speculative_ddtree_budget"] + 1
-    if algo == "DFLASH" and isinstance(info.get("speculative_dflash_block_size"), int):
-        return info["speculative_dflash_block_size"]
+    budget, block_size = info.get("speculative_ddtree_budget"), info.get("speculative_dflash_block_size")
+    if algo == "DDTREE" and isinstance(budget, int):
+        return budget + 1
+    if algo == "DFLASH" and isinstance(block_size, int):
+        return block_size
     value = info.get("speculative_num_draft_tokens")
     return value if isinstance(value, int) else None
 
@@ -218,7 +219,8 @@ def _generate(http: _Http, report: ProbeReport, max_tokens: int) -> None:
         report.generation = gen
         report.problems.append(f"/v1/chat/completions failed: {gen.error}")
         return
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    raw_usage = data.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     gen.completion_tokens = _int(usage.get("completion_tokens"))
     details = (data.get("sglext") or {}).get("spec_tokens_details") if isinstance(data.get("sglext"), dict) else None
     if isinstance(details, list):

@@ -14,7 +14,7 @@ import string
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -32,6 +32,7 @@ __all__ = [
 
 SGLANG_MODULE = "sglang.launch_server"
 BUILDS = ("release", "ddtree-pr")
+_T = TypeVar("_T")
 
 
 class ProfileError(Exception):
@@ -96,7 +97,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path}: not valid TOML: {e}") from None
 
 
-def _convert(data: dict[str, Any], typ: type, where: str) -> Any:
+def _convert(data: dict[str, Any], typ: type[_T], where: str) -> _T:
     try:
         return msgspec.convert(data, typ)
     except msgspec.ValidationError as e:
