@@ -7,7 +7,7 @@ import enum
 import msgspec
 
 
-class Strategy(str, enum.Enum):
+class Strategy(str, enum.Enum):  # noqa: UP042  (StrEnum would change str() and f-strings of members)
     """Decoding strategy a backend runs. `ar` is plain autoregressive decoding (no speculation)."""
 
     AR = "ar"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 
-class CircuitState(str, enum.Enum):
+class CircuitState(str, enum.Enum):  # noqa: UP042  (StrEnum would change str() and f-strings of members)
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
