@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("backends", "config"):
         from gateway import cli_backends, cli_config
 
-        return (cli_backends if argv[0] == "backends" else cli_config).main(argv[1:])
+        command_main = cli_backends.main if argv[0] == "backends" else cli_config.main
+        return command_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":

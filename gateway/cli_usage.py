@@ -4,6 +4,7 @@ exception the command turns into one line and exit code 2, never argparse's own 
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 
 class UsageError(Exception):
@@ -11,5 +12,5 @@ class UsageError(Exception):
 
 
 class UsageParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
