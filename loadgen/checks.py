@@ -12,9 +12,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import TypedDict
 
 import msgspec
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from loadgen.studies import Check, Reference, Study
@@ -64,6 +65,19 @@ class Row(msgspec.Struct, kw_only=True):
     status: str  # pass | fail | not measured | skipped
     provenance: str
     measured_text: str = ""
+
+
+class _RowBase(TypedDict):
+    """The fields of a `Row` that come from its check and reference, whatever was measured."""
+
+    key: str
+    id: str
+    what: str
+    target: str
+    concurrency: int | None
+    metric: str
+    unit: str
+    provenance: str
 
 
 def error_pct(ref: Reference, measured: float) -> float:
@@ -127,7 +141,7 @@ def evaluate(
         labels = chk.legs or (chk.leg,)
         if any(chk.concurrency not in legs[lb].levels(quick) for lb in labels):
             continue  # level not planned in this mode (quick runs fewer levels)
-        base = dict(
+        base = _RowBase(
             key=ref.key,
             id=ref.id,
             what=chk.what,
@@ -169,11 +183,12 @@ def evaluate(
     return rows
 
 
-def _order_row(chk: Check, ref: Reference, summary: Summary, base: dict) -> Row:
-    values = [figure(summary, lb, chk.concurrency, chk.metric) for lb in chk.legs]
+def _order_row(chk: Check, ref: Reference, summary: Summary, base: _RowBase) -> Row:
+    figures = [figure(summary, lb, chk.concurrency, chk.metric) for lb in chk.legs]
+    values = [v for v in figures if v is not None]
     names = [lb.rsplit("/", 1)[-1] for lb in chk.legs]
     order = " > ".join(names)  # the legs are listed highest first
-    if any(v is None for v in values):
+    if len(values) < len(figures):
         return Row(
             **base,
             reference=order,
@@ -183,7 +198,7 @@ def _order_row(chk: Check, ref: Reference, summary: Summary, base: dict) -> Row:
             status="not measured",
             measured_text="-",
         )
-    ok = all(a > b for a, b in itertools.pairwise(values))  # type: ignore[operator]
+    ok = all(a > b for a, b in itertools.pairwise(values))
     text = (" > " if ok else " vs ").join(f"{n} {v:.2f}" for n, v in zip(names, values, strict=False))
     return Row(
         **base,
@@ -222,7 +237,7 @@ def failed(rows: Iterable[Row]) -> list[Row]:
 
 def render(rows: list[Row], console: Console, *, title: str, tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> None:
     t = Table(title=title, title_justify="left", header_style="bold")
-    for col, just in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("ref", "left"),
         ("figure", "left"),
         ("C", "right"),
@@ -230,8 +245,9 @@ def render(rows: list[Row], console: Console, *, title: str, tolerance_pct: floa
         ("measured", "right"),
         ("error", "right"),
         (f"<= {tolerance_pct:g}%", "left"),
-    ):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    )
+    for col, just in columns:
+        t.add_column(col, justify=just)
     for r in rows:
         if isinstance(r.reference, list):
             ref = f"{r.reference[0]:g}-{r.reference[1]:g}"

@@ -347,8 +347,8 @@ def _run(argv: list[str]) -> int:
         print_table(summary, console)
     if plan.output is not None and args.plots and any(r.levels for r in summary.runs):
         _plots(summary, plan.output)
-    for e in errors:
-        _err(e)
+    for message in errors:
+        _err(message)
     return 1 if errors else 0
 
 

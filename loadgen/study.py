@@ -275,8 +275,8 @@ def main(argv: list[str]) -> int:
     _write_study(out, study, args, time_scale, words, urls, refs, rows, gw_rows, summary, errors, interrupted)
     if args.plots and any(r.levels for r in summary.runs):
         _plots(summary, output, rows)
-    for e in errors:
-        _err(e)
+    for message in errors:
+        _err(message)
     missed = checks.failed(rows)
     if interrupted:
         return 130

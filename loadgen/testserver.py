@@ -567,8 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:
-        uvloop = None  # type: ignore[assignment]
-    if uvloop is not None:
+        pass  # optional: asyncio's own loop
+    else:
         uvloop.install()
     web.run_app(TestServer(cfg).app, host=a.host, port=a.port, access_log=None, print=None)
     return 0
