@@ -40,7 +40,7 @@ class Connection(asyncio.Protocol):
         self.closed: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's transport is an asyncio.Transport; the Protocol signature says BaseTransport
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -76,7 +76,7 @@ class Connection(asyncio.Protocol):
         self.reads = 0
         self.tail = b""
         self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(raw)  # type: ignore[union-attr]
+        self.transport.write(raw)  # type: ignore[union-attr]  # connected: set by connection_made
         return self.waiter
 
     def close(self) -> None:

@@ -141,14 +141,15 @@ def main(argv: list[str] | None = None) -> int:
                         os.sched_setaffinity(int(tid), {exporter_cpu})
             targets.append(target)
         time.sleep(1.5)  # the first readiness poll done
-        traced = [t for t in targets if t.exporter_pid is not None]
-        exporter0 = {t.name: cpu_seconds(t.exporter_pid) for t in traced}  # type: ignore[arg-type]
+        exporter_pids = {t.name: t.exporter_pid for t in targets if t.exporter_pid is not None}
+        traced = [t for t in targets if t.name in exporter_pids]
+        exporter0 = {name: cpu_seconds(pid) for name, pid in exporter_pids.items()}
         runs = uvloop.run(_measure(targets, a.rate, a.seconds, a.rounds))
         time.sleep(1.0)  # the last span batch leaves after OTEL_BSP_SCHEDULE_DELAY
         exporter_us = {}
         for t in traced:
             uvloop.run(quiesce(t))
-            exporter_us[t.name] = (cpu_seconds(t.exporter_pid) - exporter0[t.name]) / max(1, t.requests) * 1e6  # type: ignore[arg-type]
+            exporter_us[t.name] = (cpu_seconds(exporter_pids[t.name]) - exporter0[t.name]) / max(1, t.requests) * 1e6
 
     def med(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[mode])

@@ -763,7 +763,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     router_python = None if a.no_rust_router or not Path(a.rust_router).exists() else a.rust_router
     plan = Plan(a.quick, a.repeats, a.scenarios.split(",") if a.scenarios else None, a.memory_requests, a.duration)
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+
+    def log(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
 
     cpus = sorted(os.sched_getaffinity(0))
     pinned = len(cpus) >= 2
@@ -856,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
                 log("SGLang's Rust router left out (no --rust-router venv; `make bench` makes one)")
             for t in targets[1:] + replicas:
                 if t.name.startswith("gw_on"):
-                    exporters = child_pids(t.pid)  # type: ignore[arg-type]
+                    exporters = child_pids(t.pid)  # type: ignore[arg-type]  # a gateway started here: pid set
                     if len(exporters) != 1:
                         raise RuntimeError(f"{t.name}: expected one span exporter process, found {exporters}")
                     t.exporter_pid = exporters[0]
@@ -865,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
                             os.sched_setaffinity(int(tid), {cpus[0]})
             time.sleep(1.5)  # first readiness poll and /server_info fallbacks done
             off = targets[1]
-            idle = rss_mib(off.pid)  # type: ignore[arg-type]
+            idle = rss_mib(off.pid)  # type: ignore[arg-type]  # a gateway started here: pid set
             log(f"gateways up ({a.server}); idle RSS {idle:.1f} MiB; measuring, {plan.repeats} repeats")
             import uvloop
 
@@ -880,12 +882,12 @@ def main(argv: list[str] | None = None) -> int:
                 for t in targets
                 if t.exporter_pid
             }
-            warm = rss_mib(off.pid)  # type: ignore[arg-type]
+            warm = rss_mib(off.pid)  # type: ignore[arg-type]  # a gateway started here: pid set
             left = plan.memory_requests - off.requests
             if left > 0:
                 log(f"  memory: {left} more requests through gw_off to reach {plan.memory_requests}")
                 uvloop.run(run_level(off, _body(False), 32, requests=left))
-            after = rss_mib(off.pid)  # type: ignore[arg-type]
+            after = rss_mib(off.pid)  # type: ignore[arg-type]  # a gateway started here: pid set
             memory = {"idle_mib": idle, "warm_mib": warm, "after_mib": after, "requests": off.requests}
             # measured after the warm-up runs: RSS warm is taken after the repeats, growth is the tail
             from policies.bench import bench_choose

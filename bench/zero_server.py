@@ -144,13 +144,13 @@ class ZeroProtocol(asyncio.Protocol):
         self.pending: list[tuple[bytes, bytes]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's transport is an asyncio.Transport; the Protocol signature says BaseTransport
 
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self.transport.close()  # type: ignore[union-attr]
+            self.transport.close()  # type: ignore[union-attr]  # data only arrives after connection_made
 
     # httptools callbacks
     def on_message_begin(self) -> None:

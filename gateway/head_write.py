@@ -68,5 +68,7 @@ class HeadHoldingProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol (`uvicorn.Config(http=...)`) over a `HeadHoldingTransport`."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvicorn serves TCP, whose transport is an asyncio.Transport (the Protocol signature says BaseTransport);
+        # the wrapper is one by duck typing, not by class.
         wrapped: Any = HeadHoldingTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
         super().connection_made(wrapped)

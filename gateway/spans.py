@@ -97,8 +97,8 @@ def expand(records: Iterable[TraceRecord]) -> list[SpanRecord]:
     """The spans the records stand for: each SERVER span, then the CLIENT spans under it."""
     out: list[SpanRecord] = []
     for t in records:
-        if t.holds_server_span():
-            method, path, status = t.http  # type: ignore[misc]
+        if t.http is not None and t.holds_server_span():
+            method, path, status = t.http
             route = route_template(path)
             out.append(
                 SpanRecord(

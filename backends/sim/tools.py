@@ -29,8 +29,8 @@ import re
 from typing import Any, Literal
 
 import msgspec
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
-from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # no stubs installed
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]  # no stubs installed
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 __all__ = [

@@ -99,7 +99,11 @@ def _dual(speeds: np.ndarray, weights: np.ndarray, clients: int, lam: np.ndarray
     """The bound for multipliers `lam`; speeds[b, d, n]. Each backend takes its best domain."""
     loads = np.arange(clients + 1)
     shift = float(lam @ weights)
-    gain = lambda m: (loads * speeds * (speeds - lam[None, :, None] + shift - m)).max(axis=1)  # noqa: E731
+
+    def gain(m: float) -> np.ndarray:
+        best: np.ndarray = (loads * speeds * (speeds - lam[None, :, None] + shift - m)).max(axis=1)  # numpy: Any
+        return best
+
     bound, _ = _largest_ratio(speeds, gain)
     return bound
 

@@ -326,7 +326,7 @@ class _Planner:
     ) -> Reshape:
         winner_counts = tuple(winner_counts)
         best_of = [
-            max(fluid, key=lambda c, i=i: fluid[c][i])  # type: ignore[misc]
+            max(fluid, key=lambda c, i=i: fluid[c][i])  # type: ignore[misc]  # mypy cannot infer a lambda default's type
             for i in range(len(self.phases))
         ]
         # like for like: both fleets on the phase alone (cold caches and estimates for both)

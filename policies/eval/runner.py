@@ -110,10 +110,10 @@ def contestants(
         return lambda e, s: Goodput(obj, seed=seed, backends=s, **opts)
 
     def clairvoyant(obj: str) -> Factory:
-        return lambda e, s: Goodput(obj, seed=seed, epsilon=0.0, bonus=0.0, estimates=OracleEstimates(e))  # type: ignore[arg-type]
+        return lambda e, s: Goodput(obj, seed=seed, epsilon=0.0, bonus=0.0, estimates=OracleEstimates(e))  # type: ignore[arg-type]  # duck-typed Estimates
 
     def peer(name: str) -> Factory:
-        return lambda e, s: make_peer(name, seed)  # type: ignore[return-value]
+        return lambda e, s: make_peer(name, seed)  # type: ignore[return-value]  # each peer class has choose()
 
     def pinned(server: str) -> Factory:
         return lambda e, s: Pinned(server)

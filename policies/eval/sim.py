@@ -313,7 +313,7 @@ def simulate(
 
     def dispatch(
         features: RequestFeatures, turn: Turn, rid: int, exclude: str | None
-    ) -> tuple[_Backend, SimRequest, str, int] | None:
+    ) -> tuple[_Backend, SimRequest | None, str, int] | None:
         pool = views if exclude is None else [v for v in views if v.spec.name != exclude]
         if not pool:
             return None
@@ -345,7 +345,7 @@ def simulate(
                     features=features,
                 )
             )
-            return b, None, decision.reason, 0  # type: ignore[return-value]
+            return b, None, decision.reason, 0  # None: the backend answered 503 (queue full)
         pf = decision.prefill_tokens
         return b, sim_req, decision.reason, turn.prompt_tokens if pf is None else pf
 
@@ -395,6 +395,7 @@ def simulate(
             end_stream(stream)
             return
         b, sim_req, reason, prefill = got
+        assert sim_req is not None  # checked above (a tuple item's check does not narrow the unpacking)
         rec.backend = b.name
         rec.reason = reason
         touch(b)
