@@ -49,22 +49,21 @@ def running(
     """Run `cmd` in its own process group; wait for `ready_url`; kill the whole group afterwards."""
     full_env = {**os.environ, **(env or {})}
     # Output goes to a file, never an undrained pipe: a full pipe would block the child's writes.
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(
-        list(cmd), cwd=REPO, env=full_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
-    )
-    proc.log = log  # type: ignore[attr-defined]
-    try:
-        if ready_url:
-            try:
-                wait_http_ok(ready_url, timeout, proc)
-            except Exception:
-                _stop(proc)
-                raise RuntimeError(f"{' '.join(cmd)} failed to start:\n{output(proc)[-4000:]}")
-        yield proc
-    finally:
-        _stop(proc)
-        log.close()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            list(cmd), cwd=REPO, env=full_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+        )
+        proc.log = log  # type: ignore[attr-defined]
+        try:
+            if ready_url:
+                try:
+                    wait_http_ok(ready_url, timeout, proc)
+                except Exception as e:
+                    _stop(proc)
+                    raise RuntimeError(f"{' '.join(cmd)} failed to start:\n{output(proc)[-4000:]}") from e
+            yield proc
+        finally:
+            _stop(proc)
 
 
 def output(proc: subprocess.Popen) -> str:

@@ -48,7 +48,7 @@ def secured(tmp_path_factory, twin_factory):
 @pytest.mark.parametrize("method,path,body", ROUTES)
 def test_routes_need_a_valid_key(secured, method, path, body):
     for key in (None, "wrong", "key-one-but-longer", "admin-secret"):
-        status, data, headers = _call(secured, method, path, body, key)
+        status, data, _ = _call(secured, method, path, body, key)
         assert status == 401, (key, status)
         assert data["error"]["type"] == "authentication_error" and "key-one" not in json.dumps(data)
     status, _, _ = _call(secured, method, path, body, "key-one")

@@ -84,7 +84,10 @@ def test_thinking_chat_turns_lose_the_reasoning_from_the_prefix_but_agent_loops_
 def test_shares_of_the_mix_hold_over_many_sessions():
     mix = Mix(chat=0.3, agent=0.2, thinking=0.5, long_context=0.1, temperatures=((0.0, 1.0), (1.0, 3.0)))
     sessions = [draw_session(f"s:{i}", mix, ["math", "chat"], [1.0, 3.0], (100, 200), None) for i in range(2000)]
-    share = lambda pred: sum(1 for s in sessions if pred(s)) / len(sessions)  # noqa: E731
+
+    def share(pred) -> float:
+        return sum(1 for s in sessions if pred(s)) / len(sessions)
+
     assert share(lambda s: s.kind == "chat") == pytest.approx(0.3, abs=0.04)
     assert share(lambda s: s.kind == "agent") == pytest.approx(0.2, abs=0.04)
     assert share(lambda s: s.turns[0].thinking) == pytest.approx(0.5, abs=0.04)

@@ -209,7 +209,10 @@ def test_launch_preflight_and_exec_with_fakes():
     assert path == sys.executable and argv[0] == sys.executable and argv[1:3] == ["-m", "sglang.launch_server"]
     assert env["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0"
     assert argv[1:] == command(prof, LaunchOptions(port=30123))[1:]
-    no_otel = lambda name: None if name == "opentelemetry" else object()  # noqa: E731
+
+    def no_otel(name: str) -> object | None:
+        return None if name == "opentelemetry" else object()
+
     warnings = preflight(load_profile("qwen36-ddtree-b15"), LaunchOptions(), find_spec=no_otel, gpus=lambda: [0])
     assert any("--no-trace" in w for w in warnings) and any("DDTree" in w for w in warnings)
 

@@ -48,7 +48,10 @@ def test_stream_through_litestar_is_complete(litestar_gateway):
 
 def test_client_disconnect_through_litestar_aborts_the_upstream_request(litestar_gateway):
     url, backend = litestar_gateway
-    running = lambda: get_json(f"{backend}/v1/loads")["loads"][0]["num_running_reqs"]
+
+    def running() -> int:
+        return get_json(f"{backend}/v1/loads")["loads"][0]["num_running_reqs"]
+
     with open_stream(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}):
         assert running() == 1
     assert wait_until(lambda: running() == 0)
