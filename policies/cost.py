@@ -1,21 +1,30 @@
 """What one more request costs a backend: the goodput policy's cost model.
 
-Own time of a request of acceptance cell `c` sent to a backend holding `load` requests:
+Own time of a request of acceptance cell `c` sent to a backend holding `load` requests, `pending`
+prompt tokens of earlier requests not yet prefilled there (SGLang prefills first come, first
+served) and `uncached` tokens of its own prompt that the radix cache does not hold:
 
-    own = prefill_s(uncached)                      TTFT: first pass + prefill of what is not cached
-        + out x step_s(load + 1) / accept(c)       decode of the expected output at the new batch
-        + wait                                     if the backend is full: (load + 1 - cap) / cap
-                                                   service times until a slot frees
+    ttft = step_s(1) + prefill_stall_s(uncached)          idle: a forward pass of its own
+         | 1.5 step_s(load + 1) + prefill_stall_s(uncached)   busy: the rest of the current pass,
+                                                          then its prefill rides in the next one
+         + prefill_stall_s(pending)                       behind the prompts queued before it
+         + (load + 1 - cap) / cap x decode                if the backend is full: waiting for a slot
+    own  = ttft_weight x ttft + decode,   decode = out x step_s(load + 1) / accept(c)
+         + slo_weight x (ttft - ttft_slo_s)               for the part of a TTFT beyond the SLO
 
-Time it imposes on the `n = min(load, cap)` requests already running there:
+Time it imposes on the `n = min(load, cap)` requests running there:
 
-    imposed = n x (prefill_stall_s(uncached)       its prefill tokens ride in their passes
-                   + rest x (step_s(load + 1) - step_s(load)))   every remaining pass is slower
+    imposed = n x (prefill_stall_s(uncached)              its prefill tokens ride in their passes
+                   + passes x (step_s(load + 1) - step_s(load)))   and every shared pass is slower
 
-with `rest` = half the expected output over the acceptance (passes a running request has left, on
-average). The latency objective minimizes `own + externality x imposed`: with weight 1 that is the
-increase of the summed completion time of every request in the pool, so per-request choices add up
-to the least total time instead of herding onto the fastest backend.
+with `passes = out / accept(c)`, the passes this request decodes for. Over its life it shares
+passes with the requests running now (each for about half of them, on average) and with those
+that arrive while it runs: in steady state as many again (Little's law), also for about half.
+So it slows about `n` requests by `passes` passes' worth, twice the count of those present now.
+
+The latency objective minimizes `own + externality x imposed`: with weight 1 that is the increase
+of the summed completion time of every request in the pool, so per-request choices add up to the
+least total time instead of herding onto the fastest backend.
 
 The estimate objects only need `accept_at`, `step_s`, `max_running`, `prefill_s` and
 `prefill_stall_s` (`policies.estimates.RateModel`).
@@ -61,8 +70,8 @@ def own_and_imposed_s(est: CostModel, c: int, load: int, uncached: int, out: flo
     if externality and load:
         running = load if load < cap else cap
         slower = step - est.step_s(load)
-        rest = 0.5 * out / acc  # passes a running request has left, on average
-        cost += externality * running * (est.prefill_stall_s(uncached) + rest * (slower if slower > 0 else 0.0))
+        passes = out / acc  # passes this request shares with others (see the module docstring)
+        cost += externality * running * (est.prefill_stall_s(uncached) + passes * (slower if slower > 0 else 0.0))
     return cost
 
 

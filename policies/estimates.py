@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from backends import BackendSpec, Strategy
-from policies.acceptance import Acceptance
+from policies.acceptance import Acceptance, ShapeGroup
 from policies.base import Domain, Outcome
 from policies.measure import Measurement
 from policies.prefill import PrefillModel
@@ -102,13 +102,13 @@ class BackendEstimate(RateModel):
                  "last_step_s", "last_tok_s", "counters", "server_steps", "last_moments", "last_prefill_counters")
 
     def __init__(self, name: str, strategy: Strategy, prior: StrategyPrior, *,
-                 max_running: int | None = None, step_alpha: float = 0.2) -> None:
+                 max_running: int | None = None, step_alpha: float = 0.2, shape: ShapeGroup | None = None) -> None:
         self.name = name
         self.strategy = strategy
         self.speculative = strategy.speculative
         self.prior = prior
         self.max_running = max_running or prior.max_running
-        self.acceptance = Acceptance(cell_priors(prior))
+        self.acceptance = Acceptance(cell_priors(prior), shape)
         self.curve = StepCurve(prior.step, self.max_running, step_alpha)
         self.step_s = self.curve.step_s  # type: ignore[method-assign]  # bound method: hot path
         self.step_memo = self.curve.memo  # step_s per load, 0.0 = not computed (same list, cleared in place)
@@ -241,7 +241,7 @@ class BackendEstimate(RateModel):
         if not _MIN_STEP_S <= step <= _MAX_STEP_S:
             return "bad_step"
         if accept is not None:
-            self.acceptance.observe(c, accept)
+            self.acceptance.observe(c, accept, verify_ct)
         if not self.server_steps:
             self._observe_step(load, step, passes)  # type: ignore[arg-type]
         self._observe_prefill(outcome)
@@ -304,6 +304,8 @@ class Estimates:
         self.priors = priors
         self.step_alpha = step_alpha
         self.backends: dict[str, BackendEstimate] = {}
+        # the relative acceptance per cell, one per strategy (`policies.acceptance.ShapeGroup`)
+        self.shapes: dict[Strategy, ShapeGroup] = {}
         self.used = 0
         self.skipped: dict[str, int] = {}
         self._ar_peer: tuple[int, int, BackendEstimate | None] = (-1, -1, None)  # (used, backends, peer)
@@ -317,8 +319,12 @@ class Estimates:
                 strat = Strategy(strategy)
             except ValueError:
                 strat = Strategy.AR
-            est = BackendEstimate(name, strat, prior_for(strat, self.priors),
-                                  max_running=max_running, step_alpha=self.step_alpha)
+            prior = prior_for(strat, self.priors)
+            shape = self.shapes.get(strat)
+            if shape is None:
+                shape = self.shapes[strat] = ShapeGroup(cell_priors(prior))
+            est = BackendEstimate(name, strat, prior, max_running=max_running, step_alpha=self.step_alpha,
+                                  shape=shape)
             self.backends[name] = est
         elif max_running and max_running > 0:
             est.set_max_running(max_running)

@@ -194,7 +194,7 @@ class Goodput:
                         s0 = guess.step_s(load)
                     slower = step - s0 if step > s0 else 0.0
                     cost += weight * (load if load < cap else cap) * (
-                        pre.per_token_s * uncached + 0.5 * out / acc * slower)
+                        pre.per_token_s * uncached + out / acc * slower)
             else:
                 cost = own_and_imposed_s(guess, cell, load, uncached, out, weight, wt, v.pending_prefill, slo, over)
             k = est.seen[d]

@@ -1,6 +1,7 @@
 """The goodput and threshold policies on crafted estimates: the flip, hysteresis, exploration."""
 
 import collections
+import itertools
 
 import msgspec
 import pytest
@@ -83,7 +84,7 @@ def _flips(hysteresis: float) -> int:
         _teach(policy, fast, load=1, step_s=0.049, accept=3.0, times=3)
         _teach(policy, slow, load=1, step_s=0.051, accept=3.0, times=3)
         chosen.append(policy.choose(MATH, [a, b]).backend.name)
-    return sum(x != y for x, y in zip(chosen, chosen[1:]))
+    return sum(x != y for x, y in itertools.pairwise(chosen))
 
 
 def test_hysteresis_stops_flapping_between_near_equal_backends():
@@ -125,7 +126,8 @@ def test_exploration_keeps_every_competitive_backend_measured():
     for _ in range(2000):
         d = policy.choose(MATH, views)
         chosen[d.backend.name] += 1
-        _teach(policy, d.backend.name, load=1, step_s=0.045, accept={"dflash": 5.0, "eagle": 3.2, "ddtree": 6.0}[d.backend.name], times=1)
+        accept = {"dflash": 5.0, "eagle": 3.2, "ddtree": 6.0}[d.backend.name]
+        _teach(policy, d.backend.name, load=1, step_s=0.045, accept=accept, times=1)
     assert set(chosen) == {"dflash", "eagle", "ddtree"}
     assert chosen["ddtree"] > 0.85 * 2000  # exploration stays a small share
     assert all(e.observed > 0 for e in policy.estimates.backends.values())
