@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 import tomllib
 from pathlib import Path
 
@@ -144,7 +143,6 @@ def test_reduced_run_end_to_end(tmp_path: Path) -> None:
     """One concurrency level, short requests, 30 simulated seconds at 10x: the whole pipeline
     (warm-up, both gateways, loadgen, figures, table, JSON, exit status) and the direction of the
     result: goodput beats least_inflight on both metrics, as the virtual clock says it does."""
-    t0 = time.monotonic()
     out = tmp_path / "check"
     code = http_check.main(
         [
@@ -182,5 +180,6 @@ def test_reduced_run_end_to_end(tmp_path: Path) -> None:
     # the warm-up measured every backend on both sides; the AR twin keeps its engine speed
     assert set(res["warmup"]) == set(CheckPlan().pool)
     assert all(w["virtual"] > 0 and w["http"] > 0 for w in res["warmup"].values())
-    assert res["warmup"]["k26-ar"]["http"] == pytest.approx(26.3, rel=0.05)
-    assert time.monotonic() - t0 < 60
+    ar = res["warmup"]["k26-ar"]
+    assert ar["http"] == pytest.approx(ar["virtual"], rel=0.10)
+    assert ar["virtual"] == pytest.approx(26.3, rel=0.05)  # R1
