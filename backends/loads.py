@@ -35,6 +35,9 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     # tokens generated (accepted drafts plus the bonus token, per request and step):
     # `scheduler.py::_accumulate_decode_moment`, `managers/utils.py::get_num_generated_tokens`.
     decode_moments: tuple[float, ...] | None = None
+    # (`total_prefill_busy_us`, `total_prefill_uncached_tokens`), 0.5.23, summed over ranks: time
+    # spent in prefill steps and the prompt tokens they computed, since start (`scheduler.py`).
+    prefill_counters: tuple[float, float] | None = None
     token_load: int | None = None  # /get_load on older servers: tokens in use + queued prompt tokens
     source: str = "v1/loads"
 
@@ -63,6 +66,7 @@ def parse_loads(data: Any) -> LoadReport | None:
     running = waiting = cap = kv = 0
     accepts: list[float] = []
     moments: list[float] | None = [0.0] * _MOMENTS
+    prefill: list[float] | None = [0.0, 0.0]
     for rank in loads:
         if not isinstance(rank, dict):
             return None
@@ -85,6 +89,12 @@ def parse_loads(data: Any) -> LoadReport | None:
             moments = [t + float(x) for t, x in zip(moments, m[:_MOMENTS], strict=True)]
         else:
             moments = None
+        busy = _num(rank.get("total_prefill_busy_us"), float)
+        computed = _num(rank.get("total_prefill_uncached_tokens"), float)
+        if prefill is not None and busy is not None and computed is not None:
+            prefill = [prefill[0] + busy, prefill[1] + computed]
+        else:
+            prefill = None
     return LoadReport(
         running=running,
         waiting=waiting,
@@ -92,6 +102,7 @@ def parse_loads(data: Any) -> LoadReport | None:
         max_total_tokens=kv or None,
         lifetime_accept_length=sum(accepts) / len(accepts) if accepts else None,
         decode_moments=tuple(moments) if moments is not None else None,
+        prefill_counters=(prefill[0], prefill[1]) if prefill is not None else None,
     )
 
 

@@ -77,6 +77,7 @@ class Attempt:
         "inflight",
         "t_dispatch",
         "_area0",
+        "_prefill",
     )
 
     lease: Lease
@@ -106,6 +107,11 @@ class Attempt:
         req.tried.append(backend.name)
         # The lease last: from here on nothing can fail before __aexit__ gives it back.
         self.lease = self._host.admission.lease(backend)
+        # Until its first token this request's prompt waits to be prefilled there: the policy counts
+        # it in the backend's view (SGLang prefills first come, first served).
+        tokens = self.decision.prefill_tokens
+        self._prefill = req.features.prompt_tokens if tokens is None else tokens
+        backend.view.pending_prefill += self._prefill
         self.inflight = backend.inflight
         self.t_dispatch = time.perf_counter()
         self._area0 = backend.inflight_area(self.t_dispatch)
@@ -134,6 +140,12 @@ class Attempt:
             raise UpstreamFailure(f"http_{resp.status}", error, health=resp.status not in BUSY)
         raise error
 
+    def first_token(self) -> None:
+        """The backend has prefilled this request's prompt (it sent a token, or the attempt ended)."""
+        if self._prefill:
+            self.backend.view.pending_prefill -= self._prefill
+            self._prefill = 0
+
     def failure(self, kind: str, status: int, what: str, health: bool = True) -> UpstreamFailure:
         """An UpstreamFailure naming this attempt's backend: `backend NAME <what>`."""
         return UpstreamFailure(kind, ApiError(status, f"backend {self.backend.name} {what}"), health)
@@ -155,6 +167,7 @@ class Attempt:
             else:
                 resp.close()
         mean_inflight = self.mean_inflight()  # before the release: the attempt counts itself
+        self.first_token()
         self.lease.release()
         if isinstance(exc, UpstreamFailure):
             self._host.attempt_failed(self, exc)

@@ -122,6 +122,9 @@ class BackendPoller:
         view.reported_running = report.running
         view.reported_waiting = report.waiting
         view.reported_accept_length = report.accept_length
+        # the server's own step-time and prefill counters (policies/server_counters.py)
+        view.decode_moments = report.decode_moments
+        view.prefill_counters = report.prefill_counters
         # the report was taken somewhere between sending the poll and its answer
         view.reported_inflight = (inflight_before + backend.inflight) // 2 if report.running is not None else None
         if report.max_running and view.max_running is None:

@@ -280,6 +280,7 @@ class Proxy:
                 )
                 first = await self._first_token(attempt, resp, relay)
                 deadline.first_token()
+                attempt.first_token()
                 await client.start_stream(self._reply_headers(attempt, stream=True))
                 started, result.status = True, 200  # what the client saw, whatever follows
                 if first:

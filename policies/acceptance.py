@@ -41,7 +41,6 @@ _SLOW_ALPHA = 0.04
 _SNAP = 0.18
 _SHAPE_ALPHA = 0.05
 _FULL_SAMPLE_PASSES = 32  # a request of this many verify passes or more is a whole sample
-_POOL_WEIGHT = 16.0  # samples' worth of trust in the strategy's pooled level
 _PRIOR_WEIGHT = 2.0
 # The report is a window of ~40 steps over the running requests, whose acceptance varies per
 # prompt (~12% for one request): ratios inside the band are noise. It narrows as 1/sqrt(running).
@@ -71,11 +70,6 @@ class ShapeGroup:
         self.shape[c] *= 1.0 + b * (ratio - 1.0)
         for m in self.members:
             m._refresh()
-
-    def pooled_level(self) -> float:
-        """The members' levels weighed by their samples (1.0 before any)."""
-        w = sum(m.n for m in self.members)
-        return sum(m.n * m.level for m in self.members) / w if w > 0 else 1.0
 
 
 class Acceptance:
@@ -174,18 +168,9 @@ class Acceptance:
         self._report_running = running
         self._refresh()
 
-    def effective_level(self) -> float:
-        """The level, shrunk towards the strategy's pooled level by `_POOL_WEIGHT` samples: until
-        this backend has shown otherwise, it drafts like the others of its strategy (identical
-        servers must not look apart on the noise of their first requests)."""
-        n = self.n
-        if len(self.group.members) < 2:
-            return self.level
-        return (n * self.level + _POOL_WEIGHT * self.group.pooled_level()) / (n + _POOL_WEIGHT)
-
     def _expected(self, mix: list[int]) -> float:
         total = sum(mix)
-        level = self.effective_level()
+        level = self.level
         return sum(m * level * s for m, s in zip(mix, self.group.shape, strict=True)) / total if total else 0.0
 
     def _refresh(self) -> None:
@@ -198,7 +183,7 @@ class Acceptance:
                 if abs(ratio - 1.0) > band:
                     drift = ratio
         self.drift = drift
-        scale = self.effective_level() * drift
+        scale = self.level * drift
         cells = self.cells
         for j, s in enumerate(self.group.shape):
             v = s * scale

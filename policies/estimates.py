@@ -286,7 +286,7 @@ class BackendEstimate(RateModel):
     def describe(self) -> dict[str, Any]:
         """Plain-dict snapshot for `/admin/backends` and eval reports."""
         out: dict[str, Any] = {"strategy": self.strategy.value, "max_running": self.max_running,
-                     "observed": self.observed}
+                               "observed": self.observed, "step_server_windows": self.server_steps}
         out.update(self.acceptance.describe() if self.speculative else
                    {"accept_length": {dom.value: 1.0 for dom in DOMAINS}})
         out.update(self.curve.describe())

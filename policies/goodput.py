@@ -316,6 +316,7 @@ class Goodput:
             load = view_load(v)
             entry = out.setdefault(v.spec.name, est.describe())
             entry["load"] = load
+            entry["pending_prefill"] = v.pending_prefill
             entry["predicted_tok_s"] = {dom.value: round(est.rate(i, load + 1), 1)
                                         for i, dom in enumerate(DOMAINS)}
         if self.prefixes is not None:

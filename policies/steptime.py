@@ -110,8 +110,10 @@ class StepCurve:
                 continue
             base = self.ratio[j] if self.samples[j] > 0 else self.eff[j]
             self.samples[j] += w
-            a = max(self._alpha * w, w / self.samples[j])
-            self.ratio[j] = base + a * (x - base)
+            # a whole first sample replaces the prior; a fraction of one only moves it that far
+            a = max(self._alpha * w, w / max(self.samples[j], 1.0))
+            # in log space: a correction is a factor (a prior 50x off, a stall of 10x in one pass)
+            self.ratio[j] = base * (x / base) ** a
         self._borrow()
 
     def _borrow(self) -> None:

@@ -234,7 +234,7 @@ def test_unmeasured_ar_backend_is_predicted_like_its_measured_ar_peer():
                                decode_s=39 / 1300.0))
     views[1].inflight = 3  # b is busier: a, equally fast by its peer, wins
     decision = policy.choose(RequestFeatures(model="m"), views)
-    assert decision.backend.name == "a" and decision.score > 1000
+    assert decision.backend.name == "a" and decision.score > 500  # its own prior says 26
 
 
 def test_speculative_backends_of_one_strategy_do_not_stand_in_for_each_other():
