@@ -93,6 +93,8 @@ def test_gateway_and_loadgen_agree_on_a_thinking_streams_ttft_and_decode_speed(t
             }
 
         assert len(rows) == 2 and all(r["ok"] for r in rows)
+        (level,) = json.loads((out / "summary.json").read_text())["runs"][0]["levels"]
+        assert level["itl_token_counts"] == "usage"  # SGLang's per-chunk usage passes through the gateway
         deadline = time.monotonic() + 10
         while not all(r["request_id"] in gateway_lines() for r in rows) and time.monotonic() < deadline:
             time.sleep(0.05)
