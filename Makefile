@@ -74,7 +74,9 @@ lock: | $(UV)
 demo: install
 	$(BIN)/specroute demo
 
+# lint first: a type or format error fails in seconds, before the suite's minutes
 test: install-dev
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory floors
 

@@ -16,6 +16,7 @@ from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 
 from common.admin_api import AdminBackends, BackendState
+from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
 from gateway.asgi import ASGIApp
 from gateway.auth import AuthGate
@@ -133,7 +134,7 @@ def create_app(
     async def add_backend(request: Request[Any, Any, Any]) -> Response[bytes]:
         try:
             data = _decoder.decode(await request.body())
-        except msgspec.DecodeError as e:
+        except JSON_DECODE_ERRORS as e:
             raise ApiError(400, f"request body is not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "expected a JSON object with name, url, model, strategy")

@@ -7,6 +7,8 @@ from typing import Any
 import msgspec
 from litestar import Response
 
+from common.json_errors import JSON_DECODE_ERRORS
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -64,7 +66,7 @@ def translate_upstream_error(status: int, raw: bytes, backend: str) -> ApiError:
     message, type_, param, code = f"upstream {backend} answered HTTP {status}", None, None, None
     try:
         data = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except JSON_DECODE_ERRORS:
         data = None
     if isinstance(data, dict):
         nested = data.get("error")

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from common.json_errors import JSON_DECODE_ERRORS
 from gateway.errors import ApiError
 
 Kind = Literal["chat", "completion"]
@@ -37,7 +38,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
         body = _decoder.decode(raw)
-    except msgspec.DecodeError as e:
+    except JSON_DECODE_ERRORS as e:
         raise ApiError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")

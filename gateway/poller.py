@@ -23,6 +23,7 @@ import msgspec
 
 from backends.acceptance_window import AcceptanceWindow
 from backends.loads import LoadReport, ServerInfo, parse_get_load, parse_loads, parse_metrics, parse_server_info
+from common.json_errors import JSON_DECODE_ERRORS
 from gateway.config import HealthSection
 from gateway.pool import Backend
 
@@ -172,7 +173,7 @@ class BackendPoller:
                 if self._load_path.startswith("/metrics"):
                     return parse_metrics(body.decode("utf-8", "replace"))
                 data = _decoder.decode(body)
-            except msgspec.DecodeError:
+            except JSON_DECODE_ERRORS:
                 return None
             return parse_loads(data) if self._load_path.startswith("/v1/loads") else parse_get_load(data)
         return None

@@ -37,6 +37,7 @@ from tenacity import (
 )
 
 from backends.telemetry import usage
+from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
 from gateway.attempt import BUSY, NET_ERRORS, REQUEST_ID_HEADER, RETRYABLE, Attempt, UpstreamFailure
@@ -351,7 +352,7 @@ class Proxy:
         attempt.reusable = True
         try:
             obj = _decoder.decode(raw)
-        except msgspec.DecodeError:
+        except JSON_DECODE_ERRORS:
             obj = None
         if not isinstance(obj, dict):
             raise ApiError(502, f"backend {backend.name} returned an invalid response")

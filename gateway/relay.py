@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from backends.telemetry import usage
+from common.json_errors import JSON_DECODE_ERRORS
 from gateway.records import Result
 
 _decoder = msgspec.json.Decoder()
@@ -112,7 +113,7 @@ class SseRelay:
             return event
         try:
             obj = _decoder.decode(payload)
-        except msgspec.DecodeError:
+        except JSON_DECODE_ERRORS:
             return event
         if not isinstance(obj, dict):
             return event

@@ -43,6 +43,7 @@ import msgspec
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
+from common.json_errors import JSON_DECODE_ERRORS
 from gateway.config import TracingSection
 from gateway.spans import SpanRecord, TraceRecord, expand, to_readable
 
@@ -243,7 +244,7 @@ def spans_in(frame: bytes | bytearray) -> int:
     """How many spans a frame holds (counted for drops only, so not on the way of every batch)."""
     try:
         return sum(t.spans() for t in _decoder.decode(memoryview(frame)[_FRAME.size :]))
-    except msgspec.DecodeError:
+    except JSON_DECODE_ERRORS:
         return 0
 
 

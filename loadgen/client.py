@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from common.json_errors import JSON_DECODE_ERRORS
 from common.stream_clock import ChatDelta, Choice, Chunk, ToolCallDelta
 from loadgen.datasets import Prompt
 from loadgen.metrics import Gap, measure
@@ -164,7 +165,7 @@ def error_message(body: bytes) -> str:
     """The human part of an error body in any of the shapes the targets use."""
     try:
         e = _error_decoder.decode(body)
-    except msgspec.DecodeError:
+    except JSON_DECODE_ERRORS:
         return body[:200].decode(errors="replace").strip() or "(empty body)"
     if isinstance(e.error, _ErrorInner) and e.error.message:
         return e.error.message
@@ -260,7 +261,7 @@ def _parse_full(raw: bytes, parser: StreamParser, t_end: float, record: RequestR
     """A non-streamed response enters the clock as one chunk arriving at the end."""
     try:
         full = _full_decoder.decode(raw)
-    except msgspec.DecodeError as e:
+    except JSON_DECODE_ERRORS as e:
         _fail(record, "bad_response", f"undecodable response: {e}")
         return
     if not full.choices:

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from common.json_errors import JSON_DECODE_ERRORS
 from loadgen.datasets import (
     NO_USER_TURN,
     DatasetError,
@@ -68,7 +69,7 @@ def entries_with_lines(data: bytes, where: str) -> list[tuple[int, bytes]]:
     if data.lstrip()[:1] == b"[":
         try:
             raws = _raw_list_decoder.decode(data)
-        except msgspec.DecodeError as e:
+        except JSON_DECODE_ERRORS as e:
             raise DatasetError(f"{where}:{_line_of_error(data, e)}: {e}") from None
         out, pos = [], 0
         for raw in raws:
@@ -80,7 +81,7 @@ def entries_with_lines(data: bytes, where: str) -> list[tuple[int, bytes]]:
     return [(n, line) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()]
 
 
-def _line_of_error(data: bytes, err: msgspec.DecodeError) -> str:
+def _line_of_error(data: bytes, err: Exception) -> str:
     """msgspec reports syntax errors as a byte offset: turn it into a line number."""
     m = re.search(r"byte (\d+)", str(err))
     if not m:
@@ -97,7 +98,7 @@ def parse_sessions(
         at = f"{where}:{lineno}"
         try:
             entry = _entry_decoder.decode(raw)
-        except msgspec.DecodeError as e:
+        except JSON_DECODE_ERRORS as e:
             raise DatasetError(f"{at}: {e}") from None
         session = _session(entry, at, default_domain, skipped)
         if session is None:

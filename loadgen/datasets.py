@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from common.json_errors import JSON_DECODE_ERRORS
 from loadgen.tool_schema import ToolSchemaError, check_tool_choice, check_tools
 
 BUILTIN_DOMAINS = ("math", "code", "chat")
@@ -243,7 +244,7 @@ def _parse_jsonl(lines: Sequence[str], where: str, *, default_domain: str) -> tu
         at = f"{where}:{lineno}"
         try:
             item = _line_decoder.decode(line)
-        except msgspec.DecodeError as e:
+        except JSON_DECODE_ERRORS as e:
             raise DatasetError(f"{at}: {e}") from None
         if isinstance(item, str):
             item = _JsonlLine(prompt=item)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
+from common.json_errors import JSON_DECODE_ERRORS
 from common.stream_clock import Chunk, StreamClock, TokenMark, Usage
 
 __all__ = ["AnswerText", "SpecDetails", "StreamParser", "TokenMark", "Usage", "first_spec"]
@@ -136,7 +137,7 @@ class StreamParser:
             return
         try:
             chunk = _decoder.decode(payload)
-        except msgspec.DecodeError as e:
+        except JSON_DECODE_ERRORS as e:
             if self.bad is None:
                 self.bad = f"undecodable event: {e}"
             return

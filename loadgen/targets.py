@@ -12,6 +12,7 @@ from __future__ import annotations
 import aiohttp
 import msgspec
 
+from common.json_errors import JSON_DECODE_ERRORS
 from loadgen.client import Target, error_message
 
 
@@ -70,7 +71,7 @@ async def resolve(
         body = await _get(session, gateway_url.rstrip("/") + "/admin/backends", f"target {word!r}", api_key)
         try:
             entries = msgspec.json.decode(body, type=_Backends).backends
-        except msgspec.DecodeError:
+        except JSON_DECODE_ERRORS:
             raise TargetError(
                 f'target {word!r}: {gateway_url}/admin/backends did not return {{"backends": [...]}}'
             ) from None
@@ -86,7 +87,7 @@ async def resolve(
     body = await _get(session, models_url, f"target {word!r}", api_key)
     try:
         ids = [m.id for m in msgspec.json.decode(body, type=_Models).data]
-    except msgspec.DecodeError:
+    except JSON_DECODE_ERRORS:
         raise TargetError(
             f"target {word!r}: {models_url} is not an OpenAI model list (not an OpenAI-compatible server?)"
         ) from None

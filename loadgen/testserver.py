@@ -43,6 +43,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from common.json_errors import JSON_DECODE_ERRORS
+
 _enc = msgspec.json.Encoder()
 EOS_ID = 163586  # matched_stop of a natural stop (Kimi K2's end-of-turn token id)
 MAX_LOGGED_REQUESTS = 512
@@ -175,7 +177,7 @@ class TestServer:
             return denied
         try:
             body = msgspec.json.decode(await request.read())
-        except msgspec.DecodeError:
+        except JSON_DECODE_ERRORS:
             return _flat_error(400, "malformed JSON")
         if not isinstance(body, dict):
             return _flat_error(400, "the body must be a JSON object")

@@ -115,6 +115,7 @@ def test_missing_field_is_400_naming_it(client):
     [
         (b"{not json", None),
         (b"[1, 2]", None),
+        (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "\xff"}]}', None),
         (b'{"messages": [{"role": "user", "content": "hi"}]}', "model"),
         (b'{"model": "kimi-k2.6", "messages": "hi"}', "messages"),
         (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}', "max_tokens"),

@@ -32,20 +32,25 @@ __all__ = ["PROMPTS", "measure"]
 
 PROMPTS: dict[Domain, str] = {
     Domain.MATH: "A tank holds 240 litres and drains at 6 litres per minute while a pipe refills it at 2 litres "
-                 "per minute. How many minutes until it is empty? Show the steps.",
+    "per minute. How many minutes until it is empty? Show the steps.",
     Domain.CODE: "Write a Python function that merges two sorted lists into one sorted list without using sort(), "
-                 "with a docstring and two doctests.",
+    "with a docstring and two doctests.",
     Domain.CHAT: "Describe a quiet morning walk along a river in early autumn, in a short paragraph.",
 }
 # ~4,000 tokens at the gateway's 4 characters per token: long enough that prefill dominates TTFT.
-_LONG = ("The committee reviewed the quarterly figures for each regional office and noted the trends. " * 175)
+_LONG = "The committee reviewed the quarterly figures for each regional office and noted the trends. " * 175
 
 
-def _post_stream(base: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float
-                 ) -> tuple[float | None, float | None, dict[str, Any], dict[str, Any]]:
+def _post_stream(
+    base: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float
+) -> tuple[float | None, float | None, dict[str, Any], dict[str, Any]]:
     """(seconds to first generated token, seconds to last, usage, sglext) of one streamed request."""
-    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **headers}, method="POST")
+    req = urllib.request.Request(
+        base + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
     t0 = time.perf_counter()
     first = last = None
     usage: dict[str, Any] = {}
@@ -79,23 +84,40 @@ def _post_stream(base: str, body: dict[str, Any], headers: dict[str, str], timeo
     return first, last, usage, sglext
 
 
-def measure(url: str, model: str, *, api_key: str | None = None, speculative: bool = True,
-            max_tokens: int = 64, timeout_s: float = 60.0) -> Measurement:
+def measure(
+    url: str,
+    model: str,
+    *,
+    api_key: str | None = None,
+    speculative: bool = True,
+    max_tokens: int = 64,
+    timeout_s: float = 60.0,
+) -> Measurement:
     """Measure one backend. Raises OSError / RuntimeError when it cannot be measured (the caller
     keeps the prior then)."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    common = {"model": model, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-              "chat_template_kwargs": {"thinking": False}}
+    common = {
+        "model": model,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "chat_template_kwargs": {"thinking": False},
+    }
     accept: dict[Domain, float] = {}
     steps: list[float] = []
     short_ttft: list[tuple[float, int]] = []
     # a first request warms connections and caches up; its times are not kept
-    _post_stream(base, {**common, "messages": [{"role": "user", "content": "Hello."}], "max_tokens": 2},
-                 headers, timeout_s)
+    _post_stream(
+        base, {**common, "messages": [{"role": "user", "content": "Hello."}], "max_tokens": 2}, headers, timeout_s
+    )
     for domain, prompt in PROMPTS.items():
-        body = {**common, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                "return_spec_tokens_details": speculative}
+        body = {
+            **common,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "return_spec_tokens_details": speculative,
+        }
         first, last, usage, sglext = _post_stream(base, body, headers, timeout_s)
         n = usage.get("completion_tokens")
         p = usage.get("prompt_tokens")
@@ -116,21 +138,25 @@ def measure(url: str, model: str, *, api_key: str | None = None, speculative: bo
     # the long prompt twice, different each time (no cache hit); the faster one counts: a stray
     # delay on a shared machine only ever adds time
     long_first: list[float] = []
-    usage: dict[str, Any] = {}
+    long_usage: dict[str, Any] = {}
     for k in range(2):
         body = {**common, "messages": [{"role": "user", "content": f"{k}: {_LONG}"}], "max_tokens": 1}
-        t, _, usage, _ = _post_stream(base, body, headers, timeout_s)
+        t, _, long_usage, _ = _post_stream(base, body, headers, timeout_s)
         if t is not None:
             long_first.append(t)
     first = min(long_first) if long_first else None
     base_s = min(t for t, _ in short_ttft)
     short_tokens = statistics.fmean(p for _, p in short_ttft)
     per_token = None
-    long_tokens = usage.get("prompt_tokens")
+    long_tokens = long_usage.get("prompt_tokens")
     if first is not None and isinstance(long_tokens, int) and long_tokens > short_tokens:
         per_token = max(first - base_s, 0.0) / (long_tokens - short_tokens)
-    return Measurement(step_s=statistics.median(steps) if steps else None, accept_length=accept,
-                       prefill_base_s=base_s if per_token is not None else None, prefill_per_token_s=per_token)
+    return Measurement(
+        step_s=statistics.median(steps) if steps else None,
+        accept_length=accept,
+        prefill_base_s=base_s if per_token is not None else None,
+        prefill_per_token_s=per_token,
+    )
 
 
 def measure_quietly(url: str, model: str, **kw: Any) -> Measurement | None:

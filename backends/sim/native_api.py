@@ -17,6 +17,7 @@ from backends.sim.generation import admit, sampling_values
 from backends.sim.protocol import GENERATE_DEFAULT_MAX_NEW_TOKENS, GenerateRequest, decode_body
 from backends.sim.state import STATE_KEY
 from backends.sim.text import count_prompt_tokens, detokenize
+from common.json_errors import JSON_DECODE_ERRORS
 
 __all__ = ["routes"]
 
@@ -109,7 +110,7 @@ async def abort_request(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     try:
         body = msgspec.json.decode(await request.read() or b"{}", type=dict)
-    except msgspec.DecodeError:
+    except JSON_DECODE_ERRORS:
         return native_error(ApiError("JSON decode error"))
     if body.get("abort_all"):
         for rid in list(state.runtime.in_flight()):

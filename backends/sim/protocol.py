@@ -19,6 +19,7 @@ import msgspec
 from aiohttp import web
 
 from backends.sim.errors import ApiError
+from common.json_errors import JSON_DECODE_ERRORS
 
 __all__ = [
     "ChatMessage",
@@ -136,7 +137,7 @@ async def decode_body(request: web.Request, typ: type) -> Any:
         return msgspec.json.decode(raw, type=typ)
     except msgspec.ValidationError as e:
         raise ApiError(f"1 validation error:\n  {e}", err_type="Bad Request") from None
-    except msgspec.DecodeError:
+    except JSON_DECODE_ERRORS:
         raise ApiError(_json_error_message(raw), err_type="Bad Request") from None
 
 
