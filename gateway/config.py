@@ -24,7 +24,7 @@ class ConfigError(Exception):
 class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     listen: str = "127.0.0.1:8000"
     policy: str = "goodput"
-    objective: str = "latency"       # goodput: latency (fastest for this request) | throughput (pool total)
+    objective: str = "latency"  # goodput: latency (fastest for this request) | throughput (pool total)
     # Let clients choose a policy per request with the `x-specroute-policy` header.
     allow_policy_header: bool = False
     # SIGTERM: stop accepting, let streams finish for up to this long.
@@ -59,19 +59,19 @@ class RetrySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    interval_s: float = 1.0          # /ready and /v1/loads polling period per backend
-    unhealthy_after: int = 2         # consecutive failed readiness checks -> out of the pool
-    healthy_after: int = 1           # consecutive good checks -> back in
-    circuit_failures: int = 3        # consecutive failed requests -> circuit open
+    interval_s: float = 1.0  # /ready and /v1/loads polling period per backend
+    unhealthy_after: int = 2  # consecutive failed readiness checks -> out of the pool
+    healthy_after: int = 1  # consecutive good checks -> back in
+    circuit_failures: int = 3  # consecutive failed requests -> circuit open
     circuit_cooldown_s: float = 5.0  # open -> half-open (one probe request) after this
 
 
 class AdmissionSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    max_inflight: int = 4096         # gateway-wide requests in flight
+    max_inflight: int = 4096  # gateway-wide requests in flight
     # Per backend; 0 = the backend's own max_running_requests from /server_info (unlimited until known).
     backend_max_inflight: int = 0
-    max_queue: int = 1024            # requests waiting for capacity; beyond it 429 at once
-    queue_timeout_s: float = 30.0    # a waiting request gets 429 after this
+    max_queue: int = 1024  # requests waiting for capacity; beyond it 429 at once
+    queue_timeout_s: float = 30.0  # a waiting request gets 429 after this
 
 
 class AuthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -81,8 +81,8 @@ class AuthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     admin_key_env: str = "SPECROUTE_ADMIN_KEY"
     # Routes that answer without a key even when keys are configured.
     public_paths: list[str] = msgspec.field(default_factory=lambda: ["/health", "/ready", "/metrics"])
-    rate_limit_rps: float = 0.0      # per API key; 0 = off
-    rate_limit_burst: int = 0        # bucket size; 0 = max(1, rps)
+    rate_limit_rps: float = 0.0  # per API key; 0 = off
+    rate_limit_burst: int = 0  # bucket size; 0 = max(1, rps)
 
 
 class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -90,9 +90,9 @@ class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     policy: str | None = None
     pinned_backend: str | None = None
-    objective: str | None = None     # goodput
-    threshold: int | None = None     # threshold: speculative backends below this many in flight
-    epsilon: float | None = None     # goodput exploration probability
+    objective: str | None = None  # goodput
+    threshold: int | None = None  # threshold: speculative backends below this many in flight
+    epsilon: float | None = None  # goodput exploration probability
     hysteresis: float | None = None  # goodput: margin a challenger needs over the incumbent
     externality: float | None = None  # goodput: weight of the time a request imposes on others (0 = selfish)
     prefix_tracking: bool | None = None  # goodput: prefix-cache affinity (default on)
@@ -111,16 +111,16 @@ class BackendEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class TracingSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """OpenTelemetry traces. The standard OTEL_* environment variables override these values."""
 
-    exporter: str = "none"                   # none | otlp | console  (env OTEL_TRACES_EXPORTER)
-    endpoint: str | None = None              # OTLP base URL, e.g. http://jaeger:4318 (env OTEL_EXPORTER_OTLP_ENDPOINT)
-    protocol: str = "http/protobuf"          # or grpc with the [grpc] extra (env OTEL_EXPORTER_OTLP_PROTOCOL)
-    service_name: str = "specroute"          # env OTEL_SERVICE_NAME
-    sample_ratio: float | None = None        # parent-based ratio sampler; env OTEL_TRACES_SAMPLER wins
+    exporter: str = "none"  # none | otlp | console  (env OTEL_TRACES_EXPORTER)
+    endpoint: str | None = None  # OTLP base URL, e.g. http://jaeger:4318 (env OTEL_EXPORTER_OTLP_ENDPOINT)
+    protocol: str = "http/protobuf"  # or grpc with the [grpc] extra (env OTEL_EXPORTER_OTLP_PROTOCOL)
+    service_name: str = "specroute"  # env OTEL_SERVICE_NAME
+    sample_ratio: float | None = None  # parent-based ratio sampler; env OTEL_TRACES_SAMPLER wins
 
 
 class LoggingSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    access_log: bool = True                  # one JSON line per request on stderr
-    include_prompts: bool = False            # prompt text in the access log (off: may be sensitive)
+    access_log: bool = True  # one JSON line per request on stderr
+    include_prompts: bool = False  # prompt text in the access log (off: may be sensitive)
     level: str = "WARNING"
 
 
@@ -138,8 +138,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def backend_specs(self) -> list[BackendSpec]:
         return [
-            BackendSpec(name=b.name, url=b.url.rstrip("/"), model=b.model, strategy=Strategy(b.strategy),
-                        served_name=b.served_name, api_key=b.api_key)
+            BackendSpec(
+                name=b.name,
+                url=b.url.rstrip("/"),
+                model=b.model,
+                strategy=Strategy(b.strategy),
+                served_name=b.served_name,
+                api_key=b.api_key,
+            )
             for b in self.backends
         ]
 
@@ -150,10 +156,16 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def policy_options(self, model: str, policy: str) -> dict[str, Any]:
         """Options for `make_policy`: only those the named policy takes, model section over gateway."""
         section = self.models.get(model) or ModelSection()
-        options: dict[str, Any] = {"pinned_backend": section.pinned_backend, "threshold": section.threshold,
-                                   "epsilon": section.epsilon, "hysteresis": section.hysteresis,
-                                   "externality": section.externality, "prefix_tracking": section.prefix_tracking,
-                                   "seed": section.seed, "objective": section.objective or self.gateway.objective}
+        options: dict[str, Any] = {
+            "pinned_backend": section.pinned_backend,
+            "threshold": section.threshold,
+            "epsilon": section.epsilon,
+            "hysteresis": section.hysteresis,
+            "externality": section.externality,
+            "prefix_tracking": section.prefix_tracking,
+            "seed": section.seed,
+            "objective": section.objective or self.gateway.objective,
+        }
         return {k: v for k, v in options.items() if v is not None and k in POLICY_OPTIONS.get(policy, ())}
 
 
@@ -200,11 +212,13 @@ def _check(config: Config, source: str) -> None:
     parse_listen(config.gateway.listen)
     _check_positive(config, source)
     if config.tracing.exporter not in ("none", "otlp", "console"):
-        raise ConfigError(f"{source}: tracing.exporter: expected one of ['none', 'otlp', 'console'], "
-                          f"got {config.tracing.exporter!r}")
+        raise ConfigError(
+            f"{source}: tracing.exporter: expected one of ['none', 'otlp', 'console'], got {config.tracing.exporter!r}"
+        )
     if config.tracing.protocol not in ("http/protobuf", "grpc"):
-        raise ConfigError(f"{source}: tracing.protocol: expected 'http/protobuf' or 'grpc', "
-                          f"got {config.tracing.protocol!r}")
+        raise ConfigError(
+            f"{source}: tracing.protocol: expected 'http/protobuf' or 'grpc', got {config.tracing.protocol!r}"
+        )
     strategies = {s.value for s in Strategy}
     seen: set[str] = set()
     for i, b in enumerate(config.backends):
@@ -240,19 +254,26 @@ def _check(config: Config, source: str) -> None:
 
 def _check_positive(config: Config, source: str) -> None:
     checks = {
-        "gateway.max_body_bytes": config.gateway.max_body_bytes, "gateway.upstream_connections":
-        config.gateway.upstream_connections, "timeouts.connect_s": config.timeouts.connect_s,
-        "timeouts.first_byte_s": config.timeouts.first_byte_s, "timeouts.idle_stream_s": config.timeouts.idle_stream_s,
-        "timeouts.request_s": config.timeouts.request_s, "retry.attempts": config.retry.attempts,
-        "health.interval_s": config.health.interval_s, "health.unhealthy_after": config.health.unhealthy_after,
-        "health.healthy_after": config.health.healthy_after, "health.circuit_failures": config.health.circuit_failures,
+        "gateway.max_body_bytes": config.gateway.max_body_bytes,
+        "gateway.upstream_connections": config.gateway.upstream_connections,
+        "timeouts.connect_s": config.timeouts.connect_s,
+        "timeouts.first_byte_s": config.timeouts.first_byte_s,
+        "timeouts.idle_stream_s": config.timeouts.idle_stream_s,
+        "timeouts.request_s": config.timeouts.request_s,
+        "retry.attempts": config.retry.attempts,
+        "health.interval_s": config.health.interval_s,
+        "health.unhealthy_after": config.health.unhealthy_after,
+        "health.healthy_after": config.health.healthy_after,
+        "health.circuit_failures": config.health.circuit_failures,
         "admission.max_inflight": config.admission.max_inflight,
     }
     for key, value in checks.items():
         if value <= 0:
             raise ConfigError(f"{source}: {key}: expected a value > 0, got {value}")
-    for key, value in {"admission.max_queue": config.admission.max_queue,
-                       "admission.backend_max_inflight": config.admission.backend_max_inflight,
-                       "auth.rate_limit_rps": config.auth.rate_limit_rps}.items():
+    for key, value in {
+        "admission.max_queue": config.admission.max_queue,
+        "admission.backend_max_inflight": config.admission.backend_max_inflight,
+        "auth.rate_limit_rps": config.auth.rate_limit_rps,
+    }.items():
         if value < 0:
             raise ConfigError(f"{source}: {key}: expected a value >= 0, got {value}")

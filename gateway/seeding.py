@@ -32,17 +32,21 @@ def _enabled() -> bool:
 
 
 async def _seed_one(spec: BackendSpec, policies: Iterable[Policy]) -> None:
-    m = await asyncio.to_thread(measure_quietly, spec.url, spec.upstream_model, api_key=spec.api_key,
-                                speculative=spec.strategy.speculative)
+    m = await asyncio.to_thread(
+        measure_quietly, spec.url, spec.upstream_model, api_key=spec.api_key, speculative=spec.strategy.speculative
+    )
     if m is None:
         log.warning("backend %s could not be measured at startup; its policy keeps the strategy prior", spec.name)
         return
     for policy in policies:
         policy.seed(spec, m)  # type: ignore[attr-defined]
-    log.warning("backend %s measured at startup: step %s ms, accept %s, prefill %s ms/1k tokens", spec.name,
-                None if m.step_s is None else round(m.step_s * 1000, 2),
-                {d.value: round(a, 2) for d, a in m.accept_length.items()},
-                None if m.prefill_per_token_s is None else round(m.prefill_per_token_s * 1e6, 1))
+    log.warning(
+        "backend %s measured at startup: step %s ms, accept %s, prefill %s ms/1k tokens",
+        spec.name,
+        None if m.step_s is None else round(m.step_s * 1000, 2),
+        {d.value: round(a, 2) for d, a in m.accept_length.items()},
+        None if m.prefill_per_token_s is None else round(m.prefill_per_token_s * 1e6, 1),
+    )
 
 
 def start_seeding(specs: Iterable[BackendSpec], policies: dict[str, Policy]) -> asyncio.Task[None] | None:
@@ -56,8 +60,11 @@ def start_seeding(specs: Iterable[BackendSpec], policies: dict[str, Policy]) -> 
     strategies: dict[str, set[str]] = {}
     for spec in specs:
         strategies.setdefault(spec.model, set()).add(spec.strategy.value)
-    jobs = [_seed_one(spec, [policies[spec.model]]) for spec in specs
-            if spec.model in policies and hasattr(policies[spec.model], "seed") and len(strategies[spec.model]) > 1]
+    jobs = [
+        _seed_one(spec, [policies[spec.model]])
+        for spec in specs
+        if spec.model in policies and hasattr(policies[spec.model], "seed") and len(strategies[spec.model]) > 1
+    ]
     if not jobs:
         return None
 

@@ -11,7 +11,23 @@ from policies.registry import DEFAULT_POLICY, POLICY_NAMES, make_policy
 from policies.threshold import Threshold
 
 __all__ = [
-    "DEFAULT_POLICY", "OBJECTIVES", "POLICY_NAMES", "BackendEstimate", "BackendView", "Decision", "Domain",
-    "Estimates", "Goodput", "NoCandidate", "Outcome", "Policy", "RequestFeatures", "Threshold", "classify",
-    "make_policy", "message_blocks", "text_blocks", "view_load",
+    "DEFAULT_POLICY",
+    "OBJECTIVES",
+    "POLICY_NAMES",
+    "BackendEstimate",
+    "BackendView",
+    "Decision",
+    "Domain",
+    "Estimates",
+    "Goodput",
+    "NoCandidate",
+    "Outcome",
+    "Policy",
+    "RequestFeatures",
+    "Threshold",
+    "classify",
+    "make_policy",
+    "message_blocks",
+    "text_blocks",
+    "view_load",
 ]

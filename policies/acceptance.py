@@ -77,8 +77,21 @@ class Acceptance:
     short context (`values`, the figure reports and the speedup baseline use); both are read on
     the hot path and updated in place."""
 
-    __slots__ = ("prior", "group", "cells", "values", "level", "fast", "tracking", "n", "mix", "drift",
-                 "_report", "_report_mix", "_report_running")
+    __slots__ = (
+        "prior",
+        "group",
+        "cells",
+        "values",
+        "level",
+        "fast",
+        "tracking",
+        "n",
+        "mix",
+        "drift",
+        "_report",
+        "_report_mix",
+        "_report_running",
+    )
 
     def __init__(self, prior: tuple[float, ...], group: ShapeGroup | None = None) -> None:
         """`prior`: one figure per cell, or one per domain (then every cell of a domain starts alike).
@@ -125,9 +138,11 @@ class Acceptance:
         verify pass at temperature 0, short context. The level becomes the measurement's mean
         ratio to the prior. The first backend of a strategy measured also gives the shared shape
         its domain ratios (temperature and context factors keep the prior's)."""
-        usable = {d: x for d, x in measured.items()
-                  if 0 <= d < len(DOMAINS) and isinstance(x, (int, float)) and math.isfinite(x)
-                  and 1.0 <= x <= _MAX_ACCEPT}
+        usable = {
+            d: x
+            for d, x in measured.items()
+            if 0 <= d < len(DOMAINS) and isinstance(x, (int, float)) and math.isfinite(x) and 1.0 <= x <= _MAX_ACCEPT
+        }
         if not usable:
             return
         ratios = {d: x / self.prior[d * CELLS_PER_DOMAIN] for d, x in usable.items()}
@@ -159,9 +174,14 @@ class Acceptance:
         """The backend's windowed accept length, with the number of requests it ran. A report
         from an idle backend or with none of our requests in flight cannot be matched to a
         cell mix; it leaves the last usable one in place."""
-        if (not running or running < 1 or not isinstance(reported, (int, float))
-                or not math.isfinite(reported) or not 1.0 <= reported <= _MAX_ACCEPT
-                or not any(self.mix)):
+        if (
+            not running
+            or running < 1
+            or not isinstance(reported, (int, float))
+            or not math.isfinite(reported)
+            or not 1.0 <= reported <= _MAX_ACCEPT
+            or not any(self.mix)
+        ):
             return
         self._report = float(reported)
         self._report_mix = list(self.mix)
@@ -194,7 +214,7 @@ class Acceptance:
 
     def describe(self) -> dict[str, Any]:
         n_cell = self.group.n_cell
-        per_domain = [sum(n_cell[d * CELLS_PER_DOMAIN:(d + 1) * CELLS_PER_DOMAIN]) for d in range(len(DOMAINS))]
+        per_domain = [sum(n_cell[d * CELLS_PER_DOMAIN : (d + 1) * CELLS_PER_DOMAIN]) for d in range(len(DOMAINS))]
         return {
             "accept_length": {dom.value: round(self.values[i], 3) for i, dom in enumerate(DOMAINS)},
             "accept_length_cells": [round(v, 3) for v in self.cells],

@@ -27,11 +27,16 @@ __all__ = ["bench_choose", "main"]
 
 def _pool(n: int, rng: random.Random) -> list[BackendView]:
     strategies = list(Strategy)
-    return [BackendView(spec=BackendSpec(name=f"b{i}", url="http://x", model="m",
-                                         strategy=strategies[i % len(strategies)]),
-                        inflight=rng.randrange(0, 40), reported_running=rng.randrange(0, 40),
-                        reported_waiting=0, max_running=48)
-            for i in range(n)]
+    return [
+        BackendView(
+            spec=BackendSpec(name=f"b{i}", url="http://x", model="m", strategy=strategies[i % len(strategies)]),
+            inflight=rng.randrange(0, 40),
+            reported_running=rng.randrange(0, 40),
+            reported_waiting=0,
+            max_running=48,
+        )
+        for i in range(n)
+    ]
 
 
 def _plain() -> list[RequestFeatures]:
@@ -49,15 +54,24 @@ def _sessions(rng: random.Random, conversations: int = 200, turns: int = 8) -> l
             history.append({"role": "user", "content": f"conversation {c} turn {t}: " + "why? " * 120})
             chain = message_blocks(history)
             chars = sum(len(m["content"]) for m in history)
-            out.append(RequestFeatures(model="m", domain=list(Domain)[(c + t) % 3], prompt_tokens=chars // 4,
-                                       max_tokens=512, temperature=rng.choice((0.0, 0.6, 1.0)), prefix=chain))
+            out.append(
+                RequestFeatures(
+                    model="m",
+                    domain=list(Domain)[(c + t) % 3],
+                    prompt_tokens=chars // 4,
+                    max_tokens=512,
+                    temperature=rng.choice((0.0, 0.6, 1.0)),
+                    prefix=chain,
+                )
+            )
             history.append({"role": "assistant", "content": f"answer {c}.{t} " + "because. " * 180})
     rng.shuffle(out)
     return out
 
 
-def bench_choose(policy_name: str = "goodput", backends: int = 16, iterations: int = 20000,
-                 sessions: bool = False, **options: Any) -> float:
+def bench_choose(
+    policy_name: str = "goodput", backends: int = 16, iterations: int = 20000, sessions: bool = False, **options: Any
+) -> float:
     """Mean CPU microseconds per `choose` over `iterations` decisions (best of 3 runs)."""
     rng = random.Random(0)
     views = _pool(backends, rng)
@@ -79,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=20000)
     args = ap.parse_args(argv)
     rows: list[tuple[str, bool, dict[str, Any]]] = [
-        ("least_inflight", False, {}), ("threshold", False, {}),
-        ("goodput", False, {"objective": "latency"}), ("goodput", False, {"objective": "throughput"}),
-        ("goodput", True, {"objective": "latency"}), ("goodput", True, {"objective": "throughput"}),
+        ("least_inflight", False, {}),
+        ("threshold", False, {}),
+        ("goodput", False, {"objective": "latency"}),
+        ("goodput", False, {"objective": "throughput"}),
+        ("goodput", True, {"objective": "latency"}),
+        ("goodput", True, {"objective": "throughput"}),
     ]
     for name, sessions, opts in rows:
         us = bench_choose(name, args.backends, args.iterations, sessions=sessions, seed=0, **opts)

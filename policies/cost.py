@@ -49,9 +49,18 @@ class CostModel(Protocol):
     def prefill_stall_s(self, uncached: int) -> float: ...
 
 
-def own_and_imposed_s(est: CostModel, c: int, load: int, uncached: int, out: float, externality: float,
-                      ttft_weight: float = 1.0, pending: int = 0, ttft_slo_s: float = float("inf"),
-                      slo_weight: float = 0.0) -> float:
+def own_and_imposed_s(
+    est: CostModel,
+    c: int,
+    load: int,
+    uncached: int,
+    out: float,
+    externality: float,
+    ttft_weight: float = 1.0,
+    pending: int = 0,
+    ttft_slo_s: float = float("inf"),
+    slo_weight: float = 0.0,
+) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
     what it adds to the requests running beside it."""
     acc = est.accept_at(c)
@@ -59,7 +68,7 @@ def own_and_imposed_s(est: CostModel, c: int, load: int, uncached: int, out: flo
     decode = out * step / acc
     # idle: a forward pass of its own; busy: the rest of the current pass, then its prefill rides
     # in the next one; either way after the prompts queued before it (SGLang prefills FCFS)
-    ttft = (1.5 * step + est.prefill_stall_s(uncached) if load else est.prefill_s(uncached))
+    ttft = 1.5 * step + est.prefill_stall_s(uncached) if load else est.prefill_s(uncached)
     ttft += est.prefill_stall_s(pending)
     cap = est.max_running
     if load >= cap:

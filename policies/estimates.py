@@ -97,12 +97,41 @@ class RateModel:
 class BackendEstimate(RateModel):
     """What is known about one backend. Lookups are plain arithmetic: they run per request."""
 
-    __slots__ = ("name", "strategy", "speculative", "prior", "max_running", "acceptance", "curve",
-                 "step_s", "step_memo", "_acc", "_cells", "prefill", "seen", "last_chosen", "last_report", "observed",
-                 "last_step_s", "last_tok_s", "counters", "server_steps", "last_moments", "last_prefill_counters")
+    __slots__ = (
+        "name",
+        "strategy",
+        "speculative",
+        "prior",
+        "max_running",
+        "acceptance",
+        "curve",
+        "step_s",
+        "step_memo",
+        "_acc",
+        "_cells",
+        "prefill",
+        "seen",
+        "last_chosen",
+        "last_report",
+        "observed",
+        "last_step_s",
+        "last_tok_s",
+        "counters",
+        "server_steps",
+        "last_moments",
+        "last_prefill_counters",
+    )
 
-    def __init__(self, name: str, strategy: Strategy, prior: StrategyPrior, *,
-                 max_running: int | None = None, step_alpha: float = 0.2, shape: ShapeGroup | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        strategy: Strategy,
+        prior: StrategyPrior,
+        *,
+        max_running: int | None = None,
+        step_alpha: float = 0.2,
+        shape: ShapeGroup | None = None,
+    ) -> None:
         self.name = name
         self.strategy = strategy
         self.speculative = strategy.speculative
@@ -153,8 +182,9 @@ class BackendEstimate(RateModel):
             self.curve.observe(1.0, m.step_s)
             self.observed += 1
         if self.speculative and m.accept_length:
-            measured = {DOMAIN_INDEX[Domain(dom)]: x for dom, x in m.accept_length.items()
-                        if f"accept_length[{dom}]" not in bad}
+            measured = {
+                DOMAIN_INDEX[Domain(dom)]: x for dom, x in m.accept_length.items() if f"accept_length[{dom}]" not in bad
+            }
             self.acceptance.seed(measured)
             for d in measured:
                 self.seen[d] = max(self.seen[d], 1)
@@ -205,8 +235,9 @@ class BackendEstimate(RateModel):
             except ValueError:
                 return "bad_domain"
         f = outcome.features
-        c = cell_of(d, f.temperature if f is not None else None,
-                    f.prompt_tokens if f is not None else outcome.prompt_tokens)
+        c = cell_of(
+            d, f.temperature if f is not None else None, f.prompt_tokens if f is not None else outcome.prompt_tokens
+        )
         self.acceptance.note_done(c)  # finished, failed or garbled: no longer in flight
         if outcome.error:
             return "error"
@@ -285,22 +316,27 @@ class BackendEstimate(RateModel):
 
     def describe(self) -> dict[str, Any]:
         """Plain-dict snapshot for `/admin/backends` and eval reports."""
-        out: dict[str, Any] = {"strategy": self.strategy.value, "max_running": self.max_running,
-                               "observed": self.observed, "step_server_windows": self.server_steps}
-        out.update(self.acceptance.describe() if self.speculative else
-                   {"accept_length": {dom.value: 1.0 for dom in DOMAINS}})
+        out: dict[str, Any] = {
+            "strategy": self.strategy.value,
+            "max_running": self.max_running,
+            "observed": self.observed,
+            "step_server_windows": self.server_steps,
+        }
+        out.update(
+            self.acceptance.describe() if self.speculative else {"accept_length": {dom.value: 1.0 for dom in DOMAINS}}
+        )
         out.update(self.curve.describe())
         out.update(self.prefill.describe())
-        out["request_tok_s"] = {dom.value: {str(b): round(self.rate(i, b), 1) for b in BUCKETS}
-                                for i, dom in enumerate(DOMAINS)}
+        out["request_tok_s"] = {
+            dom.value: {str(b): round(self.rate(i, b), 1) for b in BUCKETS} for i, dom in enumerate(DOMAINS)
+        }
         return out
 
 
 class Estimates:
     """Estimates of every backend a policy has seen, keyed by backend name."""
 
-    def __init__(self, priors: Mapping[Strategy, StrategyPrior] = DEFAULT_PRIORS, *,
-                 step_alpha: float = 0.2) -> None:
+    def __init__(self, priors: Mapping[Strategy, StrategyPrior] = DEFAULT_PRIORS, *, step_alpha: float = 0.2) -> None:
         self.priors = priors
         self.step_alpha = step_alpha
         self.backends: dict[str, BackendEstimate] = {}
@@ -310,8 +346,7 @@ class Estimates:
         self.skipped: dict[str, int] = {}
         self._ar_peer: tuple[int, int, BackendEstimate | None] = (-1, -1, None)  # (used, backends, peer)
 
-    def register(self, name: str, strategy: Strategy | str, max_running: int | None = None
-                 ) -> BackendEstimate:
+    def register(self, name: str, strategy: Strategy | str, max_running: int | None = None) -> BackendEstimate:
         """The estimate of `name`, created from its strategy's prior on first sight."""
         est = self.backends.get(name)
         if est is None:
@@ -323,8 +358,7 @@ class Estimates:
             shape = self.shapes.get(strat)
             if shape is None:
                 shape = self.shapes[strat] = ShapeGroup(cell_priors(prior))
-            est = BackendEstimate(name, strat, prior, max_running=max_running, step_alpha=self.step_alpha,
-                                  shape=shape)
+            est = BackendEstimate(name, strat, prior, max_running=max_running, step_alpha=self.step_alpha, shape=shape)
             self.backends[name] = est
         elif max_running and max_running > 0:
             est.set_max_running(max_running)

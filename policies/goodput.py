@@ -63,12 +63,25 @@ class Goodput:
 
     name = "goodput"
 
-    def __init__(self, objective: str = "latency", *, seed: int | None = None,
-                 epsilon: float = 0.05, explore_gap: int = 100, explore_floor: float = 0.5,
-                 bonus: float = 0.1, hysteresis: float = 0.05, externality: float = 1.0, ttft_weight: float = 1.0,
-                 ttft_slo_s: float | None = 5.0, slo_weight: float = 1.0,
-                 prefix_tracking: bool = True, estimates: Estimates | None = None,
-                 backends: Iterable[BackendSpec] = (), rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        objective: str = "latency",
+        *,
+        seed: int | None = None,
+        epsilon: float = 0.05,
+        explore_gap: int = 100,
+        explore_floor: float = 0.5,
+        bonus: float = 0.1,
+        hysteresis: float = 0.05,
+        externality: float = 1.0,
+        ttft_weight: float = 1.0,
+        ttft_slo_s: float | None = 5.0,
+        slo_weight: float = 1.0,
+        prefix_tracking: bool = True,
+        estimates: Estimates | None = None,
+        backends: Iterable[BackendSpec] = (),
+        rng: random.Random | None = None,
+    ) -> None:
         """`estimates` may be any object with the interface of `Estimates` (the evaluator's
         clairvoyant reference passes one that knows the twin's true parameters)."""
         if objective not in OBJECTIVES:
@@ -193,8 +206,7 @@ class Goodput:
                     if not s0:
                         s0 = guess.step_s(load)
                     slower = step - s0 if step > s0 else 0.0
-                    cost += weight * (load if load < cap else cap) * (
-                        pre.per_token_s * uncached + out / acc * slower)
+                    cost += weight * (load if load < cap else cap) * (pre.per_token_s * uncached + out / acc * slower)
             else:
                 cost = own_and_imposed_s(guess, cell, load, uncached, out, weight, wt, v.pending_prefill, slo, over)
             k = est.seen[d]
@@ -215,8 +227,11 @@ class Goodput:
             raise NoCandidate("no healthy backend")
         self._tick += 1
         reason = "best"
-        explore = self._explore(d, cell, request, candidates, best_cost) if (
-            self.epsilon and self._rng.random() < self.epsilon) else None
+        explore = (
+            self._explore(d, cell, request, candidates, best_cost)
+            if (self.epsilon and self._rng.random() < self.epsilon)
+            else None
+        )
         if explore is not None and explore[0] is not best_view:
             best_view, best_est = explore
             reason = "explore"
@@ -243,9 +258,12 @@ class Goodput:
         if best_load + 1 > cap:
             predicted *= cap / (best_load + 1)
         cached = f", {prompt - best_uncached} cached" if best_uncached < prompt else ""
-        return Decision(backend=best_view, score=predicted, prefill_tokens=best_uncached,
-                        reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {best_load + 1}"
-                               f"{cached}")
+        return Decision(
+            backend=best_view,
+            score=predicted,
+            prefill_tokens=best_uncached,
+            reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {best_load + 1}{cached}",
+        )
 
     def _uncached(self, v: BackendView, request: RequestFeatures) -> int:
         if not request.prefix or self.prefixes is None or v.spec.name not in self.prefixes.backends:
@@ -253,8 +271,9 @@ class Goodput:
         held = self.prefixes.backends[v.spec.name].depth(tracked(request.prefix))
         return max(request.prompt_tokens - held * TRACKED_TOKENS, 0)
 
-    def _explore(self, d: int, cell: int, request: RequestFeatures, candidates: Sequence[BackendView],
-                 best_cost: float) -> tuple[BackendView, BackendEstimate] | None:
+    def _explore(
+        self, d: int, cell: int, request: RequestFeatures, candidates: Sequence[BackendView], best_cost: float
+    ) -> tuple[BackendView, BackendEstimate] | None:
         """The candidate chosen least recently among those not chosen for `explore_gap`
         decisions and whose cost is within 1/`explore_floor` of the best: exploring a backend
         predicted 5x slower would cost a whole request for almost no chance of learning that
@@ -281,8 +300,18 @@ class Goodput:
         if not est.observed:
             est = self.estimates.stand_in(est)
         if self._latency:
-            return own_and_imposed_s(est, cell, load, uncached, out, self.externality, self.ttft_weight, pending,
-                                     self.ttft_slo_s, self.slo_weight)
+            return own_and_imposed_s(
+                est,
+                cell,
+                load,
+                uncached,
+                out,
+                self.externality,
+                self.ttft_weight,
+                pending,
+                self.ttft_slo_s,
+                self.slo_weight,
+            )
         return -throughput_gain(est, cell, load, uncached, out)
 
     # ------------------------------------------------------------------- learn
@@ -317,15 +346,19 @@ class Goodput:
             entry = out.setdefault(v.spec.name, est.describe())
             entry["load"] = load
             entry["pending_prefill"] = v.pending_prefill
-            entry["predicted_tok_s"] = {dom.value: round(est.rate(i, load + 1), 1)
-                                        for i, dom in enumerate(DOMAINS)}
+            entry["predicted_tok_s"] = {dom.value: round(est.rate(i, load + 1), 1) for i, dom in enumerate(DOMAINS)}
         if self.prefixes is not None:
             for name, blocks in self.prefixes.describe().items():
                 if name in out:
                     out[name]["prefix_blocks"] = blocks
-        out_meta = {"objective": self.objective, "externality": self.externality, "decisions": self._tick,
-                    "telemetry_used": self.estimates.used,
-                    "telemetry_skipped": dict(self.estimates.skipped), **self.lengths.describe()}
+        out_meta = {
+            "objective": self.objective,
+            "externality": self.externality,
+            "decisions": self._tick,
+            "telemetry_used": self.estimates.used,
+            "telemetry_skipped": dict(self.estimates.skipped),
+            **self.lengths.describe(),
+        }
         return {"policy": out_meta, "backends": out}
 
     def _register(self, v: BackendView) -> BackendEstimate:

@@ -72,8 +72,9 @@ class PrefillModel:
 
     def observe(self, ttft_s: float, uncached: int) -> bool:
         """One request prefilling `uncached` tokens (and not queueing) saw `ttft_s`."""
-        if not (isinstance(ttft_s, (int, float)) and math.isfinite(ttft_s) and 0 < ttft_s <= _MAX_TTFT_S
-                and uncached >= 0):
+        if not (
+            isinstance(ttft_s, (int, float)) and math.isfinite(ttft_s) and 0 < ttft_s <= _MAX_TTFT_S and uncached >= 0
+        ):
             return False
         keep = 1.0 - self._alpha
         x, y = float(uncached), float(ttft_s)
@@ -92,6 +93,9 @@ class PrefillModel:
         self.base_s = max((sy - self.per_token_s * sx) / w, 0.0)
 
     def describe(self) -> dict[str, float | int]:
-        return {"prefill_base_ms": round(self.base_s * 1000, 2),
-                "prefill_ms_per_1k_tokens": round(self.per_token_s * 1e6, 2), "prefill_samples": self.samples,
-                "prefill_server_windows": self.server_rate}
+        return {
+            "prefill_base_ms": round(self.base_s * 1000, 2),
+            "prefill_ms_per_1k_tokens": round(self.per_token_s * 1e6, 2),
+            "prefill_samples": self.samples,
+            "prefill_server_windows": self.server_rate,
+        }

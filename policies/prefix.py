@@ -43,7 +43,7 @@ def text_blocks(text: str) -> tuple[int, ...]:
     h = 0
     for i in range(n):
         start = i * BLOCK_CHARS
-        h = hash((h, text[start:start + BLOCK_CHARS]))
+        h = hash((h, text[start : start + BLOCK_CHARS]))
         chain.append(h)
     return tuple(chain)
 

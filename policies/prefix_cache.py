@@ -38,7 +38,7 @@ TRACKED_TOKENS = TRACK_STRIDE * BLOCK_TOKENS  # tokens per tracked block
 
 def tracked(chain: tuple[int, ...]) -> tuple[int, ...]:
     """The elements of a request's chain the tracker keeps (each identifies a 256-token prefix)."""
-    return chain[TRACK_STRIDE - 1::TRACK_STRIDE]
+    return chain[TRACK_STRIDE - 1 :: TRACK_STRIDE]
 
 
 # Assumption when a backend does not report `max_total_num_tokens`: about what SGLang gives K2.6
@@ -210,5 +210,7 @@ class PrefixCache:
         return sum(len(b.blocks) for b in self.backends.values())
 
     def describe(self) -> dict[str, dict[str, int]]:
-        return {name: {"blocks": len(b.blocks), "capacity": b.capacity, "evicted": b.evicted}
-                for name, b in self.backends.items()}
+        return {
+            name: {"blocks": len(b.blocks), "capacity": b.capacity, "evicted": b.evicted}
+            for name, b in self.backends.items()
+        }

@@ -24,8 +24,20 @@ import msgspec
 from backends import Strategy
 from policies.base import Domain
 
-__all__ = ["CELLS", "CELLS_PER_DOMAIN", "DEFAULT_PRIORS", "DOMAINS", "DOMAIN_INDEX", "LONG_CONTEXT_TOKENS",
-           "StepPrior", "StrategyPrior", "cell_of", "cell_priors", "prior_for", "temperature_band"]
+__all__ = [
+    "CELLS",
+    "CELLS_PER_DOMAIN",
+    "DEFAULT_PRIORS",
+    "DOMAINS",
+    "DOMAIN_INDEX",
+    "LONG_CONTEXT_TOKENS",
+    "StepPrior",
+    "StrategyPrior",
+    "cell_of",
+    "cell_priors",
+    "prior_for",
+    "temperature_band",
+]
 
 DOMAINS: tuple[Domain, ...] = (Domain.MATH, Domain.CODE, Domain.CHAT)
 DOMAIN_INDEX: dict[Domain, int] = {d: i for i, d in enumerate(DOMAINS)}
@@ -50,7 +62,8 @@ def temperature_band(temperature: float | None) -> int:
 def cell_of(d: int, temperature: float | None, prompt_tokens: int) -> int:
     """The acceptance cell of a request of domain index `d`."""
     return (d * TEMPERATURE_BANDS + temperature_band(temperature)) * CONTEXT_BANDS + (
-        1 if prompt_tokens > LONG_CONTEXT_TOKENS else 0)
+        1 if prompt_tokens > LONG_CONTEXT_TOKENS else 0
+    )
 
 
 class StepPrior(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,24 +114,29 @@ DEFAULT_PRIORS: Mapping[Strategy, StrategyPrior] = {
     # Assumption: EAGLE-3 with 3 steps, topk 1 (4 verified tokens); public EAGLE-3 runs accept
     # about 3 tokens per pass on math, fewer on chat; the 3-step draft head costs a few ms.
     Strategy.EAGLE3: StrategyPrior(
-        accept=(3.2, 3.0, 2.6), step=StepPrior(width=4, draft0_s=0.006, draft1_s=0.03e-3),
-        max_running=48),
+        accept=(3.2, 3.0, 2.6), step=StepPrior(width=4, draft0_s=0.006, draft1_s=0.03e-3), max_running=48
+    ),
     # R7/R8: DFlash block 8 accepts 3.6-4.9 per dataset; the 3B drafter costs ~9.5 ms at batch 32.
     # Beyond the 4096-token draft window the drafter sees a truncated context (assumption: 85% of
     # the drafts accepted).
     Strategy.DFLASH: StrategyPrior(
-        accept=(4.9, 4.2, 3.6), step=StepPrior(width=8, draft0_s=0.003, draft1_s=0.2e-3),
-        max_running=48, long_context_factor=0.85),
+        accept=(4.9, 4.2, 3.6),
+        step=StepPrior(width=8, draft0_s=0.003, draft1_s=0.2e-3),
+        max_running=48,
+        long_context_factor=0.85,
+    ),
     # Assumption: DDTree over the DFlash drafter, budget 32 (33 verified tokens), accepting about
     # 1.3x DFlash (DDTree paper: 8.22x vs 6.09x speedup); the tree adds little drafting cost.
     Strategy.DDTREE: StrategyPrior(
-        accept=(6.4, 5.5, 4.7), step=StepPrior(width=33, draft0_s=0.003, draft1_s=0.25e-3),
-        max_running=48, long_context_factor=0.85),
+        accept=(6.4, 5.5, 4.7),
+        step=StepPrior(width=33, draft0_s=0.003, draft1_s=0.25e-3),
+        max_running=48,
+        long_context_factor=0.85,
+    ),
 }
 
 
-def prior_for(strategy: Strategy | str,
-              priors: Mapping[Strategy, StrategyPrior] = DEFAULT_PRIORS) -> StrategyPrior:
+def prior_for(strategy: Strategy | str, priors: Mapping[Strategy, StrategyPrior] = DEFAULT_PRIORS) -> StrategyPrior:
     """The prior of a strategy; an unknown strategy is treated as autoregressive (no gain assumed)."""
     try:
         return priors[Strategy(strategy)]

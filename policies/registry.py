@@ -21,8 +21,21 @@ POLICY_OPTIONS: dict[str, frozenset[str]] = {
     "round_robin": frozenset(),
     "least_inflight": frozenset({"seed"}),
     "threshold": frozenset({"threshold", "seed"}),
-    "goodput": frozenset({"objective", "seed", "epsilon", "explore_gap", "explore_floor", "bonus",
-                          "hysteresis", "externality", "ttft_weight", "prefix_tracking", "backends"}),
+    "goodput": frozenset(
+        {
+            "objective",
+            "seed",
+            "epsilon",
+            "explore_gap",
+            "explore_floor",
+            "bonus",
+            "hysteresis",
+            "externality",
+            "ttft_weight",
+            "prefix_tracking",
+            "backends",
+        }
+    ),
 }
 
 
@@ -41,10 +54,10 @@ def make_policy(name: str, **options: Any) -> Policy:
     given = {k: v for k, v in options.items() if v is not None}
     unknown = sorted(set(given) - POLICY_OPTIONS[name])
     if unknown:
-        raise ValueError(f"policy {name!r} does not take option(s) {unknown}; "
-                         f"it takes {sorted(POLICY_OPTIONS[name])}")
+        raise ValueError(f"policy {name!r} does not take option(s) {unknown}; it takes {sorted(POLICY_OPTIONS[name])}")
     if name == "least_inflight":
         import random
+
         return LeastInflight(random.Random(given["seed"]) if "seed" in given else None)
     if name == "round_robin":
         return RoundRobin()

@@ -26,8 +26,7 @@ class Threshold:
 
     name = "threshold"
 
-    def __init__(self, threshold: int = 16, *, seed: int | None = None,
-                 rng: random.Random | None = None) -> None:
+    def __init__(self, threshold: int = 16, *, seed: int | None = None, rng: random.Random | None = None) -> None:
         if threshold < 1:
             raise ValueError(f"threshold must be >= 1, got {threshold}")
         self.threshold = threshold

@@ -10,8 +10,10 @@ from policies import BackendView, Domain, NoCandidate, RequestFeatures, classify
 
 
 def _views(*inflight: int) -> list[BackendView]:
-    return [BackendView(spec=BackendSpec(name=f"b{i}", url="http://x", model="m", strategy=Strategy.AR),
-                        inflight=n) for i, n in enumerate(inflight)]
+    return [
+        BackendView(spec=BackendSpec(name=f"b{i}", url="http://x", model="m", strategy=Strategy.AR), inflight=n)
+        for i, n in enumerate(inflight)
+    ]
 
 
 REQ = RequestFeatures(model="m")
@@ -56,18 +58,23 @@ def test_unknown_policy_is_refused():
         make_policy("fastest")
 
 
-@pytest.mark.parametrize("text,domain", [
-    ("Natalia sold clips to 48 of her friends in April, and then half as many in May. How many clips in total?",
-     Domain.MATH),
-    ("Solve the equation 3x + 5 = 20.", Domain.MATH),
-    ("What is 17 * 23?", Domain.MATH),
-    ("Write a Python function that returns the n-th Fibonacci number.", Domain.CODE),
-    ("```js\nfunction f(a) { return a + 1; }\n```\nWhy does this return NaN for 2+2?", Domain.CODE),
-    ("Implement binary search in Rust.", Domain.CODE),
-    ("Tell me about the history of the Roman Empire.", Domain.CHAT),
-    ("Write a short poem about autumn leaves.", Domain.CHAT),
-    ("", Domain.CHAT),
-])
+@pytest.mark.parametrize(
+    "text,domain",
+    [
+        (
+            "Natalia sold clips to 48 of her friends in April, and then half as many in May. How many clips in total?",
+            Domain.MATH,
+        ),
+        ("Solve the equation 3x + 5 = 20.", Domain.MATH),
+        ("What is 17 * 23?", Domain.MATH),
+        ("Write a Python function that returns the n-th Fibonacci number.", Domain.CODE),
+        ("```js\nfunction f(a) { return a + 1; }\n```\nWhy does this return NaN for 2+2?", Domain.CODE),
+        ("Implement binary search in Rust.", Domain.CODE),
+        ("Tell me about the history of the Roman Empire.", Domain.CHAT),
+        ("Write a short poem about autumn leaves.", Domain.CHAT),
+        ("", Domain.CHAT),
+    ],
+)
 def test_domain_classifier_rules(text, domain):
     assert classify(text) == domain
 

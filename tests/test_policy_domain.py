@@ -32,11 +32,16 @@ LABELLED: list[tuple[str, Domain]] = [
     ("Leaving at 7:40 and walking 5 km to school at 4 km an hour, what time does Jo arrive?", M),
     # prices
     ("A jacket costs 80 after a 20% discount. What was its original price?", M),
-    ("Pencils are sold at 3 for 1.20 and erasers at 0.45 each. Sam buys 12 pencils and 4 erasers; what does he pay?",
-     M),
+    (
+        "Pencils are sold at 3 for 1.20 and erasers at 0.45 each. Sam buys 12 pencils and 4 erasers; what does he pay?",
+        M,
+    ),
     ("A shop buys shirts at 14 each and sells them at 21. How many must it sell to make a profit of 700?", M),
-    ("Tickets cost 12 for adults and 7 for children. A family of 2 adults and 3 children pays with a 50 note. "
-     "What change do they get?", M),
+    (
+        "Tickets cost 12 for adults and 7 for children. A family of 2 adults and 3 children pays with a 50 note. "
+        "What change do they get?",
+        M,
+    ),
     # textbook math
     ("Solve 3x + 7 = 22 for x.", M),
     ("What is the derivative of x^3 - 4x?", M),

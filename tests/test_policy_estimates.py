@@ -15,14 +15,20 @@ MATH, CODE, CHAT = (DOMAIN_INDEX[d] for d in (Domain.MATH, Domain.CODE, Domain.C
 MATH_C, CODE_C, CHAT_C = (cell_of(d, 0.0, 0) for d in (MATH, CODE, CHAT))
 
 
-def _outcome(backend="spec", domain=Domain.MATH, load=1, tokens=513, step_s=0.05, accept=5.0,
-             **over) -> Outcome:
+def _outcome(backend="spec", domain=Domain.MATH, load=1, tokens=513, step_s=0.05, accept=5.0, **over) -> Outcome:
     """A finished request that saw `load` in flight, `step_s` per pass and `accept` per pass."""
     verify = round(tokens / accept) if accept else None
-    fields = dict(backend=backend, domain=domain, inflight_at_dispatch=load, completion_tokens=tokens,
-                  decode_s=(verify or tokens - 1) * step_s, verify_ct=verify,
-                  accept_length=tokens / verify if verify else None, ttft_s=0.1,
-                  features=RequestFeatures(model="m", domain=domain, temperature=0.0))
+    fields = dict(
+        backend=backend,
+        domain=domain,
+        inflight_at_dispatch=load,
+        completion_tokens=tokens,
+        decode_s=(verify or tokens - 1) * step_s,
+        verify_ct=verify,
+        accept_length=tokens / verify if verify else None,
+        ttft_s=0.1,
+        features=RequestFeatures(model="m", domain=domain, temperature=0.0),
+    )
     fields.update(over)
     return Outcome(**fields)
 
@@ -112,6 +118,7 @@ def test_mean_inflight_is_preferred_to_the_count_at_dispatch(est):
 
 def test_step_curve_interpolates_between_buckets():
     from policies.priors import StepPrior
+
     curve = StepCurve(StepPrior(t0_s=0.04, k_s=0.0), max_running=256)
     curve.observe(4, 0.04)
     curve.observe(8, 0.08)
@@ -120,22 +127,25 @@ def test_step_curve_interpolates_between_buckets():
     assert curve.step_s(8) == pytest.approx(0.08)
 
 
-@pytest.mark.parametrize("bad,reason", [
-    (dict(error="upstream 500"), "error"),
-    (dict(completion_tokens=0), "too_few_tokens"),
-    (dict(completion_tokens=1), "too_few_tokens"),
-    (dict(decode_s=None), "bad_decode_s"),
-    (dict(decode_s=0.0), "bad_decode_s"),
-    (dict(decode_s=-1.0), "bad_decode_s"),
-    (dict(decode_s=math.nan), "bad_decode_s"),
-    (dict(decode_s=math.inf), "bad_decode_s"),
-    (dict(inflight_at_dispatch=0), "bad_load"),
-    (dict(verify_ct=None, accept_length=None), "no_spec_details"),
-    (dict(verify_ct=None, accept_length=math.nan), "no_spec_details"),
-    (dict(verify_ct=1, completion_tokens=500), "bad_accept"),
-    (dict(decode_s=1e6), "bad_step"),
-    (dict(backend="nobody"), "unknown_backend"),
-])
+@pytest.mark.parametrize(
+    "bad,reason",
+    [
+        (dict(error="upstream 500"), "error"),
+        (dict(completion_tokens=0), "too_few_tokens"),
+        (dict(completion_tokens=1), "too_few_tokens"),
+        (dict(decode_s=None), "bad_decode_s"),
+        (dict(decode_s=0.0), "bad_decode_s"),
+        (dict(decode_s=-1.0), "bad_decode_s"),
+        (dict(decode_s=math.nan), "bad_decode_s"),
+        (dict(decode_s=math.inf), "bad_decode_s"),
+        (dict(inflight_at_dispatch=0), "bad_load"),
+        (dict(verify_ct=None, accept_length=None), "no_spec_details"),
+        (dict(verify_ct=None, accept_length=math.nan), "no_spec_details"),
+        (dict(verify_ct=1, completion_tokens=500), "bad_accept"),
+        (dict(decode_s=1e6), "bad_step"),
+        (dict(backend="nobody"), "unknown_backend"),
+    ],
+)
 def test_garbage_telemetry_is_skipped_and_counted_never_raised(est, bad, reason):
     before = est.get("spec").describe()
     assert est.observe(_outcome(**bad)) is False

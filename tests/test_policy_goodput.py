@@ -13,18 +13,36 @@ MATH = RequestFeatures(model="m", domain=Domain.MATH, temperature=0.0)
 
 
 def _view(name: str, strategy: Strategy = Strategy.AR, inflight: int = 0, **kw) -> BackendView:
-    return BackendView(spec=BackendSpec(name=name, url="http://x", model="m", strategy=strategy),
-                       inflight=inflight, **kw)
+    return BackendView(
+        spec=BackendSpec(name=name, url="http://x", model="m", strategy=strategy), inflight=inflight, **kw
+    )
 
 
-def _teach(policy: Goodput, backend: str, *, load: int, step_s: float, accept: float | None,
-           domain: Domain = Domain.MATH, times: int = 20, tokens: int = 513) -> None:
+def _teach(
+    policy: Goodput,
+    backend: str,
+    *,
+    load: int,
+    step_s: float,
+    accept: float | None,
+    domain: Domain = Domain.MATH,
+    times: int = 20,
+    tokens: int = 513,
+) -> None:
     """Feed finished requests that saw `load` in flight, `step_s` per pass, `accept` per pass."""
     for _ in range(times):
         verify = round(tokens / accept) if accept else None
-        policy.observe(Outcome(backend=backend, domain=domain, inflight_at_dispatch=load,
-                               completion_tokens=tokens, decode_s=(verify or tokens - 1) * step_s,
-                               verify_ct=verify, features=RequestFeatures(model="m", domain=domain, temperature=0.0)))
+        policy.observe(
+            Outcome(
+                backend=backend,
+                domain=domain,
+                inflight_at_dispatch=load,
+                completion_tokens=tokens,
+                decode_s=(verify or tokens - 1) * step_s,
+                verify_ct=verify,
+                features=RequestFeatures(model="m", domain=domain, temperature=0.0),
+            )
+        )
 
 
 def _crafted(objective: str = "latency") -> tuple[Goodput, BackendView, BackendView]:
@@ -145,6 +163,7 @@ def test_same_seed_same_decisions():
         policy = Goodput(seed=seed, epsilon=0.2, explore_gap=0, explore_floor=0.0)
         views = [_view("a"), _view("b", Strategy.DFLASH), _view("c", Strategy.EAGLE3)]
         return [policy.choose(MATH, views).backend.name for _ in range(300)]
+
     assert run(11) == run(11)
     assert run(11) != run(12)
 
@@ -198,6 +217,7 @@ def test_threshold_spreads_over_speculative_backends_and_overflows_without_ar():
 
 def test_registry_builds_every_policy_and_refuses_unknown_options():
     from policies import POLICY_NAMES
+
     for name in POLICY_NAMES:
         opts = {"pinned_backend": "x"} if name == "pinned" else {}
         assert make_policy(name, **opts).name == name
@@ -209,7 +229,6 @@ def test_registry_builds_every_policy_and_refuses_unknown_options():
         make_policy("threshold", objective="latency")
     with pytest.raises(ValueError, match="threshold must be"):
         make_policy("threshold", threshold=0)
-
 
 
 def _two(strategy):
@@ -230,8 +249,9 @@ def test_unmeasured_ar_backend_is_predicted_like_its_measured_ar_peer():
     policy = make_policy("goodput", seed=1, epsilon=0.0)
     policy.choose(RequestFeatures(model="m"), views)
     for _ in range(5):  # b measured at 1300 tok/s; a never was
-        policy.observe(Outcome(backend="b", domain=Domain.CHAT, inflight_at_dispatch=1, completion_tokens=40,
-                               decode_s=39 / 1300.0))
+        policy.observe(
+            Outcome(backend="b", domain=Domain.CHAT, inflight_at_dispatch=1, completion_tokens=40, decode_s=39 / 1300.0)
+        )
     views[1].inflight = 3  # b is busier: a, equally fast by its peer, wins
     decision = policy.choose(RequestFeatures(model="m"), views)
     assert decision.backend.name == "a" and decision.score > 500  # its own prior says 26
@@ -247,8 +267,16 @@ def test_speculative_backends_of_one_strategy_do_not_stand_in_for_each_other():
     policy = make_policy("goodput", seed=1, epsilon=0.0, bonus=0.0)
     policy.choose(RequestFeatures(model="m"), views)
     for _ in range(5):
-        policy.observe(Outcome(backend="b", domain=Domain.MATH, inflight_at_dispatch=1, completion_tokens=100,
-                               decode_s=99 / 2000.0, verify_ct=7))
+        policy.observe(
+            Outcome(
+                backend="b",
+                domain=Domain.MATH,
+                inflight_at_dispatch=1,
+                completion_tokens=100,
+                decode_s=99 / 2000.0,
+                verify_ct=7,
+            )
+        )
     prior_only = policy.estimates.get("a").rate(0, 1)
     assert policy.estimates.stand_in(policy.estimates.get("a")) is policy.estimates.get("a")
     assert policy.choose(RequestFeatures(model="m", domain=Domain.MATH), views).backend.name == "b"

@@ -9,10 +9,15 @@ from policies.prefix_cache import TRACKED_TOKENS, PrefixCache
 
 
 def _turns() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    first = [{"role": "system", "content": "You are a careful assistant. " * 80},
-             {"role": "user", "content": "Explain the radix cache in SGLang. " * 40}]
-    second = [*first, {"role": "assistant", "content": "It keeps the KV of served prompts in a tree. " * 30},
-              {"role": "user", "content": "And how is it evicted?"}]
+    first = [
+        {"role": "system", "content": "You are a careful assistant. " * 80},
+        {"role": "user", "content": "Explain the radix cache in SGLang. " * 40},
+    ]
+    second = [
+        *first,
+        {"role": "assistant", "content": "It keeps the KV of served prompts in a tree. " * 30},
+        {"role": "user", "content": "And how is it evicted?"},
+    ]
     return first, second
 
 
@@ -20,7 +25,7 @@ def test_a_next_turn_shares_every_full_block_of_the_earlier_request() -> None:
     first, second = _turns()
     a, b = message_blocks(first), message_blocks(second)
     assert len(a) >= 2 and len(b) > len(a)
-    assert b[:len(a)] == a
+    assert b[: len(a)] == a
 
 
 def test_a_different_history_shares_nothing_from_the_first_difference_on() -> None:
@@ -47,9 +52,11 @@ def test_the_partial_last_block_is_left_out_and_work_is_capped() -> None:
 
 
 def test_odd_shapes_are_read_not_rejected() -> None:
-    odd = ["not a message", {"role": 3, "content": [{"type": "image_url"}, {"type": "text", "text": "z" * 2400}]},
-           {"role": "assistant", "content": None,
-            "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}, "junk"]}]
+    odd = [
+        "not a message",
+        {"role": 3, "content": [{"type": "image_url"}, {"type": "text", "text": "z" * 2400}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}, "junk"]},
+    ]
     assert len(message_blocks(odd)) == len(render_history(odd)) // BLOCK_CHARS >= 9
 
 
@@ -72,12 +79,16 @@ def test_prefix_tracking_stays_bounded_at_a_million_distinct_conversations() -> 
 
 
 def test_the_policy_remembers_where_a_conversation_is_and_goes_back() -> None:
-    views = [BackendView(spec=BackendSpec(name=n, url="http://x", model="m", strategy=Strategy.DFLASH))
-             for n in ("a", "b", "c")]
+    views = [
+        BackendView(spec=BackendSpec(name=n, url="http://x", model="m", strategy=Strategy.DFLASH))
+        for n in ("a", "b", "c")
+    ]
     policy = Goodput(seed=0, epsilon=0.0)
     # a long agent history (~16k tokens): re-prefilling it elsewhere costs more than waiting
-    history = [{"role": "system", "content": "Be brief. " * 300},
-               {"role": "user", "content": "Summarise the design. " * 2800}]
+    history = [
+        {"role": "system", "content": "Be brief. " * 300},
+        {"role": "user", "content": "Summarise the design. " * 2800},
+    ]
     turn1 = RequestFeatures(model="m", domain=Domain.CHAT, prompt_tokens=16000, prefix=message_blocks(history))
     first = policy.choose(turn1, views).backend
     first.inflight += 3  # busier than the others now, yet its cache holds the conversation
@@ -85,8 +96,12 @@ def test_the_policy_remembers_where_a_conversation_is_and_goes_back() -> None:
     turn2 = RequestFeatures(model="m", domain=Domain.CHAT, prompt_tokens=16300, prefix=message_blocks(history))
     again = policy.choose(turn2, views)
     assert again.backend is first and "cached" in again.reason
-    other = RequestFeatures(model="m", domain=Domain.CHAT, prompt_tokens=16000,
-                            prefix=message_blocks([{"role": "user", "content": "Unrelated. " * 6000}]))
+    other = RequestFeatures(
+        model="m",
+        domain=Domain.CHAT,
+        prompt_tokens=16000,
+        prefix=message_blocks([{"role": "user", "content": "Unrelated. " * 6000}]),
+    )
     assert policy.choose(other, views).backend is not first  # nothing cached anywhere: the least loaded
 
 

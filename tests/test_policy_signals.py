@@ -57,8 +57,12 @@ def test_a_window_closes_after_enough_steps_and_restarts_when_the_counters_go_ba
 
 
 def test_the_load_report_carries_the_prefill_counters_summed_over_ranks():
-    rank = {"num_running_reqs": 1, "num_waiting_reqs": 0,
-            "total_prefill_busy_us": 500, "total_prefill_uncached_tokens": 40}
+    rank = {
+        "num_running_reqs": 1,
+        "num_waiting_reqs": 0,
+        "total_prefill_busy_us": 500,
+        "total_prefill_uncached_tokens": 40,
+    }
     report = parse_loads({"loads": [rank, dict(rank)]})
     assert report is not None and report.prefill_counters == (1000.0, 80.0)
     partial = parse_loads({"loads": [rank, {"num_running_reqs": 0, "num_waiting_reqs": 0}]})
@@ -70,8 +74,16 @@ def test_the_load_report_carries_the_prefill_counters_summed_over_ranks():
 
 def _stalled_outcome(backend: str, *, stall_s: float) -> Outcome:
     """A 600-token request at 6 tokens a pass and 45 ms a pass, plus `stall_s` of others' prefill."""
-    return Outcome(backend=backend, domain=Domain.CHAT, inflight_at_dispatch=4, completion_tokens=600,
-                   verify_ct=100, decode_s=100 * 0.045 + stall_s, ttft_s=0.2, features=CHAT)
+    return Outcome(
+        backend=backend,
+        domain=Domain.CHAT,
+        inflight_at_dispatch=4,
+        completion_tokens=600,
+        verify_ct=100,
+        decode_s=100 * 0.045 + stall_s,
+        ttft_s=0.2,
+        features=CHAT,
+    )
 
 
 def test_identical_servers_stay_identical_when_one_gets_the_long_prompts():
@@ -97,8 +109,18 @@ def test_without_counters_a_short_stalled_request_barely_moves_the_step_curve():
     est = policy.estimates.backends["a"]
     before = est.step_s(4)
     # a 24-token tool call over 4 passes, one of which carried a 2 s prefill chunk
-    policy.observe(Outcome(backend="a", domain=Domain.CHAT, inflight_at_dispatch=4, completion_tokens=24,
-                           verify_ct=4, decode_s=4 * 0.045 + 2.0, ttft_s=0.2, features=CHAT))
+    policy.observe(
+        Outcome(
+            backend="a",
+            domain=Domain.CHAT,
+            inflight_at_dispatch=4,
+            completion_tokens=24,
+            verify_ct=4,
+            decode_s=4 * 0.045 + 2.0,
+            ttft_s=0.2,
+            features=CHAT,
+        )
+    )
     # it measured 0.55 s a pass (11x); weighed by its 4 passes it moves the curve a 16th of the way
     assert est.step_s(4) < 2 * before
 
@@ -123,13 +145,35 @@ def test_prefill_speed_is_not_learned_from_a_busy_servers_ttft():
     est = policy.estimates.backends["a"]
     slope = est.prefill.per_token_s
     for _ in range(20):  # TTFTs of 10 s: waiting behind someone else's 80k-token prompt
-        policy.observe(Outcome(backend="a", domain=Domain.CHAT, inflight_at_dispatch=5, completion_tokens=100,
-                               verify_ct=20, decode_s=1.0, ttft_s=10.0, prompt_tokens=200, cached_tokens=0,
-                               features=CHAT))
+        policy.observe(
+            Outcome(
+                backend="a",
+                domain=Domain.CHAT,
+                inflight_at_dispatch=5,
+                completion_tokens=100,
+                verify_ct=20,
+                decode_s=1.0,
+                ttft_s=10.0,
+                prompt_tokens=200,
+                cached_tokens=0,
+                features=CHAT,
+            )
+        )
     assert est.prefill.per_token_s == slope and est.prefill.samples == 0
-    policy.observe(Outcome(backend="a", domain=Domain.CHAT, inflight_at_dispatch=1, completion_tokens=100,
-                           verify_ct=20, decode_s=1.0, ttft_s=0.08, prompt_tokens=200, cached_tokens=0,
-                           features=CHAT))
+    policy.observe(
+        Outcome(
+            backend="a",
+            domain=Domain.CHAT,
+            inflight_at_dispatch=1,
+            completion_tokens=100,
+            verify_ct=20,
+            decode_s=1.0,
+            ttft_s=0.08,
+            prompt_tokens=200,
+            cached_tokens=0,
+            features=CHAT,
+        )
+    )
     assert est.prefill.samples == 1  # an idle dispatch teaches it
 
 
@@ -194,9 +238,11 @@ def test_the_gateway_counts_a_prompt_pending_until_its_first_token_and_passes_th
         t = threading.Thread(target=send)
         t.start()
         try:
+
             def pending() -> int:
-                return int(get_json(f"{gw}/admin/backends")["policies"]["kimi-k2.6"]["backends"]["d"]
-                           .get("pending_prefill", 0))
+                return int(
+                    get_json(f"{gw}/admin/backends")["policies"]["kimi-k2.6"]["backends"]["d"].get("pending_prefill", 0)
+                )
 
             assert wait_until(lambda: pending() > 30_000, timeout=10)  # queued/prefilling: ~40k tokens
             assert wait_until(lambda: pending() == 0, timeout=30)  # its first token came
@@ -207,8 +253,9 @@ def test_the_gateway_counts_a_prompt_pending_until_its_first_token_and_passes_th
         def windows() -> bool:
             # the policy reads the polled counters when it decides: a request now and then, each
             # decoding ~50 steps, so that a window of 40 steps closes between two decisions
-            client.chat.completions.create(model="kimi-k2.6", messages=[{"role": "user", "content": "hi"}],
-                                           max_tokens=300)
+            client.chat.completions.create(
+                model="kimi-k2.6", messages=[{"role": "user", "content": "hi"}], max_tokens=300
+            )
             d = get_json(f"{gw}/admin/backends")["policies"]["kimi-k2.6"]["backends"]["d"]
             return d["step_server_windows"] >= 1 and d["prefill_server_windows"] >= 1
 

@@ -45,24 +45,58 @@ def ensure_venvs() -> None:
 
 
 def offline_env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LITELLM_LOG": "ERROR",
-            "LITELLM_TELEMETRY": "False", "LITELLM_MASTER_KEY": MASTER_KEY, "NO_DOCS": "True"}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "LITELLM_MASTER_KEY": MASTER_KEY,
+        "NO_DOCS": "True",
+    }
 
 
 def sglang_cmd(port: int, workers: list[str], policy: str) -> list[str]:
-    return [str(_python("sglang-router")), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-            "--port", str(port), "--worker-urls", *workers, "--policy", policy, "--log-level", "warn"]
+    return [
+        str(_python("sglang-router")),
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *workers,
+        "--policy",
+        policy,
+        "--log-level",
+        "warn",
+    ]
 
 
 def litellm_config(model: str, workers: list[str], strategy: str) -> str:
     lines = ["model_list:"]
     for url in workers:
-        lines += [f"  - model_name: {model}", "    litellm_params:", f"      model: openai/{model}",
-                  f"      api_base: {url}/v1", "      api_key: none"]
+        lines += [
+            f"  - model_name: {model}",
+            "    litellm_params:",
+            f"      model: openai/{model}",
+            f"      api_base: {url}/v1",
+            "      api_key: none",
+        ]
     lines += ["router_settings:", f"  routing_strategy: {strategy}", "litellm_settings:", "  telemetry: false"]
     return "\n".join(lines) + "\n"
 
 
 def litellm_cmd(port: int, config: Path) -> list[str]:
-    return [str(VENVS / "litellm" / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
-            "--port", str(port), "--num_workers", "1"]
+    return [
+        str(VENVS / "litellm" / "bin" / "litellm"),
+        "--config",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]

@@ -88,10 +88,24 @@ def workloads(rate: float, scale: float, quick: bool) -> list[Workload]:
     return [
         Workload("closed-c4", ("--concurrency", "4", "--num-prompts", str(12 * n), "--dataset", "mixed", *common)),
         Workload("closed-c32", ("--concurrency", "32", "--num-prompts", str(48 * n), "--dataset", "mixed", *common)),
-        Workload("open", ("--concurrency", "inf", "--request-rate", f"{rate / scale:g}", "--num-prompts",
-                          str(60 * n), "--dataset", "mixed", *common)),
-        Workload("sessions", ("--concurrency", "8", "--num-prompts", str(8 * n), "--max-turns", "4",
-                              "--dataset", "sessions", *common)),
+        Workload(
+            "open",
+            (
+                "--concurrency",
+                "inf",
+                "--request-rate",
+                f"{rate / scale:g}",
+                "--num-prompts",
+                str(60 * n),
+                "--dataset",
+                "mixed",
+                *common,
+            ),
+        ),
+        Workload(
+            "sessions",
+            ("--concurrency", "8", "--num-prompts", str(8 * n), "--max-turns", "4", "--dataset", "sessions", *common),
+        ),
     ]
 
 
@@ -123,7 +137,7 @@ def _cpu_seconds(pid: int) -> float:
             raw = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = raw[raw.rindex(")") + 2:].split()
+        fields = raw[raw.rindex(")") + 2 :].split()
         p = int(entry.name)
         children.setdefault(int(fields[1]), []).append(p)
         stats[p] = (int(fields[11]) + int(fields[12])) / tick
@@ -147,8 +161,9 @@ def _router(c: Contestant, workers: dict[str, str], group: ProcessGroup, tmp: Pa
         config = tmp / f"specroute-{port}.toml"
         lines = [f'[gateway]\nlisten = "127.0.0.1:{port}"\n']
         for b in c.backends:
-            lines.append(f'[[backends]]\nname = "{b}"\nurl = "{workers[b]}"\nmodel = "{MODEL}"\n'
-                         f'strategy = "{STRATEGIES[b]}"\n')
+            lines.append(
+                f'[[backends]]\nname = "{b}"\nurl = "{workers[b]}"\nmodel = "{MODEL}"\nstrategy = "{STRATEGIES[b]}"\n'
+            )
         config.write_text("\n".join(lines))
         proc = group.start("router", specroute_cmd("serve", "--config", str(config)), log_file=tmp / "specroute.log")
         ready = f"http://127.0.0.1:{port}/health"
@@ -172,8 +187,14 @@ def _router(c: Contestant, workers: dict[str, str], group: ProcessGroup, tmp: Pa
 def _start_env(group: ProcessGroup, cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115  (the child keeps it; closed below once started)
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=peers.offline_env(), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=peers.offline_env(),
+            start_new_session=True,
+        )
     finally:
         out.close()
     group.procs["router"] = proc
@@ -213,15 +234,21 @@ def figures(result: Result, requests: list[dict[str, Any]], scale: float, wall_s
     ok = [r for r in requests if r.get("ok")]
     result.requests = len(requests)
     result.errors = len(requests) - len(ok)
-    rates = [r["output_tokens"] / (r["e2e_ms"] / 1000) * scale
-             for r in ok if r.get("e2e_ms") and r.get("output_tokens")]
+    rates = [
+        r["output_tokens"] / (r["e2e_ms"] / 1000) * scale for r in ok if r.get("e2e_ms") and r.get("output_tokens")
+    ]
     e2e = [r["e2e_ms"] / 1000 / scale for r in ok if r.get("e2e_ms") is not None]
     ttft = [r["ttft_ms"] / 1000 / scale for r in ok if r.get("ttft_ms") is not None]
     result.mean_request_tok_s = statistics.fmean(rates) if rates else None
     result.e2e_p50_s, result.e2e_p99_s = _pct(e2e, 0.5), _pct(e2e, 0.99)
     result.ttft_p99_s = _pct(ttft, 0.99)
-    good = sum(1 for r in ok if r.get("ttft_ms") is not None and r["ttft_ms"] / 1000 / scale <= SLO_TTFT_S
-               and (r.get("tpot_ms") is None or r["tpot_ms"] / 1000 / scale <= SLO_TPOT_S))
+    good = sum(
+        1
+        for r in ok
+        if r.get("ttft_ms") is not None
+        and r["ttft_ms"] / 1000 / scale <= SLO_TTFT_S
+        and (r.get("tpot_ms") is None or r["tpot_ms"] / 1000 / scale <= SLO_TPOT_S)
+    )
     result.slo_goodput_rps = good / (wall_s / scale) if wall_s > 0 else None
     for r in ok:
         name = r.get("backend") or "-"
@@ -229,8 +256,20 @@ def figures(result: Result, requests: list[dict[str, Any]], scale: float, wall_s
 
 
 def _loadgen(url: str, key: str | None, w: Workload, out: Path) -> tuple[list[dict[str, Any]], float]:
-    cmd = [sys.executable, "-m", "loadgen", "--target", url, "--model", MODEL, "--output", str(out),
-           "--no-progress", "--no-plots", *w.args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "loadgen",
+        "--target",
+        url,
+        "--model",
+        MODEL,
+        "--output",
+        str(out),
+        "--no-progress",
+        "--no-plots",
+        *w.args,
+    ]
     if key:
         cmd += ["--api-key", key]
     t0 = time.monotonic()
@@ -280,13 +319,17 @@ def _f(x: float | None, digits: int = 1) -> str:
 
 
 def _row(r: Result) -> str:
-    return (f"{r.workload:11s} {r.contestant:26s} {_f(r.mean_request_tok_s):>8s} {_f(r.e2e_p50_s, 2):>7s} "
-            f"{_f(r.e2e_p99_s, 2):>7s} {_f(r.ttft_p99_s, 2):>7s} {_f(r.slo_goodput_rps, 2):>7s} "
-            f"{r.errors:>4d}/{r.requests:<4d} {_f(r.router_cpu_pct, 0):>5s}")
+    return (
+        f"{r.workload:11s} {r.contestant:26s} {_f(r.mean_request_tok_s):>8s} {_f(r.e2e_p50_s, 2):>7s} "
+        f"{_f(r.e2e_p99_s, 2):>7s} {_f(r.ttft_p99_s, 2):>7s} {_f(r.slo_goodput_rps, 2):>7s} "
+        f"{r.errors:>4d}/{r.requests:<4d} {_f(r.router_cpu_pct, 0):>5s}"
+    )
 
 
-HEADER = (f"{'workload':11s} {'contestant':26s} {'req tok/s':>8s} {'e2e p50':>7s} {'e2e p99':>7s} "
-          f"{'ttft p99':>7s} {'SLO r/s':>7s} {'err/n':>9s} {'cpu %':>5s}")
+HEADER = (
+    f"{'workload':11s} {'contestant':26s} {'req tok/s':>8s} {'e2e p50':>7s} {'e2e p99':>7s} "
+    f"{'ttft p99':>7s} {'SLO r/s':>7s} {'err/n':>9s} {'cpu %':>5s}"
+)
 
 
 def verdicts(results: list[Result]) -> list[dict[str, Any]]:
@@ -294,32 +337,52 @@ def verdicts(results: list[Result]) -> list[dict[str, Any]]:
     out = []
     for w in sorted({r.workload for r in results}):
         ours = next((r for r in results if r.workload == w and r.contestant == "specroute"), None)
-        peer_rows = [r for r in results if r.workload == w and (r.contestant.startswith(("sgl/", "litellm/")))
-                     and r.mean_request_tok_s is not None and r.errors == 0]
-        single = [r for r in results if r.workload == w and r.contestant.startswith("only:")
-                  and r.mean_request_tok_s is not None]
+        peer_rows = [
+            r
+            for r in results
+            if r.workload == w
+            and (r.contestant.startswith(("sgl/", "litellm/")))
+            and r.mean_request_tok_s is not None
+            and r.errors == 0
+        ]
+        single = [
+            r
+            for r in results
+            if r.workload == w and r.contestant.startswith("only:") and r.mean_request_tok_s is not None
+        ]
         if ours is None or ours.mean_request_tok_s is None or not peer_rows:
             continue
         best = max(peer_rows, key=lambda r: r.mean_request_tok_s or 0.0)
         best_single = max(single, key=lambda r: r.mean_request_tok_s or 0.0) if single else None
         ratio = ours.mean_request_tok_s / best.mean_request_tok_s if best.mean_request_tok_s else None
-        out.append({
-            "workload": w, "best_peer": best.contestant, "ratio": ratio,
-            "e2e_p99_no_worse": (ours.e2e_p99_s or 0) <= (best.e2e_p99_s or 0),
-            "errors": ours.errors, "best_single": best_single.contestant if best_single else None,
-            "ratio_single": (ours.mean_request_tok_s / best_single.mean_request_tok_s
-                             if best_single and best_single.mean_request_tok_s else None),
-            "holds": bool(ratio and ratio >= 1.2 and (ours.e2e_p99_s or 0) <= (best.e2e_p99_s or 0)
-                          and ours.errors == 0),
-        })
+        out.append(
+            {
+                "workload": w,
+                "best_peer": best.contestant,
+                "ratio": ratio,
+                "e2e_p99_no_worse": (ours.e2e_p99_s or 0) <= (best.e2e_p99_s or 0),
+                "errors": ours.errors,
+                "best_single": best_single.contestant if best_single else None,
+                "ratio_single": (
+                    ours.mean_request_tok_s / best_single.mean_request_tok_s
+                    if best_single and best_single.mean_request_tok_s
+                    else None
+                ),
+                "holds": bool(
+                    ratio and ratio >= 1.2 and (ours.e2e_p99_s or 0) <= (best.e2e_p99_s or 0) and ours.errors == 0
+                ),
+            }
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.routers", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--output", default=None,
-                    help="directory for the runs' logs and loadgen outputs (default: a temp dir)")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.routers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--output", default=None, help="directory for the runs' logs and loadgen outputs (default: a temp dir)"
+    )
     ap.add_argument("--json", default="bench/routers/bench-routers.json", help="where the results go")
     ap.add_argument("--time-scale", type=float, default=0.5, help="twins' --time-scale (default 0.5)")
     ap.add_argument("--rate", type=float, default=6.0, help="open loop: requests per simulated second (default 6)")
@@ -335,13 +398,24 @@ def main(argv: list[str] | None = None) -> int:
     verdict = verdicts(results)
     print()
     for v in verdict:
-        print(f"{v['workload']:11s} specroute / best peer ({v['best_peer']}): {_f(v['ratio'], 2)}x mean request "
-              f"tok/s, e2e p99 {'no worse' if v['e2e_p99_no_worse'] else 'WORSE'}, {v['errors']} errors; "
-              f"/ best single ({v['best_single']}): {_f(v['ratio_single'], 2)}x -> "
-              f"{'HOLDS' if v['holds'] else 'does not hold'} (target 1.2x)")
+        print(
+            f"{v['workload']:11s} specroute / best peer ({v['best_peer']}): {_f(v['ratio'], 2)}x mean request "
+            f"tok/s, e2e p99 {'no worse' if v['e2e_p99_no_worse'] else 'WORSE'}, {v['errors']} errors; "
+            f"/ best single ({v['best_single']}): {_f(v['ratio_single'], 2)}x -> "
+            f"{'HOLDS' if v['holds'] else 'does not hold'} (target 1.2x)"
+        )
     path = Path(args.json)
-    path.write_text(json.dumps({"time_scale": args.time_scale, "rate": args.rate, "slo": {
-        "ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}, "results": [r.__dict__ for r in results],
-        "verdicts": verdict}, indent=1))
+    path.write_text(
+        json.dumps(
+            {
+                "time_scale": args.time_scale,
+                "rate": args.rate,
+                "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S},
+                "results": [r.__dict__ for r in results],
+                "verdicts": verdict,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {path}")
     return 0
