@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from gateway.config import ConfigError
+from gateway.demo import LEVEL_S
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,9 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)", add_help=False)
     d = sub.add_parser("demo", help="start twins + gateway, sweep through both, print the table")
-    d.add_argument("--concurrency", default="1,4,32")
-    d.add_argument("--max-tokens", type=int, default=128)
-    d.add_argument("--sim-time-scale", type=float, default=None)
+    d.add_argument("--concurrency", default="1,4,32", help="closed-loop levels (default 1,4,32)")
+    d.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
+    d.add_argument(
+        "--level-seconds",
+        type=float,
+        default=LEVEL_S,
+        help=f"seconds of traffic per level and target (default {LEVEL_S})",
+    )
+    d.add_argument("--sim-time-scale", type=float, default=None, help="the twins' time scale (default 1: real time)")
     d.add_argument("--output", default=None, help="directory for loadgen outputs (default: a temp dir)")
     return p
 
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from gateway.demo import demo
 
-            return demo(args.concurrency, args.max_tokens, args.sim_time_scale, args.output)
+            return demo(args.concurrency, args.max_tokens, args.sim_time_scale, args.output, args.level_seconds)
     except ConfigError as e:
         print(f"specroute: config error: {e}", file=sys.stderr)
         return 2

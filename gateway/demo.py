@@ -11,32 +11,53 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from backends.procs import ProcessGroup, free_port, specroute_cmd
+from common.admin_api import decode_admin_backends
+from common.json_errors import JSON_DECODE_ERRORS
 from gateway.topology import SEED_SYSTEMS
+
+# Seconds of traffic per level and target. Aggregate tok/s is tokens over the level's wall time
+# (first send to last answer). A level of 2 x C requests is two rounds per client, so its wall time
+# is the unluckiest client's two requests: a router that puts a quarter of them on a second, slower
+# server adds throughput for as long as the load lasts and still loses that measure to the fastest
+# server alone. A level that runs for several rounds measures the throughput users get under that
+# load; the drain after the last send (the slowest requests in flight) is then a small part of it.
+LEVEL_S = 20
 
 
 def _wait_measured(url: str, timeout_s: float = 30.0) -> None:
     """Until the gateway has measured its backends (gateway/seeding.py), else give up quietly: the
-    demo's first requests would otherwise share the backends with the measurement's."""
-    import json
-    import urllib.request
-
+    demo's first requests would otherwise share the backends with the measurement's. Only pools of
+    mixed strategies are measured at startup."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"{url}/admin/backends", timeout=5) as r:
-                policies = json.loads(r.read())["policies"]
-            if all(b.get("observed", 0) >= 1 for p in policies.values() if len({s.get("strategy") for s in
-                   p.get("backends", {}).values()}) > 1 for b in p.get("backends", {}).values()):
-                return
-        except (OSError, KeyError, ValueError, AttributeError):
-            pass
+                state = decode_admin_backends(r.read())
+        except OSError:
+            state = None
+        except JSON_DECODE_ERRORS:  # msgspec.ValidationError included: a DecodeError
+            state = None
+        if state is not None and all(
+            b.get("observed", 0) >= 1
+            for p in state.policies.values()
+            if len({s.get("strategy") for s in p.get("backends", {}).values()}) > 1
+            for b in p.get("backends", {}).values()
+        ):
+            return
         time.sleep(0.2)
 
 
-def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output: str | None) -> int:
+def demo(
+    concurrency: str,
+    max_tokens: int,
+    sim_time_scale: float | None,
+    output: str | None,
+    level_s: float = LEVEL_S,
+) -> int:
     out_dir = Path(output or tempfile.mkdtemp(prefix="specroute-demo-"))
     port = free_port()
     gateway_url = f"http://127.0.0.1:{port}"
@@ -51,7 +72,10 @@ def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output
         group.start("gateway", cmd, log_file=log_path)
         group.wait_ready({"gateway": f"{gateway_url}/health"}, timeout_s=90)
         _wait_measured(gateway_url)  # the sweep starts after the startup measurement, as traffic after a deploy
-        targets = ",".join(["gateway", *(s.name for s in SEED_SYSTEMS)])
+        # the gateway against the backends of the model it serves (a seed system of another model
+        # answers other requests: it is no alternative to the gateway's pool)
+        served = SEED_SYSTEMS[0].model
+        targets = ",".join(["gateway", *(s.name for s in SEED_SYSTEMS if s.model == served)])
         print(f"ready in {time.monotonic() - started:.1f}s; sweeping C={concurrency} on {targets}", flush=True)
         loadgen = [
             sys.executable,
@@ -65,6 +89,8 @@ def demo(concurrency: str, max_tokens: int, sim_time_scale: float | None, output
             concurrency,
             "--max-tokens",
             str(max_tokens),
+            "--duration",
+            str(level_s),
             "--dataset",
             "mixed",
             "--output",

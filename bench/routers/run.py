@@ -44,6 +44,7 @@ from typing import Any
 
 from backends.procs import ProcessGroup, free_port, specroute_cmd, start_twins
 from bench.routers import peers
+from common.percentile import percentile
 
 __all__ = ["main"]
 
@@ -220,16 +221,6 @@ def _wait_measured(url: str, backends: tuple[str, ...], timeout_s: float = 60.0)
 # ------------------------------------------------------------------------------- figures
 
 
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def figures(result: Result, requests: list[dict[str, Any]], scale: float, wall_s: float) -> None:
     ok = [r for r in requests if r.get("ok")]
     result.requests = len(requests)
@@ -240,8 +231,8 @@ def figures(result: Result, requests: list[dict[str, Any]], scale: float, wall_s
     e2e = [r["e2e_ms"] / 1000 / scale for r in ok if r.get("e2e_ms") is not None]
     ttft = [r["ttft_ms"] / 1000 / scale for r in ok if r.get("ttft_ms") is not None]
     result.mean_request_tok_s = statistics.fmean(rates) if rates else None
-    result.e2e_p50_s, result.e2e_p99_s = _pct(e2e, 0.5), _pct(e2e, 0.99)
-    result.ttft_p99_s = _pct(ttft, 0.99)
+    result.e2e_p50_s, result.e2e_p99_s = percentile(e2e, 50), percentile(e2e, 99)
+    result.ttft_p99_s = percentile(ttft, 99)
     good = sum(
         1
         for r in ok
