@@ -11,9 +11,9 @@ from gateway.topology import SEED_SYSTEMS
 
 def test_demo_sweeps_the_gateway_and_each_backend_of_its_model(tmp_path: Path) -> None:
     out = tmp_path / "demo"
+    args = ["--concurrency", "2", "--max-tokens", "16", "--level-seconds", "1", "--sim-time-scale", "0.2"]
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "demo", "--concurrency", "2", "--max-tokens", "16"]
-        + ["--level-seconds", "1", "--sim-time-scale", "0.2", "--output", str(out)],
+        [sys.executable, "-m", "gateway.cli", "demo", *args, "--output", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
