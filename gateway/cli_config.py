@@ -113,7 +113,7 @@ def render_config(backends: list[_Backend], *, listen: str, policy: str, otlp_en
 
     lines = [
         "# specroute gateway config, written by `specroute config init`.",
-        '# Reference: README section "Configuration"; check with `specroute config check FILE`.',
+        "# Reference: docs/configuration.md; check with `specroute config check FILE`.",
         "",
         "[gateway]",
         f"listen = {_s(listen)}",

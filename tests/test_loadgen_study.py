@@ -334,7 +334,7 @@ def test_quick_study_end_to_end_with_a_missed_reference(tmp_path: Path) -> None:
     # In simulated time the batches of the small levels match R3. From C=8 on, a 0.05x twin must
     # emit 20x the real chunk rate from one Python process, which a loaded 2-core machine cannot
     # (an older loadgen against the same twin measures the same): --quick is the smoke test of the
-    # study machinery, the real-timing study is the measurement (README "Time scale").
+    # study machinery, the real-timing study is the measurement (docs/metrics.md, "Time-scaled twins").
     assert all(r["pass"] for r in rows[2:5]), rows[2:5]
     summary = json.loads((out / "summary.json").read_text())
     (run,) = summary["runs"]
