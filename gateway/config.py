@@ -96,6 +96,8 @@ class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hysteresis: float | None = None  # goodput: margin a challenger needs over the incumbent
     externality: float | None = None  # goodput: weight of the time a request imposes on others (0 = selfish)
     prefix_tracking: bool | None = None  # goodput: prefix-cache affinity (default on)
+    ttft_slo_s: float | None = None  # goodput: the TTFT past which each predicted second costs slo_weight more (5)
+    slo_weight: float | None = None  # goodput: that weight (1; 0: no SLO term; higher: less tail, less mean speed)
     seed: int | None = None
 
 
@@ -163,6 +165,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "hysteresis": section.hysteresis,
             "externality": section.externality,
             "prefix_tracking": section.prefix_tracking,
+            "ttft_slo_s": section.ttft_slo_s,
+            "slo_weight": section.slo_weight,
             "seed": section.seed,
             "objective": section.objective or self.gateway.objective,
         }

@@ -17,7 +17,8 @@ For every healthy candidate it predicts (`policies.cost`) what this request woul
 
 Objectives:
 - `latency` (default): least predicted time, own plus imposed (`externality` weight, 1.0; 0.0 is
-  the selfish rule; `ttft_weight` counts a second of TTFT as that many seconds, 1.0);
+  the selfish rule; `ttft_weight` counts a second of TTFT as that many seconds, 1.0; each predicted
+  second of TTFT past `ttft_slo_s`, 5 s, costs `slo_weight` more, 1.0);
 - `throughput`: the largest gain in the pool's total tok/s (a loaded speculative backend can lose
   throughput by taking another sequence, an AR backend gains ~one sequence's worth), less the
   tokens the others lose while its prefill holds them up.
@@ -354,6 +355,8 @@ class Goodput:
         out_meta = {
             "objective": self.objective,
             "externality": self.externality,
+            "ttft_slo_s": None if math.isinf(self.ttft_slo_s) else self.ttft_slo_s,
+            "slo_weight": self.slo_weight,
             "decisions": self._tick,
             "telemetry_used": self.estimates.used,
             "telemetry_skipped": dict(self.estimates.skipped),

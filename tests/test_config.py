@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from gateway.config import ConfigError, load_config
+from policies import make_policy
 from tests.support import specroute
 
 GOOD = """
@@ -62,6 +63,11 @@ BAD = [
     ),
     ('[models.other]\npolicy = "round_robin"\n', "models.other", "no backend serves"),
     ("this is = = not toml", "", "not valid TOML"),
+    (
+        '[[backends]]\nname = "a"\nurl = "http://x"\nmodel = "m"\n[models.m]\nslo_weight = -1.0\n',
+        "models.m",
+        "slo_weight must be in [0, 100]",
+    ),
 ]
 
 
@@ -89,3 +95,16 @@ def test_cli_missing_config_file(tmp_path):
         specroute("serve", "--config", str(tmp_path / "nope.toml")), capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "cannot read config file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_goodput_slo_options_reach_the_policy(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[backends]]\nname = "a"\nurl = "http://x"\nmodel = "m"\n'
+        '[models.m]\npolicy = "goodput"\nttft_slo_s = 10.0\nslo_weight = 3.0\n'
+    )
+    config = load_config(path)
+    options = config.policy_options("m", "goodput")
+    assert options["ttft_slo_s"] == 10.0 and options["slo_weight"] == 3.0
+    described = make_policy("goodput", **options).describe()["policy"]
+    assert described["ttft_slo_s"] == 10.0 and described["slo_weight"] == 3.0

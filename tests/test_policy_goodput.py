@@ -281,3 +281,25 @@ def test_speculative_backends_of_one_strategy_do_not_stand_in_for_each_other():
     assert policy.estimates.stand_in(policy.estimates.get("a")) is policy.estimates.get("a")
     assert policy.choose(RequestFeatures(model="m", domain=Domain.MATH), views).backend.name == "b"
     assert prior_only < 500
+
+
+def test_slo_weight_trades_a_queued_long_prefill_for_the_busier_server():
+    """A 50k-token prompt: server a is lightly loaded but 200k prompt tokens wait to be prefilled
+    there; b runs 20 streams. The default weighs the 20 streams' stall more and queues the prompt
+    on a (a TTFT far past the SLO); a high slo_weight prices that TTFT and sends it to b."""
+
+    def views() -> list[BackendView]:
+        def spec(n: str) -> BackendSpec:
+            return BackendSpec(name=n, url="http://x", model="m", strategy=Strategy.DDTREE)
+
+        return [
+            BackendView(spec=spec("a"), inflight=4, pending_prefill=200_000, max_running=48),
+            BackendView(spec=spec("b"), inflight=20, max_running=48),
+        ]
+
+    long_prompt = RequestFeatures(model="m", domain=Domain.CHAT, prompt_tokens=50_000, max_tokens=512)
+    chosen = {
+        w: make_policy("goodput", seed=0, epsilon=0.0, slo_weight=w).choose(long_prompt, views()).backend.spec.name
+        for w in (1.0, 10.0)
+    }
+    assert chosen == {1.0: "a", 10.0: "b"}
