@@ -24,7 +24,7 @@ COMPILE := $(UV) pip compile pyproject.toml --quiet --universal --python-version
 CHECK = $(UV) pip check --quiet --python $(1)/bin/python || \
 	{ echo "$(1): the installed lock does not satisfy pyproject.toml; run 'make lock'" >&2; exit 1; }
 
-.PHONY: demo test floors lint lock install install-dev clean bench-loadgen soak bench bench-instructions
+.PHONY: demo test floors lint lock install install-dev clean bench-loadgen soak bench bench-instructions bench-routers
 .PHONY: container-test scaleout
 
 $(UV):
@@ -101,6 +101,11 @@ bench-instructions: install
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self
+
+# specroute against SGLang's router and LiteLLM on fresh twins (docs/routing.md); the peers install
+# into their own .venv-bench/ virtualenvs on first use, never into the project's.
+bench-routers: install
+	$(BIN)/python -m bench.routers
 
 # The image and compose stack for real (a private dockerd; docs/deployment.md), and scale-out measured.
 container-test: install-dev
