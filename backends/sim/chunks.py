@@ -64,6 +64,13 @@ class _StreamChunk(msgspec.Struct, omit_defaults=True):
     usage: dict[str, Any] | None = None
 
 
+def _envelope(
+    rid: str, obj: str, created: int, model: str, choices: list[Any], usage: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The fields every pydantic-dumped response and chunk starts with, in SGLang's order."""
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, "usage": usage}
+
+
 def chat_delta_chunk(
     rid: str,
     created: int,
@@ -95,32 +102,14 @@ def chat_choice_chunk(
     if tool_calls is not None:
         delta["tool_calls"] = tool_calls
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, "matched_stop": None}
-    return _frame(
-        _encode(
-            {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
-    )
+    return _frame(_encode(_envelope(rid, "chat.completion.chunk", created, model, [choice], usage)))
 
 
 def chat_tail_chunk(
     rid: str, created: int, model: str, *, usage: dict[str, Any] | None = None, sglext: dict[str, Any] | None = None
 ) -> bytes:
     """A `choices: []` chunk carrying `sglext` or the final usage (pydantic dump)."""
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage,
-    }
+    body = _envelope(rid, "chat.completion.chunk", created, model, [], usage)
     if sglext is not None:
         body["sglext"] = sglext
     return _frame(_encode(body))
@@ -191,15 +180,8 @@ def chat_response(
     }
     if meta_info is not None:
         choice["meta_info"] = meta_info
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-        "metadata": {"weight_version": "default"},
-    }
+    body = _envelope(rid, "chat.completion", created, model, [choice], usage)
+    body["metadata"] = {"weight_version": "default"}
     if sglext is not None:
         body["sglext"] = sglext
     return _encode(body)
@@ -216,34 +198,11 @@ def completion_chunk(
 ) -> bytes:
     """`CompletionStreamResponse.model_dump_json()` with one choice."""
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "matched_stop": matched_stop}
-    return _frame(
-        _encode(
-            {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
-    )
+    return _frame(_encode(_envelope(rid, "text_completion", created, model, [choice], usage)))
 
 
 def completion_tail_chunk(rid: str, created: int, model: str, sglext: dict[str, Any]) -> bytes:
-    return _frame(
-        _encode(
-            {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": None,
-                "sglext": sglext,
-            }
-        )
-    )
+    return _frame(_encode({**_envelope(rid, "text_completion", created, model, [], None), "sglext": sglext}))
 
 
 def _drop_none(obj: Any) -> Any:
@@ -254,20 +213,7 @@ def _drop_none(obj: Any) -> Any:
 
 def completion_usage_chunk(rid: str, created: int, model: str, usage: dict[str, Any]) -> bytes:
     """The final usage chunk, dumped with `exclude_none=True`."""
-    return _frame(
-        _encode(
-            _drop_none(
-                {
-                    "id": rid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": usage,
-                }
-            )
-        )
-    )
+    return _frame(_encode(_drop_none(_envelope(rid, "text_completion", created, model, [], usage))))
 
 
 def completion_response(
@@ -282,15 +228,8 @@ def completion_response(
 ) -> bytes:
     """`CompletionResponse.model_dump_json()`."""
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "matched_stop": matched_stop}
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-        "metadata": {"weight_version": "default"},
-    }
+    body = _envelope(rid, "text_completion", created, model, [choice], usage)
+    body["metadata"] = {"weight_version": "default"}
     if sglext is not None:
         body["sglext"] = sglext
     return _encode(body)
