@@ -85,6 +85,7 @@ from typing import Any
 
 from bench import ordinary_client
 from bench.client import LevelResult, closed_loop, request_bytes
+from bench.routers.peers import sglang_cmd
 from common.percentile import percentile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -689,19 +690,7 @@ def start_rust_router(
     worker: its first answered request, not its /health, which answers before that."""
     port = _free_port()
     cmd = [
-        python,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--worker-urls",
-        f"http://127.0.0.1:{backend_port}",
-        "--policy",
-        "round_robin",
-        "--log-level",
-        "warn",
+        *sglang_cmd(port, [f"http://127.0.0.1:{backend_port}"], "round_robin", python),
         # its Prometheus listener on a free port too (the default one may be taken)
         "--prometheus-host",
         "127.0.0.1",

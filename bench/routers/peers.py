@@ -56,9 +56,11 @@ def offline_env() -> dict[str, str]:
     }
 
 
-def sglang_cmd(port: int, workers: list[str], policy: str) -> list[str]:
+def sglang_cmd(port: int, workers: list[str], policy: str, python: str | None = None) -> list[str]:
+    """SGLang's router on 127.0.0.1:`port` over `workers`; `python` is the venv's interpreter that
+    has `sglang-router` (default: this bench's own venv of it)."""
     return [
-        str(_python("sglang-router")),
+        python or str(_python("sglang-router")),
         "-m",
         "sglang_router.launch_router",
         "--host",
