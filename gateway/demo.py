@@ -19,14 +19,6 @@ from common.admin_api import decode_admin_backends
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.topology import SEED_SYSTEMS
 
-# Seconds of traffic per level and target. Aggregate tok/s is tokens over the level's wall time
-# (first send to last answer). A level of 2 x C requests is two rounds per client, so its wall time
-# is the unluckiest client's two requests: a router that puts a quarter of them on a second, slower
-# server adds throughput for as long as the load lasts and still loses that measure to the fastest
-# server alone. A level that runs for several rounds measures the throughput users get under that
-# load; the drain after the last send (the slowest requests in flight) is then a small part of it.
-LEVEL_S = 20
-
 
 def _wait_measured(url: str, timeout_s: float = 30.0) -> None:
     """Until the gateway has measured its backends (gateway/seeding.py), else give up quietly: the
@@ -56,7 +48,7 @@ def demo(
     max_tokens: int,
     sim_time_scale: float | None,
     output: str | None,
-    level_s: float = LEVEL_S,
+    level_s: float,
 ) -> int:
     out_dir = Path(output or tempfile.mkdtemp(prefix="specroute-demo-"))
     port = free_port()
