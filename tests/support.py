@@ -19,6 +19,21 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
+# The twin profiles every release ships: the sim's tests expect each of them in its listings.
+SIM_PROFILES = frozenset(
+    {
+        "k26-ar",
+        "k26-eagle3",
+        "k26-dflash",
+        "k26-ddtree",
+        "qwen36-ar",
+        "qwen36-ddtree-b15",
+        "qwen36-ddtree-b64",
+        "zero",  # the zero-delay profile the benchmarks use
+    }
+)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

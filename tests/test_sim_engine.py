@@ -8,17 +8,7 @@ from backends.sim.domain import classify
 from backends.sim.engine import Engine, QueueFull
 from backends.sim.profile import ProfileError, list_profiles, load_profile, numeric_parameters, profile_names
 from backends.sim.virtual import run_closed_loop
-
-EXPECTED_PROFILES = {
-    "k26-ar",
-    "k26-eagle3",
-    "k26-dflash",
-    "k26-ddtree",
-    "qwen36-ar",
-    "qwen36-ddtree-b15",
-    "qwen36-ddtree-b64",
-    "zero",
-}
+from tests.support import SIM_PROFILES
 
 
 def _drain(engine: Engine) -> int:
@@ -30,7 +20,7 @@ def _drain(engine: Engine) -> int:
 
 
 def test_all_profiles_load_with_provenance():
-    assert set(profile_names()) >= EXPECTED_PROFILES
+    assert set(profile_names()) >= SIM_PROFILES
     for prof in list_profiles():
         assert prof.provenance, prof.name
         # load_profile already refuses missing provenance; check the sources are not empty
