@@ -1,6 +1,6 @@
 """`specroute eval`: run scenarios on the virtual clock, print tables, write `DIR/eval.json`.
 
-    specroute eval --scenario NAME[,NAME...]|all --output DIR [--seed S] [--objective latency|throughput]
+    specroute eval --scenario NAME[,NAME...]|all --output DIR [--seed S[,S...]] [--objective latency|throughput]
                    [--fleet FLEET|plan|homogeneous ...] [--servers N] [--slo ttft=S,tpot=S]
 
 Writes `DIR/eval.json` (schema in `policies.eval.report`) and `DIR/eval.md` (markdown tables for
@@ -13,6 +13,10 @@ picks for the scenario's traffic (open-loop scenarios), `homogeneous` every homo
 SGLang's router's policies. With `plan` and `homogeneous` both given, the fleet targets of docs/evaluation.md
 are checked (`policies.eval.fleet_targets`). Exit status 0 when the runs completed (targets are
 reported, not enforced: this is a benchmark), 2 on bad arguments.
+
+`--seed 0,1,2,3,4` runs every scenario and fleet on each seed and reports the means
+(`policies.eval.seeds`): one phase's figures move by several percent with the seed, and a target
+judged on one seed can pass or fail on noise. `plan` (for `--fleet plan`) uses the first seed.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import msgspec
 
 from policies.eval.fleet import FleetError, parse_fleet
 from policies.eval.report import markdown, print_scenario, print_targets, to_json, write_json
-from policies.eval.runner import ScenarioResult, on_fleet, run_scenario
+from policies.eval.runner import ScenarioResult, on_fleet
 from policies.eval.scenarios import SCENARIOS, Scenario
+from policies.eval.seeds import run_seeds
 from policies.eval.slo import DEFAULT_SLO, SloError, parse_slo
 from policies.eval.targets import Target, check_targets
 from policies.goodput import OBJECTIVES
@@ -57,7 +62,12 @@ def parser() -> argparse.ArgumentParser:
         "--scenario", default="all", help=f"scenario name(s), comma-separated, or 'all' (known: {', '.join(SCENARIOS)})"
     )
     ap.add_argument("--output", required=True, type=Path, help="directory for eval.json")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seed",
+        type=_seeds,
+        default=[0],
+        help="seed, or comma-separated seeds whose results are averaged (default 0)",
+    )
     ap.add_argument(
         "--objective",
         choices=OBJECTIVES,
@@ -75,6 +85,16 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--slo", default=None, help=f"ttft=S,tpot=S in seconds (default {DEFAULT_SLO.label})")
     return ap
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer or comma-separated integers") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: a seed is repeated")
+    return seeds
 
 
 def _fleets_for(
@@ -151,14 +171,14 @@ def main(argv: list[str]) -> int:
     for name in names:
         scenario = SCENARIOS[name]
         try:
-            fleets = _fleets_for(scenario, args.fleet, args.servers, args.seed, log, plan_policy)
+            fleets = _fleets_for(scenario, args.fleet, args.servers, args.seed[0], log, plan_policy)
         except FleetError as e:
             print(f"specroute eval: {e}", file=sys.stderr)
             return 2
         for role, fleet in fleets:
             moved = scenario if role == "own" else on_fleet(scenario, fleet)
             only = HOMOGENEOUS_CONTESTANTS if role == "homogeneous" else None
-            res = run_scenario(moved, seed=args.seed, objectives=objectives, primary=primary, slo=slo, only=only)
+            res = run_seeds(moved, args.seed, objectives=objectives, primary=primary, slo=slo, only=only)
             if len(fleets) > 1:
                 res = msgspec.structs.replace(res, name=f"{name}@{res.fleet}")
             print_scenario(res, sys.stdout)
@@ -189,11 +209,11 @@ def main(argv: list[str]) -> int:
     print_targets(targets, sys.stdout)
     path = args.output / "eval.json"
     write_json(
-        path, to_json(results, targets, seed=args.seed, objectives=objectives, primary=primary, fleets=fleets_doc)
+        path, to_json(results, targets, seeds=args.seed, objectives=objectives, primary=primary, fleets=fleets_doc)
     )
     # the homogeneous fleets appear in the fleet-vs-fleet table, not phase by phase
     shown = [res for g in groups.values() for role, res in g if role != "homogeneous"]
-    (args.output / "eval.md").write_text(markdown(shown, targets, seed=args.seed, extra=extra))
+    (args.output / "eval.md").write_text(markdown(shown, targets, seeds=args.seed, extra=extra))
     print(f"\nwrote {path} and eval.md ({time.perf_counter() - t0:.1f} s)")
     return 0
 

@@ -2,7 +2,7 @@
 
 `eval.json` layout (all figures per phase, per contestant):
 
-    {"seed": 0, "objectives": ["latency", "throughput"], "primary_objective": "latency",
+    {"seed": 0, "seeds": [0], "objectives": ["latency", "throughput"], "primary_objective": "latency",
      "slo": {"ttft_s": 5.0, "tpot_s": 0.06},
      "scenarios": {"ramp": {"description": ..., "fleet": "k26-ar,k26-ddtree,...", "pool": [...],
         "wall_s": ...,
@@ -127,7 +127,7 @@ def to_json(
     results: Sequence[ScenarioResult],
     targets: Sequence[Target],
     *,
-    seed: int,
+    seeds: Sequence[int],
     objectives: Sequence[str],
     primary: str,
     fleets: dict[str, Any] | None = None,
@@ -137,7 +137,8 @@ def to_json(
         scenarios[res.name] = scenario_json(res)
     slo = results[0].slo if results else None
     doc = {
-        "seed": seed,
+        "seed": seeds[0],  # the first (or only) seed; with several, figures are means over `seeds`
+        "seeds": list(seeds),
         "objectives": list(objectives),
         "primary_objective": primary,
         "slo": msgspec.to_builtins(slo),
@@ -158,7 +159,7 @@ def _f(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
 
 
-def _closed_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
+def _closed_table(results: Sequence[ScenarioResult], seed: str) -> list[str]:
     objectives = results[0].objectives
     cols = ["least_inflight"] + [f"{k}/{o}" for o in objectives for k in ("goodput", "clairvoyant")]
     names = ["LI"] + [
@@ -200,7 +201,7 @@ def _best_static(policies: dict[str, Any]) -> str | None:
     return max(statics, key=lambda k: policies[k].mean_request_tok_s) if statics else None
 
 
-def _open_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
+def _open_table(results: Sequence[ScenarioResult], seed: str) -> list[str]:
     """Policy vs peer baselines with SLO goodput, per open-loop phase."""
     slo = results[0].slo
     lines = [
@@ -264,11 +265,17 @@ def _open_table(results: Sequence[ScenarioResult], seed: int) -> list[str]:
 
 
 def markdown(
-    results: Sequence[ScenarioResult], targets: Sequence[Target], *, seed: int, extra: Sequence[str] = ()
+    results: Sequence[ScenarioResult],
+    targets: Sequence[Target],
+    *,
+    seeds: Sequence[int],
+    extra: Sequence[str] = (),
 ) -> str:
     """A compact summary (`DIR/eval.md`) for docs/evaluation.md: the closed-loop table (least_inflight
     against goodput and clairvoyant), the open-loop table (policy vs peer baselines, SLO goodput),
-    any extra tables (fleet vs fleet), then the targets."""
+    any extra tables (fleet vs fleet), then the targets. With several seeds the figures are means
+    over them."""
+    seed = ",".join(str(s) for s in seeds)
     closed = [r for r in results if all(ph.arrival == "closed" for ph in r.phases)]
     opened = [r for r in results if r not in closed]
     lines: list[str] = []
