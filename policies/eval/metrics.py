@@ -38,7 +38,7 @@ from policies.eval.scenarios import Scenario
 from policies.eval.sim import RequestRecord, RunResult
 from policies.eval.slo import DEFAULT_SLO, SLO
 
-__all__ = ["SETTLE_S", "PhaseMetrics", "metric_of", "phase_metrics", "window_series"]
+__all__ = ["SETTLE_S", "PhaseMetrics", "metric_of", "phase_metrics", "pooled_phase_metrics", "window_series"]
 
 SETTLE_S = 10.0
 OPEN_SETTLE_S = 30.0  # an open-loop phase starts from a drained fleet: skip its fill-up
@@ -80,9 +80,16 @@ def _pct(values: Sequence[float], q: float, scale: float = 1.0) -> float:
     return v * scale if v is not None else 0.0  # 0 for a phase with no requests
 
 
-def phase_metrics(
-    run: RunResult, scenario: Scenario, pool: Sequence[str], settle_s: float = SETTLE_S, slo: SLO = DEFAULT_SLO
-) -> list[PhaseMetrics]:
+class _Judged(msgspec.Struct):
+    """One phase of one run: the requests it is judged on, its tokens and what was sent where."""
+
+    records: list[RequestRecord]
+    tokens: int
+    span_s: float
+    sent: dict[str, int]
+
+
+def _judge(run: RunResult, scenario: Scenario, pool: Sequence[str], settle_s: float) -> list[_Judged]:
     starts: list[float] = []  # measured window of each phase: [start, end)
     ends: list[float] = []
     begins: list[float] = []  # when each phase began
@@ -105,62 +112,85 @@ def phase_metrics(
         i = bisect.bisect_right(starts, when) - 1
         return i if i >= 0 and when < ends[i] else None
 
-    tokens = [0] * n
+    out = [_Judged([], 0, ends[i] - starts[i], {name: 0 for name in pool}) for i in range(n)]
     for when, k in run.tokens_at:
         at = index(when)
         if at is not None:
-            tokens[at] += k
-    judged: list[list[RequestRecord]] = [[] for _ in range(n)]
-    sent: list[dict[str, int]] = [{name: 0 for name in pool} for _ in range(n)]
+            out[at].tokens += k
     for r in run.records:
         at = index(r.t_send)
         if at is not None and open_loop[at]:
-            judged[at].append(r)
+            out[at].records.append(r)
         elif (done_at := index(r.t_last)) is not None and not open_loop[done_at]:
-            judged[done_at].append(r)
+            out[done_at].records.append(r)
     for r in run.failed:
         at = index(r.t_send)
         if at is not None and open_loop[at]:
-            judged[at].append(r)
+            out[at].records.append(r)
     for r in (*run.records, *run.failed):
         if r.backend:
-            j = max(bisect.bisect_right(begins, r.t_send) - 1, 0)
-            sent[j][r.backend] = sent[j].get(r.backend, 0) + 1
+            sent = out[max(bisect.bisect_right(begins, r.t_send) - 1, 0)].sent
+            sent[r.backend] = sent.get(r.backend, 0) + 1
+    return out
+
+
+def _summarize(j: _Judged, slo: SLO) -> PhaseMetrics:
+    recs = j.records
+    done = [r for r in recs if r.status == "ok"]
+    rates = [v for r in done if (v := r.decode_tok_s) is not None]
+    ttfts = [r.t_first - r.t_send for r in done]
+    tpots = [v for r in done if (v := r.tpot_s) is not None]
+    e2es = [r.t_last - r.t_send for r in done]
+    met = [r for r in done if slo.met(r.t_first - r.t_send, r.tpot_s)]
+    good = len(met)
+    total = sum(j.sent.values())
+    span = j.span_s
+    prompt = sum(r.prompt_tokens for r in done)
+    return PhaseMetrics(
+        aggregate_tok_s=j.tokens / span if span > 0 else 0.0,
+        mean_request_tok_s=sum(rates) / len(rates) if rates else 0.0,
+        p50_request_tok_s=_pct(rates, 50),
+        p99_ttft_ms=_pct(ttfts, 99, 1000.0),
+        backend_share={k: (v / total if total else 0.0) for k, v in j.sent.items()},
+        requests=len(rates),
+        p50_ttft_ms=_pct(ttfts, 50, 1000.0),
+        p50_tpot_ms=_pct(tpots, 50, 1000.0),
+        p99_tpot_ms=_pct(tpots, 99, 1000.0),
+        p50_e2e_s=_pct(e2es, 50),
+        p99_e2e_s=_pct(e2es, 99),
+        arrived=len(recs),
+        shed=sum(1 for r in recs if r.status == "shed"),
+        unfinished=sum(1 for r in recs if r.status == "unfinished"),
+        slo_attainment=good / len(recs) if recs else 0.0,
+        goodput_rps=good / span if span > 0 else 0.0,
+        cached_share=sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
+        slo_request_tok_s=sum(r.decode_tok_s or 0.0 for r in met) / len(recs) if recs else 0.0,
+    )
+
+
+def phase_metrics(
+    run: RunResult, scenario: Scenario, pool: Sequence[str], settle_s: float = SETTLE_S, slo: SLO = DEFAULT_SLO
+) -> list[PhaseMetrics]:
+    return [_summarize(j, slo) for j in _judge(run, scenario, pool, settle_s)]
+
+
+def pooled_phase_metrics(
+    runs: Sequence[RunResult], scenario: Scenario, pool: Sequence[str], slo: SLO = DEFAULT_SLO
+) -> list[PhaseMetrics]:
+    """Runs of disjoint parts of one open-loop workload (each its own phase timeline: a phase
+    starts when the run's previous phase has drained) measured as one: per phase the judged
+    requests, tokens and dispatches of all of them together, over the phase's window."""
+    judged = [_judge(run, scenario, pool, SETTLE_S) for run in runs]
     out = []
-    for i in range(n):
-        recs = judged[i]
-        done = [r for r in recs if r.status == "ok"]
-        rates = [v for r in done if (v := r.decode_tok_s) is not None]
-        ttfts = [r.t_first - r.t_send for r in done]
-        tpots = [v for r in done if (v := r.tpot_s) is not None]
-        e2es = [r.t_last - r.t_send for r in done]
-        met = [r for r in done if slo.met(r.t_first - r.t_send, r.tpot_s)]
-        good = len(met)
-        total = sum(sent[i].values())
-        span = ends[i] - starts[i]
-        prompt = sum(r.prompt_tokens for r in done)
-        out.append(
-            PhaseMetrics(
-                aggregate_tok_s=tokens[i] / span if span > 0 else 0.0,
-                mean_request_tok_s=sum(rates) / len(rates) if rates else 0.0,
-                p50_request_tok_s=_pct(rates, 50),
-                p99_ttft_ms=_pct(ttfts, 99, 1000.0),
-                backend_share={k: (v / total if total else 0.0) for k, v in sent[i].items()},
-                requests=len(rates),
-                p50_ttft_ms=_pct(ttfts, 50, 1000.0),
-                p50_tpot_ms=_pct(tpots, 50, 1000.0),
-                p99_tpot_ms=_pct(tpots, 99, 1000.0),
-                p50_e2e_s=_pct(e2es, 50),
-                p99_e2e_s=_pct(e2es, 99),
-                arrived=len(recs),
-                shed=sum(1 for r in recs if r.status == "shed"),
-                unfinished=sum(1 for r in recs if r.status == "unfinished"),
-                slo_attainment=good / len(recs) if recs else 0.0,
-                goodput_rps=good / span if span > 0 else 0.0,
-                cached_share=sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
-                slo_request_tok_s=sum(r.decode_tok_s or 0.0 for r in met) / len(recs) if recs else 0.0,
-            )
+    for parts in zip(*judged, strict=True):
+        sent: dict[str, int] = {}
+        for part in parts:
+            for k, v in part.sent.items():
+                sent[k] = sent.get(k, 0) + v
+        merged = _Judged(
+            [r for part in parts for r in part.records], sum(part.tokens for part in parts), parts[0].span_s, sent
         )
+        out.append(_summarize(merged, slo))
     return out
 
 

@@ -6,9 +6,11 @@ Contestants:
 - SGLang's router's policies (`sglang/round_robin`, `sglang/power_of_two`, `sglang/least_load`,
   `sglang/cache_aware`; `policies.eval.peers`, implemented from the router's source);
 - `static/NAME`, one per server type of the fleet: in a closed loop all clients on that backend
-  (the closed loop's meaning); in an open loop that backend alone serving its 1/N share of the arrivals
-  (the fleet's traffic would swamp a single server; a share is what it would get behind an ideal
-  balancer, so "the best single backend" stays a fair comparison);
+  (the closed loop's meaning); in an open loop that backend alone serving a 1/N share of the
+  arrivals (the fleet's traffic would swamp a single server; a share is what it would get behind
+  an ideal balancer, so "the best single backend" stays a fair comparison), measured on N such
+  servers, each with every N-th session: the same requests the fleet is judged on (a night phase
+  holds a few dozen requests; a share drawn on its own would be a different, smaller sample);
 - `clairvoyant/OBJECTIVE`: the goodput decision rule with the twin's true acceptance and step time
   per domain and no exploration (`policies.eval.oracle`), the reference for learning quality;
 - `clairvoyant/e2e` in open-loop scenarios: per request the backend with the smallest true
@@ -36,7 +38,7 @@ from policies.base import Policy
 from policies.eval.bound import PhaseCeiling, phase_ceiling
 from policies.eval.clairvoyant import Clairvoyant
 from policies.eval.fleet import fleet_label, parse_fleet
-from policies.eval.metrics import PhaseMetrics, metric_of, phase_metrics, window_series
+from policies.eval.metrics import PhaseMetrics, metric_of, phase_metrics, pooled_phase_metrics, window_series
 from policies.eval.oracle import OracleEstimates
 from policies.eval.peers import PEER_POLICIES, make_peer
 from policies.eval.scenarios import Scenario
@@ -195,12 +197,13 @@ def _cold_start(run: RunResult, reference: RunResult) -> dict[str, float]:
     }
 
 
-def _static_share_run(scenario: Scenario, member: str, rates: list[float], seed: int) -> RunResult:
-    """One server of `member` alone, serving 1/N of the open-loop arrivals."""
+def _static_share_runs(scenario: Scenario, member: str, rates: list[float], seed: int) -> list[RunResult]:
+    """N servers of `member`, each alone with every N-th session of the open-loop arrivals (the
+    same sessions at the same times as the fleet's run): together they serve the fleet's sample."""
     n = len(fleet_servers(scenario))
     alone = msgspec.structs.replace(scenario, pool=(member,), degrade=None)
     name = next(iter(build_engines(alone, seed)))
-    return simulate(alone, lambda e, s: Pinned(name), seed=seed, phase_rates=[r / n for r in rates])
+    return [simulate(alone, lambda e, s: Pinned(name), seed=seed, phase_rates=rates, share=(k, n)) for k in range(n)]
 
 
 def on_fleet(scenario: Scenario, fleet: str) -> Scenario:
@@ -249,9 +252,15 @@ def run_scenario(
         if key.startswith("static/") and scenario.open_loop:
             assert rates is not None, "open-loop statics need another contestant's rates"
             member = next(s.member.label for s in servers if s.name == statics[key])
-            runs[key] = _static_share_run(scenario, member, rates, seed)
+            parts = _static_share_runs(scenario, member, rates, seed)
+            runs[key] = msgspec.structs.replace(
+                parts[0],
+                records=[r for p in parts for r in p.records],
+                failed=[r for p in parts for r in p.failed],
+                tokens_at=[],  # each part has its own phase timeline: metrics pool the parts
+            )
             alone = msgspec.structs.replace(scenario, pool=(member,))
-            metrics[key] = phase_metrics(runs[key], alone, [member], slo=slo)
+            metrics[key] = pooled_phase_metrics(parts, alone, [member], slo=slo)
             for m in metrics[key]:  # report the share under the fleet's server name
                 m.backend_share = {statics[key]: 1.0}
     for key, (obj, _) in table.items():

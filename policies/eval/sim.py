@@ -198,12 +198,17 @@ def simulate(
     poll_s: float = 1.0,
     phase_rates: list[float] | None = None,
     ignore_delays: bool = False,
+    share: tuple[int, int] | None = None,
 ) -> RunResult:
     """Run `scenario` under the policy `make_policy(engines, specs)` builds; deterministic in seed.
 
     `phase_rates` (requests/s per phase) overrides the open-loop rates computed from the
     scenario's reference capacity; `ignore_delays` sends a session's next turn at once (the
-    capacity measurement: work per request, not user pacing)."""
+    capacity measurement: work per request, not user pacing). `share = (k, n)` starts only the
+    open-loop sessions whose arrival index is k modulo n, at the times they arrive in the full
+    run: n runs with k = 0 .. n-1 serve the full run's sessions between them, each once."""
+    if share is not None and not 0 <= share[0] < share[1]:
+        raise ValueError(f"share (k, n) needs 0 <= k < n, got {share}")
     engines = build_engines(scenario, seed)
     specs = [
         BackendSpec(name=n, url=f"sim://{n}", model=MODEL, strategy=Strategy(e.profile.strategy))
@@ -501,7 +506,8 @@ def simulate(
         elif kind == _ARRIVAL:
             ph_index, when = payload
             if ph_index == phase and arrivals is not None and accepting:
-                start(None)
+                if share is None or arrived % share[1] == share[0]:
+                    start(None)
                 arrived += 1
                 nxt = arrivals.next_after(when)
                 if nxt < starts[phase] + scenario.phases[phase].duration_s:
