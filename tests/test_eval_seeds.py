@@ -6,20 +6,9 @@ import pytest
 
 from policies.eval.cli import main
 from policies.eval.runner import run_scenario
-from policies.eval.scenarios import Phase, Scenario
 from policies.eval.seeds import merge_results, run_seeds
+from tests.test_eval import TINY
 
-TINY = Scenario(
-    name="tiny",
-    description="two backends, two short phases",
-    pool=("k26-ar", "k26-dflash"),
-    phases=(
-        Phase(name="low", duration_s=15.0, concurrency=2, domains={"math": 1.0}),
-        Phase(name="high", duration_s=15.0, concurrency=6, domains={"chat": 1.0, "code": 1.0}),
-    ),
-    min_tokens=64,
-    max_tokens=96,
-)
 ONLY = ("goodput/latency", "least_inflight", "static/k26-dflash")
 
 
