@@ -30,9 +30,7 @@ best: within 3%, the target).
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +40,7 @@ import msgspec
 from policies.eval.fleet import FleetError, Member, fleet_label, parse_member
 from policies.eval.fluid import PhaseGrid, fleet_value, type_curve
 from policies.eval.metrics import PhaseMetrics, phase_metrics
+from policies.eval.processes import map_in_processes
 from policies.eval.runner import contestants
 from policies.eval.scenarios import Scenario
 from policies.eval.sim import fleet_servers, simulate
@@ -171,15 +170,6 @@ def _run(task: _Task) -> list[PhaseMetrics]:
     return phase_metrics(run, task.scenario, names, slo=task.slo)
 
 
-def _map(tasks: Sequence[_Task], jobs: int) -> list[list[PhaseMetrics]]:
-    """Run the simulations, in `jobs` worker processes when there is more than one."""
-    if jobs <= 1 or len(tasks) <= 1:
-        return [_run(t) for t in tasks]
-    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-        return list(pool.map(_run, tasks))
-
-
 def compositions(n_types: int, n: int) -> list[tuple[int, ...]]:
     """Every way to put n servers on n_types types (counts per type)."""
     out = []
@@ -269,7 +259,7 @@ class _Planner:
 
     def run_all(self, tasks: Sequence[_Task]) -> list[list[PhaseMetrics]]:
         self.simulated += len(tasks)
-        return _map(tasks, self.jobs)
+        return map_in_processes(_run, tasks, self.jobs)
 
     def figures_all(self, fleets: Sequence[tuple[tuple[int, ...], float]]) -> dict[tuple[int, ...], FleetFigures]:
         """Simulate each fleet under each of its candidate policies (in parallel) and keep the best."""

@@ -17,8 +17,6 @@ a single run.
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import msgspec
 
 from policies.eval.metrics import PhaseMetrics
+from policies.eval.processes import map_in_processes
 from policies.eval.runner import ScenarioResult, run_scenario
 from policies.eval.scenarios import Scenario
 
@@ -65,11 +64,14 @@ def _merge_metrics(ms: Sequence[PhaseMetrics]) -> PhaseMetrics:
     return PhaseMetrics(**fields)
 
 
-def _merge_floats(dicts: Sequence[dict[str, dict[str, float]]], digits: int = 12) -> dict[str, dict[str, float]]:
+def _merge_floats(
+    dicts: Sequence[dict[str, dict[str, float]]], digits: int | None = None
+) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for key in dicts[0]:
         rows = [d[key] for d in dicts if key in d]
-        out[key] = {f: round(_mean([r[f] for r in rows if f in r]), digits) for f in rows[0]}
+        means = {f: _mean([r[f] for r in rows if f in r]) for f in rows[0]}
+        out[key] = means if digits is None else {f: round(v, digits) for f, v in means.items()}
     return out
 
 
@@ -80,10 +82,8 @@ def merge_results(results: Sequence[ScenarioResult]) -> ScenarioResult:
     first = results[0]
     if len(results) == 1:
         return first
-    if any(
-        len(r.phases) != len(first.phases) or r.phases[0].policies.keys() != first.phases[0].policies.keys()
-        for r in results
-    ):
+    shape = [(ph.name, ph.policies.keys()) for ph in first.phases]
+    if any([(ph.name, ph.policies.keys()) for ph in r.phases] != shape for r in results):
         raise ValueError("merge_results: the results differ in phases or contestants")
     phases = []
     for i, ph in enumerate(first.phases):
@@ -110,9 +110,4 @@ def run_seeds(scenario: Scenario, seeds: Sequence[int], jobs: int | None = None,
     if not seeds:
         raise ValueError("run_seeds needs at least one seed")
     work = [(scenario, s, kwargs) for s in seeds]
-    jobs = min(jobs or os.cpu_count() or 1, len(work))
-    if jobs <= 1:
-        return merge_results([_run_one(w) for w in work])
-    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        return merge_results(list(pool.map(_run_one, work)))
+    return merge_results(map_in_processes(_run_one, work, jobs or os.cpu_count() or 1))
