@@ -189,9 +189,9 @@ def test_shares_of_an_open_loop_split_its_sessions_each_to_exactly_one_part():
     def first_turns(run):
         return [(r.session, r.t_send) for r in (*run.records, *run.failed) if r.turn == 0]
 
-    pinned = lambda e, s: make_peer("sglang/round_robin")  # noqa: E731
-    whole = first_turns(simulate(OPEN, pinned, seed=3, phase_rates=[4.0]))
-    parts = [first_turns(simulate(OPEN, pinned, seed=3, phase_rates=[4.0], share=(k, 3))) for k in range(3)]
+    router = lambda e, s: make_peer("sglang/round_robin")  # noqa: E731
+    whole = first_turns(simulate(OPEN, router, seed=3, phase_rates=[4.0]))
+    parts = [first_turns(simulate(OPEN, router, seed=3, phase_rates=[4.0], share=(k, 3))) for k in range(3)]
     assert all(parts) and sorted(x for p in parts for x in p) == sorted(whole)
     with pytest.raises(ValueError, match="share"):
-        simulate(OPEN, pinned, seed=3, share=(3, 3))
+        simulate(OPEN, router, seed=3, share=(3, 3))
