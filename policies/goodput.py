@@ -142,7 +142,8 @@ class Goodput:
         inc_cost = 0.0
         inc_load = 0
         best_view = best_est = None
-        best_cost = math.inf
+        best_cost = below = math.inf  # a cost below `below` is a new best, one up to `above` a tie
+        above = -math.inf
         best_load = best_uncached = best_held = 0
         ties = 0
         for v in candidates:
@@ -214,12 +215,13 @@ class Goodput:
             cost -= (cost if cost > 0 else -cost) * bonus_table[k if k < top else top]
             if name == incumbent:
                 inc_view, inc_est, inc_cost, inc_load = v, est, cost, load
-            # Costs equal within 1e-9 (relative) are ties: identical backends at equal load.
-            tol = 1e-9 * (best_cost if best_cost > 0 else -best_cost) + 1e-12
-            if best_view is None or cost < best_cost - tol:
+            if cost < below:
                 best_view, best_est, best_cost, best_load, ties = v, est, cost, load, 1
                 best_uncached, best_held = uncached, held
-            elif cost <= best_cost + tol:
+                # costs equal within 1e-9 (relative) are ties: identical backends at equal load
+                tol = 1e-9 * (cost if cost > 0 else -cost) + 1e-12
+                below, above = cost - tol, cost + tol
+            elif cost <= above:
                 ties += 1  # reservoir sampling: every tied candidate equally likely
                 if self._rng.random() * ties < 1.0:
                     best_view, best_est, best_cost, best_load = v, est, cost, load
