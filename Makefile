@@ -98,6 +98,7 @@ bench: install $(ROUTER)/.installed
 
 bench-instructions: install
 	$(BIN)/python -m bench.instructions
+	$(BIN)/python -m bench.decisions
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self

@@ -1,6 +1,6 @@
 """Micro-benchmark of `choose`: it runs for every request, so its cost is a feature.
 
-    python -m policies.bench [--backends 16] [--iterations 20000]
+    python -m policies.bench [--backends 16] [--iterations 20000] [--warmup 0] [--only ROW]
 
 Prints microseconds per decision for each policy on a pool of mixed strategies with varied
 loads (not a test: timings depend on the machine and whoever else is using it). The goodput rows
@@ -8,6 +8,9 @@ run twice: on requests without a conversation prefix, and with prefix tracking o
 workload (`_sessions`): every request carries the hash chain of its history, a system prompt
 shared by all conversations plus its own turns, and the decision includes the lookup of every
 candidate's cached depth and the recording of the chain on the chosen backend.
+
+`python -m bench.decisions` counts the instructions of these decisions under callgrind instead: a
+figure that does not move with the machine's load.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from policies.base import BackendView, Domain, RequestFeatures
 from policies.prefix import message_blocks
 from policies.registry import make_policy
 
-__all__ = ["bench_choose", "main"]
+__all__ = ["ROWS", "bench_choose", "main"]
 
 
 def _pool(n: int, rng: random.Random) -> list[BackendView]:
@@ -70,39 +73,60 @@ def _sessions(rng: random.Random, conversations: int = 200, turns: int = 8) -> l
 
 
 def bench_choose(
-    policy_name: str = "goodput", backends: int = 16, iterations: int = 20000, sessions: bool = False, **options: Any
+    policy_name: str = "goodput",
+    backends: int = 16,
+    iterations: int = 20000,
+    sessions: bool = False,
+    *,
+    warmup: int = 0,
+    runs: int = 3,
+    **options: Any,
 ) -> float:
-    """Mean CPU microseconds per `choose` over `iterations` decisions (best of 3 runs)."""
+    """Mean CPU microseconds per `choose` over `iterations` decisions after `warmup` untimed ones
+    (best of `runs` runs)."""
     rng = random.Random(0)
     views = _pool(backends, rng)
     requests = _sessions(rng) if sessions else _plain()
+    n = len(requests)
     best = float("inf")
-    for _ in range(3):
+    for _ in range(runs):
         policy = make_policy(policy_name, **options)  # fresh: the prefix tracker starts empty each run
-        t = time.process_time()  # CPU time: on a shared box, time descheduled is not the policy's
-        n = len(requests)
-        for i in range(iterations):
+        for i in range(warmup):
             policy.choose(requests[i % n], views)
-        best = min(best, (time.process_time() - t) / iterations * 1e6)
-    return best
+        t = time.process_time()  # CPU time: on a shared box, time descheduled is not the policy's
+        for i in range(warmup, warmup + iterations):
+            policy.choose(requests[i % n], views)
+        if iterations:
+            best = min(best, (time.process_time() - t) / iterations * 1e6)
+    return best if iterations else 0.0
+
+
+# label -> (policy, session workload with prefix tracking, options)
+ROWS: dict[str, tuple[str, bool, dict[str, Any]]] = {
+    "least_inflight": ("least_inflight", False, {}),
+    "threshold": ("threshold", False, {}),
+    "goodput/latency": ("goodput", False, {"objective": "latency"}),
+    "goodput/throughput": ("goodput", False, {"objective": "throughput"}),
+    "goodput/latency +prefix": ("goodput", True, {"objective": "latency"}),
+    "goodput/throughput +prefix": ("goodput", True, {"objective": "throughput"}),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m policies.bench", description=__doc__)
     ap.add_argument("--backends", type=int, default=16)
-    ap.add_argument("--iterations", type=int, default=20000)
+    ap.add_argument("--iterations", type=int, default=20000, help="decisions measured per run")
+    ap.add_argument("--warmup", type=int, default=0, help="decisions before measuring, in each run")
+    ap.add_argument("--runs", type=int, default=3, help="runs, the best one reported")
+    ap.add_argument("--only", action="append", choices=list(ROWS), help="this row only (repeatable)")
     args = ap.parse_args(argv)
-    rows: list[tuple[str, bool, dict[str, Any]]] = [
-        ("least_inflight", False, {}),
-        ("threshold", False, {}),
-        ("goodput", False, {"objective": "latency"}),
-        ("goodput", False, {"objective": "throughput"}),
-        ("goodput", True, {"objective": "latency"}),
-        ("goodput", True, {"objective": "throughput"}),
-    ]
-    for name, sessions, opts in rows:
-        us = bench_choose(name, args.backends, args.iterations, sessions=sessions, seed=0, **opts)
-        label = name + (f"/{opts['objective']}" if opts else "") + (" +prefix" if sessions else "")
+    if args.backends < 1 or args.runs < 1 or args.iterations < 0 or args.warmup < 0:
+        ap.error("--backends and --runs must be >= 1, --iterations and --warmup >= 0")
+    for label in args.only or list(ROWS):
+        name, sessions, opts = ROWS[label]
+        us = bench_choose(
+            name, args.backends, args.iterations, sessions=sessions, warmup=args.warmup, runs=args.runs, seed=0, **opts
+        )
         print(f"{label:30s} {us:6.2f} us per choose ({args.backends} backends)")
     return 0
 
