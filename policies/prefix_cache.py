@@ -7,17 +7,15 @@ on K2.6); there 256 tokens of slack are noise, while every block a request adds 
 later, an eviction on the request path. A chat turn (~150-token question, ~400-token answer) adds
 about two tracked blocks.
 
-Each backend has the set of tracked block hashes of the requests sent to it, holding at most its
+Each backend has a set of the tracked block hashes of the requests sent to it, holding at most its
 KV budget in blocks (`max_total_num_tokens / TRACKED_TOKENS`): the server's radix cache
 cannot keep more either, so a block this tracker forgot is one the server has most likely evicted
-too. The set is kept in two generations (`BackendBlocks`) and the blocks not used for a whole
-generation go first: least recently used first, at the granularity of half the capacity. Memory is
-O(sum of capacities), whatever the number of conversations.
+too. The least recently used blocks go first. Memory is O(sum of capacities), whatever the number
+of conversations.
 
-A request moves all its blocks to the recent generation at once, so a block's ancestors are always
-in a generation at least as recent as its own and eviction takes leaves no later than their roots,
-as the radix cache does. The held part of any chain is therefore a prefix of it, and the depth
-held is found by binary search.
+A request stamps all its blocks at once, so a block's ancestors are always at least as recent as
+it is and eviction takes leaves no later than their roots, as the radix cache does. The held part
+of any chain is therefore a prefix of it, and the depth held is found by binary search.
 
 Lookups go through one index over all backends, block hash -> bit mask of the backends holding it
 (bit = the backend's slot), so that a request is matched against the whole pool in a few lookups:
@@ -28,7 +26,7 @@ holding only a shared system prompt), not one per backend.
 
 from __future__ import annotations
 
-from itertools import islice
+from itertools import islice, repeat
 
 from policies.prefix import BLOCK_TOKENS
 
@@ -47,100 +45,95 @@ def tracked(chain: tuple[int, ...]) -> tuple[int, ...]:
 # at TP8 with ~19 GB of KV per GPU (the twin's profiles use 260,000).
 DEFAULT_KV_TOKENS = 262_144
 _MIN_BLOCKS = 16
+_SAMPLE = 128  # stamps sampled to place an eviction's cutoff
 _MASK_MEMO = 4096  # holder sets remembered with their names (a pool of 16 shows a few dozen)
 
 
 class BackendBlocks:
-    """The block hashes one backend is believed to hold, in two generations: `recent` holds the
-    blocks used since the last turnover, `older` those used in the generation before and not since.
+    """The block hashes one backend is believed to hold, each with the stamp of its last use."""
 
-    A use moves every block of its chain into `recent`. When `recent` reaches half the capacity the
-    generations turn over: `older` is dropped whole and `recent` becomes `older`. So the tracker
-    holds between half its capacity and all of it, and forgets exactly the blocks not used during
-    the last full generation: least recently used first, at the granularity of a generation. That
-    costs a set update per request and, per turnover, one pass over the dropped blocks to clear
-    their bits in the index; ordering the blocks by last use would cost a step on every touch.
-
-    A use takes a block's ancestors along, so an ancestor is never in an older generation than
-    its descendants: eviction takes leaves no later than their roots and the held part of a chain
-    stays a prefix of it."""
-
-    __slots__ = ("recent", "older", "capacity", "evicted", "bit", "_index")
+    __slots__ = ("blocks", "capacity", "evicted", "bit", "_stamp", "_index")
 
     def __init__(self, capacity: int, bit: int, index: dict[int, int]) -> None:
-        self.recent: set[int] = set()
-        self.older: set[int] = set()  # disjoint from `recent`
+        self.blocks: dict[int, int] = {}
         self.capacity = capacity
         self.evicted = 0
         self.bit = bit
+        self._stamp = 0
         self._index = index
-
-    def __len__(self) -> int:
-        return len(self.recent) + len(self.older)
-
-    def __contains__(self, block: int) -> bool:
-        return block in self.recent or block in self.older
 
     def depth(self, chain: tuple[int, ...]) -> int:
         """How many leading blocks of `chain` are held here."""
-        if not chain or chain[0] not in self:
+        blocks = self.blocks
+        if not chain or chain[0] not in blocks:
             return 0
         lo, hi = 0, len(chain) - 1  # chain[lo] is held; find the deepest held index
-        if chain[hi] in self:
+        if chain[hi] in blocks:
             return hi + 1
         while lo < hi - 1:
             mid = (lo + hi) >> 1
-            if chain[mid] in self:
+            if chain[mid] in blocks:
                 lo = mid
             else:
                 hi = mid
         return lo + 1
 
     def record(self, chain: tuple[int, ...], held: int = 0) -> None:
-        """The backend served `chain`: all of it is held now, as just used. `held`: how many
-        leading blocks it held before (`depth`), so only the new ones enter the index."""
-        recent = self.recent
-        recent.update(chain)
-        self.older.difference_update(chain)  # whatever `held` says: the generations stay disjoint
+        """The backend served `chain`: all of it is held now, stamped as just used. `held`: how
+        many leading blocks it held before (`depth`), so only the new ones enter the index."""
+        self._stamp += 1
+        blocks = self.blocks
+        blocks.update(zip(chain, repeat(self._stamp)))
         if held < len(chain):
             index, bit = self._index, self.bit
             get = index.get
             for h in islice(chain, held, None):
                 index[h] = get(h, 0) | bit
-        if len(recent) * 2 >= self.capacity:
-            self._turn_over()
+        if len(blocks) > self.capacity:
+            self._evict(len(blocks) - (self.capacity * 3) // 4)
 
-    def _turn_over(self) -> None:
-        """Drop the older generation; the recent one becomes older (all of it, when even one
-        generation no longer fits)."""
-        self._drop(self.older)
-        if len(self.recent) > self.capacity:
-            self._drop(self.recent)
-            self.older = set()
-        else:
-            self.older = self.recent
-        self.recent = set()
+    def _evict(self, drop: int) -> None:
+        """Drop about `drop` of the least recently used blocks, by stamp.
 
-    def _drop(self, blocks: set[int]) -> None:
+        Every use of a block stamps all its ancestors alike, so an ancestor's stamp is never older
+        than its descendants': dropping by stamp takes leaves no later than their roots and the
+        held part of a chain stays a prefix. Done in bulk (one pass over the dict per quarter of
+        the capacity inserted) so that it costs O(1) amortized per block instead of an ordered
+        structure's bookkeeping on every touch. The cutoff comes from a strided sample of the
+        stamps: sorting them all would cost more than the pass."""
+        blocks = self.blocks
+        step = max(len(blocks) // _SAMPLE, 1)
+        sample = sorted(islice(blocks.values(), 0, None, step))
+        cutoff = sample[min(len(sample) - 1, drop * len(sample) // len(blocks))]
+        if cutoff <= sample[0]:  # too few distinct stamps to split finely: drop the oldest one whole
+            cutoff = sample[0] + 1
+        kept = {h: s for h, s in blocks.items() if s >= cutoff}
         index, clear = self._index, ~self.bit
         get = index.get
-        for h in blocks:
+        for h in blocks.keys() - kept.keys():
             m = get(h, 0) & clear
             if m:
                 index[h] = m
             else:
-                index.pop(h, None)
-        self.evicted += len(blocks)
+                del index[h]
+        self.evicted += len(blocks) - len(kept)
+        self.blocks = kept
 
     def resize(self, capacity: int) -> None:
         self.capacity = capacity
-        while len(self) > capacity:
-            self._turn_over()
+        if len(self.blocks) > capacity:
+            self._evict(len(self.blocks) - capacity)
 
     def clear(self) -> None:
-        self._drop(self.recent)
-        self._drop(self.older)
-        self.recent, self.older = set(), set()
+        index, clear = self._index, ~self.bit
+        for h in self.blocks:
+            m = index.get(h, 0) & clear
+            if m:
+                index[h] = m
+            else:
+                index.pop(h, None)
+        self.evicted += len(self.blocks)
+        self.blocks = {}
 
 
 class PrefixCache:
@@ -226,9 +219,10 @@ class PrefixCache:
             b.clear()
 
     def held_blocks(self) -> int:
-        return sum(len(b) for b in self.backends.values())
+        return sum(len(b.blocks) for b in self.backends.values())
 
     def describe(self) -> dict[str, dict[str, int]]:
         return {
-            name: {"blocks": len(b), "capacity": b.capacity, "evicted": b.evicted} for name, b in self.backends.items()
+            name: {"blocks": len(b.blocks), "capacity": b.capacity, "evicted": b.evicted}
+            for name, b in self.backends.items()
         }
