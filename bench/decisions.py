@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.instructions import total_instructions
+from bench.callgrind import total_instructions
 from policies.bench import ROWS
 
 DEFAULT_ROWS = ("goodput/latency", "goodput/latency +prefix")

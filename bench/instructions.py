@@ -29,21 +29,11 @@ from pathlib import Path
 
 import uvloop
 
+from bench.callgrind import total_instructions
 from bench.gateway_bench import Target, _body, _free_port, _gateway_toml, _process, run_level
 
 WARMUP_REQUESTS = 3000
 CONCURRENCY = 64
-
-
-def total_instructions(callgrind_out: Path) -> int:
-    """The `Ir` total of a callgrind output file (its `summary:` or `totals:` line)."""
-    total = None
-    for line in callgrind_out.read_text(errors="replace").splitlines():
-        if line.startswith(("summary:", "totals:")):
-            total = int(line.split()[1])
-    if total is None:
-        raise ValueError(f"{callgrind_out}: no summary or totals line")
-    return total
 
 
 def _gateway_env(mode: str, sink_port: int) -> dict[str, str]:

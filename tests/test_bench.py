@@ -119,7 +119,7 @@ def test_bench_quick_writes_results(tmp_path):
 
 
 def test_instruction_counts_read_callgrinds_total(tmp_path):
-    from bench.instructions import total_instructions
+    from bench.callgrind import total_instructions
 
     out = tmp_path / "callgrind.out.1"
     out.write_text(
