@@ -27,8 +27,11 @@ Guards keep the learning honest and the traffic stable:
 - exploration: an optimism bonus `bonus / sqrt(1 + samples)` that decays as a (backend, domain)
   gets measured, so a backend never measured is tried early while the bonus costs nothing
   later; and with probability `epsilon` (seeded rng) the request goes to the candidate chosen
-  least recently, if it was not chosen for `explore_gap` decisions and its cost is within
-  1/`explore_floor` of the best (a backend predicted 5x slower is not worth a request; 0: any);
+  least recently, if it was not chosen for `explore_gap` decisions and both its cost and this
+  request's own predicted e2e there are within 1/`explore_floor` of the best's (a backend
+  predicted 5x slower is not worth a request; 0: any). The e2e check matters at load: there the
+  best's cost is mostly what it imposes on the requests running beside it, and an idle backend
+  that would take 3x longer for this request can be within 2x on cost;
 - hysteresis: the backend that won last time for this domain keeps winning unless a challenger
   is cheaper by more than `hysteresis` (relative), so near-equal candidates do not flap on the
   noise of their estimates; a challenger that is ahead because it holds fewer requests than the
@@ -226,12 +229,12 @@ class Goodput:
                 if self._rng.random() * ties < 1.0:
                     best_view, best_est, best_cost, best_load = v, est, cost, load
                     best_uncached, best_held = uncached, held
-        if best_view is None:
+        if best_view is None or best_est is None:
             raise NoCandidate("no healthy backend")
         self._tick += 1
         reason = "best"
         explore = (
-            self._explore(d, cell, request, candidates, best_cost)
+            self._explore(d, cell, request, candidates, best_cost, best_view, best_est, best_load, best_uncached)
             if (self.epsilon and self._rng.random() < self.epsilon)
             else None
         )
@@ -275,16 +278,31 @@ class Goodput:
         return max(request.prompt_tokens - held * TRACKED_TOKENS, 0)
 
     def _explore(
-        self, d: int, cell: int, request: RequestFeatures, candidates: Sequence[BackendView], best_cost: float
+        self,
+        d: int,
+        cell: int,
+        request: RequestFeatures,
+        candidates: Sequence[BackendView],
+        best_cost: float,
+        best_view: BackendView,
+        best_est: BackendEstimate,
+        best_load: int,
+        best_uncached: int,
     ) -> tuple[BackendView, BackendEstimate] | None:
         """The candidate chosen least recently among those not chosen for `explore_gap`
-        decisions and whose cost is within 1/`explore_floor` of the best: exploring a backend
-        predicted 5x slower would cost a whole request for almost no chance of learning that
-        it is the best one, and re-measuring one just measured teaches nothing."""
-        size = best_cost if best_cost > 0 else -best_cost
-        ceiling = best_cost + (1.0 / self.explore_floor - 1.0) * size if self.explore_floor else math.inf
-        stale = self._tick - self.explore_gap
+        decisions and whose cost, and this request's predicted e2e, are within 1/`explore_floor`
+        of the best's: exploring a backend predicted 5x slower would cost a whole request for
+        almost no chance of learning that it is the best one, and re-measuring one just measured
+        teaches nothing."""
         out = self.lengths.expected(request)
+        if self.explore_floor:
+            size = best_cost if best_cost > 0 else -best_cost
+            ceiling = best_cost + (1.0 / self.explore_floor - 1.0) * size
+            e2e_ceiling = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view.pending_prefill)
+            e2e_ceiling /= self.explore_floor
+        else:
+            ceiling = e2e_ceiling = math.inf
+        stale = self._tick - self.explore_gap
         pick: tuple[BackendView, BackendEstimate] | None = None
         for v in candidates:
             if not v.healthy:
@@ -292,11 +310,21 @@ class Goodput:
             est = self.estimates.backends[v.spec.name]
             if est.last_chosen > stale:
                 continue
-            if self._cost(est, cell, view_load(v), self._uncached(v, request), out, v.pending_prefill) > ceiling:
+            load, uncached = view_load(v), self._uncached(v, request)
+            if self._cost(est, cell, load, uncached, out, v.pending_prefill) > ceiling:
+                continue
+            if self._e2e_s(est, cell, load, uncached, out, v.pending_prefill) > e2e_ceiling:
                 continue
             if pick is None or est.last_chosen < pick[1].last_chosen:
                 pick = (v, est)
         return pick
+
+    def _e2e_s(self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float, pending: int) -> float:
+        """This request's own predicted seconds to its last token there: TTFT plus decode, nothing
+        imposed on others, no weights."""
+        if not est.observed:
+            est = self.estimates.stand_in(est)
+        return own_and_imposed_s(est, cell, load, uncached, out, 0.0, 1.0, pending)
 
     def _cost(self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float, pending: int = 0) -> float:
         """The objective's cost before the exploration bonus (the hot loop inlines this)."""

@@ -8,6 +8,7 @@ import pytest
 
 from backends import BackendSpec, Strategy
 from policies import BackendView, Domain, Goodput, NoCandidate, Outcome, RequestFeatures, make_policy
+from policies.priors import cell_of
 
 MATH = RequestFeatures(model="m", domain=Domain.MATH, temperature=0.0)
 
@@ -156,6 +157,24 @@ def test_exploration_never_spends_a_request_on_a_hopeless_backend():
     views = [_view("ddtree", Strategy.DDTREE), _view("ar")]
     names = {policy.choose(MATH, views).backend.name for _ in range(500)}
     assert names == {"ddtree"}  # AR is predicted ~6x slower: below explore_floor
+
+
+def test_exploration_never_makes_a_request_twice_as_slow_to_spare_a_loaded_backend():
+    # A DDTree backend holding 15 requests, where most of a new request's cost is what it does to
+    # those 15, and an idle AR backend: within 2x of the best on cost, but more than 2x on this
+    # request's own e2e. Exploring it would double that user's wait to measure a backend that is
+    # not chosen on its merits.
+    policy = Goodput(seed=3, epsilon=0.5, explore_gap=0)  # explore as often as possible
+    fast, ar = _view("fast", Strategy.DDTREE, inflight=15), _view("ar")
+    policy.choose(MATH, [fast, ar])  # registers both
+    for load, step in ((1, 0.040), (8, 0.060), (16, 0.100), (32, 0.200)):
+        _teach(policy, "fast", load=load, step_s=step, accept=6.0)
+    _teach(policy, "ar", load=1, step_s=0.038, accept=None)
+    out, cell = policy.lengths.expected(MATH), cell_of(0, 0.0, 0)
+    est = policy.estimates.backends
+    assert policy._cost(est["ar"], cell, 0, 0, out) < 2 * policy._cost(est["fast"], cell, 15, 0, out)
+    assert policy._e2e_s(est["ar"], cell, 0, 0, out, 0) > 2 * policy._e2e_s(est["fast"], cell, 15, 0, out, 0)
+    assert {policy.choose(MATH, [fast, ar]).backend.name for _ in range(300)} == {"fast"}
 
 
 def test_same_seed_same_decisions():
