@@ -233,11 +233,10 @@ class Goodput:
             raise NoCandidate("no healthy backend")
         self._tick += 1
         reason = "best"
-        explore = (
-            self._explore(d, cell, request, candidates, best_cost, best_view, best_est, best_load, best_uncached)
-            if (self.epsilon and self._rng.random() < self.epsilon)
-            else None
-        )
+        explore = None
+        if self.epsilon and self._rng.random() < self.epsilon:
+            best_e2e = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view.pending_prefill)
+            explore = self._explore(cell, out, request, candidates, best_cost, best_e2e)
         if explore is not None and explore[0] is not best_view:
             best_view, best_est = explore
             reason = "explore"
@@ -279,27 +278,22 @@ class Goodput:
 
     def _explore(
         self,
-        d: int,
         cell: int,
+        out: float,
         request: RequestFeatures,
         candidates: Sequence[BackendView],
         best_cost: float,
-        best_view: BackendView,
-        best_est: BackendEstimate,
-        best_load: int,
-        best_uncached: int,
+        best_e2e: float,
     ) -> tuple[BackendView, BackendEstimate] | None:
         """The candidate chosen least recently among those not chosen for `explore_gap`
         decisions and whose cost, and this request's predicted e2e, are within 1/`explore_floor`
         of the best's: exploring a backend predicted 5x slower would cost a whole request for
         almost no chance of learning that it is the best one, and re-measuring one just measured
         teaches nothing."""
-        out = self.lengths.expected(request)
         if self.explore_floor:
             size = best_cost if best_cost > 0 else -best_cost
             ceiling = best_cost + (1.0 / self.explore_floor - 1.0) * size
-            e2e_ceiling = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view.pending_prefill)
-            e2e_ceiling /= self.explore_floor
+            e2e_ceiling = best_e2e / self.explore_floor
         else:
             ceiling = e2e_ceiling = math.inf
         stale = self._tick - self.explore_gap
