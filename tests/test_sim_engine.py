@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.sim.domain import classify
-from backends.sim.engine import Engine, QueueFull
+from backends.sim.engine import REMEMBERED_PROMPTS, Engine, QueueFull
 from backends.sim.profile import ProfileError, list_profiles, load_profile, numeric_parameters, profile_names
 from backends.sim.virtual import run_closed_loop
 from tests.support import SIM_PROFILES
@@ -214,3 +214,38 @@ def test_zero_profile_takes_no_time():
     e.submit("a", 10, 50)
     while not e.idle:
         assert e.step().duration_s == 0.0
+
+
+def test_repeat_counts_are_remembered_in_bounded_memory():
+    # A prompt's randomness is seeded by the prompt and how often it came before: a repeat draws
+    # fresh randomness. The count is kept for the most recently seen prompts only, so a twin
+    # serving millions of distinct prompts holds a bounded table.
+    e = Engine(load_profile("k26-dflash"), remembered_prompts=8)
+    rid = iter(range(10_000))
+
+    def seed_of(key: int) -> int:
+        r = str(next(rid))
+        seed = e.submit(r, 8, 4, key=key).seed
+        e.abort(r)
+        return seed
+
+    first = seed_of(1)
+    second = seed_of(1)  # the second occurrence of prompt 1
+    for k in range(100, 106):  # six others: prompt 1 is still among the 8 most recent
+        seed_of(k)
+    assert seed_of(1) not in (first, second)  # its third occurrence
+    for k in range(200, 220):  # twenty others: prompt 1 is forgotten and counts from zero again
+        seed_of(k)
+    assert seed_of(1) == first
+
+
+def test_the_default_memory_of_repeat_counts_is_bounded():
+    e = Engine(load_profile("k26-ar"))
+    first = e.submit("first", 8, 4, key=-1).seed
+    e.abort("first")
+    for k in range(REMEMBERED_PROMPTS + 1):
+        e.submit("r", 8, 4, key=k)
+        e.abort("r")
+    assert e.submit("again", 8, 4, key=-1).seed == first  # forgotten: the table did not grow past the bound
+    with pytest.raises(ValueError):
+        Engine(load_profile("k26-ar"), remembered_prompts=0)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -64,6 +65,10 @@ MAX_PREFILL_TOKENS = 16384  # SGLang's default --max-prefill-tokens: prompt toke
 # average in /v1/loads is refreshed then.
 DECODE_LOG_INTERVAL = 40
 _THROUGHPUT_WINDOW = 40  # busy steps behind gen_throughput
+# Distinct prompts whose repeat count is remembered (a prompt's randomness is seeded by the prompt
+# and how many times it came before). Assumption, a memory bound rather than physics: a prompt not
+# seen for this many other prompts counts from zero again, as if new.
+REMEMBERED_PROMPTS = 65_536
 
 
 class QueueFull(Exception):
@@ -274,8 +279,16 @@ class Engine:
     """Continuous batching over one simulated server. Not thread-safe; one driver at a time."""
 
     def __init__(
-        self, profile: Profile, seed: int = 0, max_running: int | None = None, max_queued: int | None = None
+        self,
+        profile: Profile,
+        seed: int = 0,
+        max_running: int | None = None,
+        max_queued: int | None = None,
+        *,
+        remembered_prompts: int = REMEMBERED_PROMPTS,
     ) -> None:
+        if remembered_prompts < 1:
+            raise ValueError(f"remembered_prompts must be >= 1, got {remembered_prompts}")
         self.profile = profile
         self.seed = seed
         self.max_running = max_running or profile.max_running_requests
@@ -289,7 +302,8 @@ class Engine:
         self._running: list[SimRequest] = []
         self._chunked: SimRequest | None = None
         self._by_rid: dict[str, SimRequest] = {}
-        self._occurrences: dict[int, int] = {}
+        self._occurrences: dict[int, int] = {}  # prompt key -> times seen, least recently seen first
+        self._remembered_prompts = remembered_prompts
         self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=_THROUGHPUT_WINDOW)
         self._interval = _Interval()
         self._published_accept = (0.0, 0.0)  # last interval's (length, rate)
@@ -422,8 +436,12 @@ class Engine:
             raise QueueFull("The request queue is full.")
         if key is None:
             key = prompt_key(prompt_text) if prompt_text else 0
-        occurrence = self._occurrences.get(key, 0)
-        self._occurrences[key] = occurrence + 1
+        occurrences = self._occurrences
+        occurrence = occurrences.pop(key, 0)
+        occurrences[key] = occurrence + 1  # re-inserted: the dict's order is the order last seen
+        if len(occurrences) > self._remembered_prompts:  # forget the least recently seen quarter
+            for old_key in list(itertools.islice(occurrences, len(occurrences) // 4 or 1)):
+                del occurrences[old_key]
         dom = domain or (classify(prompt_text) if prompt_text else "chat")
         prompt_tokens = max(1, prompt_tokens)
         req = SimRequest(
