@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -302,7 +301,8 @@ class Engine:
         self._running: list[SimRequest] = []
         self._chunked: SimRequest | None = None
         self._by_rid: dict[str, SimRequest] = {}
-        self._occurrences: dict[int, int] = {}  # prompt key -> times seen, least recently seen first
+        # prompt key -> times seen, least recently seen first (LRU, as the twin's prefix cache)
+        self._occurrences: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._remembered_prompts = remembered_prompts
         self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=_THROUGHPUT_WINDOW)
         self._interval = _Interval()
@@ -437,11 +437,11 @@ class Engine:
         if key is None:
             key = prompt_key(prompt_text) if prompt_text else 0
         occurrences = self._occurrences
-        occurrence = occurrences.pop(key, 0)
-        occurrences[key] = occurrence + 1  # re-inserted: the dict's order is the order last seen
-        if len(occurrences) > self._remembered_prompts:  # forget the least recently seen quarter
-            for old_key in list(itertools.islice(occurrences, len(occurrences) // 4 or 1)):
-                del occurrences[old_key]
+        occurrence = occurrences.get(key, 0)
+        occurrences[key] = occurrence + 1
+        occurrences.move_to_end(key)
+        if len(occurrences) > self._remembered_prompts:
+            occurrences.popitem(last=False)  # the prompt seen least recently
         dom = domain or (classify(prompt_text) if prompt_text else "chat")
         prompt_tokens = max(1, prompt_tokens)
         req = SimRequest(
