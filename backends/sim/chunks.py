@@ -227,8 +227,33 @@ def completion_response(
     sglext: dict[str, Any] | None = None,
 ) -> bytes:
     """`CompletionResponse.model_dump_json()`."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "matched_stop": matched_stop}
-    body = _envelope(rid, "text_completion", created, model, [choice], usage)
+    choice = completion_choice(0, text, finish_reason, matched_stop)
+    return completion_response_choices(rid, created, model, [choice], usage, sglext)
+
+
+def completion_choice(
+    index: int, text: str, finish_reason: str | None, matched_stop: int | str | None
+) -> dict[str, Any]:
+    """`CompletionResponseChoice`."""
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "matched_stop": matched_stop,
+    }
+
+
+def completion_response_choices(
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, Any],
+    sglext: dict[str, Any] | None = None,
+) -> bytes:
+    """`CompletionResponse.model_dump_json()` with any number of choices (`n` > 1)."""
+    body = _envelope(rid, "text_completion", created, model, choices, usage)
     body["metadata"] = {"weight_version": "default"}
     if sglext is not None:
         body["sglext"] = sglext

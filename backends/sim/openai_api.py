@@ -14,6 +14,7 @@ gets HTTP 200, `data: {"error": {... "code": 503}}` and `[DONE]`; a non-streamed
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -260,10 +261,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
         stream = body.stream
         if body.max_tokens is not None and body.max_tokens <= 0:
             raise _max_tokens_error(body.max_tokens)
-        if body.n != 1:
-            raise ApiError("the twin serves n=1 only", param="n")
+        if body.n < 1 or (body.n > 1 and body.stream):
+            raise ApiError("the twin streams n=1 only", param="n")
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
+        if body.n > 1:
+            return await _completion_samples(state, body, text, ntok, temperature, top_p)
         gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
     except ApiError as e:
         if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
@@ -294,6 +297,46 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.Response(body=resp_body, content_type="application/json")
     finally:
         gen.release()
+
+
+async def _completion_samples(
+    state: SimState, body: CompletionRequest, text: str, ntok: int, temperature: float, top_p: float
+) -> web.Response:
+    """`n` > 1, not streamed: n sequences decoded side by side, one choice each. As in SGLang's
+    tokenizer manager a given `rid` becomes `{rid}_{i}` (`io_struct.py`, `_normalize_rid`), the
+    response's id is the first's, usage counts the prompt once and sums the completions
+    (`usage_processor.py`), and `sglext.spec_tokens_details` is a list, one entry per sequence.
+    Assumption: each sequence is its own engine request, so they prefill the prompt side by side
+    (SGLang first caches the prompt once, then forks)."""
+    gens: list[Generation] = []
+    try:
+        for i in range(body.n):
+            rid = f"{body.rid}_{i}" if body.rid else None
+            gens.append(
+                await admit(state, rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
+            )
+        outs = await asyncio.gather(*(_collect_text(g) for g in gens))
+        choices, details = [], []
+        for i, (gen, out) in enumerate(zip(gens, outs, strict=True)):
+            reason, matched = _completion_reason(gen)
+            choices.append(chunks.completion_choice(i, out, reason, matched))
+            sglext = _sglext(state, gen, body.return_spec_tokens_details)
+            if sglext is not None:
+                details.append(sglext["spec_tokens_details"])
+            gen.cache_output(out)
+        first = gens[0]
+        usage = chunks.usage_info(first.prompt_tokens, sum(g.completion_tokens for g in gens), 0, first.cache_report())
+        resp_body = chunks.completion_response_choices(
+            first.rid, first.created, body.model, choices, usage, {"spec_tokens_details": details} if details else None
+        )
+        return web.Response(body=resp_body, content_type="application/json")
+    finally:
+        for gen in gens:
+            gen.release()
+
+
+async def _collect_text(gen: Generation) -> str:
+    return "".join([gen.tokens.take(n) async for n in gen.steps()])
 
 
 def _completion_reason(gen: Generation) -> tuple[str | None, int | None]:
