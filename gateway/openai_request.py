@@ -31,6 +31,9 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     # None leaves it to the server's default.
     thinking: bool | None = None
     tools: bool = False  # the request offers tools (a non-empty `tools` array)
+    # Sequences SGLang generates for it: `n` per prompt, and a completions batch (an array of
+    # strings or of token-id arrays) has one prompt per element. Usage and `sglext` sum over them.
+    sequences: int = 1
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -44,6 +47,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         raise ApiError(400, "request body must be a JSON object")
 
     model = _field(body, "model", str, required=True)
+    prompts = 1
     if not model:
         raise ApiError(400, "'model' must not be empty", param="model")
     if kind == "chat":
@@ -59,6 +63,8 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
             prompt_text = prompt
         elif isinstance(prompt, list) and prompt:
             prompt_text = " ".join(p for p in prompt if isinstance(p, str))
+            if all(isinstance(p, (str, list)) for p in prompt):  # a batch, not one prompt of token ids
+                prompts = len(prompt)
         else:
             raise ApiError(400, "'prompt' must be a string or a non-empty array", param="prompt")
 
@@ -76,6 +82,8 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     temperature = body.get("temperature")
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
         temperature = None
+    n = body.get("n")  # a bad `n` is the backend's to refuse, with its own message
+    per_prompt = n if type(n) is int and n > 1 else 1
     return ParsedRequest(
         kind=kind,
         body=body,
@@ -88,6 +96,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         client_wants_spec=wants_spec,
         thinking=_thinking(body["chat_template_kwargs"]) if "chat_template_kwargs" in body else None,
         tools="tools" in body and isinstance(body["tools"], list) and bool(body["tools"]),
+        sequences=prompts * per_prompt,
     )
 
 

@@ -442,6 +442,7 @@ class Proxy:
             inflight_at_dispatch=attempt.inflight,
             prompt_tokens=rec.prompt_tokens,
             completion_tokens=rec.completion_tokens,
+            sequences=rec.sequences,
             ttft_s=(result.t_first - attempt.t_dispatch) if result.t_first is not None else None,
             # Without chunk timing (non-streaming) the upstream's whole answer time stands in for
             # decode time: it includes prefill and queueing, so it slightly understates decode speed.
@@ -473,8 +474,10 @@ class Proxy:
         now = time.perf_counter()
         u, spec, t_first, t_last = result.usage, result.spec, result.t_first, result.t_last
         n = u.completion_tokens if u else 0
+        sequences = req.parsed.sequences
+        per_sequence = n / sequences  # sequences decode side by side, in the same passes
         decode_s = (t_last - t_first) if t_first is not None and t_last is not None else None
-        decode_tok_s = (n - 1) / decode_s if decode_s and n > 1 else None
+        decode_tok_s = (per_sequence - 1) / decode_s if decode_s and per_sequence > 1 else None
         backend = attempt.backend if attempt is not None else None
         decision = attempt.decision if attempt is not None else None
         inflight = attempt.inflight if attempt is not None else 0
@@ -505,13 +508,14 @@ class Proxy:
             queue_s=req.queue_s,
             prompt_tokens=u.prompt_tokens if u else 0,
             completion_tokens=n,
+            sequences=sequences,
             reasoning_tokens=u.reasoning_tokens if u else None,
             cached_tokens=u.cached_tokens if u else None,
             ttft_s=(t_first - req.t_received) if t_first is not None else None,
             ttft_answer_s=(result.t_first_answer - req.t_received) if result.t_first_answer is not None else None,
             decode_s=decode_s,
             decode_tok_s=decode_tok_s,
-            tpot_s=(now - t_first) / (n - 1) if t_first is not None and n > 1 else None,
+            tpot_s=(now - t_first) / (per_sequence - 1) if t_first is not None and per_sequence > 1 else None,
             accept_length=spec.accept_length if spec else None,
             verify_ct=spec.verify_ct if spec else None,
             baseline_tok_s=baseline,

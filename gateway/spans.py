@@ -170,6 +170,8 @@ def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
     ):
         if value is not None:
             attrs[key] = value
+    if r.sequences != 1:  # GenAI semantic conventions: set when not 1
+        attrs["gen_ai.request.choice.count"] = r.sequences
     if r.finish_reason:
         attrs["gen_ai.response.finish_reasons"] = (r.finish_reason,)
     if r.error:

@@ -122,10 +122,13 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     inflight_at_dispatch: int
     mean_inflight: float | None = None
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # over all sequences, as SGLang's usage counts them
+    # Sequences generated side by side for the request (`n`, a completions batch): they share its
+    # decode passes and each adds one to the batch.
+    sequences: int = 1
     ttft_s: float | None = None
     decode_s: float | None = None  # first to last token
-    verify_ct: int | None = None
+    verify_ct: int | None = None  # over all sequences
     accept_length: float | None = None
     finish_reason: str | None = None
     error: str | None = None
@@ -137,8 +140,10 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def decode_tok_s(self) -> float | None:
-        if self.decode_s and self.decode_s > 0 and self.completion_tokens > 1:
-            return (self.completion_tokens - 1) / self.decode_s
+        """Per sequence."""
+        per_sequence = self.completion_tokens / max(self.sequences, 1)
+        if self.decode_s and self.decode_s > 0 and per_sequence > 1:
+            return (per_sequence - 1) / self.decode_s
         return None
 
 

@@ -241,8 +241,10 @@ class BackendEstimate(RateModel):
         self.acceptance.note_done(c)  # finished, failed or garbled: no longer in flight
         if outcome.error:
             return "error"
-        n = outcome.completion_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        n, k = outcome.completion_tokens, outcome.sequences  # n: over all k sequences
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            return "bad_sequences"
+        if not isinstance(n, int) or isinstance(n, bool) or n < 2 * k:
             return "too_few_tokens"
         decode_s = outcome.decode_s
         if not _finite(decode_s) or decode_s <= 0:  # type: ignore[operator]
@@ -252,6 +254,7 @@ class BackendEstimate(RateModel):
             load = outcome.inflight_at_dispatch
         if not _finite(load) or load < 1:  # type: ignore[operator]
             return "bad_load"
+        load += k - 1  # type: ignore[operator]  # its other sequences ran in the same batch
         accept: float | None = None
         if self.speculative:
             verify_ct = outcome.verify_ct
@@ -264,25 +267,24 @@ class BackendEstimate(RateModel):
                 return "no_spec_details"
             if not 1.0 <= accept <= _MAX_ACCEPT:
                 return "bad_accept"
-            step = decode_s / verify_ct  # type: ignore[operator]
-            passes = verify_ct
+            passes = verify_ct / k  # the sequences advance in the same passes
         else:
-            step = decode_s / (n - 1)  # type: ignore[operator]
-            passes = n - 1
+            passes = n / k - 1
+        step = decode_s / passes  # type: ignore[operator]
         if not _MIN_STEP_S <= step <= _MAX_STEP_S:
             return "bad_step"
         if accept is not None:
             self.acceptance.observe(c, accept, verify_ct)
         if not self.server_steps:
-            self._observe_step(load, step, passes)  # type: ignore[arg-type]
+            self._observe_step(load, step, passes)
         self._observe_prefill(outcome)
         self.seen[d] += 1
         self.observed += 1
         self.last_step_s = step
-        self.last_tok_s = (n - 1) / decode_s  # type: ignore[operator]
+        self.last_tok_s = (n / k - 1) / decode_s  # type: ignore[operator]
         return None
 
-    def _observe_step(self, load: float, step: float, passes: int) -> None:
+    def _observe_step(self, load: float, step: float, passes: float) -> None:
         # Weighed by passes, so that the curve is a ratio estimate (seconds over passes) and not a
         # mean of per-request ratios: a 24-token tool call decodes in ~5 passes, and one of them
         # carrying another request's 16k-token prefill chunk (2 s) makes its step time 10x.
@@ -292,12 +294,12 @@ class BackendEstimate(RateModel):
     def _observe_prefill(self, outcome: Outcome) -> None:
         """Learn prefill speed from TTFT, in the units the cost model predicts with (the gateway's
         prompt estimate in `features`), scaled by the share of the prompt the server says it did
-        not have cached. Only a request dispatched to an idle backend teaches it (`policies.prefill`:
-        elsewhere a TTFT is mostly waiting behind others), and not one whose cache hit is unknown
-        while it carried a conversation prefix."""
+        not have cached. Only a one-sequence request dispatched to an idle backend teaches it
+        (`policies.prefill`: elsewhere a TTFT is mostly waiting behind others), and not one whose
+        cache hit is unknown while it carried a conversation prefix."""
         ttft = outcome.ttft_s
         at = outcome.inflight_at_dispatch
-        if not _finite(ttft) or not isinstance(at, int) or at != 1:
+        if not _finite(ttft) or not isinstance(at, int) or at != 1 or outcome.sequences != 1:
             return
         f = outcome.features
         real = outcome.prompt_tokens if isinstance(outcome.prompt_tokens, int) else 0

@@ -45,9 +45,12 @@ class OutputLengths:
 
     def observe(self, outcome: Outcome) -> None:
         f = outcome.features
-        n = outcome.completion_tokens
-        if f is None or outcome.error or not isinstance(n, int) or n < 1:
+        total, sequences = outcome.completion_tokens, outcome.sequences
+        if f is None or outcome.error or not isinstance(total, int) or not isinstance(sequences, int):
             return
+        if sequences < 1 or total < sequences:
+            return
+        n = total / sequences  # one answer's length
         k = _kind(f)
         self.counts[k] += 1
         a = max(_ALPHA, 1.0 / self.counts[k])

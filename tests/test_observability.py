@@ -89,6 +89,31 @@ def test_spans_names_parentage_and_attributes(k26):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
+def test_parallel_samples_teach_the_acceptance_of_one_sequence(k26):
+    """`n` > 1: SGLang sums completion tokens over the sequences and lists their verify counts;
+    the acceptance length is the total over the summed passes, not over the first sequence's."""
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    with serve_in_thread(_config(k26), tracing=tracing, access_log=AccessLog(False)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        r = client.completions.create(
+            model="kimi-k2.6@k26-dflash",
+            prompt="Solve for x: 3x + 4 = 19. Show each step.",
+            max_tokens=60,
+            n=4,
+            extra_body={"return_spec_tokens_details": True},
+        )
+        tracing.force_flush()
+    assert len(r.choices) == 4 and r.usage.completion_tokens == 4 * 60
+    verify = [d["spec_verify_ct"] for d in r.model_extra["sglext"]["spec_tokens_details"]]
+    (span,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    a = dict(span.attributes)
+    assert a["gen_ai.request.choice.count"] == 4 and a["gen_ai.usage.output_tokens"] == 240
+    assert a["specroute.verify_count"] == sum(verify)
+    assert a["specroute.accept_length"] == pytest.approx(240 / sum(verify))
+    assert a["specroute.accept_length"] < 8  # DFlash's block: the first sequence's passes alone would pass it
+
+
 def test_failed_attempt_is_an_error_span_and_the_retry_its_sibling(twin_factory):
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingSection(), exporter=exporter)

@@ -1,6 +1,8 @@
 """The gateway's request parser refuses bad bodies with a 400 naming the problem, on every msgspec
 version the floors allow (before 0.23 invalid UTF-8 raised UnicodeDecodeError, not DecodeError)."""
 
+import json
+
 import pytest
 
 from gateway.errors import ApiError
@@ -25,3 +27,21 @@ def test_bad_body_is_a_400_that_says_why(body: bytes, words: str) -> None:
 def test_a_good_body_names_its_model() -> None:
     parsed = parse(b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}]}', "chat")
     assert parsed.model == "kimi-k2.6"
+
+
+@pytest.mark.parametrize(
+    "kind,fields,sequences",
+    [
+        ("chat", {"n": 3}, 3),
+        ("chat", {}, 1),
+        ("chat", {"n": True}, 1),  # not a count: the backend refuses it, with its own message
+        ("chat", {"n": 0}, 1),
+        ("completion", {"prompt": "a b c", "n": 2}, 2),
+        ("completion", {"prompt": ["a", "b", "c"], "n": 2}, 6),  # a batch: n per prompt
+        ("completion", {"prompt": [[1, 2], [3, 4]]}, 2),  # a batch of token-id prompts
+        ("completion", {"prompt": [1, 2, 3], "n": 4}, 4),  # one prompt of token ids
+    ],
+)
+def test_the_sequences_a_request_asks_for_are_counted(kind, fields, sequences) -> None:
+    body = {"model": "m", **({"messages": [{"role": "user", "content": "hi"}]} if kind == "chat" else {}), **fields}
+    assert parse(json.dumps(body).encode(), kind).sequences == sequences

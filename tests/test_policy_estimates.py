@@ -2,11 +2,13 @@
 
 import math
 
+import msgspec
 import pytest
 
 from backends import Strategy
 from policies import Domain, Estimates, Outcome, RequestFeatures
 from policies.acceptance import Acceptance
+from policies.lengths import OutputLengths
 from policies.priors import DEFAULT_PRIORS, DOMAIN_INDEX, cell_of
 from policies.steptime import StepCurve
 
@@ -144,6 +146,8 @@ def test_step_curve_interpolates_between_buckets():
         (dict(verify_ct=1, completion_tokens=500), "bad_accept"),
         (dict(decode_s=1e6), "bad_step"),
         (dict(backend="nobody"), "unknown_backend"),
+        (dict(sequences=0), "bad_sequences"),
+        (dict(sequences=300), "too_few_tokens"),  # 513 tokens over 300 sequences: under 2 each
     ],
 )
 def test_garbage_telemetry_is_skipped_and_counted_never_raised(est, bad, reason):
@@ -160,6 +164,31 @@ def test_wrongly_typed_telemetry_does_not_raise(est):
     assert est.observe(_outcome(inflight_at_dispatch="x", mean_inflight="y")) is False
     assert est.observe(None) is False  # type: ignore[arg-type]
     assert est.skipped == {"bad_domain": 1, "too_few_tokens": 1, "bad_load": 1, "malformed": 1}
+
+
+@pytest.mark.parametrize("backend", ["spec", "ar"])
+def test_parallel_samples_teach_what_their_sequences_would(backend):
+    """n = 4 sequences of one request decode in the same passes, four more in the batch: SGLang
+    reports their tokens and verify passes summed. Learned alone, one of them says the same."""
+    accept = 5.0 if backend == "spec" else None
+    one, four = Estimates(), Estimates()
+    for e in (one, four):
+        e.register("spec", Strategy.DFLASH)
+        e.register("ar", Strategy.AR)
+    lengths = OutputLengths()
+    for _ in range(20):
+        single = _outcome(backend=backend, load=4, tokens=513, step_s=0.08, accept=accept)
+        assert one.observe(single)
+        total_verify = 4 * single.verify_ct if single.verify_ct else None
+        parallel = _outcome(backend=backend, load=1, tokens=4 * 513, accept=accept, sequences=4)
+        parallel = msgspec.structs.replace(parallel, decode_s=single.decode_s, verify_ct=total_verify)
+        assert four.observe(parallel)
+        lengths.observe(parallel)
+    a, b = one.get(backend), four.get(backend)
+    assert b.step_s(4) == pytest.approx(a.step_s(4)) == pytest.approx(0.08, rel=0.02)
+    assert b.curve.samples == a.curve.samples  # at the load of four sequences, not of one request
+    assert b.accept_length(MATH) == pytest.approx(a.accept_length(MATH))
+    assert lengths.expected(RequestFeatures(model="m", domain=Domain.MATH)) == pytest.approx(513)
 
 
 def test_ar_backend_ignores_acceptance_fields(est):
