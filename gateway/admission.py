@@ -60,9 +60,9 @@ class Admission:
             await self._wait(model, deadline, front)
             front = True  # woken but beaten to the slot: keep our place at the head of the queue
 
-    def lease(self, backend: Backend) -> Lease:
+    def lease(self, backend: Backend, sequences: int = 1) -> Lease:
         self.inflight += 1
-        return backend.lease()
+        return backend.lease(sequences)
 
     def kick(self) -> None:
         """Capacity may have appeared (a backend became ready): wake one waiter per model."""

@@ -106,7 +106,7 @@ class Attempt:
         self.span = self._host.tracing.start_client_span(req.trace, backend.address, headers)
         req.tried.append(backend.name)
         # The lease last: from here on nothing can fail before __aexit__ gives it back.
-        self.lease = self._host.admission.lease(backend)
+        self.lease = self._host.admission.lease(backend, req.parsed.sequences)
         # Until its first token this request's prompt waits to be prefilled there: the policy counts
         # it in the backend's view (SGLang prefills first come, first served).
         tokens = self.decision.prefill_tokens

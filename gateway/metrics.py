@@ -201,7 +201,9 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         inflight = GaugeMetricFamily(
-            "specroute_inflight", "Requests in flight per backend (this gateway).", labels=["backend"]
+            "specroute_inflight",
+            "Sequences in flight per backend (this gateway): a request of n > 1 counts n.",
+            labels=["backend"],
         )
         up = GaugeMetricFamily("specroute_backend_up", "1 when the backend takes new requests.", labels=["backend"])
         ready = GaugeMetricFamily(

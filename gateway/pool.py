@@ -98,27 +98,29 @@ class Backend:
         self._area = self.inflight_area(now)
         self._area_t = now
 
-    def lease(self) -> Lease:
-        """Count one request in flight until the lease is released (exactly once)."""
+    def lease(self, sequences: int = 1) -> Lease:
+        """Count a request's sequences in flight until the lease is released (exactly once). In
+        sequences, as SGLang's running count and `max_running_requests` are: `n` > 1 runs n."""
         self._advance()
-        self.view.inflight += 1
+        self.view.inflight += sequences
         self.circuit.on_dispatch()
-        return Lease(self)
+        return Lease(self, sequences)
 
 
 class Lease:
     """Releasing twice is harmless: the counter can never drift negative or leak."""
 
-    __slots__ = ("_backend",)
+    __slots__ = ("_backend", "_sequences")
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, sequences: int = 1) -> None:
         self._backend: Backend | None = backend
+        self._sequences = sequences
 
     def release(self) -> None:
         backend, self._backend = self._backend, None
         if backend is not None:
             backend._advance()
-            backend.view.inflight -= 1
+            backend.view.inflight -= self._sequences
             if backend._on_release is not None:
                 backend._on_release(backend)
 

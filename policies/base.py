@@ -111,7 +111,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     """Telemetry record of one finished request, fed back to the policy.
 
-    `inflight_at_dispatch` counts this request too (the lease is taken first). `mean_inflight`,
+    `inflight_at_dispatch` counts this request too (the lease is taken first), in sequences as
+    SGLang's running count is: a request of `n` > 1 counts n. `mean_inflight`,
     when the caller can give it, is the time-weighted mean load of the backend over the request's
     life: under a changing load it says which batch size the decode speed was measured at better
     than the count at dispatch does.

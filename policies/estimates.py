@@ -254,7 +254,6 @@ class BackendEstimate(RateModel):
             load = outcome.inflight_at_dispatch
         if not _finite(load) or load < 1:  # type: ignore[operator]
             return "bad_load"
-        load += k - 1  # type: ignore[operator]  # its other sequences ran in the same batch
         accept: float | None = None
         if self.speculative:
             verify_ct = outcome.verify_ct
@@ -276,7 +275,7 @@ class BackendEstimate(RateModel):
         if accept is not None:
             self.acceptance.observe(c, accept, verify_ct)
         if not self.server_steps:
-            self._observe_step(load, step, passes)
+            self._observe_step(load, step, passes)  # type: ignore[arg-type]
         self._observe_prefill(outcome)
         self.seen[d] += 1
         self.observed += 1

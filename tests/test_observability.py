@@ -103,10 +103,14 @@ def test_parallel_samples_teach_the_acceptance_of_one_sequence(k26):
             n=4,
             extra_body={"return_spec_tokens_details": True},
         )
+        client.completions.create(model="kimi-k2.6@k26-dflash", prompt="And 2x = 8?", max_tokens=5)
         tracing.force_flush()
     assert len(r.choices) == 4 and r.usage.completion_tokens == 4 * 60
     verify = [d["spec_verify_ct"] for d in r.model_extra["sglext"]["spec_tokens_details"]]
-    (span,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    span, after = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    # in flight in sequences, as SGLang counts its running requests, and all four given back
+    assert span.attributes["specroute.inflight_at_dispatch"] == 4
+    assert after.attributes["specroute.inflight_at_dispatch"] == 1
     a = dict(span.attributes)
     assert a["gen_ai.request.choice.count"] == 4 and a["gen_ai.usage.output_tokens"] == 240
     assert a["specroute.verify_count"] == sum(verify)

@@ -168,8 +168,8 @@ def test_wrongly_typed_telemetry_does_not_raise(est):
 
 @pytest.mark.parametrize("backend", ["spec", "ar"])
 def test_parallel_samples_teach_what_their_sequences_would(backend):
-    """n = 4 sequences of one request decode in the same passes, four more in the batch: SGLang
-    reports their tokens and verify passes summed. Learned alone, one of them says the same."""
+    """n = 4 sequences of one request decode in the same passes, four in the batch: SGLang reports
+    their tokens and verify passes summed. Learned alone, one of them says the same."""
     accept = 5.0 if backend == "spec" else None
     one, four = Estimates(), Estimates()
     for e in (one, four):
@@ -180,13 +180,13 @@ def test_parallel_samples_teach_what_their_sequences_would(backend):
         single = _outcome(backend=backend, load=4, tokens=513, step_s=0.08, accept=accept)
         assert one.observe(single)
         total_verify = 4 * single.verify_ct if single.verify_ct else None
-        parallel = _outcome(backend=backend, load=1, tokens=4 * 513, accept=accept, sequences=4)
+        parallel = _outcome(backend=backend, load=4, tokens=4 * 513, accept=accept, sequences=4)
         parallel = msgspec.structs.replace(parallel, decode_s=single.decode_s, verify_ct=total_verify)
         assert four.observe(parallel)
         lengths.observe(parallel)
     a, b = one.get(backend), four.get(backend)
     assert b.step_s(4) == pytest.approx(a.step_s(4)) == pytest.approx(0.08, rel=0.02)
-    assert b.curve.samples == a.curve.samples  # at the load of four sequences, not of one request
+    assert b.curve.samples == a.curve.samples
     assert b.accept_length(MATH) == pytest.approx(a.accept_length(MATH))
     assert lengths.expected(RequestFeatures(model="m", domain=Domain.MATH)) == pytest.approx(513)
 
