@@ -34,6 +34,9 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     # Sequences SGLang generates for it: `n` per prompt, and a completions batch (an array of
     # strings or of token-id arrays) has one prompt per element. Usage and `sglext` sum over them.
     sequences: int = 1
+    # Prompt tokens given as token ids (completions): counted exactly, not estimated from text.
+    id_tokens: int = 0
+    prompt_ids: list[int] | None = None  # the prompt, when it is one prompt of token ids
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -47,7 +50,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         raise ApiError(400, "request body must be a JSON object")
 
     model = _field(body, "model", str, required=True)
-    prompts = 1
+    prompts, id_tokens, prompt_ids = 1, 0, None
     if not model:
         raise ApiError(400, "'model' must not be empty", param="model")
     if kind == "chat":
@@ -63,8 +66,11 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
             prompt_text = prompt
         elif isinstance(prompt, list) and prompt:
             prompt_text = " ".join(p for p in prompt if isinstance(p, str))
-            if all(isinstance(p, (str, list)) for p in prompt):  # a batch, not one prompt of token ids
+            if all(type(t) is int for t in prompt):  # one prompt of token ids
+                prompt_ids, id_tokens = prompt, len(prompt)
+            elif all(isinstance(p, (str, list)) for p in prompt):  # a batch
                 prompts = len(prompt)
+                id_tokens = sum(len(p) for p in prompt if isinstance(p, list))
         else:
             raise ApiError(400, "'prompt' must be a string or a non-empty array", param="prompt")
 
@@ -97,6 +103,8 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         thinking=_thinking(body["chat_template_kwargs"]) if "chat_template_kwargs" in body else None,
         tools="tools" in body and isinstance(body["tools"], list) and bool(body["tools"]),
         sequences=prompts * per_prompt,
+        id_tokens=id_tokens,
+        prompt_ids=prompt_ids,
     )
 
 

@@ -52,7 +52,7 @@ from gateway.relay import SseRelay
 from gateway.stream_deadline import StreamDeadline
 from gateway.tracing import Trace, Tracing
 from policies import POLICY_NAMES, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
-from policies.prefix import message_blocks, text_blocks
+from policies.prefix import message_blocks, text_blocks, token_blocks
 from policies.simple import Pinned
 
 if TYPE_CHECKING:
@@ -541,19 +541,27 @@ class Proxy:
     ) -> Request:
         model, pin = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
         policy = self._policy_for(model, pin, headers.get(POLICY_HEADER))
-        messages = parsed.body.get("messages")
         features = RequestFeatures(
             model=model,
             domain=classify(parsed.prompt_text),
-            prompt_tokens=len(parsed.prompt_text) // CHARS_PER_TOKEN,
+            prompt_tokens=len(parsed.prompt_text) // CHARS_PER_TOKEN + parsed.id_tokens,
             max_tokens=parsed.max_tokens,
             stream=parsed.stream,
             temperature=parsed.temperature,
             thinking=parsed.thinking,
             tools=parsed.tools,
-            prefix=message_blocks(messages) if isinstance(messages, list) else text_blocks(parsed.prompt_text),
+            prefix=self._prefix(parsed),
         )
         return Request(kind, headers, request_id, trace, t_received, parsed, model, pin, features, policy)
+
+    @staticmethod
+    def _prefix(parsed: ParsedRequest) -> tuple[int, ...]:
+        messages = parsed.body.get("messages")
+        if isinstance(messages, list):
+            return message_blocks(messages)
+        if parsed.prompt_ids is not None:
+            return token_blocks(parsed.prompt_ids)
+        return text_blocks(parsed.prompt_text)
 
     def _resolve_target(self, model: str, pin_header: str | None) -> tuple[str, str | None]:
         """`kimi-k2.6@k26-eagle3` or header `x-specroute-backend` pins a backend of that model's pool."""

@@ -48,6 +48,19 @@ def text_blocks(text: str) -> tuple[int, ...]:
     return tuple(chain)
 
 
+def token_blocks(ids: Sequence[int]) -> tuple[int, ...]:
+    """The hash chain of a token-id prompt's full blocks of `BLOCK_TOKENS` ids: the radix cache's
+    own blocks, exactly."""
+    n = min(len(ids) // BLOCK_TOKENS, MAX_BLOCKS)
+    chain: list[int] = []
+    h = 0
+    for i in range(n):
+        start = i * BLOCK_TOKENS
+        h = hash((h, tuple(ids[start : start + BLOCK_TOKENS])))
+        chain.append(h)
+    return tuple(chain)
+
+
 def message_blocks(messages: Sequence[Any]) -> tuple[int, ...]:
     """The hash chain of a chat history's blocks. Tolerates any shape (non-dict entries and
     non-text content parts are skipped): the request was validated before, this only reads it."""

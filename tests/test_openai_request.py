@@ -45,3 +45,12 @@ def test_a_good_body_names_its_model() -> None:
 def test_the_sequences_a_request_asks_for_are_counted(kind, fields, sequences) -> None:
     body = {"model": "m", **({"messages": [{"role": "user", "content": "hi"}]} if kind == "chat" else {}), **fields}
     assert parse(json.dumps(body).encode(), kind).sequences == sequences
+
+
+def test_token_id_prompts_are_counted_exactly() -> None:
+    one = parse(json.dumps({"model": "m", "prompt": list(range(300))}).encode(), "completion")
+    assert one.id_tokens == 300 and one.prompt_ids == list(range(300)) and one.sequences == 1
+    batch = parse(json.dumps({"model": "m", "prompt": [[1, 2, 3], [4, 5], "text"]}).encode(), "completion")
+    assert batch.id_tokens == 5 and batch.prompt_ids is None and batch.sequences == 3
+    text = parse(json.dumps({"model": "m", "prompt": "a b c"}).encode(), "completion")
+    assert text.id_tokens == 0 and text.prompt_ids is None

@@ -142,7 +142,7 @@ class _Recorder:
         self.outcomes.append(outcome)
 
 
-async def _serve_once(proxy, body: dict) -> bytes:
+async def _serve_once(proxy, body: dict, kind: str = "chat") -> bytes:
     """One request through `Proxy.serve` over an in-memory ASGI channel (the upstream is real)."""
     from gateway.downstream import Downstream
 
@@ -156,11 +156,11 @@ async def _serve_once(proxy, body: dict) -> bytes:
     async def send(message: dict) -> None:
         sent.append(message)
 
-    await proxy.serve(json.dumps(body).encode(), "chat", {}, None, Downstream(receive, send))
+    await proxy.serve(json.dumps(body).encode(), kind, {}, None, Downstream(receive, send))
     return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
-def test_the_policy_gets_the_requests_features_and_learns_cached_and_reasoning_tokens(twin_factory):
+def _recorded_proxy(url: str):
     from backends import BackendSpec, Strategy
     from backends.client import SGLangClient
     from gateway.access_log import AccessLog
@@ -168,10 +168,51 @@ def test_the_policy_gets_the_requests_features_and_learns_cached_and_reasoning_t
     from gateway.config import config_from_dict
     from gateway.pool import Backend, Pools
     from gateway.proxy import Proxy
+
+    spec = BackendSpec(name="d", url=url, model="kimi-k2.6", strategy=Strategy.DFLASH)
+    pools = Pools([Backend(spec, SGLangClient(spec))])
+    recorder = _Recorder()
+    proxy = Proxy(
+        pools,
+        Admission(pools, max_inflight=4, max_queue=4, queue_timeout_s=5),
+        {"kimi-k2.6": recorder},
+        config_from_dict({}),
+        access_log=AccessLog(False),
+    )
+    return pools, recorder, proxy
+
+
+def test_a_token_id_prompt_is_counted_and_chained_in_the_caches_own_blocks(twin_factory):
+    from policies.prefix import BLOCK_TOKENS, token_blocks
+
+    url = twin_factory("k26-dflash", "--enable-cache-report")
+    ids = list(range(1000, 1000 + 5 * BLOCK_TOKENS + 10))
+    follow_up = [*ids, *range(7, 7 + 2 * BLOCK_TOKENS)]
+
+    async def run():
+        pools, recorder, proxy = _recorded_proxy(url)
+        try:
+            for prompt in (ids, follow_up):
+                body = {"model": "kimi-k2.6", "prompt": prompt, "max_tokens": 16, "n": 2}
+                await _serve_once(proxy, body, "completion")
+        finally:
+            await pools.close()
+        return recorder
+
+    recorder = asyncio.run(run())
+    first, second = recorder.features
+    assert first.prompt_tokens == len(ids) and second.prompt_tokens == len(follow_up)  # exact, not text / 4
+    assert first.prefix == token_blocks(ids) and len(first.prefix) == 5
+    assert second.prefix[:5] == first.prefix and len(second.prefix) == 7  # the shared blocks agree
+    done = recorder.outcomes
+    assert [o.sequences for o in done] == [2, 2] and [o.completion_tokens for o in done] == [32, 32]
+    assert done[1].cached_tokens and done[1].cached_tokens >= 5 * BLOCK_TOKENS
+
+
+def test_the_policy_gets_the_requests_features_and_learns_cached_and_reasoning_tokens(twin_factory):
     from policies.prefix import message_blocks
 
     url = twin_factory("k26-dflash", "--reasoning-parser", "kimi_k2", "--enable-cache-report")
-    spec = BackendSpec(name="d", url=url, model="kimi-k2.6", strategy=Strategy.DFLASH)
     tools = [
         {
             "type": "function",
@@ -196,15 +237,7 @@ def test_the_policy_gets_the_requests_features_and_learns_cached_and_reasoning_t
     }
 
     async def run() -> tuple[_Recorder, list[bytes]]:
-        pools = Pools([Backend(spec, SGLangClient(spec))])
-        recorder = _Recorder()
-        proxy = Proxy(
-            pools,
-            Admission(pools, max_inflight=4, max_queue=4, queue_timeout_s=5),
-            {"kimi-k2.6": recorder},
-            config_from_dict({}),
-            access_log=AccessLog(False),
-        )
+        pools, recorder, proxy = _recorded_proxy(url)
         try:
             answers = [await _serve_once(proxy, body) for _ in range(2)]  # the second finds its prefix cached
         finally:
