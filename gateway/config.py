@@ -29,8 +29,10 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     allow_policy_header: bool = False
     # SIGTERM: stop accepting, let streams finish for up to this long.
     shutdown_grace_s: float = 30.0
-    # Request bodies above this size are refused with 413 before they are parsed.
-    max_body_bytes: int = 4 * 1024 * 1024
+    # Request bodies above this size are refused with 413 before they are parsed. SGLang sets no
+    # limit and SGLang's router 512 MB; what makes a K2.6 body large is base64 images in an agent's
+    # history (a few MB a screenshot), while 256k tokens of text are about 1-2 MB of JSON.
+    max_body_bytes: int = 32 * 1024 * 1024
     # aiohttp connection pool size per backend (keep-alive connections).
     upstream_connections: int = 512
 

@@ -37,7 +37,6 @@ log = logging.getLogger("specroute.app")
 ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 # litestar's own host check (litestar._asgi.utils), so a bad Host header gets the same 400.
 _HOST = re.compile(rb"\A[0-9A-Za-z!$&'()*+,;=\-._~:\[\]@%]*\Z", re.IGNORECASE)
-_TOO_LARGE = "request body too large"
 
 
 Serve = Callable[[bytes, Kind, Mapping[str, str], "Trace | None", Downstream], Awaitable[None]]
@@ -50,6 +49,7 @@ class FastRoutes:
         self.app = app
         self.serve = serve
         self.max_body = max_body_bytes
+        self._too_large = f"request body too large: over {max_body_bytes} bytes (gateway.max_body_bytes)"
         self.tracing = tracing if tracing is not None and tracing.enabled else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -111,7 +111,7 @@ class FastRoutes:
             except ValueError:
                 raise ApiError(400, f"Invalid content-length: {announced!r}") from None
             if length > self.max_body:
-                raise ApiError(413, _TOO_LARGE)
+                raise ApiError(413, self._too_large)
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -121,7 +121,7 @@ class FastRoutes:
                 if part:
                     total += len(part)
                     if total > self.max_body:
-                        raise ApiError(413, _TOO_LARGE)
+                        raise ApiError(413, self._too_large)
                     chunks.append(part)
                 if not event.get("more_body", False):
                     break

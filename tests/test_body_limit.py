@@ -1,0 +1,59 @@
+"""A body over `gateway.max_body_bytes` gets an OpenAI-shaped 413 naming the limit, announced or not,
+and costs the backend nothing."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.request
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+from gateway.access_log import AccessLog
+from gateway.config import config_from_dict
+from tests.inprocess import serve_in_thread
+
+LIMIT = 4096
+
+
+def _post(url: str, body: bytes, chunked: bool) -> tuple[int, dict]:
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    if chunked:  # no Content-Length: the limit must hold while the body arrives
+        conn.request("POST", "/v1/chat/completions", body=iter([body[:1000], body[1000:]]), headers=headers)
+    else:
+        conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+    resp = conn.getresponse()
+    out = resp.status, json.loads(resp.read())
+    conn.close()
+    return out
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_is_a_413_naming_it(twin_factory, chunked):
+    url = twin_factory("k26-dflash", "--enable-metrics")
+    config = config_from_dict(
+        {
+            "gateway": {"max_body_bytes": LIMIT},
+            "backends": [{"name": "d", "url": url, "model": "kimi-k2.6", "strategy": "dflash"}],
+        }
+    )
+    big = {"model": "kimi-k2.6", "messages": [{"role": "user", "content": "x" * 2 * LIMIT}], "max_tokens": 4}
+    with serve_in_thread(config, access_log=AccessLog(False)) as gw:
+        status, body = _post(gw, json.dumps(big).encode(), chunked)
+        assert status == 413
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+        assert f"over {LIMIT} bytes" in body["error"]["message"] and "max_body_bytes" in body["error"]["message"]
+        # a body under the limit still goes through
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
+        small = client.chat.completions.create(
+            model="kimi-k2.6", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert small.usage.completion_tokens == 4
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    (served,) = [line for line in metrics.splitlines() if line.startswith("sglang:num_requests_total")]
+    assert float(served.split()[-1]) == 1  # the small one only: the big body never reached the backend
