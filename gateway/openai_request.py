@@ -50,9 +50,9 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         raise ApiError(400, "request body must be a JSON object")
 
     model = _field(body, "model", str, required=True)
-    prompts, id_tokens, prompt_ids = 1, 0, None
     if not model:
         raise ApiError(400, "'model' must not be empty", param="model")
+    prompts, id_tokens, prompt_ids = 1, 0, None
     if kind == "chat":
         messages = _field(body, "messages", list, required=True)
         if not messages:
