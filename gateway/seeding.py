@@ -40,7 +40,7 @@ async def _seed_one(spec: BackendSpec, policies: Iterable[Policy]) -> None:
         return
     for policy in policies:
         policy.seed(spec, m)  # type: ignore[attr-defined]
-    log.warning(
+    log.info(  # a normal start; what it seeded shows in GET /admin/backends
         "backend %s measured at startup: step %s ms, accept %s, prefill %s ms/1k tokens",
         spec.name,
         None if m.step_s is None else round(m.step_s * 1000, 2),
