@@ -48,6 +48,8 @@ class OutputLengths:
         total, sequences = outcome.completion_tokens, outcome.sequences
         if f is None or outcome.error or not isinstance(total, int) or not isinstance(sequences, int):
             return
+        if outcome.finish_reason == "abort":  # cut short (SGLang's /abort_request, a session's end): no length
+            return
         if sequences < 1 or total < sequences:
             return
         n = total / sequences  # one answer's length

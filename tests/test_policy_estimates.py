@@ -204,3 +204,13 @@ def test_memory_is_bounded_whatever_the_traffic(est):
         est.observe(_outcome(domain=list(Domain)[i % 3], load=1 + i % 300, step_s=0.05 + i % 7 * 0.01))
     assert (len(b.acceptance.values), len(b.curve.ratio), len(b.curve.eff)) == sizes
     assert len(est.backends) == 2
+
+
+def test_an_aborted_answer_teaches_no_output_length():
+    lengths = OutputLengths()
+    before = lengths.expected(RequestFeatures(model="m", domain=Domain.MATH))
+    for _ in range(10):
+        lengths.observe(_outcome(tokens=12, finish_reason="abort"))
+    assert lengths.expected(RequestFeatures(model="m", domain=Domain.MATH)) == before
+    lengths.observe(_outcome(tokens=12, finish_reason="stop"))
+    assert lengths.expected(RequestFeatures(model="m", domain=Domain.MATH)) < before
