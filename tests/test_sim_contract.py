@@ -287,15 +287,18 @@ def test_completion_non_stream_matches_sglang(sgl, ar_url):
 
 
 def test_parallel_samples_match_sglang(sgl, url):
-    body = {"model": "m", "prompt": "Solve 3x + 4 = 19.", "max_tokens": 24, "n": 3, "rid": "r"}
+    body = {"model": "m", "prompt": "Solve 3x + 4 = 19, then check it. " * 40, "max_tokens": 24, "n": 3, "rid": "r"}
     status, raw = _raw(url, "/v1/completions", {**body, "return_spec_tokens_details": True})
     assert status == 200
     m = sgl.protocol.CompletionResponse.model_validate_json(raw)
     assert m.model_dump_json().encode() == raw
-    assert [c.index for c in m.choices] == [0, 1, 2] and m.id == "r_0"  # SGLang's `{rid}_{i}`
+    # every sample gets a fresh rid (tokenizer_manager: `regenerate_rid`), the client's is not kept
+    assert [c.index for c in m.choices] == [0, 1, 2] and m.id != "r" and len(m.id) == 32
     details = m.sglext.spec_tokens_details
     assert isinstance(details, list) and len(details) == 3  # one entry per sequence
-    assert m.usage.completion_tokens == 3 * 24 and m.usage.prompt_tokens < 3 * 24  # the prompt counted once
+    assert m.usage.completion_tokens == 3 * 24 and 200 < m.usage.prompt_tokens < 1000  # the prompt counted once
+    # prefilled once alone first, as SGLang does: the samples find it cached (all but a partial block)
+    assert m.usage.prompt_tokens_details.cached_tokens >= m.usage.prompt_tokens - 64
     # each entry is that sequence's own: 24 tokens over its verify passes
     assert all(d.spec_accept_length == pytest.approx(24 / d.spec_verify_ct) for d in details)
     status, raw = _raw(url, "/v1/completions", {**body, "stream": True})

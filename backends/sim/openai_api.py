@@ -303,17 +303,21 @@ async def _completion_samples(
     state: SimState, body: CompletionRequest, text: str, ntok: int, temperature: float, top_p: float
 ) -> web.Response:
     """`n` > 1, not streamed: n sequences decoded side by side, one choice each. As in SGLang's
-    tokenizer manager a given `rid` becomes `{rid}_{i}` (`io_struct.py`, `_normalize_rid`), the
-    response's id is the first's, usage counts the prompt once and sums the completions
-    (`usage_processor.py`), and `sglext.spec_tokens_details` is a list, one entry per sequence.
-    Assumption: each sequence is its own engine request, so they prefill the prompt side by side
-    (SGLang first caches the prompt once, then forks)."""
+    tokenizer manager every sequence gets a fresh rid (`regenerate_rid`: a client's `rid` is not
+    kept) and the response's id is the first's; usage counts the prompt once and sums the
+    completions (`usage_processor.py`), and `sglext.spec_tokens_details` is a list, one entry per
+    sequence. As SGLang does, the prompt is prefilled once alone first and the samples then find
+    it cached; assumption: that warm-up decodes one token (SGLang's asks for none)."""
+    warm_up = await admit(state, None, text, ntok, 1, temperature=temperature, top_p=top_p)
+    try:
+        await _collect_text(warm_up)
+    finally:
+        warm_up.release()
     gens: list[Generation] = []
     try:
-        for i in range(body.n):
-            rid = f"{body.rid}_{i}" if body.rid else None
+        for _ in range(body.n):
             gens.append(
-                await admit(state, rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
+                await admit(state, None, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
             )
         outs = await asyncio.gather(*(_collect_text(g) for g in gens))
         choices, details = [], []
