@@ -550,6 +550,7 @@ class Proxy:
             temperature=parsed.temperature,
             thinking=parsed.thinking,
             tools=parsed.tools,
+            sequences=parsed.sequences,
             prefix=self._prefix(parsed),
         )
         return Request(kind, headers, request_id, trace, t_received, parsed, model, pin, features, policy)

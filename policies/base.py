@@ -28,6 +28,7 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float | None = None  # as asked; None = the server's default
     thinking: bool | None = None  # chat_template_kwargs.thinking; None = the server's default
     tools: bool = False  # the request offers tools
+    sequences: int = 1  # decoded side by side for it: `n`, times the prompts of a completions batch
     # Hash chain of the message history's blocks (`policies.prefix.message_blocks`): element i
     # identifies the first i+1 blocks of `prefix.BLOCK_TOKENS` tokens each. Empty = not tracked.
     prefix: tuple[int, ...] = ()

@@ -12,6 +12,9 @@ served) and `uncached` tokens of its own prompt that the radix cache does not ho
     own  = ttft_weight x ttft + decode,   decode = out x step_s(load + 1) / accept(c)
          + slo_weight x (ttft - ttft_slo_s)               for the part of a TTFT beyond the SLO
 
+A request of `k` sequences (`n` > 1, a completions batch) decodes them side by side: `load + 1`
+above becomes `load + k`, its prefill is done once, and it is one request's own time.
+
 Time it imposes on the `n = min(load, cap)` requests running there:
 
     imposed = n x (prefill_stall_s(uncached)              its prefill tokens ride in their passes
@@ -60,19 +63,22 @@ def own_and_imposed_s(
     pending: int = 0,
     ttft_slo_s: float = float("inf"),
     slo_weight: float = 0.0,
+    *,
+    sequences: int = 1,
 ) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
     what it adds to the requests running beside it."""
     acc = est.accept_at(c)
-    step = est.step_s(load + 1)
+    n1 = load + sequences
+    step = est.step_s(n1)
     decode = out * step / acc
     # idle: a forward pass of its own; busy: the rest of the current pass, then its prefill rides
     # in the next one; either way after the prompts queued before it (SGLang prefills FCFS)
     ttft = 1.5 * step + est.prefill_stall_s(uncached) if load else est.prefill_s(uncached)
     ttft += est.prefill_stall_s(pending)
     cap = est.max_running
-    if load >= cap:
-        ttft += (load + 1 - cap) / cap * decode
+    if n1 > cap:
+        ttft += (n1 - cap) / cap * decode
     cost = ttft_weight * ttft + decode
     if ttft > ttft_slo_s:
         cost += slo_weight * (ttft - ttft_slo_s)
@@ -84,15 +90,16 @@ def own_and_imposed_s(
     return cost
 
 
-def throughput_gain(est: CostModel, c: int, load: int, uncached: int, out: float) -> float:
-    """Tok/s the backend's aggregate gains with one more request, less what its prefill costs the
-    running ones, spread over the request's decode time."""
+def throughput_gain(est: CostModel, c: int, load: int, uncached: int, out: float, *, sequences: int = 1) -> float:
+    """Tok/s the backend's aggregate gains with one more request (of `sequences`), less what its
+    prefill costs the running ones, spread over the request's decode time."""
     acc = est.accept_at(c)
     cap = est.max_running
-    after = acc * (load + 1 if load + 1 < cap else cap) / est.step_s(load + 1)
+    n1 = load + sequences
+    after = acc * (n1 if n1 < cap else cap) / est.step_s(n1)
     before = acc * (load if load < cap else cap) / est.step_s(load) if load > 0 else 0.0
     gain = after - before
     if load and uncached:
-        decode = out * est.step_s(load + 1) / acc
+        decode = out * est.step_s(n1) / acc
         gain -= before * est.prefill_stall_s(uncached) / (decode if decode > 0 else 1.0)
     return gain

@@ -129,6 +129,7 @@ class Goodput:
         cell = cell_of(d, request.temperature, request.prompt_tokens)
         out = self.lengths.expected(request)
         prompt = request.prompt_tokens
+        k = request.sequences  # decoded side by side: the load it adds
         prefixes = self.prefixes
         chain = tracked(request.prefix) if prefixes is not None else ()
         depths = prefixes.depths(chain) if chain else None  # type: ignore[union-attr]
@@ -187,11 +188,11 @@ class Goodput:
             # an unmeasured AR backend is predicted like its measured AR peers (Estimates.stand_in)
             guess = est if est.observed or est.speculative else self.estimates.stand_in(est)
             if not latency:
-                cost = -throughput_gain(guess, cell, load, uncached, out)
+                cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k)
             elif type(guess) is BackendEstimate:  # policies.cost.own_and_imposed_s, inlined
                 acc = guess._cells[cell]
                 memo = guess.step_memo
-                n1 = load + 1
+                n1 = load + k
                 step = memo[n1] if n1 <= memo_top else 0.0
                 if not step:
                     step = guess.step_s(n1)
@@ -201,7 +202,7 @@ class Goodput:
                 # prefill rides in the next one; either way after the prompts queued before it
                 ttft = (1.5 * step if load else step) + pre.per_token_s * (uncached + v.pending_prefill)
                 cap = guess.max_running
-                if load >= cap:
+                if n1 > cap:
                     ttft += (n1 - cap) / cap * decode
                 cost = wt * ttft + decode
                 if ttft > slo:
@@ -213,9 +214,11 @@ class Goodput:
                     slower = step - s0 if step > s0 else 0.0
                     cost += weight * (load if load < cap else cap) * (pre.per_token_s * uncached + out / acc * slower)
             else:
-                cost = own_and_imposed_s(guess, cell, load, uncached, out, weight, wt, v.pending_prefill, slo, over)
-            k = est.seen[d]
-            cost -= (cost if cost > 0 else -cost) * bonus_table[k if k < top else top]
+                cost = own_and_imposed_s(
+                    guess, cell, load, uncached, out, weight, wt, v.pending_prefill, slo, over, sequences=k
+                )
+            seen = est.seen[d]
+            cost -= (cost if cost > 0 else -cost) * bonus_table[seen if seen < top else top]
             if name == incumbent:
                 inc_view, inc_est, inc_cost, inc_load = v, est, cost, load
             if cost < below:
@@ -235,7 +238,7 @@ class Goodput:
         reason = "best"
         explore = None
         if self.epsilon and self._rng.random() < self.epsilon:
-            best_e2e = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view.pending_prefill)
+            best_e2e = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view.pending_prefill, k)
             explore = self._explore(cell, out, request, candidates, best_cost, best_e2e)
         if explore is not None and explore[0] is not best_view:
             best_view, best_est = explore
@@ -258,16 +261,17 @@ class Goodput:
         if chain:
             prefixes.of(best_view.spec.name, best_view.kv_tokens).record(chain, best_held)  # type: ignore[union-attr]
         guess = best_est if best_est.observed else self.estimates.stand_in(best_est)
-        predicted = guess.accept_at(cell) / guess.step_s(best_load + 1)
+        after = best_load + k
+        predicted = guess.accept_at(cell) / guess.step_s(after)
         cap = guess.max_running
-        if best_load + 1 > cap:
-            predicted *= cap / (best_load + 1)
+        if after > cap:
+            predicted *= cap / after
         cached = f", {prompt - best_uncached} cached" if best_uncached < prompt else ""
         return Decision(
             backend=best_view,
             score=predicted,
             prefill_tokens=best_uncached,
-            reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {best_load + 1}{cached}",
+            reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {after}{cached}",
         )
 
     def _uncached(self, v: BackendView, request: RequestFeatures) -> int:
@@ -305,22 +309,33 @@ class Goodput:
             if est.last_chosen > stale:
                 continue
             load, uncached = view_load(v), self._uncached(v, request)
-            if self._cost(est, cell, load, uncached, out, v.pending_prefill) > ceiling:
+            if self._cost(est, cell, load, uncached, out, v.pending_prefill, request.sequences) > ceiling:
                 continue
-            if self._e2e_s(est, cell, load, uncached, out, v.pending_prefill) > e2e_ceiling:
+            if self._e2e_s(est, cell, load, uncached, out, v.pending_prefill, request.sequences) > e2e_ceiling:
                 continue
             if pick is None or est.last_chosen < pick[1].last_chosen:
                 pick = (v, est)
         return pick
 
-    def _e2e_s(self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float, pending: int) -> float:
+    def _e2e_s(
+        self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float, pending: int, sequences: int = 1
+    ) -> float:
         """This request's own predicted seconds to its last token there: TTFT plus decode, nothing
         imposed on others, no weights."""
         if not est.observed:
             est = self.estimates.stand_in(est)
-        return own_and_imposed_s(est, cell, load, uncached, out, 0.0, 1.0, pending)
+        return own_and_imposed_s(est, cell, load, uncached, out, 0.0, 1.0, pending, sequences=sequences)
 
-    def _cost(self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float, pending: int = 0) -> float:
+    def _cost(
+        self,
+        est: BackendEstimate,
+        cell: int,
+        load: int,
+        uncached: int,
+        out: float,
+        pending: int = 0,
+        sequences: int = 1,
+    ) -> float:
         """The objective's cost before the exploration bonus (the hot loop inlines this)."""
         if not est.observed:
             est = self.estimates.stand_in(est)
@@ -336,8 +351,9 @@ class Goodput:
                 pending,
                 self.ttft_slo_s,
                 self.slo_weight,
+                sequences=sequences,
             )
-        return -throughput_gain(est, cell, load, uncached, out)
+        return -throughput_gain(est, cell, load, uncached, out, sequences=sequences)
 
     # ------------------------------------------------------------------- learn
 

@@ -322,3 +322,17 @@ def test_slo_weight_trades_a_queued_long_prefill_for_the_busier_server():
         for w in (1.0, 10.0)
     }
     assert chosen == {1.0: "a", 10.0: "b"}
+
+
+@pytest.mark.parametrize("objective", ["latency", "throughput"])
+def test_a_request_of_many_sequences_is_priced_at_the_batch_it_makes(objective):
+    """n = 16 on a backend that runs 8 at a time queues half of them; on a roomier one already
+    running 2 it does not. One sequence is better off on the idle small one."""
+    policy = Goodput(seed=0, epsilon=0.0, bonus=0.0, objective=objective)
+    small = _view("small", Strategy.DFLASH, max_running=8)
+    roomy = _view("roomy", Strategy.DFLASH, inflight=2, max_running=48)
+    one = RequestFeatures(model="m", domain=Domain.MATH, prompt_tokens=200, max_tokens=256)
+    sixteen = msgspec.structs.replace(one, sequences=16)
+    assert policy.choose(one, [small, roomy]).backend.name == "small"
+    d = policy.choose(sixteen, [small, roomy])
+    assert d.backend.name == "roomy" and "at load 18" in d.reason
