@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -116,6 +118,43 @@ def test_parallel_samples_teach_the_acceptance_of_one_sequence(k26):
     assert a["specroute.verify_count"] == sum(verify)
     assert a["specroute.accept_length"] == pytest.approx(240 / sum(verify))
     assert a["specroute.accept_length"] < 8  # DFlash's block: the first sequence's passes alone would pass it
+
+
+def test_parallel_samples_streamed_are_measured_per_sequence(tmp_path, k26):
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    log_fd = os.open(tmp_path / "access.log", os.O_WRONLY | os.O_CREAT)
+    with serve_in_thread(_config(k26), tracing=tracing, access_log=AccessLog(True, fd=log_fd)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        chunks = list(
+            client.completions.create(
+                model="kimi-k2.6@k26-dflash",
+                prompt="Solve for x: 3x + 4 = 19. Show each step.",
+                max_tokens=80,
+                n=4,
+                stream=True,
+                extra_body={"return_spec_tokens_details": True},
+            )
+        )
+        tracing.force_flush()
+    texts = collections.defaultdict(str)
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] += choice.text
+    assert sorted(texts) == [0, 1, 2, 3] and all(texts.values())
+    assert not any(c.usage for c in chunks)  # the gateway asked for usage; the client did not get it
+    (tail,) = [c for c in chunks if not c.choices]  # the client asked for sglext: it gets it
+    verify = [d["spec_verify_ct"] for d in tail.model_extra["sglext"]["spec_tokens_details"]]
+    (span,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    a = dict(span.attributes)
+    assert a["gen_ai.request.choice.count"] == 4 and a["gen_ai.usage.output_tokens"] == 320
+    assert a["specroute.verify_count"] == sum(verify) and a["specroute.inflight_at_dispatch"] == 4
+    assert a["specroute.accept_length"] == pytest.approx(320 / sum(verify)) and a["specroute.accept_length"] < 8
+    os.close(log_fd)
+    (rec,) = [json.loads(line) for line in (tmp_path / "access.log").read_text().splitlines()]
+    # per sequence: one stream's 80 tokens over the decode span, not all 320
+    assert rec["sequences"] == 4 and rec["decode_tok_s"] == pytest.approx(79 / rec["decode_s"])
+    assert rec["tpot_s"] * 79 == pytest.approx(rec["duration_s"] - rec["ttft_s"])
 
 
 def test_failed_attempt_is_an_error_span_and_the_retry_its_sibling(twin_factory):

@@ -301,8 +301,46 @@ def test_parallel_samples_match_sglang(sgl, url):
     assert m.usage.prompt_tokens_details.cached_tokens >= m.usage.prompt_tokens - 64
     # each entry is that sequence's own: 24 tokens over its verify passes
     assert all(d.spec_accept_length == pytest.approx(24 / d.spec_verify_ct) for d in details)
-    status, raw = _raw(url, "/v1/completions", {**body, "stream": True})
-    assert status == 400  # not modelled: parallel samples streamed
+
+
+@pytest.mark.parametrize("stream_options", [{"include_usage": True}, {"continuous_usage_stats": True}])
+def test_parallel_samples_streamed_match_sglang(sgl, url, stream_options):
+    body = {
+        "model": "m",
+        "prompt": "Solve 3x + 4 = 19, then check it. " * 40,
+        "max_tokens": 20,
+        "n": 3,
+        "stream": True,
+        "stream_options": stream_options,
+        "return_spec_tokens_details": True,
+    }
+    status, raw = _raw(url, "/v1/completions", body)
+    assert status == 200
+    frames = _frames(raw)
+    model = sgl.protocol.CompletionStreamResponse
+    ids: dict[int, set[str]] = {}
+    finishes: dict[int, list[str | None]] = {}
+    for frame in frames:
+        m = model.model_validate_json(frame)
+        is_final_usage = not m.choices and m.usage is not None
+        assert m.model_dump_json(exclude_none=is_final_usage).encode() == frame
+        for c in m.choices:
+            ids.setdefault(c.index, set()).add(m.id)
+            finishes.setdefault(c.index, []).append(c.finish_reason)
+    # each sample's chunks under its own rid, ending once with its finish reason
+    assert sorted(ids) == [0, 1, 2] and all(len(v) == 1 for v in ids.values()) and len(set().union(*ids.values())) == 3
+    assert all(f[-1] == "length" and all(x is None for x in f[:-1]) for f in finishes.values())
+    (tail,) = [
+        model.model_validate_json(f) for f in frames if not json.loads(f)["choices"] and "sglext" in json.loads(f)
+    ]
+    assert len(tail.sglext.spec_tokens_details) == 3
+    usage = [
+        model.model_validate_json(f).usage
+        for f in frames
+        if not json.loads(f)["choices"] and json.loads(f).get("usage")
+    ]
+    if stream_options.get("include_usage"):
+        assert usage[-1].completion_tokens == 3 * 20
 
 
 def _fastapi_message(errors: list[dict[str, Any]]) -> str:

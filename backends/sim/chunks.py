@@ -195,9 +195,10 @@ def completion_chunk(
     finish_reason: str | None,
     matched_stop: int | str | None = None,
     usage: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> bytes:
     """`CompletionStreamResponse.model_dump_json()` with one choice."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "matched_stop": matched_stop}
+    choice = completion_choice(index, text, finish_reason, matched_stop)
     return _frame(_encode(_envelope(rid, "text_completion", created, model, [choice], usage)))
 
 

@@ -261,12 +261,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
         stream = body.stream
         if body.max_tokens is not None and body.max_tokens <= 0:
             raise _max_tokens_error(body.max_tokens)
-        if body.n < 1 or (body.n > 1 and body.stream):
-            raise ApiError("the twin streams n=1 only", param="n")
+        if body.n < 1:
+            raise ApiError("n must be at least 1", param="n")
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
         if body.n > 1:
-            return await _completion_samples(state, body, text, ntok, temperature, top_p)
+            gens = await _admit_samples(state, body, text, ntok, temperature, top_p)
+            if body.stream:
+                return await _completion_samples_stream(request, state, body, gens)
+            return await _completion_samples(state, body, gens)
         gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
     except ApiError as e:
         if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
@@ -299,15 +302,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
         gen.release()
 
 
-async def _completion_samples(
+async def _admit_samples(
     state: SimState, body: CompletionRequest, text: str, ntok: int, temperature: float, top_p: float
-) -> web.Response:
-    """`n` > 1, not streamed: n sequences decoded side by side, one choice each. As in SGLang's
-    tokenizer manager every sequence gets a fresh rid (`regenerate_rid`: a client's `rid` is not
-    kept) and the response's id is the first's; usage counts the prompt once and sums the
-    completions (`usage_processor.py`), and `sglext.spec_tokens_details` is a list, one entry per
-    sequence. As SGLang does, the prompt is prefilled once alone first and the samples then find
-    it cached; assumption: that warm-up decodes one token (SGLang's asks for none)."""
+) -> list[Generation]:
+    """`n` > 1, as SGLang's tokenizer manager runs parallel sampling: the prompt is prefilled once
+    alone first, so the samples find it cached (assumption: that warm-up decodes one token, where
+    SGLang's asks for none); then every sample runs under a fresh rid (`regenerate_rid`: a
+    client's `rid` is not kept)."""
     warm_up = await admit(state, None, text, ntok, 1, temperature=temperature, top_p=top_p)
     try:
         await _collect_text(warm_up)
@@ -319,24 +320,119 @@ async def _completion_samples(
             gens.append(
                 await admit(state, None, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
             )
+    except BaseException:
+        for gen in gens:
+            gen.release()
+        raise
+    return gens
+
+
+def _samples_usage(gens: list[Generation]) -> dict[str, Any]:
+    """The prompt counted once, the completions summed (`usage_processor.py`)."""
+    first = gens[0]
+    return chunks.usage_info(first.prompt_tokens, sum(g.completion_tokens for g in gens), 0, first.cache_report())
+
+
+def _samples_sglext(state: SimState, gens: list[Generation], requested: bool) -> dict[str, Any] | None:
+    """`spec_tokens_details` as a list, one entry per sample."""
+    details = [x["spec_tokens_details"] for g in gens if (x := _sglext(state, g, requested)) is not None]
+    return {"spec_tokens_details": details} if details else None
+
+
+async def _completion_samples(state: SimState, body: CompletionRequest, gens: list[Generation]) -> web.Response:
+    """`n` > 1, not streamed: one choice per sample; the response's id is the first's."""
+    try:
         outs = await asyncio.gather(*(_collect_text(g) for g in gens))
-        choices, details = [], []
+        choices = []
         for i, (gen, out) in enumerate(zip(gens, outs, strict=True)):
             reason, matched = _completion_reason(gen)
             choices.append(chunks.completion_choice(i, out, reason, matched))
-            sglext = _sglext(state, gen, body.return_spec_tokens_details)
-            if sglext is not None:
-                details.append(sglext["spec_tokens_details"])
             gen.cache_output(out)
         first = gens[0]
-        usage = chunks.usage_info(first.prompt_tokens, sum(g.completion_tokens for g in gens), 0, first.cache_report())
         resp_body = chunks.completion_response_choices(
-            first.rid, first.created, body.model, choices, usage, {"spec_tokens_details": details} if details else None
+            first.rid,
+            first.created,
+            body.model,
+            choices,
+            _samples_usage(gens),
+            _samples_sglext(state, gens, body.return_spec_tokens_details),
         )
         return web.Response(body=resp_body, content_type="application/json")
     finally:
         for gen in gens:
             gen.release()
+
+
+async def _completion_samples_stream(
+    request: web.Request, state: SimState, body: CompletionRequest, gens: list[Generation]
+) -> web.StreamResponse:
+    """`n` > 1, streamed: the samples' chunks interleaved as they are generated, each with its
+    choice index and its own rid as the chunk id (`serving_completions.py`); then `sglext` and the
+    usage under the id of the last chunk's sample."""
+    queue: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        async for n in gen.steps():
+            queue.put_nowait((i, n))
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    stream_options = body.stream_options
+    include_usage = bool(stream_options and stream_options.include_usage)
+    continuous = bool(stream_options and stream_options.continuous_usage_stats)
+    done = [0] * len(gens)
+    parts: list[list[str]] = [[] for _ in gens]
+    finished = [False] * len(gens)
+    last = gens[0]
+
+    def chunk(i: int, n: int) -> bytes:
+        nonlocal last
+        gen = last = gens[i]
+        done[i] += n
+        text = gen.tokens.take(n)
+        parts[i].append(text)
+        finished[i] = gen.finish_reason is not None
+        reason, matched = _completion_reason(gen) if finished[i] else (None, None)
+        usage = chunks.usage_info(gen.prompt_tokens, done[i]) if continuous else None
+        return chunks.completion_chunk(gen.rid, gen.created, body.model, text, reason, matched, usage, index=i)
+
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    try:
+        ended = 0
+        prepared = False
+        while ended < len(gens):
+            i, n = await queue.get()
+            if n is None:
+                ended += 1
+                if finished[i]:
+                    continue
+                n = 0  # ended without tokens in its last step (an abort)
+            out = chunk(i, n)
+            if not prepared:  # headers go out with the first token, as in SGLang
+                await resp.prepare(request)
+                prepared = True
+            await resp.write(out)
+        if not prepared:
+            await resp.prepare(request)
+        tail: list[bytes] = []
+        sglext = _samples_sglext(state, gens, body.return_spec_tokens_details)
+        if sglext is not None:
+            tail.append(chunks.completion_tail_chunk(last.rid, last.created, body.model, sglext))
+        if include_usage:
+            tail.append(chunks.completion_usage_chunk(last.rid, last.created, body.model, _samples_usage(gens)))
+        await resp.write(b"".join(tail) + chunks.DONE)
+        await resp.write_eof()
+        for gen, text in zip(gens, parts, strict=True):
+            gen.cache_output("".join(text))
+    except ConnectionResetError:
+        for gen in gens:
+            state.runtime.abort(gen.rid)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for gen in gens:
+            gen.release()
+    return resp
 
 
 async def _collect_text(gen: Generation) -> str:
