@@ -372,9 +372,11 @@ async def _completion_samples_stream(
     queue: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
 
     async def pump(i: int, gen: Generation) -> None:
-        async for n in gen.steps():
-            queue.put_nowait((i, n))
-        queue.put_nowait((i, None))
+        try:
+            async for n in gen.steps():
+                queue.put_nowait((i, n))
+        finally:  # ended, failed or cancelled: the writer never waits for it in vain
+            queue.put_nowait((i, None))
 
     tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
     stream_options = body.stream_options
