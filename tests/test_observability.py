@@ -120,27 +120,26 @@ def test_parallel_samples_teach_the_acceptance_of_one_sequence(k26):
     assert a["specroute.accept_length"] < 8  # DFlash's block: the first sequence's passes alone would pass it
 
 
-def test_parallel_samples_streamed_are_measured_per_sequence(tmp_path, k26):
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_parallel_samples_streamed_are_measured_per_sequence(tmp_path, k26, kind):
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingSection(), exporter=exporter)
     log_fd = os.open(tmp_path / "access.log", os.O_WRONLY | os.O_CREAT)
     with serve_in_thread(_config(k26), tracing=tracing, access_log=AccessLog(True, fd=log_fd)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        chunks = list(
-            client.completions.create(
-                model="kimi-k2.6@k26-dflash",
-                prompt="Solve for x: 3x + 4 = 19. Show each step.",
-                max_tokens=80,
-                n=4,
-                stream=True,
-                extra_body={"return_spec_tokens_details": True},
-            )
-        )
+        args = dict(model="kimi-k2.6@k26-dflash", max_tokens=80, n=4, stream=True)
+        spec = {"return_spec_tokens_details": True}
+        if kind == "chat":
+            body = {**spec, "chat_template_kwargs": {"thinking": False}}
+            chunks = list(client.chat.completions.create(messages=MATH, extra_body=body, **args))
+        else:
+            prompt = "Solve for x: 3x + 4 = 19. Show each step."
+            chunks = list(client.completions.create(prompt=prompt, extra_body=spec, **args))
         tracing.force_flush()
     texts = collections.defaultdict(str)
     for c in chunks:
         for choice in c.choices:
-            texts[choice.index] += choice.text
+            texts[choice.index] += (choice.delta.content or "") if kind == "chat" else choice.text
     assert sorted(texts) == [0, 1, 2, 3] and all(texts.values())
     assert not any(c.usage for c in chunks)  # the gateway asked for usage; the client did not get it
     (tail,) = [c for c in chunks if not c.choices]  # the client asked for sglext: it gets it

@@ -235,6 +235,39 @@ def test_chat_stream_chunks_match_sglang(sgl, url, name):
     assert kinds == expected
 
 
+@pytest.mark.parametrize("name", ["thinking", "tool_call", "thinking_off"])
+def test_chat_parallel_samples_streamed_match_sglang(sgl, url, name):
+    body = {"model": "kimi-k2.6", **CHAT_STREAMS[name], "stream": True, "n": 2}
+    body["stream_options"] = {"include_usage": True}
+    sgl.protocol.ChatCompletionRequest.model_validate(body)
+    status, raw = _raw(url, "/v1/chat/completions", body)
+    assert status == 200
+    frames = _frames(raw)
+    for frame in frames:
+        _check_chat_chunk(sgl, frame)
+    objs = [json.loads(f) for f in frames]
+    roles = [c["index"] for o in objs for c in o["choices"] if c["delta"].get("role") == "assistant"]
+    finishes = [(c["index"], o["id"]) for o in objs for c in o["choices"] if c["finish_reason"]]
+    assert sorted(roles) == [0, 1] and sorted(i for i, _ in finishes) == [0, 1]
+    # the finish chunks come after every sample's last token, under one id (the last chunk's)
+    assert len({rid for _, rid in finishes}) == 1 and all(not o["choices"] for o in objs[len(objs) - 1 :])
+    usage = objs[-1]["usage"]
+    parts = [o for o in objs if o["choices"] and not o["choices"][0]["finish_reason"]]
+    assert usage["completion_tokens"] > 0 and len({o["id"] for o in parts}) == 2  # each sample under its own id
+
+
+def test_chat_parallel_samples_match_sglang(sgl, url):
+    body = {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 300, "n": 3, "return_spec_tokens_details": True}
+    sgl.protocol.ChatCompletionRequest.model_validate(body)
+    status, raw = _raw(url, "/v1/chat/completions", body)
+    assert status == 200
+    m = sgl.protocol.ChatCompletionResponse.model_validate_json(raw)
+    assert m.model_dump_json().encode() == raw
+    assert [c.index for c in m.choices] == [0, 1, 2] and len(m.sglext.spec_tokens_details) == 3
+    assert m.usage.completion_tokens == 3 * 300  # summed over the samples
+    assert all(c.message.reasoning_content for c in m.choices) and 0 < m.usage.reasoning_tokens < 900
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -91,8 +91,10 @@ class ChatChunker:
         prompt_tokens: int,
         cached_tokens: int | None,
         call: PlannedCall | None = None,
+        index: int = 0,
     ) -> None:
         self.rid = rid
+        self.index = index  # the choice's, with `n` > 1
         self.created = created
         self.model = model
         self.split_reasoning = reasoning_parser and separate_reasoning
@@ -128,7 +130,9 @@ class ChatChunker:
     # ---------------------------------------------------------------------- stream
 
     def role_chunk(self) -> bytes:
-        return chunks.chat_delta_chunk(self.rid, self.created, self.model, role="assistant", content="")
+        return chunks.chat_delta_chunk(
+            self.rid, self.created, self.model, role="assistant", content="", index=self.index
+        )
 
     def step(self, pieces: list[tuple[str, str]]) -> bytes:
         """The chunks of one engine step's tokens (possibly none)."""
@@ -150,7 +154,7 @@ class ChatChunker:
             self.reasoning_text.append(reasoning)
             out.append(
                 chunks.chat_delta_chunk(
-                    self.rid, self.created, self.model, reasoning=reasoning, usage=self._chunk_usage()
+                    self.rid, self.created, self.model, reasoning=reasoning, usage=self._chunk_usage(), index=self.index
                 )
             )
         if self.tool_parsing:
@@ -160,7 +164,9 @@ class ChatChunker:
             if text:
                 self.content_text.append(text)
                 out.append(
-                    chunks.chat_delta_chunk(self.rid, self.created, self.model, content=text, usage=self._chunk_usage())
+                    chunks.chat_delta_chunk(
+                        self.rid, self.created, self.model, content=text, usage=self._chunk_usage(), index=self.index
+                    )
                 )
         return b"".join(out)
 
@@ -182,7 +188,9 @@ class ChatChunker:
         if normal:
             self.content_text.append(normal)
             out.append(
-                chunks.chat_choice_chunk(self.rid, self.created, self.model, content=normal, usage=self._chunk_usage())
+                chunks.chat_choice_chunk(
+                    self.rid, self.created, self.model, content=normal, usage=self._chunk_usage(), index=self.index
+                )
             )
         call = self._call
         if self._header and call is not None and (first or args):
@@ -191,7 +199,7 @@ class ChatChunker:
             delta = chunks.tool_call_delta(0, call.call_id if first else None, call.name if first else None, args)
             out.append(
                 chunks.chat_choice_chunk(
-                    self.rid, self.created, self.model, tool_calls=[delta], usage=self._chunk_usage()
+                    self.rid, self.created, self.model, tool_calls=[delta], usage=self._chunk_usage(), index=self.index
                 )
             )
         return out
@@ -202,15 +210,18 @@ class ChatChunker:
             return ("tool_calls" if self.has_tool_calls else "stop"), EOS_TOKEN_ID
         return engine_reason, None
 
-    def finish_chunk(self, engine_reason: str | None) -> bytes:
+    def finish_chunk(self, engine_reason: str | None, rid: str | None = None) -> bytes:
+        """`rid`: the chunk's id when not this sample's (SGLang writes `n` > 1 finish chunks under
+        the last chunk's id)."""
         reason, matched = self.finish_reason(engine_reason)
-        return chunks.chat_delta_chunk(self.rid, self.created, self.model, finish_reason=reason, matched_stop=matched)
+        return chunks.chat_delta_chunk(
+            rid or self.rid, self.created, self.model, finish_reason=reason, matched_stop=matched, index=self.index
+        )
 
     # ------------------------------------------------------------------ non-stream
 
-    def response(
-        self, engine_reason: str | None, meta_info: dict[str, Any] | None, sglext: dict[str, Any] | None
-    ) -> bytes:
+    def choice(self, engine_reason: str | None, meta_info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The non-stream body's choice."""
         reasoning = "".join(self.reasoning_text) or None
         tool_calls = None
         reason, matched = engine_reason, None
@@ -227,16 +238,19 @@ class ChatChunker:
             reason = "tool_calls"
         elif engine_reason == "stop":
             matched = EOS_TOKEN_ID
-        return chunks.chat_response(
-            self.rid,
-            self.created,
-            self.model,
+        return chunks.chat_choice(
+            self.index,
             content="".join(self.content_text),
             reasoning=reasoning,
             tool_calls=tool_calls,
             finish_reason=reason,
             matched_stop=matched,
-            usage=self.usage(),
             meta_info=meta_info,
-            sglext=sglext,
+        )
+
+    def response(
+        self, engine_reason: str | None, meta_info: dict[str, Any] | None, sglext: dict[str, Any] | None
+    ) -> bytes:
+        return chunks.chat_response(
+            self.rid, self.created, self.model, [self.choice(engine_reason, meta_info)], self.usage(), sglext
         )

@@ -22,6 +22,7 @@ import msgspec
 __all__ = [
     "DONE",
     "chat_choice_chunk",
+    "chat_choice",
     "chat_delta_chunk",
     "chat_response",
     "chat_tail_chunk",
@@ -82,9 +83,10 @@ def chat_delta_chunk(
     finish_reason: str | None = None,
     matched_stop: int | str | None = None,
     usage: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> bytes:
     """A chunk as `sse_utils.build_sse_content` writes it."""
-    choice = _StreamChoice(0, _StreamDelta(reasoning, role, content), None, finish_reason, matched_stop)
+    choice = _StreamChoice(index, _StreamDelta(reasoning, role, content), None, finish_reason, matched_stop)
     return _frame(_encode(_StreamChunk(rid, "chat.completion.chunk", created, model, [choice], usage)))
 
 
@@ -96,12 +98,13 @@ def chat_choice_chunk(
     content: str | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
     usage: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> bytes:
     """A pydantic-dumped chunk with one choice (tool-call parser path)."""
     delta: dict[str, Any] = {"role": None, "content": content, "reasoning_content": None}
     if tool_calls is not None:
         delta["tool_calls"] = tool_calls
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, "matched_stop": None}
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None, "matched_stop": None}
     return _frame(_encode(_envelope(rid, "chat.completion.chunk", created, model, [choice], usage)))
 
 
@@ -153,26 +156,22 @@ def stream_error_frame(message: str, err_type: str, code: int) -> bytes:
     return _frame(json.dumps(body).encode())
 
 
-def chat_response(
-    rid: str,
-    created: int,
-    model: str,
+def chat_choice(
+    index: int,
     *,
     content: str,
     reasoning: str | None,
     tool_calls: list[dict[str, Any]] | None,
     finish_reason: str | None,
     matched_stop: int | str | None,
-    usage: dict[str, Any],
     meta_info: dict[str, Any] | None = None,
-    sglext: dict[str, Any] | None = None,
-) -> bytes:
-    """`ChatCompletionResponse.model_dump_json()`."""
+) -> dict[str, Any]:
+    """`ChatCompletionResponseChoice`."""
     message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     if tool_calls is not None:
         message["tool_calls"] = tool_calls
     choice: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "message": message,
         "logprobs": None,
         "finish_reason": finish_reason,
@@ -180,7 +179,19 @@ def chat_response(
     }
     if meta_info is not None:
         choice["meta_info"] = meta_info
-    body = _envelope(rid, "chat.completion", created, model, [choice], usage)
+    return choice
+
+
+def chat_response(
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, Any],
+    sglext: dict[str, Any] | None = None,
+) -> bytes:
+    """`ChatCompletionResponse.model_dump_json()`."""
+    body = _envelope(rid, "chat.completion", created, model, choices, usage)
     body["metadata"] = {"weight_version": "default"}
     if sglext is not None:
         body["sglext"] = sglext

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiohttp import web
@@ -110,8 +111,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             tools, tool_choice = validate_tools(body.tools, body.tool_choice)
         except ToolError as e:
             raise ApiError(e.message, err_type="Bad Request" if e.schema else None) from None
-        if body.n != 1:
-            raise ApiError("the twin serves n=1 only", param="n")
+        if body.n < 1:
+            raise ApiError("n must be at least 1", param="n")
         if body.return_meta_info and body.stream:
             raise ApiError("return_meta_info is only supported for non-streaming requests", param="return_meta_info")
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
@@ -130,39 +131,45 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             else None
         )
         script_len = OutputScript(0, reasoning, call).natural_length
-        gen = await admit(
-            state,
-            body.rid,
-            text,
-            count_prompt_tokens(text),
-            body.requested_max_tokens,
-            domain=domain,
-            key=key,
-            temperature=temperature,
-            top_p=top_p,
-            stop_after_tokens=script_len,
+        admit_args: dict[str, Any] = dict(
+            domain=domain, key=key, temperature=temperature, top_p=top_p, stop_after_tokens=script_len
         )
+        ntok = count_prompt_tokens(text)
+        if body.n > 1:
+            gens = await _admit_samples(state, body.n, text, ntok, body.requested_max_tokens, **admit_args)
+        else:
+            gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, **admit_args)
     except ApiError as e:
         if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
             return await _queue_full_stream(request)
         return flat_error(e)
     opts = state.options
     stream_options = body.stream_options
-    chunker = ChatChunker(
-        gen.rid,
-        gen.created,
-        body.model,
-        reasoning_parser=opts.reasoning_parser is not None,
-        separate_reasoning=body.separate_reasoning,
-        thinking=thinking,
-        tool_parsing=opts.tool_call_parser is not None and bool(tools) and tool_choice != "none",
-        continuous_usage=bool(stream_options and stream_options.continuous_usage_stats),
-        prompt_tokens=gen.prompt_tokens,
-        cached_tokens=None,
-        call=call,
-    )
-    script = OutputScript(gen.seed, reasoning, call)
+
+    def chunker_of(g: Generation, index: int = 0) -> ChatChunker:
+        return ChatChunker(
+            g.rid,
+            g.created,
+            body.model,
+            reasoning_parser=opts.reasoning_parser is not None,
+            separate_reasoning=body.separate_reasoning,
+            thinking=thinking,
+            tool_parsing=opts.tool_call_parser is not None and bool(tools) and tool_choice != "none",
+            continuous_usage=bool(stream_options and stream_options.continuous_usage_stats),
+            prompt_tokens=g.prompt_tokens,
+            cached_tokens=None,
+            call=call,
+            index=index,
+        )
+
     include_usage = bool(stream_options and stream_options.include_usage)
+    if body.n > 1:
+        samples = [(g, chunker_of(g, i), OutputScript(g.seed, reasoning, call)) for i, g in enumerate(gens)]
+        if body.stream:
+            return await _chat_samples_stream(request, state, samples, include_usage, body.return_spec_tokens_details)
+        return await _chat_samples(state, samples, body.return_spec_tokens_details, body.return_meta_info)
+    chunker = chunker_of(gen)
+    script = OutputScript(gen.seed, reasoning, call)
     try:
         if body.stream:
             return await _chat_stream(
@@ -266,7 +273,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
         if body.n > 1:
-            gens = await _admit_samples(state, body, text, ntok, temperature, top_p)
+            gens = await _admit_samples(
+                state, body.n, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p
+            )
             if body.stream:
                 return await _completion_samples_stream(request, state, body, gens)
             return await _completion_samples(state, body, gens)
@@ -303,23 +312,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _admit_samples(
-    state: SimState, body: CompletionRequest, text: str, ntok: int, temperature: float, top_p: float
+    state: SimState, n: int, text: str, ntok: int, max_new_tokens: int, **admit_args: Any
 ) -> list[Generation]:
     """`n` > 1, as SGLang's tokenizer manager runs parallel sampling: the prompt is prefilled once
     alone first, so the samples find it cached (assumption: that warm-up decodes one token, where
     SGLang's asks for none); then every sample runs under a fresh rid (`regenerate_rid`: a
     client's `rid` is not kept)."""
-    warm_up = await admit(state, None, text, ntok, 1, temperature=temperature, top_p=top_p)
+    warm_up = await admit(state, None, text, ntok, 1, **{**admit_args, "stop_after_tokens": None})
     try:
         await _collect_text(warm_up)
     finally:
         warm_up.release()
     gens: list[Generation] = []
     try:
-        for _ in range(body.n):
-            gens.append(
-                await admit(state, None, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
-            )
+        for _ in range(n):
+            gens.append(await admit(state, None, text, ntok, max_new_tokens, **admit_args))
     except BaseException:
         for gen in gens:
             gen.release()
@@ -369,16 +376,6 @@ async def _completion_samples_stream(
     """`n` > 1, streamed: the samples' chunks interleaved as they are generated, each with its
     choice index and its own rid as the chunk id (`serving_completions.py`); then `sglext` and the
     usage under the id of the last chunk's sample."""
-    queue: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
-
-    async def pump(i: int, gen: Generation) -> None:
-        try:
-            async for n in gen.steps():
-                queue.put_nowait((i, n))
-        finally:  # ended, failed or cancelled: the writer never waits for it in vain
-            queue.put_nowait((i, None))
-
-    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
     stream_options = body.stream_options
     include_usage = bool(stream_options and stream_options.include_usage)
     continuous = bool(stream_options and stream_options.continuous_usage_stats)
@@ -399,13 +396,11 @@ async def _completion_samples_stream(
         return chunks.completion_chunk(gen.rid, gen.created, body.model, text, reason, matched, usage, index=i)
 
     resp = web.StreamResponse(headers=_SSE_HEADERS)
+    events = _interleaved(gens)
     try:
-        ended = 0
         prepared = False
-        while ended < len(gens):
-            i, n = await queue.get()
+        async for i, n in events:
             if n is None:
-                ended += 1
                 if finished[i]:
                     continue
                 n = 0  # ended without tokens in its last step (an abort)
@@ -430,8 +425,128 @@ async def _completion_samples_stream(
         for gen in gens:
             state.runtime.abort(gen.rid)
     finally:
+        await events.aclose()
+        for gen in gens:
+            gen.release()
+    return resp
+
+
+async def _interleaved(gens: list[Generation]) -> AsyncGenerator[tuple[int, int | None], None]:
+    """(sample, tokens of its step) as the samples' engine steps come, and (sample, None) once
+    each sample has ended."""
+    queue: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        try:
+            async for n in gen.steps():
+                queue.put_nowait((i, n))
+        finally:  # ended, failed or cancelled: the reader never waits for it in vain
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        ended = 0
+        while ended < len(gens):
+            item = await queue.get()
+            ended += item[1] is None
+            yield item
+    finally:
         for task in tasks:
             task.cancel()
+
+
+Sample = tuple[Generation, ChatChunker, OutputScript]
+
+
+def _chat_samples_usage(samples: list[Sample]) -> dict[str, Any]:
+    """The prompt counted once, completions and reasoning summed (`usage_processor.py`)."""
+    first_gen, first, _ = samples[0]
+    return chunks.usage_info(
+        first.prompt_tokens,
+        sum(c.completion_tokens for _, c, _ in samples),
+        sum(c.reasoning_tokens for _, c, _ in samples),
+        first_gen.cache_report(),
+    )
+
+
+async def _chat_samples(state: SimState, samples: list[Sample], want_spec: bool, want_meta: bool) -> web.Response:
+    """Chat with `n` > 1, not streamed: one choice per sample; the response's id is the first's."""
+
+    async def collect(gen: Generation, chunker: ChatChunker, script: OutputScript) -> None:
+        async for n in gen.steps():
+            chunker.step(script.take(n))
+
+    gens = [g for g, _, _ in samples]
+    try:
+        await asyncio.gather(*(collect(*s) for s in samples))
+        choices = []
+        for gen, chunker, script in samples:
+            chunker.cached_tokens = gen.cache_report()
+            choices.append(chunker.choice(gen.finish_reason, gen.meta_info(finished=True) if want_meta else None))
+            gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+        first = gens[0]
+        body = chunks.chat_response(
+            first.rid,
+            first.created,
+            samples[0][1].model,
+            choices,
+            _chat_samples_usage(samples),
+            _samples_sglext(state, gens, want_spec),
+        )
+        return web.Response(body=body, content_type="application/json")
+    finally:
+        for gen in gens:
+            gen.release()
+
+
+async def _chat_samples_stream(
+    request: web.Request, state: SimState, samples: list[Sample], include_usage: bool, want_spec: bool
+) -> web.StreamResponse:
+    """Chat with `n` > 1, streamed, as `serving_chat.py` writes it: each sample's chunks under its
+    own id, a role chunk before its first; once all have ended, the finish chunks in the order the
+    samples finished, under the id of the last chunk's sample, then `sglext` and usage."""
+    gens = [g for g, _, _ in samples]
+    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    events = _interleaved(gens)
+    started = [False] * len(samples)
+    finish_order: list[int] = []
+    last = gens[0]
+    try:
+        prepared = False
+        async for i, n in events:
+            gen, chunker, script = samples[i]
+            if n is None:
+                finish_order.append(i)
+                continue
+            last = gen
+            out = b""
+            if not started[i]:
+                started[i] = True
+                chunker.cached_tokens = gen.cache_report()
+                out = chunker.role_chunk()
+            out += chunker.step(script.take(n))
+            if not prepared:  # headers go out with the first token, as in SGLang
+                await resp.prepare(request)
+                prepared = True
+            await resp.write(out)
+        if not prepared:
+            await resp.prepare(request)
+        tail = [samples[i][1].finish_chunk(gens[i].finish_reason, rid=last.rid) for i in finish_order]
+        model = samples[0][1].model
+        sglext = _samples_sglext(state, gens, want_spec)
+        if sglext is not None:
+            tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, sglext=sglext))
+        if include_usage:
+            tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, usage=_chat_samples_usage(samples)))
+        await resp.write(b"".join(tail) + chunks.DONE)
+        await resp.write_eof()
+        for gen, _, script in samples:
+            gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+    except ConnectionResetError:
+        for gen in gens:
+            state.runtime.abort(gen.rid)
+    finally:
+        await events.aclose()
         for gen in gens:
             gen.release()
     return resp
