@@ -427,3 +427,17 @@ def test_ddtree_budget_override_is_reported():
         assert info["speculative_num_draft_tokens"] == 17
         assert info["served_model_name"] == "k2"
         assert get(f"{url}/v1/models")[1]["data"][0]["id"] == "k2"
+
+
+@pytest.mark.parametrize(
+    "path,body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "m", "prompt": "hi"})]
+)
+def test_a_client_leaving_parallel_samples_frees_every_one(path, body):
+    with twin("k26-dflash") as url:
+        conn = _open_stream(url, path, {**body, "max_tokens": 100000, "n": 3})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        resp.readline()  # the first frame: the samples are running
+        _wait_for(lambda: get(f"{url}/v1/loads")[1]["loads"][0]["num_running_reqs"] == 3)
+        conn.close()
+        _wait_for(lambda: get(f"{url}/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0)

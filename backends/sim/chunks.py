@@ -191,7 +191,20 @@ def chat_response(
     sglext: dict[str, Any] | None = None,
 ) -> bytes:
     """`ChatCompletionResponse.model_dump_json()`."""
-    body = _envelope(rid, "chat.completion", created, model, choices, usage)
+    return _response(rid, "chat.completion", created, model, choices, usage, sglext)
+
+
+def _response(
+    rid: str,
+    obj: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, Any],
+    sglext: dict[str, Any] | None,
+) -> bytes:
+    """A non-stream body: the envelope, `metadata`, then `sglext` when there is one."""
+    body = _envelope(rid, obj, created, model, choices, usage)
     body["metadata"] = {"weight_version": "default"}
     if sglext is not None:
         body["sglext"] = sglext
@@ -265,8 +278,4 @@ def completion_response_choices(
     sglext: dict[str, Any] | None = None,
 ) -> bytes:
     """`CompletionResponse.model_dump_json()` with any number of choices (`n` > 1)."""
-    body = _envelope(rid, "text_completion", created, model, choices, usage)
-    body["metadata"] = {"weight_version": "default"}
-    if sglext is not None:
-        body["sglext"] = sglext
-    return _encode(body)
+    return _response(rid, "text_completion", created, model, choices, usage, sglext)

@@ -15,8 +15,9 @@ gets HTTP 200, `data: {"error": {... "code": 503}}` and `[DONE]`; a non-streamed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -397,7 +398,7 @@ async def _completion_samples_stream(
 
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     events = _interleaved(gens)
-    try:
+    async with _owning(state, gens, events):
         prepared = False
         async for i, n in events:
             if n is None:
@@ -421,6 +422,17 @@ async def _completion_samples_stream(
         await resp.write_eof()
         for gen, text in zip(gens, parts, strict=True):
             gen.cache_output("".join(text))
+    return resp
+
+
+@contextlib.asynccontextmanager
+async def _owning(
+    state: SimState, gens: list[Generation], events: AsyncGenerator[tuple[int, int | None], None]
+) -> AsyncIterator[None]:
+    """A streamed `n` > 1 answer owns its samples: a client gone aborts them all, and every way out
+    stops their pumps and frees their slots."""
+    try:
+        yield
     except ConnectionResetError:
         for gen in gens:
             state.runtime.abort(gen.rid)
@@ -428,7 +440,6 @@ async def _completion_samples_stream(
         await events.aclose()
         for gen in gens:
             gen.release()
-    return resp
 
 
 async def _interleaved(gens: list[Generation]) -> AsyncGenerator[tuple[int, int | None], None]:
@@ -511,7 +522,7 @@ async def _chat_samples_stream(
     started = [False] * len(samples)
     finish_order: list[int] = []
     last = gens[0]
-    try:
+    async with _owning(state, gens, events):
         prepared = False
         async for i, n in events:
             gen, chunker, script = samples[i]
@@ -542,13 +553,6 @@ async def _chat_samples_stream(
         await resp.write_eof()
         for gen, _, script in samples:
             gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
-    except ConnectionResetError:
-        for gen in gens:
-            state.runtime.abort(gen.rid)
-    finally:
-        await events.aclose()
-        for gen in gens:
-            gen.release()
     return resp
 
 
