@@ -251,6 +251,12 @@ class ChatChunker:
     def response(
         self, engine_reason: str | None, meta_info: dict[str, Any] | None, sglext: dict[str, Any] | None
     ) -> bytes:
-        return chunks.chat_response(
-            self.rid, self.created, self.model, [self.choice(engine_reason, meta_info)], self.usage(), sglext
+        return chunks.response(
+            self.rid,
+            "chat.completion",
+            self.created,
+            self.model,
+            [self.choice(engine_reason, meta_info)],
+            self.usage(),
+            sglext,
         )

@@ -24,11 +24,12 @@ __all__ = [
     "chat_choice_chunk",
     "chat_choice",
     "chat_delta_chunk",
-    "chat_response",
     "chat_tail_chunk",
+    "completion_choice",
     "completion_chunk",
     "completion_response",
     "completion_usage_chunk",
+    "response",
     "spec_tokens_details",
     "stream_error_frame",
     "usage_info",
@@ -182,19 +183,7 @@ def chat_choice(
     return choice
 
 
-def chat_response(
-    rid: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, Any],
-    sglext: dict[str, Any] | None = None,
-) -> bytes:
-    """`ChatCompletionResponse.model_dump_json()`."""
-    return _response(rid, "chat.completion", created, model, choices, usage, sglext)
-
-
-def _response(
+def response(
     rid: str,
     obj: str,
     created: int,
@@ -203,7 +192,8 @@ def _response(
     usage: dict[str, Any],
     sglext: dict[str, Any] | None,
 ) -> bytes:
-    """A non-stream body: the envelope, `metadata`, then `sglext` when there is one."""
+    """A non-stream body, `ChatCompletionResponse` or `CompletionResponse` (`obj`) with any number
+    of choices: the envelope, `metadata`, then `sglext` when there is one."""
     body = _envelope(rid, obj, created, model, choices, usage)
     body["metadata"] = {"weight_version": "default"}
     if sglext is not None:
@@ -253,7 +243,7 @@ def completion_response(
 ) -> bytes:
     """`CompletionResponse.model_dump_json()`."""
     choice = completion_choice(0, text, finish_reason, matched_stop)
-    return completion_response_choices(rid, created, model, [choice], usage, sglext)
+    return response(rid, "text_completion", created, model, [choice], usage, sglext)
 
 
 def completion_choice(
@@ -267,15 +257,3 @@ def completion_choice(
         "finish_reason": finish_reason,
         "matched_stop": matched_stop,
     }
-
-
-def completion_response_choices(
-    rid: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, Any],
-    sglext: dict[str, Any] | None = None,
-) -> bytes:
-    """`CompletionResponse.model_dump_json()` with any number of choices (`n` > 1)."""
-    return _response(rid, "text_completion", created, model, choices, usage, sglext)

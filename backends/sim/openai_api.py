@@ -357,8 +357,9 @@ async def _completion_samples(state: SimState, body: CompletionRequest, gens: li
             choices.append(chunks.completion_choice(i, out, reason, matched))
             gen.cache_output(out)
         first = gens[0]
-        resp_body = chunks.completion_response_choices(
+        resp_body = chunks.response(
             first.rid,
+            "text_completion",
             first.created,
             body.model,
             choices,
@@ -396,33 +397,43 @@ async def _completion_samples_stream(
         usage = chunks.usage_info(gen.prompt_tokens, done[i]) if continuous else None
         return chunks.completion_chunk(gen.rid, gen.created, body.model, text, reason, matched, usage, index=i)
 
-    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    stream = _HeadersWithFirstToken(request)
     events = _interleaved(gens)
     async with _owning(state, gens, events):
-        prepared = False
         async for i, n in events:
             if n is None:
                 if finished[i]:
                     continue
                 n = 0  # ended without tokens in its last step (an abort)
-            out = chunk(i, n)
-            if not prepared:  # headers go out with the first token, as in SGLang
-                await resp.prepare(request)
-                prepared = True
-            await resp.write(out)
-        if not prepared:
-            await resp.prepare(request)
+            await stream.write(chunk(i, n))
         tail: list[bytes] = []
         sglext = _samples_sglext(state, gens, body.return_spec_tokens_details)
         if sglext is not None:
             tail.append(chunks.completion_tail_chunk(last.rid, last.created, body.model, sglext))
         if include_usage:
             tail.append(chunks.completion_usage_chunk(last.rid, last.created, body.model, _samples_usage(gens)))
-        await resp.write(b"".join(tail) + chunks.DONE)
-        await resp.write_eof()
+        await stream.end(b"".join(tail) + chunks.DONE)
         for gen, text in zip(gens, parts, strict=True):
             gen.cache_output("".join(text))
-    return resp
+    return stream.response
+
+
+class _HeadersWithFirstToken:
+    """A stream whose status and headers go out with its first chunk, as SGLang sends them with
+    the first token (`serving_chat._handle_streaming_request`)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response = web.StreamResponse(headers=_SSE_HEADERS)
+
+    async def write(self, data: bytes) -> None:
+        if not self.response.prepared:
+            await self.response.prepare(self.request)
+        await self.response.write(data)
+
+    async def end(self, data: bytes) -> None:
+        await self.write(data)
+        await self.response.write_eof()
 
 
 @contextlib.asynccontextmanager
@@ -496,8 +507,9 @@ async def _chat_samples(state: SimState, samples: list[Sample], want_spec: bool,
             choices.append(chunker.choice(gen.finish_reason, gen.meta_info(finished=True) if want_meta else None))
             gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
         first = gens[0]
-        body = chunks.chat_response(
+        body = chunks.response(
             first.rid,
+            "chat.completion",
             first.created,
             samples[0][1].model,
             choices,
@@ -517,13 +529,12 @@ async def _chat_samples_stream(
     own id, a role chunk before its first; once all have ended, the finish chunks in the order the
     samples finished, under the id of the last chunk's sample, then `sglext` and usage."""
     gens = [g for g, _, _ in samples]
-    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    stream = _HeadersWithFirstToken(request)
     events = _interleaved(gens)
     started = [False] * len(samples)
     finish_order: list[int] = []
     last = gens[0]
     async with _owning(state, gens, events):
-        prepared = False
         async for i, n in events:
             gen, chunker, script = samples[i]
             if n is None:
@@ -536,12 +547,7 @@ async def _chat_samples_stream(
                 chunker.cached_tokens = gen.cache_report()
                 out = chunker.role_chunk()
             out += chunker.step(script.take(n))
-            if not prepared:  # headers go out with the first token, as in SGLang
-                await resp.prepare(request)
-                prepared = True
-            await resp.write(out)
-        if not prepared:
-            await resp.prepare(request)
+            await stream.write(out)
         tail = [samples[i][1].finish_chunk(gens[i].finish_reason, rid=last.rid) for i in finish_order]
         model = samples[0][1].model
         sglext = _samples_sglext(state, gens, want_spec)
@@ -549,11 +555,10 @@ async def _chat_samples_stream(
             tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, sglext=sglext))
         if include_usage:
             tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, usage=_chat_samples_usage(samples)))
-        await resp.write(b"".join(tail) + chunks.DONE)
-        await resp.write_eof()
+        await stream.end(b"".join(tail) + chunks.DONE)
         for gen, _, script in samples:
             gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
-    return resp
+    return stream.response
 
 
 async def _collect_text(gen: Generation) -> str:
