@@ -38,25 +38,24 @@ _MESSAGE_END = "\x1e"
 
 def text_blocks(text: str) -> tuple[int, ...]:
     """The hash chain of `text`'s full blocks (a completions prompt, or a rendered history)."""
-    n = min(len(text) // BLOCK_CHARS, MAX_BLOCKS)
-    chain: list[int] = []
-    h = 0
-    for i in range(n):
-        start = i * BLOCK_CHARS
-        h = hash((h, text[start : start + BLOCK_CHARS]))
-        chain.append(h)
-    return tuple(chain)
+    return _chain(text, BLOCK_CHARS)
 
 
 def token_blocks(ids: Sequence[int]) -> tuple[int, ...]:
     """The hash chain of a token-id prompt's full blocks of `BLOCK_TOKENS` ids: the radix cache's
     own blocks, exactly."""
-    n = min(len(ids) // BLOCK_TOKENS, MAX_BLOCKS)
+    return _chain(tuple(ids[: MAX_BLOCKS * BLOCK_TOKENS]), BLOCK_TOKENS)
+
+
+def _chain(seq: str | tuple[int, ...], size: int) -> tuple[int, ...]:
+    """Element i hashes element i-1 with the i-th block of `size` items; a partial last block and
+    anything past `MAX_BLOCKS` blocks are left out."""
+    n = min(len(seq) // size, MAX_BLOCKS)
     chain: list[int] = []
     h = 0
     for i in range(n):
-        start = i * BLOCK_TOKENS
-        h = hash((h, tuple(ids[start : start + BLOCK_TOKENS])))
+        start = i * size
+        h = hash((h, seq[start : start + size]))
         chain.append(h)
     return tuple(chain)
 
