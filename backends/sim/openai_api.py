@@ -211,7 +211,7 @@ async def _chat_stream(
             tail.append(chunks.chat_tail_chunk(gen.rid, gen.created, chunker.model, usage=chunker.usage()))
         await resp.write(b"".join(tail) + chunks.DONE)
         await resp.write_eof()
-        gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+        _cache_answer(gen, script)
     except ConnectionResetError:
         state.runtime.abort(gen.rid)
     return resp
@@ -220,12 +220,11 @@ async def _chat_stream(
 async def _chat_collect(
     state: SimState, gen: Generation, chunker: ChatChunker, script: OutputScript, want_spec: bool, want_meta: bool
 ) -> web.Response:
-    async for n in gen.steps():
-        chunker.step(script.take(n))
+    await _decode_chat(gen, chunker, script)
     chunker.cached_tokens = gen.cache_report()
     meta = gen.meta_info(finished=True) if want_meta else None
     body = chunker.response(gen.finish_reason, meta, _sglext(state, gen, want_spec))
-    gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+    _cache_answer(gen, script)
     return web.Response(body=body, content_type="application/json")
 
 
@@ -293,8 +292,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return await _completion_stream(
                 request, state, gen, body.model, include_usage, continuous, body.return_spec_tokens_details
             )
-        parts = [gen.tokens.take(n) async for n in gen.steps()]
-        out = "".join(parts)
+        out = await _collect_text(gen)
         reason, matched = _completion_reason(gen)
         resp_body = chunks.completion_response(
             gen.rid,
@@ -493,19 +491,14 @@ def _chat_samples_usage(samples: list[Sample]) -> dict[str, Any]:
 
 async def _chat_samples(state: SimState, samples: list[Sample], want_spec: bool, want_meta: bool) -> web.Response:
     """Chat with `n` > 1, not streamed: one choice per sample; the response's id is the first's."""
-
-    async def collect(gen: Generation, chunker: ChatChunker, script: OutputScript) -> None:
-        async for n in gen.steps():
-            chunker.step(script.take(n))
-
     gens = [g for g, _, _ in samples]
     try:
-        await asyncio.gather(*(collect(*s) for s in samples))
+        await asyncio.gather(*(_decode_chat(*s) for s in samples))
         choices = []
         for gen, chunker, script in samples:
             chunker.cached_tokens = gen.cache_report()
             choices.append(chunker.choice(gen.finish_reason, gen.meta_info(finished=True) if want_meta else None))
-            gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+            _cache_answer(gen, script)
         first = gens[0]
         body = chunks.response(
             first.rid,
@@ -557,8 +550,20 @@ async def _chat_samples_stream(
             tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, usage=_chat_samples_usage(samples)))
         await stream.end(b"".join(tail) + chunks.DONE)
         for gen, _, script in samples:
-            gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+            _cache_answer(gen, script)
     return stream.response
+
+
+async def _decode_chat(gen: Generation, chunker: ChatChunker, script: OutputScript) -> None:
+    """Every step of a non-streamed chat answer through its chunker (which assembles the body)."""
+    async for n in gen.steps():
+        chunker.step(script.take(n))
+
+
+def _cache_answer(gen: Generation, script: OutputScript) -> None:
+    """The finished chat turn into the prefix cache, as the stand-in template renders it, so the
+    next turn, which repeats it, hits."""
+    gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
 
 
 async def _collect_text(gen: Generation) -> str:
