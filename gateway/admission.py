@@ -86,7 +86,11 @@ class Admission:
         queue.appendleft(fut) if front else queue.append(fut)
         self.waiting += 1
         try:
-            await asyncio.wait_for(fut, remaining)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the future
+            # is resolved just as the task is cancelled, losing the cancellation (CPython gh-86296). A
+            # request whose client left as a slot came free would then be dispatched for nobody.
+            async with asyncio.timeout(remaining):
+                await fut
         except TimeoutError:
             self.rejected += 1
             raise ApiError(

@@ -1,0 +1,41 @@
+"""The admission queue on its own: what happens to a waiter at the edges of its wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from backends import BackendSpec, Strategy
+from backends.client import SGLangClient
+from gateway.admission import Admission
+from gateway.pool import Backend, Pools
+
+
+def _admission() -> tuple[Admission, Backend]:
+    spec = BackendSpec(name="a", url="http://127.0.0.1:9", model="kimi-k2.6", strategy=Strategy.AR)
+    backend = Backend(spec, SGLangClient(spec))
+    pools = Pools([backend])
+    return Admission(pools, max_inflight=1, max_queue=4, queue_timeout_s=60), backend
+
+
+def test_a_waiter_cancelled_as_its_slot_comes_free_leaves_and_passes_the_slot_on():
+    """The client leaves in the same loop turn as a slot frees for it: the wait must end in
+    CancelledError (the request is not dispatched for nobody) and the slot go to the next waiter."""
+
+    async def scenario() -> tuple[list[Backend], int, int]:
+        admission, backend = _admission()
+        held = admission.lease(backend)
+        leaving = asyncio.create_task(admission.candidates("kimi-k2.6"))
+        staying = asyncio.create_task(admission.candidates("kimi-k2.6"))
+        await asyncio.sleep(0)  # one step each: both reach the queue
+        assert admission.waiting == 2
+        held.release()  # resolves the first waiter's future ...
+        leaving.cancel()  # ... as its client goes
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        chosen = await asyncio.wait_for(staying, 5)
+        return chosen, admission.waiting, admission.inflight
+
+    chosen, waiting, inflight = asyncio.run(scenario())
+    assert [b.name for b in chosen] == ["a"] and waiting == 0 and inflight == 0
