@@ -221,8 +221,13 @@ def create_app(
 def create_asgi(config: Config, **kwargs: Any) -> AuthGate:
     """The app as served: API-key gate outside the router, so unknown routes need a key too; the two
     generation routes answered as plain ASGI (FastRoutes), everything else by litestar."""
-    app = create_app(config, **kwargs)
+    return serving_asgi(create_app(config, **kwargs))
+
+
+def serving_asgi(app: Litestar) -> AuthGate:
+    """`create_asgi` for an app already made (`app.state.runtime` is its Runtime)."""
     rt: Runtime = app.state.runtime
+    config = rt.config
     # Litestar types its ASGI arguments as its own TypedDicts (HTTPScope, HTTPReceiveMessage, ...),
     # which a plain-mapping callable is not assignable to; at run time both are the server's dicts.
     litestar_app = cast(ASGIApp, app)

@@ -9,6 +9,9 @@ task; whatever it was awaiting (a place in the queue, the upstream's headers, it
 chunk) raises `CancelledError`, so the upstream connection is closed at once (SGLang aborts a
 request whose connection closes) and every `async with` on the way releases what it holds. The
 cancellation ends at the watch's exit, as `asyncio.timeout` ends its own.
+
+The gateway can end a request the same way (`DisconnectWatch.end`): at shutdown, once the grace
+period is over, what is still open is cut so that its client gets an answer that says so.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ class Downstream:
 
 
 class DisconnectWatch:
-    """`async with downstream.watch():` cancels the block if the client disconnects; `gone` says it did.
+    """`async with downstream.watch():` cancels the block if the client disconnects (`gone` says it
+    did) or the gateway ends it (`end()`; `ended` says it did).
 
     The listener is the server's own `receive()` run as a task, read by a done-callback (no
     coroutine of ours around it, nothing to cancel at the exit): after the response, an ASGI server
@@ -88,12 +92,13 @@ class DisconnectWatch:
     listener starts (`receive()` then reports the disconnect at once): the upstream is aborted at
     most that late, before a real server has decoded its second token."""
 
-    __slots__ = ("_downstream", "_task", "_cancelling", "_active", "_timer", "_listener", "gone")
+    __slots__ = ("_downstream", "_task", "_cancelling", "_active", "_timer", "_listener", "gone", "ended")
 
     def __init__(self, downstream: Downstream) -> None:
         self._downstream = downstream
         self._active = False
         self.gone = False
+        self.ended = False
 
     async def __aenter__(self) -> DisconnectWatch:
         task = asyncio.current_task()
@@ -114,16 +119,24 @@ class DisconnectWatch:
             return
         if listener.result()["type"] != "http.disconnect":
             self._listen()  # not the end of the connection: listen on
-        elif not self._downstream.complete:
+        elif not self._downstream.complete and not self.ended:
             self.gone = True
             self._task.cancel()
+
+    def end(self) -> bool:
+        """Cancels the block, once, while it runs and its answer is not complete; says if it did."""
+        if self._active and not self.gone and not self.ended and not self._downstream.complete:
+            self.ended = True
+            self._task.cancel()
+            return True
+        return False
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         self._active = False
         self._timer.cancel()
-        if not self.gone:
+        if not (self.gone or self.ended):
             return False
         # Ours was the cancellation (the count says whether someone else's is pending too): end it here.
         return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError

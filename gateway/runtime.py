@@ -57,6 +57,7 @@ class Runtime:
         self.retiring: dict[str, Backend] = {}
         self._retire_tasks: set[asyncio.Task[None]] = set()
         self._seeding: asyncio.Task[None] | None = None
+        self._shutdown_timer: asyncio.TimerHandle | None = None
         for entry in config.backends:
             self._add(entry)
         self._build_policies()
@@ -179,7 +180,19 @@ class Runtime:
         # policies start from a short measurement of each backend, not the studies' priors
         self._seeding = start_seeding(self.config.backend_specs(), self.policies)
 
+    def begin_shutdown(self, grace_s: float) -> None:
+        """The server has stopped accepting: what is still being answered after `grace_s` is ended."""
+        if self._shutdown_timer is None:
+            self._shutdown_timer = asyncio.get_running_loop().call_later(grace_s, self._end_open_requests, grace_s)
+
+    def _end_open_requests(self, grace_s: float) -> None:
+        ended = self.proxy.shut_down_open_requests()
+        if ended:
+            log.warning("shutdown: %d request(s) still open after the grace period (%gs), ended", ended, grace_s)
+
     async def stop(self) -> None:
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
         await self.poller.stop()
         if self._seeding is not None:
             self._seeding.cancel()

@@ -5,14 +5,16 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import socket
 import sys
 
 import uvicorn
 
 from backends.procs import ProcessGroup, start_twins
-from gateway.app import create_asgi
+from gateway.app import create_app, serving_asgi
 from gateway.config import Config, load_config, parse_listen
 from gateway.head_write import HeadHoldingProtocol
+from gateway.runtime import Runtime
 from gateway.topology import SEED_SYSTEMS, embedded_config
 
 
@@ -40,12 +42,16 @@ def serve(config_path: str | None, listen: str | None, sim_time_scale: float | N
 
 
 def run(config: Config, host: str, port: int, config_path: str | None = None) -> None:
-    app = create_asgi(config, config_path=config_path)
+    app = create_app(config, config_path=config_path)
+    runtime: Runtime = app.state.runtime
     tune_gc()
-    server = uvicorn.Server(
+    grace_s = config.gateway.shutdown_grace_s
+    server = GatewayServer(
+        runtime,
+        grace_s,
         uvicorn.Config(
             # httptools, with a response's head and body leaving in one write (gateway/head_write.py)
-            app,
+            serving_asgi(app),
             host=host,
             port=port,
             loop="uvloop",
@@ -55,9 +61,10 @@ def run(config: Config, host: str, port: int, config_path: str | None = None) ->
             access_log=False,
             timeout_keep_alive=30,
             backlog=2048,
-            # SIGTERM: stop accepting, let in-flight streams finish for up to this long
-            timeout_graceful_shutdown=math.ceil(config.gateway.shutdown_grace_s),  # uvicorn takes whole seconds
-        )
+            # The gateway ends what is still open at grace_s (GatewayServer); uvicorn's own cut, which
+            # drops connections mid-answer, only after the second that takes. It takes whole seconds.
+            timeout_graceful_shutdown=math.ceil(grace_s) + 1,
+        ),
     )
     print(
         f"specroute gateway on http://{host}:{port} "
@@ -66,6 +73,24 @@ def run(config: Config, host: str, port: int, config_path: str | None = None) ->
         flush=True,
     )
     server.run()
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, telling the gateway when a shutdown (SIGTERM, SIGINT) begins.
+
+    uvicorn then stops accepting and waits for the responses under way. Those still open after
+    `grace_s` the gateway ends itself (`Runtime.begin_shutdown`): each upstream request is closed, so
+    SGLang aborts it, and each client gets a 503 or, mid-stream, an error event, where uvicorn's own
+    timeout would cancel the handlers and drop the connections."""
+
+    def __init__(self, runtime: Runtime, grace_s: float, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self.grace_s = grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.runtime.begin_shutdown(self.grace_s)
+        await super().shutdown(sockets)
 
 
 # Cyclic GC: the collector's own cost, not the requests', was ~15% of the gateway's CPU. Requests free

@@ -18,7 +18,7 @@ import aiohttp
 from common.admin_api import decode_admin_backends
 from gateway.config import config_from_dict
 from gateway.runtime import Runtime
-from tests.support import free_port, gateway_config, get_json, running, specroute, wait_until
+from tests.support import free_port, gateway_config, get_json, output, running, specroute, wait_until
 
 MSG = [{"role": "user", "content": "Tell me a story."}]
 
@@ -181,6 +181,59 @@ def test_sigterm_lets_streams_finish(tmp_path, twin_factory):
         assert asyncio.run(scenario()) == {"done": True, "error": False, "tokens": 500}
         # uvicorn re-raises the signal once it has shut down: the conventional "ended by SIGTERM"
         assert proc.wait(15) in (0, -signal.SIGTERM)
+
+
+def test_sigterm_ends_what_outlives_the_grace_period_with_an_answer_and_aborts_upstream(tmp_path, twin_factory):
+    """Past `shutdown_grace_s` the gateway ends what is still open itself: a started stream gets an
+    error event and [DONE], a request waiting for its answer or for capacity a 503 with Retry-After,
+    and the backend is left running nothing (uvicorn's own timeout would drop the connections)."""
+    a = twin_factory("k26-ar")
+    port = free_port()
+    path = tmp_path / "g.toml"
+    path.write_text(
+        gateway_config(
+            port,
+            [_entry("a", a)],
+            "[admission]\nmax_inflight = 2\nqueue_timeout_s = 600\n",
+            gateway_keys="shutdown_grace_s = 0.5\n",
+        )
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def twin_busy() -> int:
+        load = get_json(f"{a}/v1/loads")["loads"][0]
+        return int(load["num_running_reqs"]) + int(load["num_waiting_reqs"])
+
+    long = {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 40_000}  # minutes at the test time scale
+
+    async def post(body: dict) -> tuple[int, dict[str, str], bytes]:
+        async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/chat/completions", json=body) as r:
+            return r.status, dict(r.headers), await r.read()
+
+    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health") as proc:
+
+        async def scenario() -> list[tuple[int, dict[str, str], bytes]]:
+            tasks = [asyncio.create_task(post({**long, "stream": True})), asyncio.create_task(post(long))]
+            assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["inflight"] == 2)
+            tasks.append(asyncio.create_task(post(long)))
+            assert await asyncio.to_thread(wait_until, lambda: get_json(f"{url}/admin/backends")["waiting"] == 1)
+            os.kill(proc.pid, signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+        (stream_status, _, stream), (status, headers, body), (queued_status, _, queued) = asyncio.run(scenario())
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+        records = [json.loads(line) for line in output(proc).splitlines() if line.startswith('{"ts"')]
+    events = [e[6:] for e in stream.decode().split("\n\n") if e.startswith("data: ")]
+    assert stream_status == 200 and events[-1] == "[DONE]" and len(events) > 2, events[-3:]
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == 503 and "shutting down" in error["message"], error
+    assert status == 503 and headers["Retry-After"] == "1" and "shutting down" in json.loads(body)["error"]["message"]
+    assert queued_status == 503 and "shutting down" in json.loads(queued)["error"]["message"]
+    assert wait_until(lambda: twin_busy() == 0), "the backend kept generating for a gateway that had gone"
+    cut = sorted(
+        (r["stream"], r["status"], r.get("backend") or "") for r in records if r.get("error_type") == "gateway_shutdown"
+    )
+    assert cut == [(False, 503, ""), (False, 503, "a"), (True, 200, "a")], records
 
 
 def test_reload_applies_health_admission_and_circuit_settings_to_running_backends(tmp_path, twin_factory):
