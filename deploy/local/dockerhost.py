@@ -142,6 +142,50 @@ class HostNetwork:
                 _run(["ip", "link", "delete", link], check=False)
 
 
+def stale_engines(data_root: Path) -> list[int]:
+    """Pids of the dockerd processes serving `data_root`: ours from an earlier run that was killed
+    before it could stop them (they run in their own session, so they outlive it). Such an engine
+    keeps the data root locked, and a new one on it never answers."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if argv and Path(argv[0].decode(errors="replace")).name == "dockerd":
+            args = [a.decode(errors="replace") for a in argv[1:]]
+            if any(args[i] == "--data-root" and args[i + 1] == str(data_root) for i in range(len(args) - 1)):
+                pids.append(int(entry.name))
+    return pids
+
+
+def stop_stale_engines(data_root: Path, timeout: float = 30) -> list[int]:
+    """Stops the engines `stale_engines` finds, with their process groups (containerd, shims): SIGTERM,
+    then SIGKILL after `timeout`. Returns their pids."""
+    pids = stale_engines(data_root)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+            time.sleep(0.1)
+        if not any(_running(pid) for pid in pids):
+            break
+    return pids
+
+
+def _running(pid: int) -> bool:
+    """Alive, and not a zombie waiting for its parent to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 class Engine:
     """dockerd on a private socket (or the system's engine when one answers); `docker(...)` runs the client."""
 
@@ -181,10 +225,13 @@ class Engine:
     def start(self, timeout: float = 60) -> Engine:
         if _system_engine_answers(self.client):
             return self
-        self.network = HostNetwork()
-        self.run_dir = Path(tempfile.mkdtemp(prefix="specroute-dockerd-", dir="/run"))
         data_root = self.cache / "docker"  # images and build cache survive between runs
         data_root.mkdir(parents=True, exist_ok=True)
+        stale = stop_stale_engines(data_root)
+        if stale:
+            print(f"dockerhost: stopped an earlier run's engine on {data_root} (pids {stale})", file=sys.stderr)
+        self.network = HostNetwork()
+        self.run_dir = Path(tempfile.mkdtemp(prefix="specroute-dockerd-", dir="/run"))
         self.host = f"unix://{self.run_dir / 'docker.sock'}"
         self.log_path = self.run_dir / "dockerd.log"
         argv = [
