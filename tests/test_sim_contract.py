@@ -121,13 +121,13 @@ def ar_url() -> Iterator[str]:
     yield from _start("k26-ar")
 
 
-def _raw(url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+def _raw(url: str, path: str, body: dict[str, Any] | None) -> tuple[int, bytes]:
+    """POST `body` (GET when it is None); the status and the raw body."""
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(
-        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read()
@@ -310,6 +310,20 @@ def test_completion_stream_matches_sglang(sgl, url, stream_options):
         assert m.model_dump_json(exclude_none=is_final_usage).encode() == frame
     finishes = [json.loads(f)["choices"][0]["finish_reason"] for f in frames if json.loads(f)["choices"]]
     assert finishes[-1] == "length" and all(x is None for x in finishes[:-1])
+
+
+def test_model_list_and_card_match_sglang(sgl, url):
+    status, raw = _raw(url, "/v1/models", None)
+    assert status == 200
+    listed = sgl.protocol.ModelList.model_validate_json(raw)
+    assert listed.model_dump_json().encode() == raw
+    (card,) = listed.data
+    assert card.root == card.id == "kimi-k2.6" and card.max_model_len
+    status, raw = _raw(url, "/v1/models/kimi-k2.6", None)
+    assert status == 200 and sgl.protocol.ModelCard.model_validate_json(raw).model_dump_json().encode() == raw
+    status, raw = _raw(url, "/v1/models/other/model", None)
+    error = json.loads(raw)["error"]
+    assert status == 404 and error["code"] == "model_not_found" and "'other/model'" in error["message"]
 
 
 def test_completion_non_stream_matches_sglang(sgl, ar_url):

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+import msgspec
+
 from backends.sim.profile import ProfileError, list_profiles, load_profile
 
 __all__ = ["main"]
@@ -76,6 +78,11 @@ def _server_parser() -> _Parser:
     p.add_argument("--max-queued-requests", type=_int_at_least(0))
     p.add_argument("--served-model-name")
     p.add_argument(
+        "--context-length",
+        type=_int_at_least(1),
+        help="the model's context length (default: the profile's, its model card's)",
+    )
+    p.add_argument(
         "--ddtree-budget",
         "--speculative-ddtree-budget",
         dest="ddtree_budget",
@@ -124,6 +131,8 @@ def _run_server(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
         if args.ddtree_budget is not None:
             profile = profile.with_budget(args.ddtree_budget)
+        if args.context_length is not None:
+            profile = msgspec.structs.replace(profile, context_length=args.context_length)
     except ProfileError as e:
         raise _ArgError(str(e)) from None
     faults = FaultOptions(
@@ -143,6 +152,7 @@ def _run_server(args: argparse.Namespace) -> int:
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,
         served_model_name=args.served_model_name,
+        context_length=args.context_length,
         enable_metrics=args.enable_metrics,
         compat=args.compat,
         incremental_streaming_output=args.incremental_streaming_output,

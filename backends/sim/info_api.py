@@ -47,7 +47,9 @@ def server_args(state: SimState) -> dict[str, Any]:
         "port": o.port,
         "tp_size": p.tp_size,
         "dp_size": 1,
-        "context_length": p.context_length,
+        # the --context-length override, null without it (`arg_groups/fields/model.py`); the model's
+        # own is in /v1/models' max_model_len
+        "context_length": o.context_length,
         # SGLang fills this only from the flag or its speculative hooks (48): null on AR.
         "max_running_requests": (
             o.max_running_requests
@@ -113,24 +115,38 @@ async def model_info(request: web.Request) -> web.Response:
     )
 
 
+def _model_card(state: SimState) -> dict[str, Any]:
+    """SGLang's ModelCard for the served model: `root` is the served name too (`entrypoints/http_server.py`,
+    `available_models`), `max_model_len` the context length."""
+    return {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "sglang",
+        "root": state.served_model_name,
+        "parent": None,
+        "max_model_len": state.profile.context_length,
+    }
+
+
 async def models(request: web.Request) -> web.Response:
+    return _json({"object": "list", "data": [_model_card(request.app[STATE_KEY])]})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{model}` (`entrypoints/http_server.py`, `retrieve_model`): the card, or a 404 in
+    OpenAI's error shape for another name."""
     state = request.app[STATE_KEY]
-    return _json(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.served_model_name,
-                    "object": "model",
-                    "created": state.created,
-                    "owned_by": "sglang",
-                    "root": state.profile.model_path,
-                    "parent": None,
-                    "max_model_len": state.profile.context_length,
-                }
-            ],
+    model = request.match_info["model"]
+    if model != state.served_model_name:
+        error = {
+            "message": f"The model '{model}' does not exist",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
         }
-    )
+        return _json({"error": error}, status=404)
+    return _json(_model_card(state))
 
 
 def load_entry(state: SimState, include: set[str] | None = None) -> dict[str, Any]:
@@ -255,6 +271,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/model_info", model_info),
         web.get("/get_model_info", model_info),
         web.get("/v1/models", models),
+        web.get("/v1/models/{model:.+}", retrieve_model),
         web.get("/v1/loads", loads),
         web.get("/get_load", get_load),
         web.get("/ready", ready),

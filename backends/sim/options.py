@@ -29,6 +29,7 @@ class ServerOptions(msgspec.Struct, kw_only=True):
     max_running_requests: int | None = None
     max_queued_requests: int | None = None
     served_model_name: str | None = None
+    context_length: int | None = None  # --context-length, as given (None: the model's own)
     enable_metrics: bool = False
     compat: str | None = None  # "0.5.9": imitate an older 0.5.x
     incremental_streaming_output: bool = False
