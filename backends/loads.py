@@ -49,6 +49,9 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     avg_spec_accept_length: float | None = None  # lifetime, like /v1/loads
     enable_metrics: bool = False  # the server serves /metrics (with the windowed acceptance gauge)
     version: str | None = None
+    # The served model's context length: from `GET /v1/models` (its model card), which /server_info
+    # does not carry (its `context_length` is only the --context-length override, null by default).
+    max_model_len: int | None = None
 
 
 def _num(value: Any, typ: type = int) -> Any:
@@ -163,6 +166,18 @@ def parse_metrics(text: str) -> LoadReport | None:
         accept_source="metrics gauge" if accept else None,
         source="metrics",
     )
+
+
+def parse_model_len(data: Any, served_model_name: str | None) -> int | None:
+    """`GET /v1/models`: the `max_model_len` of the served model's card (the first card when the
+    name is unknown; LoRA adapters' cards come after it, with none)."""
+    cards = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(cards, list):
+        return None
+    cards = [c for c in cards if isinstance(c, dict)]
+    card = next((c for c in cards if c.get("id") == served_model_name), cards[0] if cards else None)
+    value = _num(card.get("max_model_len")) if card is not None else None
+    return value if value is not None and value > 0 else None
 
 
 def parse_server_info(data: Any) -> ServerInfo | None:

@@ -63,21 +63,38 @@ def create_app(
                 raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
             return await rt.reload(new)
 
+    def _model_card(model: str) -> dict[str, Any]:
+        backends = rt.pools.by_model[model]
+        # The context length a request can count on whichever backend it lands on: the smallest
+        # any backend reported (SGLang's model card carries it; None until one has).
+        lengths = [b.info.max_model_len for b in backends if b.info is not None and b.info.max_model_len]
+        return {
+            "id": model,
+            "object": "model",
+            "created": created,
+            "owned_by": "specroute",
+            "root": model,
+            "max_model_len": min(lengths) if lengths else None,
+            "backends": [b.name for b in backends],
+        }
+
     @get("/v1/models")
     async def models() -> Response[bytes]:
         # One entry per served model, not per backend: clients choose a model, the gateway a backend.
-        data = [
-            {
-                "id": m,
-                "object": "model",
-                "created": created,
-                "owned_by": "specroute",
-                "root": m,
-                "backends": [b.name for b in rt.pools.by_model[m]],
-            }
-            for m in rt.pools.models()
-        ]
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": [_model_card(m) for m in rt.pools.models()]})
+
+    @get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response[bytes]:
+        """One model's card (the OpenAI SDK's `models.retrieve`); a name may hold slashes."""
+        model = model.removeprefix("/")  # litestar's path parameters keep their leading slash
+        if model not in rt.pools.by_model:
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist; available: {rt.pools.models()}",
+                param="model",
+                code="model_not_found",
+            )
+        return _json(_model_card(model))
 
     @get("/health")
     async def health() -> Response[bytes]:
@@ -195,6 +212,7 @@ def create_app(
     app = Litestar(
         route_handlers=[
             models,
+            retrieve_model,
             health,
             ready,
             prometheus,

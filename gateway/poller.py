@@ -1,6 +1,7 @@
 """Background polling of every backend, off the request path.
 
-- `/server_info` (fallback `/get_server_info`) until it answers once: algorithm, cap, served name.
+- `/server_info` (fallback `/get_server_info`) until it answers once: algorithm, cap, served name;
+  then `/v1/models` once for the context length (`max_model_len`, which the gateway's own lists).
 - `/v1/loads` every `health.interval_s`; on 404 it falls back to `/get_load`, then `/metrics`, and
   remembers which one works, so older SGLang 0.5.x releases are served too. On a speculative
   server run with `--enable-metrics`, `/metrics` too, for its windowed acceptance gauge.
@@ -22,7 +23,15 @@ import aiohttp
 import msgspec
 
 from backends.acceptance_window import AcceptanceWindow
-from backends.loads import LoadReport, ServerInfo, parse_get_load, parse_loads, parse_metrics, parse_server_info
+from backends.loads import (
+    LoadReport,
+    ServerInfo,
+    parse_get_load,
+    parse_loads,
+    parse_metrics,
+    parse_model_len,
+    parse_server_info,
+)
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.config import HealthSection
 from gateway.pool import Backend
@@ -62,9 +71,11 @@ class BackendPoller:
     async def poll_once(self) -> None:
         await self._check_ready()
         if self.backend.info is None:
-            self.backend.info = await self._server_info()
-            if self.backend.info is not None:
-                self._apply_info(self.backend.info)
+            info = await self._server_info()
+            if info is not None:
+                info = msgspec.structs.replace(info, max_model_len=await self._model_len(info.served_model_name))
+                self.backend.info = info
+                self._apply_info(info)
         if self.backend.ready:
             inflight_before = self.backend.inflight
             report = await self._load()
@@ -110,6 +121,18 @@ class BackendPoller:
                     return parse_server_info(_decoder.decode(body))
                 return None
         return None
+
+    async def _model_len(self, served_model_name: str | None) -> int | None:
+        try:
+            status, body = await self.backend.client.get("/v1/models")
+        except _NET_ERRORS:
+            return None
+        if status != 200:
+            return None
+        try:
+            return parse_model_len(_decoder.decode(body), served_model_name)
+        except msgspec.DecodeError:
+            return None
 
     def _apply_load(self, report: LoadReport, inflight_before: int, gauge: float | None = None) -> None:
         """Publish a report to the policies' view, with our own in-flight at the time it was taken,

@@ -244,3 +244,30 @@ def test_unreachable_backend_is_502_in_openai_shape(tmp_path):
             f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps({"model": "m", "messages": MSG}).encode()
         )
     assert status == 502 and "unreachable" in data["error"]["message"]
+
+
+def test_a_model_is_retrieved_with_the_context_length_every_backend_allows(tmp_path, twin_factory):
+    """`models.retrieve` (GET /v1/models/{id}); `max_model_len` is the smallest the backends' model
+    cards report: a request sized to it fits wherever it lands."""
+    from tests.support import gateway, get_json, wait_until
+
+    short = twin_factory("k26-ar", "--context-length", "131072")
+    full = twin_factory("k26-dflash")
+    backends = [
+        {"name": "short", "url": short, "model": "kimi-k2.6", "strategy": "ar"},
+        {"name": "full", "url": full, "model": "kimi-k2.6", "strategy": "dflash"},
+    ]
+    cards = [get_json(f"{u}/v1/models")["data"][0]["max_model_len"] for u in (short, full)]
+    assert cards[0] < cards[1]  # the flag took: the twins differ
+    assert get_json(f"{short}/server_info")["context_length"] == cards[0]
+    assert get_json(f"{full}/server_info")["context_length"] is None  # as SGLang: only the override
+    with gateway(tmp_path, backends) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        # both cards read (the poller reads each backend's once, after its /server_info)
+        assert wait_until(lambda: client.models.retrieve("kimi-k2.6").model_extra["max_model_len"] == min(cards))
+        card = client.models.retrieve("kimi-k2.6")
+        assert card.id == "kimi-k2.6" and card.model_extra["max_model_len"] == min(cards)
+        assert [m.model_extra["max_model_len"] for m in client.models.list().data] == [min(cards)]
+        with pytest.raises(openai.NotFoundError) as e:
+            client.models.retrieve("moonshotai/Kimi-K2.6")
+        assert e.value.body["code"] == "model_not_found" and "'moonshotai/Kimi-K2.6'" in e.value.body["message"]
