@@ -84,7 +84,30 @@ def test_hang_after_tokens_stops_progress():
                 pass
         conn.close()
         assert proc.poll() is None  # hung, not dead
+        # as SGLang's: /ready knows nothing of it until a health check has seen no output for its
+        # whole timeout (20 s, scaled: 0.4 s here); then both answer 503
         assert get(f"{url}/ready")[0] == 200
+        assert _status(f"{url}/health_generate") == 503
+        assert _status(f"{url}/ready") == 503
+
+
+def test_health_passes_on_an_idle_and_on_a_busy_server():
+    """The check passes on the engine's output after it began: its own 1-token request when idle,
+    anyone's when busy (its own may still be queued behind them)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with running(_cmd(port, "k26-ar", "--max-running-requests", "1"), ready_url=f"{url}/ready"):
+        assert _status(f"{url}/health") == 200 and _status(f"{url}/health_generate") == 200
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps({**CHAT, "max_tokens": 20_000, "stream": True}),
+            headers={"Content-Type": "application/json"},
+        )
+        assert conn.getresponse().status == 200  # running, and holding the only slot
+        assert _status(f"{url}/health") == 200 and _status(f"{url}/ready") == 200
+        conn.close()
 
 
 def test_slow_ready_answers_503_then_200():

@@ -4,7 +4,8 @@
 - error rate: that fraction of generation requests gets a 5xx before the first byte (a seeded
   RNG, so a test with a fixed seed sees a fixed pattern);
 - crash after N tokens: the process exits abruptly (no clean shutdown, connections drop);
-- hang after N tokens: the step loop stops; requests in flight and new ones never progress;
+- hang after N tokens: the step loop stops; requests in flight and new ones never progress (/ready
+  stays 200, as SGLang's does, until a /health check has timed out);
 - slow ready: /ready, /health and generation answer 503 for S seconds after start (server.py);
 - acceptance drop: after S seconds, acceptance is multiplied by a fraction (drift for policies).
 """

@@ -12,6 +12,8 @@ Rates are in simulated time: `gen_throughput` is what the real server would repo
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -241,27 +243,51 @@ async def get_load(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
+    """200 while started, not shutting down and not judged unhealthy by a /health check
+    (`tokenizer_manager.is_ready`: not paused and `server_status == Up`)."""
     state = request.app[STATE_KEY]
-    return web.Response(status=200 if state.ready else 503)
+    return web.Response(status=200 if state.ready and state.healthy else 503)
+
+
+def _health_check_timeout_s() -> float:
+    """`HEALTH_CHECK_TIMEOUT` (`entrypoints/http_server.py`): SGLANG_HEALTH_CHECK_TIMEOUT, default 20."""
+    try:
+        return float(int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
+    except ValueError:
+        return 20.0
 
 
 async def health(request: web.Request) -> web.Response:
-    """Runs a real 1-token generation through the engine, as SGLang does."""
+    """`/health` and `/health_generate`, as SGLang's `health_generate`: a 1-token generation is
+    queued, and the check passes as soon as the engine hands out any output after it began (its own
+    or another request's: a busy server costs nothing), looked at once a second. No output for the
+    whole timeout (a hung scheduler): 503, and the server counts as unhealthy (/ready 503) until a
+    later check passes. The second and the timeout are scaled by --time-scale like every duration
+    the twin simulates (assumption: SGLang's are wall-clock)."""
     state = request.app[STATE_KEY]
-    if not state.ready:
+    if not state.ready:  # starting, or shutting down
         return web.Response(status=503)
+    runtime = state.runtime
+    tick = runtime.time_scale
+    began = time.monotonic()
+    deadline = began + _health_check_timeout_s() * tick
     rid = "HEALTH_CHECK_" + new_rid()
+    queued = True
     try:
-        _, ch = state.runtime.submit(rid, 1, 1, "")
-    except QueueFull:
-        return web.Response(status=503)
+        runtime.submit(rid, 1, 1, "")
+    except QueueFull:  # not queued; other requests' output still shows the engine is alive
+        queued = False
     try:
-        while True:
-            if any(finished for _, finished, _ in await ch.get()):
-                break
+        while time.monotonic() < deadline:
+            await asyncio.sleep(tick)
+            if runtime.last_output > began:
+                state.healthy = True
+                return web.Response(status=200)
     finally:
-        state.runtime.release(rid)
-    return web.Response(status=200)
+        if queued:
+            runtime.release(rid)
+    state.healthy = False
+    return web.Response(status=503)
 
 
 def routes() -> list[web.RouteDef]:

@@ -57,6 +57,9 @@ class Runtime:
         self._task: asyncio.Task[None] | None = None
         self._hung = False
         self.last_step_s = 0.0
+        # When the engine last handed out output (SGLang's `last_receive_tstamp`): the health check's
+        # evidence that it is not stuck.
+        self.last_output = time.monotonic()
 
     def hang(self) -> None:
         """Fault knob: stop stepping for good; in-flight requests never progress."""
@@ -133,5 +136,7 @@ class Runtime:
                     del channels[rid]
                 ch.push(n, finished, reason)
                 delivered += n
+            if res.emissions:
+                self.last_output = time.monotonic()
             for hook in self.on_tokens:
                 hook(delivered)

@@ -29,7 +29,10 @@ class SimState:
         self.served_model_name = options.served_model_name or profile.served_model_name
         self.version = options.compat or SGLANG_VERSION
         self.legacy = options.compat is not None
-        self.ready = False
+        self.ready = False  # started and not shutting down
+        # SGLang's ServerStatus Up (True) or UnHealthy: a /health check that saw no output for its
+        # whole timeout sets it False, and /ready then answers 503 too, until a check passes.
+        self.healthy = True
         self.created = int(time.time())
         self.rng_seed = options.seed
         self.faults = Faults(options.faults, runtime, options.seed)
