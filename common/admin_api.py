@@ -28,6 +28,7 @@ class BackendState(msgspec.Struct, kw_only=True):
     server_info: dict[str, Any] | None = None  # its /server_info, once read
     load_source: str | None = None  # where the load figures came from
     health_checks: int | None = None  # readiness checks done so far; None with no poller
+    engine_ok: bool | None = None  # the last SGLang engine check (/health_generate) passed, or none has run
 
     @property
     def checked(self) -> bool:

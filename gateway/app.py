@@ -289,6 +289,7 @@ def _backend_state(b: Backend, rt: Runtime) -> BackendState:
         server_info=msgspec.to_builtins(b.info) if b.info else None,
         load_source=poller.load_source if poller else None,
         health_checks=poller.checks if poller else None,
+        engine_ok=poller.engine_ok if poller else None,
     )
 
 

@@ -66,6 +66,11 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     healthy_after: int = 1  # consecutive good checks -> back in
     circuit_failures: int = 3  # consecutive failed requests -> circuit open
     circuit_cooldown_s: float = 5.0  # open -> half-open (one probe request) after this
+    # SGLang's /health_generate this often (0: never): the only check that notices a hung engine,
+    # since /ready stays 200 until such a check has failed. It costs a 1-token request on an idle
+    # server and nothing on a busy one; SGLang answers 503 after 20 s without output.
+    engine_check_s: float = 10.0
+    engine_check_timeout_s: float = 30.0  # no answer at all within this: failed too
 
 
 class AdmissionSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -271,6 +276,7 @@ def _check_positive(config: Config, source: str) -> None:
         "health.unhealthy_after": config.health.unhealthy_after,
         "health.healthy_after": config.health.healthy_after,
         "health.circuit_failures": config.health.circuit_failures,
+        "health.engine_check_timeout_s": config.health.engine_check_timeout_s,
         "admission.max_inflight": config.admission.max_inflight,
     }
     for key, value in checks.items():
@@ -278,6 +284,7 @@ def _check_positive(config: Config, source: str) -> None:
             raise ConfigError(f"{source}: {key}: expected a value > 0, got {value}")
     for key, value in {
         "admission.max_queue": config.admission.max_queue,
+        "health.engine_check_s": config.health.engine_check_s,
         "admission.backend_max_inflight": config.admission.backend_max_inflight,
         "auth.rate_limit_rps": config.auth.rate_limit_rps,
     }.items():

@@ -10,6 +10,11 @@
   lifetime average /v1/loads publishes is never passed on as if it were recent).
 - `/ready` (fallback `/health`) for readiness: `unhealthy_after` consecutive failures take a backend
   out of the pool, `healthy_after` consecutive successes bring it back.
+- `/health_generate` every `health.engine_check_s`, beside the rest: SGLang's check that its engine
+  still hands out output (a 1-token request; 503 after 20 s without any output). A hung engine
+  leaves `/ready` at 200 until such a check fails, so without it a hung server would keep getting
+  requests. A failed check takes the backend out at once; it is back only once a check passes (they
+  then run every `interval_s`) and its readiness checks pass.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class BackendPoller:
         interval_s: float = 1.0,
         unhealthy_after: int = 2,
         healthy_after: int = 1,
+        engine_check_s: float = 0.0,
+        engine_check_timeout_s: float = 30.0,
         on_change: Callable[[], None] | None = None,
     ) -> None:
         self.backend = backend
@@ -56,6 +63,10 @@ class BackendPoller:
         self.interval_s = interval_s
         self.unhealthy_after = unhealthy_after
         self.healthy_after = healthy_after
+        self.engine_check_s = engine_check_s  # 0: no engine checks
+        self.engine_check_timeout_s = engine_check_timeout_s
+        self.engine_ok = True  # the last engine check passed (or none has run)
+        self._engine_path: str | None = "/health_generate"  # None: the server has no such route
         self._load_path: str | None = "/v1/loads?include=core,spec"
         self._ready_path = "/ready"
         self._fails = 0
@@ -64,9 +75,49 @@ class BackendPoller:
         self.window = AcceptanceWindow()
 
     async def run(self) -> None:
-        while True:
-            await self.poll_once()
-            await asyncio.sleep(self.interval_s)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._engine_checks())
+            while True:
+                await self.poll_once()
+                await asyncio.sleep(self.interval_s)
+
+    async def _engine_checks(self) -> None:
+        while self._engine_path is not None:
+            if self.engine_check_s <= 0:  # off (a reload may turn it on)
+                await asyncio.sleep(self.interval_s)
+                continue
+            await asyncio.sleep(self.engine_check_s if self.engine_ok else self.interval_s)
+            await self.check_engine()
+
+    async def check_engine(self) -> None:
+        """One `/health_generate`; a failure takes the backend out of the pool at once."""
+        path = self._engine_path
+        if path is None:
+            return
+        try:
+            status, _ = await self.backend.client.get(path, timeout_s=self.engine_check_timeout_s)
+        except TimeoutError:
+            status = None  # not even a 503 in time: its HTTP server is stuck too
+        except _NET_ERRORS:
+            return  # unreachable: the readiness checks take it out
+        if status == 404:  # an older server without the route: readiness checks only
+            self._engine_path = None
+            return
+        was_ok, self.engine_ok = self.engine_ok, status == 200
+        backend = self.backend
+        if was_ok and not self.engine_ok:
+            log.warning(
+                "backend %s failed SGLang's engine check (%s): no output within its timeout, out of the pool",
+                backend.name,
+                f"HTTP {status}" if status is not None else f"no answer in {self.engine_check_timeout_s:g}s",
+            )
+            if backend.ready:
+                backend.ready = False
+                self._successes = 0
+                if self.on_change is not None:
+                    self.on_change()
+        elif self.engine_ok and not was_ok:
+            log.warning("backend %s passed SGLang's engine check again", backend.name)
 
     async def poll_once(self) -> None:
         await self._check_ready()
@@ -99,7 +150,7 @@ class BackendPoller:
         if ok:
             self._fails, self._successes = 0, self._successes + 1
             backend.circuit.record_ready()
-            if not backend.ready and self._successes >= self.healthy_after:
+            if not backend.ready and self._successes >= self.healthy_after and self.engine_ok:
                 log.warning("backend %s is ready again", backend.name)
                 backend.ready = True
         else:
@@ -228,6 +279,7 @@ class Poller:
                 health.unhealthy_after,
                 health.healthy_after,
             )
+            p.engine_check_s, p.engine_check_timeout_s = health.engine_check_s, health.engine_check_timeout_s
 
     def add(self, backend: Backend) -> None:
         h = self.health
@@ -236,6 +288,8 @@ class Poller:
             interval_s=h.interval_s,
             unhealthy_after=h.unhealthy_after,
             healthy_after=h.healthy_after,
+            engine_check_s=h.engine_check_s,
+            engine_check_timeout_s=h.engine_check_timeout_s,
             on_change=self.on_change,
         )
         if self._running:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import urllib.error
 import urllib.request
 
 import aiohttp
@@ -316,3 +317,39 @@ def test_a_streamed_queue_full_answer_is_retried_like_a_503(tmp_path, twins):
     assert streams and all(r["done"] and r["error"] is None and r["usage"]["completion_tokens"] == 8 for r in streams)
     assert 'specroute_upstream_errors_total{backend="full",kind="stream_503"}' in metrics
     assert state["full"]["circuit"] == "closed"
+
+
+def test_a_hung_engine_leaves_the_pool_by_sglangs_engine_check(tmp_path, twins):
+    """A backend whose engine hangs keeps answering /ready 200 (as SGLang does): only SGLang's
+    /health_generate notices, by its output stopping. The gateway runs that check, takes the
+    backend out when it fails, and new requests go to the others (round robin would send every
+    other one to it)."""
+    hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
+    spare = twins("k26-ar")
+    health = "[health]\ninterval_s = 0.1\nengine_check_s = 0.2\nengine_check_timeout_s = 10\n"
+    with gateway(
+        tmp_path, [hung.entry("hung"), spare.entry("spare")], health, gateway_keys='policy = "round_robin"\n'
+    ) as url:
+
+        def state() -> dict[str, dict]:
+            return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
+
+        assert wait_until(lambda: all(b["engine_ok"] and b["up"] for b in state().values()))
+        body = {"model": "kimi-k2.6@hung", "messages": MSG, "max_tokens": 200, "stream": True}
+        with open_stream(url, body, events=2):  # its engine stops after 5 tokens
+            assert wait_until(lambda: state()["hung"]["engine_ok"] is False, timeout=30)
+            assert get_json(f"{hung.url}/v1/loads")["loads"][0]["num_running_reqs"] == 1  # hung, not gone
+        now = state()
+        assert not now["hung"]["up"] and now["spare"]["up"] and now["spare"]["engine_ok"]
+
+        async def run() -> list[dict]:
+            async with aiohttp.ClientSession() as s:
+                return [await _chat(s, url, stream=i % 2 == 0, max_tokens=8) for i in range(6)]
+
+        results = asyncio.run(run())
+        assert [(r["status"], r["backend"]) for r in results] == [(200, "spare")] * 6, results
+        # the twin, like SGLang, now says so on /ready as well
+        assert urllib.request.urlopen(f"{spare.url}/ready", timeout=5).status == 200
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{hung.url}/ready", timeout=5)
+        assert e.value.code == 503

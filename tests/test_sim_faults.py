@@ -85,7 +85,7 @@ def test_hang_after_tokens_stops_progress():
         conn.close()
         assert proc.poll() is None  # hung, not dead
         # as SGLang's: /ready knows nothing of it until a health check has seen no output for its
-        # whole timeout (20 s, scaled: 0.4 s here); then both answer 503
+        # whole timeout (20 s, scaled to 0.4 s here, floored at 2 s of wall-clock); then both answer 503
         assert get(f"{url}/ready")[0] == 200
         assert _status(f"{url}/health_generate") == 503
         assert _status(f"{url}/ready") == 503

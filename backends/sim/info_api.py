@@ -249,6 +249,9 @@ async def ready(request: web.Request) -> web.Response:
     return web.Response(status=200 if state.ready and state.healthy else 503)
 
 
+MIN_HEALTH_TIMEOUT_S = 2.0
+
+
 def _health_check_timeout_s() -> float:
     """`HEALTH_CHECK_TIMEOUT` (`entrypoints/http_server.py`): SGLANG_HEALTH_CHECK_TIMEOUT, default 20."""
     try:
@@ -263,14 +266,16 @@ async def health(request: web.Request) -> web.Response:
     or another request's: a busy server costs nothing), looked at once a second. No output for the
     whole timeout (a hung scheduler): 503, and the server counts as unhealthy (/ready 503) until a
     later check passes. The second and the timeout are scaled by --time-scale like every duration
-    the twin simulates (assumption: SGLang's are wall-clock)."""
+    the twin simulates (assumption: SGLang's are wall-clock), the timeout to no less than
+    `MIN_HEALTH_TIMEOUT_S` of wall-clock, so that a busy test machine's scheduling delays never
+    pass for a hung engine."""
     state = request.app[STATE_KEY]
     if not state.ready:  # starting, or shutting down
         return web.Response(status=503)
     runtime = state.runtime
     tick = runtime.time_scale
     began = time.monotonic()
-    deadline = began + _health_check_timeout_s() * tick
+    deadline = began + max(MIN_HEALTH_TIMEOUT_S, _health_check_timeout_s() * tick)
     rid = "HEALTH_CHECK_" + new_rid()
     queued = True
     try:
