@@ -84,7 +84,7 @@ def create_app(
         return _json({"object": "list", "data": [_model_card(m) for m in rt.pools.models()]})
 
     @get("/v1/models/{model:path}")
-    async def retrieve_model(model: str) -> Response[bytes]:
+    async def retrieve_model(model: FromPath[str]) -> Response[bytes]:
         """One model's card (the OpenAI SDK's `models.retrieve`); a name may hold slashes."""
         model = model.removeprefix("/")  # litestar's path parameters keep their leading slash
         if model not in rt.pools.by_model:

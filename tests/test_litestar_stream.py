@@ -53,6 +53,6 @@ def test_client_disconnect_through_litestar_aborts_the_upstream_request(litestar
         return get_json(f"{backend}/v1/loads")["loads"][0]["num_running_reqs"]
 
     with open_stream(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}):
-        assert running() == 1
+        assert wait_until(lambda: running() == 1)
     assert wait_until(lambda: running() == 0)
     assert wait_until(lambda: get_json(f"{url}/admin/backends")["inflight"] == 0)

@@ -272,7 +272,7 @@ def test_client_disconnect_aborts_the_upstream_request(tmp_path, twins):
             return get_json(f"{a.url}/v1/loads")["loads"][0]["num_running_reqs"]
 
         with open_stream(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 5000, "stream": True}):
-            assert running() == 1
+            assert wait_until(lambda: running() == 1)
         # the twin, like SGLang, aborts a request whose connection closed
         assert wait_until(lambda: running() == 0)
         assert get_json(f"{url}/admin/backends")["inflight"] == 0
@@ -338,7 +338,7 @@ def test_a_hung_engine_leaves_the_pool_by_sglangs_engine_check(tmp_path, twins):
         body = {"model": "kimi-k2.6@hung", "messages": MSG, "max_tokens": 200, "stream": True}
         with open_stream(url, body, events=2):  # its engine stops after 5 tokens
             assert wait_until(lambda: state()["hung"]["engine_ok"] is False, timeout=30)
-            assert get_json(f"{hung.url}/v1/loads")["loads"][0]["num_running_reqs"] == 1  # hung, not gone
+            assert get_json(f"{hung.url}/v1/loads")["loads"][0]["num_running_reqs"] >= 1  # hung, not gone
         now = state()
         assert not now["hung"]["up"] and now["spare"]["up"] and now["spare"]["engine_ok"]
 
