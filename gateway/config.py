@@ -68,7 +68,7 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     circuit_cooldown_s: float = 5.0  # open -> half-open (one probe request) after this
     # SGLang's /health_generate this often (0: never): the only check that notices a hung engine,
     # since /ready stays 200 until such a check has failed. It costs a 1-token request on an idle
-    # server and nothing on a busy one; SGLang answers 503 after 20 s without output.
+    # server and nothing on a busy one; SGLang answers 503 after 20 s without a finished batch.
     engine_check_s: float = 10.0
     engine_check_timeout_s: float = 30.0  # no answer at all within this: failed too
 

@@ -11,7 +11,7 @@
 - `/ready` (fallback `/health`) for readiness: `unhealthy_after` consecutive failures take a backend
   out of the pool, `healthy_after` consecutive successes bring it back.
 - `/health_generate` every `health.engine_check_s`, beside the rest: SGLang's check that its engine
-  still hands out output (a 1-token request; 503 after 20 s without any output). A hung engine
+  still steps (a 1-token request when idle; 503 after 20 s without a finished batch). A hung engine
   leaves `/ready` at 200 until such a check fails, so without it a hung server would keep getting
   requests. A failed check takes the backend out at once; it is back only once a check passes (they
   then run every `interval_s`) and its readiness checks pass.
@@ -107,7 +107,7 @@ class BackendPoller:
         backend = self.backend
         if was_ok and not self.engine_ok:
             log.warning(
-                "backend %s failed SGLang's engine check (%s): no output within its timeout, out of the pool",
+                "backend %s failed SGLang's engine check (%s): no batch finished within its timeout, out of the pool",
                 backend.name,
                 f"HTTP {status}" if status is not None else f"no answer in {self.engine_check_timeout_s:g}s",
             )

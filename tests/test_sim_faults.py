@@ -84,16 +84,36 @@ def test_hang_after_tokens_stops_progress():
                 pass
         conn.close()
         assert proc.poll() is None  # hung, not dead
-        # as SGLang's: /ready knows nothing of it until a health check has seen no output for its
+        # as SGLang's: /ready knows nothing of it until a health check has seen no step finish for its
         # whole timeout (20 s, scaled to 0.4 s here, floored at 2 s of wall-clock); then both answer 503
         assert get(f"{url}/ready")[0] == 200
         assert _status(f"{url}/health_generate") == 503
         assert _status(f"{url}/ready") == 503
 
 
+def test_health_passes_during_a_prefill_longer_than_its_timeout():
+    """SGLang answers a health check after every batch, prefill chunks included: a prompt whose
+    prefill outlasts the check's timeout (2 s here) does not make the server look hung."""
+    import threading
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = specroute("sim", "--profile", "k26-ar", "--port", str(port), "--time-scale", "0.1")
+    with running(cmd, ready_url=f"{url}/ready"):
+        done = threading.Event()
+        long = {"model": "kimi-k2.6", "prompt": "word " * 100_000, "max_tokens": 1}  # ~60 s of prefill, 6 s here
+        worker = threading.Thread(target=lambda: (post(f"{url}/v1/completions", long), done.set()), daemon=True)
+        worker.start()
+        _wait(lambda: get(f"{url}/v1/loads")[1]["loads"][0]["num_running_reqs"] == 1)
+        assert _status(f"{url}/health_generate") == 200
+        assert not done.is_set(), "the prefill ended before the check: it proved nothing"
+        assert _status(f"{url}/ready") == 200
+        worker.join(60)
+
+
 def test_health_passes_on_an_idle_and_on_a_busy_server():
-    """The check passes on the engine's output after it began: its own 1-token request when idle,
-    anyone's when busy (its own may still be queued behind them)."""
+    """The check passes on a step the engine finishes after it began: its own 1-token request when
+    idle; when busy it is not queued at all, and the running request's next step answers it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with running(_cmd(port, "k26-ar", "--max-running-requests", "1"), ready_url=f"{url}/ready"):

@@ -261,14 +261,15 @@ def _health_check_timeout_s() -> float:
 
 
 async def health(request: web.Request) -> web.Response:
-    """`/health` and `/health_generate`, as SGLang's `health_generate`: a 1-token generation is
-    queued, and the check passes as soon as the engine hands out any output after it began (its own
-    or another request's: a busy server costs nothing), looked at once a second. No output for the
-    whole timeout (a hung scheduler): 503, and the server counts as unhealthy (/ready 503) until a
-    later check passes. The second and the timeout are scaled by --time-scale like every duration
-    the twin simulates (assumption: SGLang's are wall-clock), the timeout to no less than
-    `MIN_HEALTH_TIMEOUT_S` of wall-clock, so that a busy test machine's scheduling delays never
-    pass for a hung engine."""
+    """`/health` and `/health_generate`, as SGLang's `health_generate`: looked at once a second, the
+    check passes once the engine has finished a step after it began. On an idle server that step is
+    the check's own 1-token request; a busy one does not queue it (`scheduler.py`: "ongoing requests
+    already carry health info") and answers after its next batch, a prefill chunk too, so a long
+    prefill passes. No step for the whole timeout (a hung scheduler): 503, and the server counts
+    as unhealthy (/ready 503) until a later check passes. The second and the timeout are scaled by
+    --time-scale like every duration the twin simulates (assumption: SGLang's are wall-clock), the
+    timeout to no less than `MIN_HEALTH_TIMEOUT_S` of wall-clock, so that a busy test machine's
+    scheduling delays never pass for a hung engine."""
     state = request.app[STATE_KEY]
     if not state.ready:  # starting, or shutting down
         return web.Response(status=503)
@@ -277,15 +278,16 @@ async def health(request: web.Request) -> web.Response:
     began = time.monotonic()
     deadline = began + max(MIN_HEALTH_TIMEOUT_S, _health_check_timeout_s() * tick)
     rid = "HEALTH_CHECK_" + new_rid()
-    queued = True
-    try:
-        runtime.submit(rid, 1, 1, "")
-    except QueueFull:  # not queued; other requests' output still shows the engine is alive
-        queued = False
+    queued = state.engine.idle
+    if queued:
+        try:
+            runtime.submit(rid, 1, 1, "")
+        except QueueFull:
+            queued = False
     try:
         while time.monotonic() < deadline:
             await asyncio.sleep(tick)
-            if runtime.last_output > began:
+            if runtime.last_step_at > began:
                 state.healthy = True
                 return web.Response(status=200)
     finally:

@@ -57,9 +57,9 @@ class Runtime:
         self._task: asyncio.Task[None] | None = None
         self._hung = False
         self.last_step_s = 0.0
-        # When the engine last handed out output (SGLang's `last_receive_tstamp`): the health check's
-        # evidence that it is not stuck.
-        self.last_output = time.monotonic()
+        # When the engine last finished a step (prefill chunks included): after each batch SGLang's
+        # scheduler answers the health checks that arrived meanwhile, its evidence of not being stuck.
+        self.last_step_at = time.monotonic()
 
     def hang(self) -> None:
         """Fault knob: stop stepping for good; in-flight requests never progress."""
@@ -136,7 +136,6 @@ class Runtime:
                     del channels[rid]
                 ch.push(n, finished, reason)
                 delivered += n
-            if res.emissions:
-                self.last_output = time.monotonic()
+            self.last_step_at = time.monotonic()
             for hook in self.on_tokens:
                 hook(delivered)
