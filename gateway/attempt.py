@@ -4,7 +4,10 @@ back exactly once, on exit, however the attempt ends (answered, refused, failed,
 - the lease on its backend (the request counts as in flight there from dispatch to exit);
 - its CLIENT span (ended with the attempt's record);
 - its upstream response: released to the connection pool when it was read to the end, closed
-  otherwise, which makes SGLang abort the request (a client that left, a broken stream).
+  otherwise, which makes SGLang abort the request (a client that left, a broken stream);
+- its place among its backend's unanswered attempts (`Backend.unanswered`), until the first token
+  of a stream or the body of a complete answer: those a hung backend holds are given up
+  (`abandon`) and tried elsewhere, since nothing of them has reached the client.
 
 An attempt that fails before anything reached the client raises `UpstreamFailure`: the caller
 may try another backend. Any other exit makes it the request's last attempt, and the request's
@@ -78,6 +81,8 @@ class Attempt:
         "t_dispatch",
         "_area0",
         "_prefill",
+        "scope",
+        "abandoned",
     )
 
     lease: Lease
@@ -95,6 +100,8 @@ class Attempt:
         self.result = Result()
         self.response: aiohttp.ClientResponse | None = None
         self.reusable = False  # the response was read to its end: its connection can serve another request
+        self.scope: asyncio.Timeout | None = None  # what `abandon` expires: the wait for the answer
+        self.abandoned = False
 
     async def __aenter__(self) -> Attempt:
         backend, req = self.backend, self.req
@@ -107,6 +114,7 @@ class Attempt:
         req.tried.append(backend.name)
         # The lease last: from here on nothing can fail before __aexit__ gives it back.
         self.lease = self._host.admission.lease(backend, req.parsed.sequences)
+        backend.unanswered.add(self)
         # Until its first token this request's prompt waits to be prefilled there: the policy counts
         # it in the backend's view (SGLang prefills first come, first served).
         tokens = self.decision.prefill_tokens
@@ -145,6 +153,25 @@ class Attempt:
         if self._prefill:
             self.backend.view.pending_prefill -= self._prefill
             self._prefill = 0
+        self.answered()
+
+    def answered(self) -> None:
+        """Something of the answer is in: from here on the attempt is not given up."""
+        self.backend.unanswered.discard(self)
+        self.scope = None
+
+    def abandon(self) -> None:
+        """Give up waiting for the answer (its backend stopped stepping): the wait in `scope` ends
+        with TimeoutError, which the caller turns into `abandoned_failure()`."""
+        if self.scope is not None and not self.abandoned:
+            self.abandoned = True
+            self.scope.reschedule(asyncio.get_running_loop().time())
+
+    def abandoned_failure(self) -> UpstreamFailure:
+        # health=False: the engine check that gave it up has taken the backend out already
+        return self.failure(
+            "engine_stalled", 503, "stopped stepping (SGLang's engine check failed) before answering", False
+        )
 
     def failure(self, kind: str, status: int, what: str, health: bool = True) -> UpstreamFailure:
         """An UpstreamFailure naming this attempt's backend: `backend NAME <what>`."""

@@ -116,6 +116,13 @@ class BackendPoller:
                 self._successes = 0
                 if self.on_change is not None:
                     self.on_change()
+            # Nothing of these has reached a client: they are tried elsewhere rather than wait out
+            # their timeouts, or SGLang's watchdog, on a server that does not step.
+            moved = backend.abandon_unanswered()
+            if moved:
+                log.warning(
+                    "backend %s: %d request(s) waiting for its answer moved to other backends", backend.name, moved
+                )
         elif self.engine_ok and not was_ok:
             log.warning("backend %s passed SGLang's engine check again", backend.name)
 

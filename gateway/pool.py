@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from backends import BackendSpec
@@ -16,6 +17,9 @@ from backends.client import SGLangClient
 from backends.loads import LoadReport, ServerInfo
 from gateway.circuit import CircuitBreaker
 from policies import BackendView
+
+if TYPE_CHECKING:
+    from gateway.attempt import Attempt
 
 
 class Backend:
@@ -26,6 +30,7 @@ class Backend:
         "client",
         "view",
         "info",
+        "unanswered",
         "load",
         "circuit",
         "ready",
@@ -44,6 +49,8 @@ class Backend:
         self.client = client
         self.view = BackendView(spec=spec)
         self.info: ServerInfo | None = None  # from /server_info, once
+        # Attempts dispatched here that nothing of the answer has reached yet (gateway.attempt).
+        self.unanswered: set[Attempt] = set()
         self.load: LoadReport | None = None  # latest backend-reported load
         self.circuit = circuit or CircuitBreaker()
         self.ready = True  # optimistic until the first readiness check says otherwise
@@ -97,6 +104,14 @@ class Backend:
         now = time.perf_counter()
         self._area = self.inflight_area(now)
         self._area_t = now
+
+    def abandon_unanswered(self) -> int:
+        """Give up every attempt here that nothing of the answer has reached (the backend stopped
+        stepping): each is tried on another backend. Returns how many."""
+        attempts = list(self.unanswered)
+        for attempt in attempts:
+            attempt.abandon()
+        return len(attempts)
 
     def lease(self, sequences: int = 1) -> Lease:
         """Count a request's sequences in flight until the lease is released (exactly once). In

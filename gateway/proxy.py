@@ -289,6 +289,7 @@ class Proxy:
             # first_byte_s until the first generated token (queue and prefill on a real SGLang, which
             # sends no header before it), then idle_stream_s for each read (stream_deadline.py).
             async with StreamDeadline(self.first_byte_s, self.idle_stream_s) as deadline:
+                attempt.scope = deadline.scope
                 resp = await attempt.post(
                     PATHS[req.kind], self._upstream_body(req.parsed, backend), self._stream_timeout
                 )
@@ -312,6 +313,8 @@ class Proxy:
                         await client.send_chunk(out)
         except TimeoutError:
             if not started:
+                if attempt.abandoned:
+                    raise attempt.abandoned_failure() from None
                 raise attempt.failure("timeout", 504, f"sent no token within {self.first_byte_s:g}s") from None
             broken = f"upstream stream idle for more than {self.idle_stream_s:g}s"
         except NET_ERRORS as e:
@@ -357,11 +360,23 @@ class Proxy:
 
     async def _complete(self, attempt: Attempt, client: Downstream) -> None:
         req, backend = attempt.req, attempt.backend
-        resp = await attempt.post(PATHS[req.kind], self._upstream_body(req.parsed, backend), self._request_timeout)
         try:
-            raw = await resp.read()
-        except NET_ERRORS as e:
-            raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None
+            async with asyncio.timeout(None) as scope:  # expired only if the attempt is given up
+                attempt.scope = scope
+                resp = await attempt.post(
+                    PATHS[req.kind], self._upstream_body(req.parsed, backend), self._request_timeout
+                )
+                try:
+                    raw = await resp.read()
+                except NET_ERRORS as e:
+                    raise attempt.failure(
+                        "broken_response", 502, f"failed while answering: {type(e).__name__}"
+                    ) from None
+        except TimeoutError:
+            if attempt.abandoned:
+                raise attempt.abandoned_failure() from None
+            raise
+        attempt.answered()
         attempt.reusable = True
         try:
             obj = _decoder.decode(raw)

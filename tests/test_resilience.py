@@ -353,3 +353,40 @@ def test_a_hung_engine_leaves_the_pool_by_sglangs_engine_check(tmp_path, twins):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{hung.url}/ready", timeout=5)
         assert e.value.code == 503
+
+
+def test_requests_waiting_on_a_hung_engine_move_to_another_backend_when_its_check_fails(tmp_path, twins):
+    """Requests sent to a backend just as its engine hangs never get a token there. Nothing of them
+    has reached the client, so once SGLang's engine check fails they are tried on another backend,
+    rather than waiting out first_byte_s (or SGLang's watchdog, 300 s by default)."""
+    hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
+    spare = twins("k26-ar")
+    config = (
+        "[health]\ninterval_s = 0.1\nengine_check_s = 1.0\nengine_check_timeout_s = 10\n"
+        "[timeouts]\nfirst_byte_s = 240\nrequest_s = 240\n"
+    )
+    with gateway(
+        tmp_path, [hung.entry("hung"), spare.entry("spare")], config, gateway_keys='policy = "round_robin"\n'
+    ) as url:
+
+        def state() -> dict[str, dict]:
+            return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
+
+        assert wait_until(lambda: all(b["engine_ok"] and b["up"] for b in state().values()))
+        body = {"model": "kimi-k2.6@hung", "messages": MSG, "max_tokens": 200, "stream": True}
+        with open_stream(url, body, events=2):  # the engine stops after 5 tokens
+
+            async def run() -> list[dict]:
+                async with aiohttp.ClientSession() as s:
+                    return await asyncio.gather(*(_chat(s, url, stream=i % 2 == 0, max_tokens=8) for i in range(4)))
+
+            results = asyncio.run(run())
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    assert [(r["status"], r["backend"]) for r in results] == [(200, "spare")] * 4, results
+    assert all(r["error"] is None for r in results if "done" in r)
+    moved = [
+        line
+        for line in metrics.splitlines()
+        if 'kind="engine_stalled"' in line and line.startswith("specroute_upstream_errors_total")
+    ]
+    assert moved and float(moved[0].split()[-1]) >= 1, moved  # round robin sent some of them to the hung one
