@@ -81,8 +81,9 @@ class Attempt:
         "t_dispatch",
         "_area0",
         "_prefill",
-        "scope",
         "abandoned",
+        "_task",
+        "_cancelling",
     )
 
     lease: Lease
@@ -100,7 +101,6 @@ class Attempt:
         self.result = Result()
         self.response: aiohttp.ClientResponse | None = None
         self.reusable = False  # the response was read to its end: its connection can serve another request
-        self.scope: asyncio.Timeout | None = None  # what `abandon` expires: the wait for the answer
         self.abandoned = False
 
     async def __aenter__(self) -> Attempt:
@@ -115,6 +115,12 @@ class Attempt:
         # The lease last: from here on nothing can fail before __aexit__ gives it back.
         self.lease = self._host.admission.lease(backend, req.parsed.sequences)
         backend.unanswered.add(self)
+        # `abandon` cancels the request's task; `given_up` tells that cancellation from any other
+        # (the count, as asyncio.timeout keeps it), so the common path costs no timeout scope.
+        task = asyncio.current_task()
+        assert task is not None, "an attempt runs inside a task"
+        self._task = task
+        self._cancelling = task.cancelling()
         # Until its first token this request's prompt waits to be prefilled there: the policy counts
         # it in the backend's view (SGLang prefills first come, first served).
         tokens = self.decision.prefill_tokens
@@ -158,16 +164,19 @@ class Attempt:
     def answered(self) -> None:
         """Something of the answer is in: from here on the attempt is not given up."""
         self.backend.unanswered.discard(self)
-        self.scope = None
 
     def abandon(self) -> None:
-        """Give up waiting for the answer (its backend stopped stepping): the wait in `scope` ends
-        with TimeoutError, which the caller turns into `abandoned_failure()`."""
-        if self.scope is not None and not self.abandoned:
+        """Give up waiting for the answer (its backend stopped stepping): the wait under way raises
+        CancelledError, which the caller hands to `given_up`."""
+        if not self.abandoned and self in self.backend.unanswered:
             self.abandoned = True
-            self.scope.reschedule(asyncio.get_running_loop().time())
+            self._task.cancel()
 
-    def abandoned_failure(self) -> UpstreamFailure:
+    def given_up(self) -> UpstreamFailure | None:
+        """In an `except CancelledError`: the failure to raise when the cancellation was `abandon`'s
+        alone (it is then taken back), None when it was anyone else's too (a client that left)."""
+        if not self.abandoned or self._task.uncancel() > self._cancelling:
+            return None
         # health=False: the engine check that gave it up has taken the backend out already
         return self.failure(
             "engine_stalled", 503, "stopped stepping (SGLang's engine check failed) before answering", False

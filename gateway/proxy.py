@@ -289,7 +289,6 @@ class Proxy:
             # first_byte_s until the first generated token (queue and prefill on a real SGLang, which
             # sends no header before it), then idle_stream_s for each read (stream_deadline.py).
             async with StreamDeadline(self.first_byte_s, self.idle_stream_s) as deadline:
-                attempt.scope = deadline.scope
                 resp = await attempt.post(
                     PATHS[req.kind], self._upstream_body(req.parsed, backend), self._stream_timeout
                 )
@@ -313,14 +312,17 @@ class Proxy:
                         await client.send_chunk(out)
         except TimeoutError:
             if not started:
-                if attempt.abandoned:
-                    raise attempt.abandoned_failure() from None
                 raise attempt.failure("timeout", 504, f"sent no token within {self.first_byte_s:g}s") from None
             broken = f"upstream stream idle for more than {self.idle_stream_s:g}s"
         except NET_ERRORS as e:
             if not started:
                 raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None
             broken = f"upstream stream broke: {type(e).__name__}"
+        except asyncio.CancelledError:
+            failure = attempt.given_up() if not started else None
+            if failure is None:
+                raise
+            raise failure from None
         if broken is None and not result.done:
             broken = "upstream stream ended without [DONE]"
         if broken is not None:
@@ -361,21 +363,16 @@ class Proxy:
     async def _complete(self, attempt: Attempt, client: Downstream) -> None:
         req, backend = attempt.req, attempt.backend
         try:
-            async with asyncio.timeout(None) as scope:  # expired only if the attempt is given up
-                attempt.scope = scope
-                resp = await attempt.post(
-                    PATHS[req.kind], self._upstream_body(req.parsed, backend), self._request_timeout
-                )
-                try:
-                    raw = await resp.read()
-                except NET_ERRORS as e:
-                    raise attempt.failure(
-                        "broken_response", 502, f"failed while answering: {type(e).__name__}"
-                    ) from None
-        except TimeoutError:
-            if attempt.abandoned:
-                raise attempt.abandoned_failure() from None
-            raise
+            resp = await attempt.post(PATHS[req.kind], self._upstream_body(req.parsed, backend), self._request_timeout)
+            try:
+                raw = await resp.read()
+            except NET_ERRORS as e:
+                raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None
+        except asyncio.CancelledError:  # given up by `Attempt.abandon`, or the client left
+            failure = attempt.given_up()
+            if failure is None:
+                raise
+            raise failure from None
         attempt.answered()
         attempt.reusable = True
         try:

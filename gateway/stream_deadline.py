@@ -19,7 +19,7 @@ from types import TracebackType
 
 
 class StreamDeadline:
-    __slots__ = ("_first_byte_s", "_idle_s", "limit", "since", "clock", "scope", "_timer")
+    __slots__ = ("_first_byte_s", "_idle_s", "limit", "since", "clock", "_timeout", "_timer")
 
     def __init__(self, first_byte_s: float, idle_s: float) -> None:
         self._first_byte_s = first_byte_s
@@ -31,8 +31,8 @@ class StreamDeadline:
     async def __aenter__(self) -> StreamDeadline:
         loop = asyncio.get_running_loop()
         self.clock = loop.time
-        self.scope = asyncio.timeout(None)  # expired by the deadline, or by whoever gives up the wait
-        await self.scope.__aenter__()
+        self._timeout = asyncio.timeout(None)
+        await self._timeout.__aenter__()
         self.since = self.clock()
         self._timer = loop.call_at(self.since + self.limit, self._check)
         return self
@@ -48,7 +48,7 @@ class StreamDeadline:
         now = self.clock()
         since = self.since
         if since is not None and now - since >= self.limit:
-            self.scope.reschedule(now)  # expire: the block's task is cancelled at once
+            self._timeout.reschedule(now)  # expire: the block's task is cancelled at once
             return
         self._timer = asyncio.get_running_loop().call_at((now if since is None else since) + self.limit, self._check)
 
@@ -56,4 +56,4 @@ class StreamDeadline:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._timer.cancel()
-        await self.scope.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired
+        await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired
