@@ -21,7 +21,7 @@ from gateway.access_log import AccessLog
 from gateway.asgi import ASGIApp
 from gateway.auth import AuthGate
 from gateway.config import Config, ConfigError, load_config
-from gateway.errors import ApiError
+from gateway.errors import ApiError, model_not_found
 from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
 from gateway.runtime import Runtime
@@ -88,12 +88,7 @@ def create_app(
         """One model's card (the OpenAI SDK's `models.retrieve`); a name may hold slashes."""
         model = model.removeprefix("/")  # litestar's path parameters keep their leading slash
         if model not in rt.pools.by_model:
-            raise ApiError(
-                404,
-                f"model {model!r} does not exist; available: {rt.pools.models()}",
-                param="model",
-                code="model_not_found",
-            )
+            raise model_not_found(model, rt.pools.models())
         return _json(_model_card(model))
 
     @get("/health")

@@ -51,6 +51,13 @@ class ApiError(Exception):
         return Response(self.body(), status_code=self.status, media_type="application/json", headers=self.headers)
 
 
+def model_not_found(model: str, available: list[str]) -> ApiError:
+    """A model this gateway does not serve: 404, as SGLang and OpenAI answer it."""
+    return ApiError(
+        404, f"model {model!r} does not exist; available: {available}", param="model", code="model_not_found"
+    )
+
+
 def error_body(message: str, type: str, param: str | None = None, code: Any = None) -> bytes:
     return msgspec.json.encode({"error": {"message": message, "type": type, "param": param, "code": code}})
 

@@ -44,7 +44,7 @@ from gateway.admission import Admission
 from gateway.attempt import BUSY, NET_ERRORS, REQUEST_ID_HEADER, RETRYABLE, Attempt, UpstreamFailure
 from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
-from gateway.errors import ApiError, sse_error_event
+from gateway.errors import ApiError, model_not_found, sse_error_event
 from gateway.metrics import GatewayMetrics
 from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Pools
@@ -627,12 +627,7 @@ class Proxy:
         if model not in self.pools.by_model and "@" in model:
             model, _, pin = model.rpartition("@")
         if model not in self.pools.by_model:
-            raise ApiError(
-                404,
-                f"model {model!r} does not exist; available: {self.pools.models()}",
-                param="model",
-                code="model_not_found",
-            )
+            raise model_not_found(model, self.pools.models())
         if pin is not None:
             backend = self.pools.by_name.get(pin)
             if backend is None or backend.spec.model != model:

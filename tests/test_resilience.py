@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 
 import aiohttp
 import pytest
@@ -319,52 +321,13 @@ def test_a_streamed_queue_full_answer_is_retried_like_a_503(tmp_path, twins):
     assert state["full"]["circuit"] == "closed"
 
 
-def test_a_hung_engine_leaves_the_pool_by_sglangs_engine_check(tmp_path, twins):
-    """A backend whose engine hangs keeps answering /ready 200 (as SGLang does): only SGLang's
-    /health_generate notices, by its output stopping. The gateway runs that check, takes the
-    backend out when it fails, and new requests go to the others (round robin would send every
-    other one to it)."""
+@contextlib.contextmanager
+def _hung_and_spare(tmp_path, twins, config: str) -> Iterator[tuple[str, Twin, Callable[[], dict[str, dict]]]]:
+    """A round-robin gateway over `hung` (its engine stops after 5 tokens) and `spare`, both up and
+    past an engine check; yields its URL, the hung twin and a reader of /admin/backends by name.
+    A stream pinned to `hung` runs until its engine stops, and stays open in the block."""
     hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
     spare = twins("k26-ar")
-    health = "[health]\ninterval_s = 0.1\nengine_check_s = 0.2\nengine_check_timeout_s = 10\n"
-    with gateway(
-        tmp_path, [hung.entry("hung"), spare.entry("spare")], health, gateway_keys='policy = "round_robin"\n'
-    ) as url:
-
-        def state() -> dict[str, dict]:
-            return {b["name"]: b for b in get_json(f"{url}/admin/backends")["backends"]}
-
-        assert wait_until(lambda: all(b["engine_ok"] and b["up"] for b in state().values()))
-        body = {"model": "kimi-k2.6@hung", "messages": MSG, "max_tokens": 200, "stream": True}
-        with open_stream(url, body, events=2):  # its engine stops after 5 tokens
-            assert wait_until(lambda: state()["hung"]["engine_ok"] is False, timeout=30)
-            assert get_json(f"{hung.url}/v1/loads")["loads"][0]["num_running_reqs"] >= 1  # hung, not gone
-        now = state()
-        assert not now["hung"]["up"] and now["spare"]["up"] and now["spare"]["engine_ok"]
-
-        async def run() -> list[dict]:
-            async with aiohttp.ClientSession() as s:
-                return [await _chat(s, url, stream=i % 2 == 0, max_tokens=8) for i in range(6)]
-
-        results = asyncio.run(run())
-        assert [(r["status"], r["backend"]) for r in results] == [(200, "spare")] * 6, results
-        # the twin, like SGLang, now says so on /ready as well
-        assert urllib.request.urlopen(f"{spare.url}/ready", timeout=5).status == 200
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(f"{hung.url}/ready", timeout=5)
-        assert e.value.code == 503
-
-
-def test_requests_waiting_on_a_hung_engine_move_to_another_backend_when_its_check_fails(tmp_path, twins):
-    """Requests sent to a backend just as its engine hangs never get a token there. Nothing of them
-    has reached the client, so once SGLang's engine check fails they are tried on another backend,
-    rather than waiting out first_byte_s (or SGLang's watchdog, 300 s by default)."""
-    hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
-    spare = twins("k26-ar")
-    config = (
-        "[health]\ninterval_s = 0.1\nengine_check_s = 1.0\nengine_check_timeout_s = 10\n"
-        "[timeouts]\nfirst_byte_s = 240\nrequest_s = 240\n"
-    )
     with gateway(
         tmp_path, [hung.entry("hung"), spare.entry("spare")], config, gateway_keys='policy = "round_robin"\n'
     ) as url:
@@ -374,19 +337,54 @@ def test_requests_waiting_on_a_hung_engine_move_to_another_backend_when_its_chec
 
         assert wait_until(lambda: all(b["engine_ok"] and b["up"] for b in state().values()))
         body = {"model": "kimi-k2.6@hung", "messages": MSG, "max_tokens": 200, "stream": True}
-        with open_stream(url, body, events=2):  # the engine stops after 5 tokens
+        with open_stream(url, body, events=2):
+            yield url, hung, state
 
-            async def run() -> list[dict]:
-                async with aiohttp.ClientSession() as s:
-                    return await asyncio.gather(*(_chat(s, url, stream=i % 2 == 0, max_tokens=8) for i in range(4)))
 
-            results = asyncio.run(run())
+async def _chats(url: str, n: int, *, together: bool) -> list[dict]:
+    """`n` chat requests, streamed and not in turn; one after another, or all at once."""
+    async with aiohttp.ClientSession() as s:
+        calls = [_chat(s, url, stream=i % 2 == 0, max_tokens=8) for i in range(n)]
+        if together:
+            return list(await asyncio.gather(*calls))
+        return [await c for c in calls]
+
+
+def test_a_hung_engine_leaves_the_pool_by_sglangs_engine_check(tmp_path, twins):
+    """A backend whose engine hangs keeps answering /ready 200 (as SGLang does): only SGLang's
+    /health_generate notices, by no batch finishing. The gateway runs that check, takes the
+    backend out when it fails, and new requests go to the others (round robin would send every
+    other one to it)."""
+    health = "[health]\ninterval_s = 0.1\nengine_check_s = 0.2\nengine_check_timeout_s = 10\n"
+    with _hung_and_spare(tmp_path, twins, health) as (url, hung, state):
+        assert wait_until(lambda: state()["hung"]["engine_ok"] is False, timeout=30)
+        assert get_json(f"{hung.url}/v1/loads")["loads"][0]["num_running_reqs"] >= 1  # hung, not gone
+        now = state()
+        assert not now["hung"]["up"] and now["spare"]["up"] and now["spare"]["engine_ok"]
+        results = asyncio.run(_chats(url, 6, together=False))
+        assert [(r["status"], r["backend"]) for r in results] == [(200, "spare")] * 6, results
+        # the twin, like SGLang, now says so on /ready as well
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{hung.url}/ready", timeout=5)
+        assert e.value.code == 503
+
+
+def test_requests_waiting_on_a_hung_engine_move_to_another_backend_when_its_check_fails(tmp_path, twins):
+    """Requests sent to a backend just as its engine hangs never get a token there. Nothing of them
+    has reached the client, so once SGLang's engine check fails they are tried on another backend,
+    rather than waiting out first_byte_s (or SGLang's watchdog, 300 s by default)."""
+    config = (
+        "[health]\ninterval_s = 0.1\nengine_check_s = 1.0\nengine_check_timeout_s = 10\n"
+        "[timeouts]\nfirst_byte_s = 240\nrequest_s = 240\n"
+    )
+    with _hung_and_spare(tmp_path, twins, config) as (url, _hung, _state):
+        results = asyncio.run(_chats(url, 4, together=True))
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
     assert [(r["status"], r["backend"]) for r in results] == [(200, "spare")] * 4, results
     assert all(r["error"] is None for r in results if "done" in r)
     moved = [
         line
         for line in metrics.splitlines()
-        if 'kind="engine_stalled"' in line and line.startswith("specroute_upstream_errors_total")
+        if line.startswith("specroute_upstream_errors_total") and 'kind="engine_stalled"' in line
     ]
     assert moved and float(moved[0].split()[-1]) >= 1, moved  # round robin sent some of them to the hung one

@@ -20,6 +20,20 @@ def _cmd(port: int, profile: str, *extra: str) -> list[str]:
     return specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", "0.02", *extra)
 
 
+def _chat_stream(
+    port: int, max_tokens: int, timeout: float
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A streamed chat request on its own connection, its response's head read."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps({**CHAT, "max_tokens": max_tokens, "stream": True}),
+        headers={"Content-Type": "application/json"},
+    )
+    return conn, conn.getresponse()
+
+
 def _wait(predicate, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -69,14 +83,7 @@ def test_hang_after_tokens_stops_progress():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with running(_cmd(port, "zero", "--fault-hang-after-tokens", "5"), ready_url=f"{url}/ready") as proc:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-        conn.request(
-            "POST",
-            "/v1/chat/completions",
-            body=json.dumps({**CHAT, "max_tokens": 1000, "stream": True}),
-            headers={"Content-Type": "application/json"},
-        )
-        resp = conn.getresponse()
+        conn, resp = _chat_stream(port, 1000, timeout=1)
         assert resp.status == 200
         # a zero-cost server would finish 1000 tokens in milliseconds; hung, it never does
         with pytest.raises((socket.timeout, TimeoutError)):
@@ -118,14 +125,8 @@ def test_health_passes_on_an_idle_and_on_a_busy_server():
     url = f"http://127.0.0.1:{port}"
     with running(_cmd(port, "k26-ar", "--max-running-requests", "1"), ready_url=f"{url}/ready"):
         assert _status(f"{url}/health") == 200 and _status(f"{url}/health_generate") == 200
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request(
-            "POST",
-            "/v1/chat/completions",
-            body=json.dumps({**CHAT, "max_tokens": 20_000, "stream": True}),
-            headers={"Content-Type": "application/json"},
-        )
-        assert conn.getresponse().status == 200  # running, and holding the only slot
+        conn, resp = _chat_stream(port, 20_000, timeout=30)
+        assert resp.status == 200  # running, and holding the only slot
         assert _status(f"{url}/health") == 200 and _status(f"{url}/ready") == 200
         conn.close()
 
