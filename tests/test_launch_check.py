@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -37,11 +38,15 @@ def test_check_current_server(dflash_url, capsys):
     assert gen["accept_length"] == pytest.approx(gen["completion_tokens"] / gen["spec_verify_ct"], abs=1e-3)
     assert 1.0 <= gen["accept_length"] <= 8.0  # at most the block size
     assert report["gateway_per_request_accept"] is True and report["fallbacks"] == []
+    assert report["engine_check"] == 200 and report["problems"] == []
+    with urllib.request.urlopen(f"{dflash_url}/v1/models", timeout=10) as r:
+        assert report["max_model_len"] == json.loads(r.read())["data"][0]["max_model_len"]
 
     assert backends_main(["check", dflash_url]) == 0
     text = capsys.readouterr().out
     assert "DFLASH   -> strategy dflash" in text and "max_running_requests 48" in text
     assert "completion_tokens / spec_verify_ct" in text and "fallbacks           none" in text
+    assert "/health_generate 200 in" in text and f"{report['max_model_len']} tokens" in text
 
 
 def test_check_against_the_wrong_profile_fails(dflash_url, capsys):
@@ -152,7 +157,8 @@ def test_check_very_old_server_every_fallback():
     assert report.load_path == "/metrics" and report.load is not None
     assert (report.load.running, report.load.waiting, report.load.accept_length) == (3, 1, 2.5)
     assert report.generation is not None and report.generation.accept_length == 2.5
-    assert len(report.fallbacks) == 4
+    assert len(report.fallbacks) == 5 and report.engine_check == 404 and report.max_model_len is None
+    assert any("no engine check" in f for f in report.fallbacks)
     assert "uses the accept length /metrics reports" in render(report)
 
 

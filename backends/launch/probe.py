@@ -1,7 +1,9 @@
 """`specroute backends check URL`: probe a live SGLang server the way the gateway's poller does.
 
-It reads `/server_info` (fallback `/get_server_info`), readiness (`/ready`, fallback `/health`),
-load (`/v1/loads`, fallbacks `/get_load` then `/metrics`) with the parsers of `backends.loads`,
+It reads `/server_info` (fallback `/get_server_info`), the model card's context length
+(`/v1/models`), readiness (`/ready`, fallback `/health`), SGLang's engine check
+(`/health_generate`), load (`/v1/loads`, fallbacks `/get_load` then `/metrics`) with the parsers
+of `backends.loads`,
 then runs one short generation with `return_spec_tokens_details` and computes the acceptance
 length as `completion_tokens / spec_verify_ct`. Servers too old for the flag are measured through
 native `/generate` (its `meta_info`), which the gateway itself does not read: the report says so.
@@ -18,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from backends.loads import LoadReport, parse_get_load, parse_loads, parse_metrics, parse_server_info
+from backends.loads import LoadReport, parse_get_load, parse_loads, parse_metrics, parse_model_len, parse_server_info
 
 __all__ = ["Generation", "ProbeReport", "probe", "render"]
 
@@ -50,6 +52,9 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     reachable: bool = False
     ready: bool | None = None
     ready_path: str | None = None
+    engine_check: int | None = None  # /health_generate's status (None: no answer within the timeout)
+    engine_check_s: float | None = None
+    max_model_len: int | None = None  # the context length, from /v1/models
     server_info_path: str | None = None
     version: str | None = None
     served_model_name: str | None = None
@@ -165,6 +170,30 @@ def _ready(http: _Http, report: ProbeReport) -> None:
         report.problems.append(f"{report.ready_path} answered {status}: the gateway keeps the backend out of the pool")
 
 
+def _engine_check(http: _Http, report: ProbeReport) -> None:
+    """SGLang's own check that the engine steps, as the gateway's poller runs it."""
+    t0 = time.perf_counter()
+    try:
+        status, _ = http.request("/health_generate")
+    except TimeoutError:
+        report.problems.append("/health_generate gave no answer: the engine looks hung")
+        return
+    report.engine_check, report.engine_check_s = status, time.perf_counter() - t0
+    if status == 404:
+        report.fallbacks.append("no engine check (no /health_generate): a hung engine is noticed by timeouts only")
+    elif status != 200:
+        report.problems.append(
+            f"/health_generate answered {status}: no batch finished within SGLang's timeout (or starting up);"
+            " the gateway keeps the backend out of the pool"
+        )
+
+
+def _model_len(http: _Http, report: ProbeReport) -> None:
+    status, data = http.json("/v1/models")
+    if status == 200:
+        report.max_model_len = parse_model_len(data, report.served_model_name)
+
+
 def _load(http: _Http, report: ProbeReport) -> None:
     for path, label in (
         ("/v1/loads?include=core,spec", "/v1/loads"),
@@ -257,7 +286,9 @@ def probe(url: str, *, api_key: str | None = None, max_tokens: int = 32, timeout
     try:
         _server_info(http, report)
         report.reachable = True
+        _model_len(http, report)
         _ready(http, report)
+        _engine_check(http, report)
         _load(http, report)
         if report.ready:
             _generate(http, report, max_tokens)
@@ -303,7 +334,14 @@ def render(report: ProbeReport) -> str:
                     else "   (unknown: no per-backend cap)"
                 ),
             ),
+            ("context length", _fmt(report.max_model_len, " tokens (/v1/models max_model_len)")),
             ("ready", f"{_fmt(report.ready_path)} {'200' if report.ready else 'not ready'}"),
+            (
+                "engine check",
+                f"/health_generate {_fmt(report.engine_check)} in {_fmt(report.engine_check_s, ' s')}"
+                if report.engine_check is not None
+                else "no answer",
+            ),
         ]
         load = report.load
         if load is not None:
