@@ -60,6 +60,11 @@ class Admission:
             await self._wait(model, deadline, front)
             front = True  # woken but beaten to the slot: keep our place at the head of the queue
 
+    def queued(self, model: str) -> int:
+        """Entries in `model`'s FIFO: the waiters, and nothing that has left it."""
+        queue = self._queues.get(model)
+        return len(queue) if queue is not None else 0
+
     def lease(self, backend: Backend, sequences: int = 1) -> Lease:
         self.inflight += 1
         return backend.lease(sequences)
@@ -104,7 +109,9 @@ class Admission:
             raise
         finally:
             self.waiting -= 1
-            if not fut.done():  # timed out or cancelled: take it out so the deque stays bounded
+            # Timed out or cancelled (the task's cancellation cancels the future it awaits): take it
+            # out, so the deque holds only live waiters. A woken future was popped already.
+            if not fut.done() or fut.cancelled():
                 fut.cancel()
                 with contextlib.suppress(ValueError):
                     queue.remove(fut)

@@ -9,14 +9,15 @@ import pytest
 from backends import BackendSpec, Strategy
 from backends.client import SGLangClient
 from gateway.admission import Admission
+from gateway.errors import ApiError
 from gateway.pool import Backend, Pools
 
 
-def _admission() -> tuple[Admission, Backend]:
+def _admission(max_queue: int = 4) -> tuple[Admission, Backend]:
     spec = BackendSpec(name="a", url="http://127.0.0.1:9", model="kimi-k2.6", strategy=Strategy.AR)
     backend = Backend(spec, SGLangClient(spec))
     pools = Pools([backend])
-    return Admission(pools, max_inflight=1, max_queue=4, queue_timeout_s=60), backend
+    return Admission(pools, max_inflight=1, max_queue=max_queue, queue_timeout_s=60), backend
 
 
 def test_a_waiter_cancelled_as_its_slot_comes_free_leaves_and_passes_the_slot_on():
@@ -39,3 +40,29 @@ def test_a_waiter_cancelled_as_its_slot_comes_free_leaves_and_passes_the_slot_on
 
     chosen, waiting, inflight = asyncio.run(scenario())
     assert [b.name for b in chosen] == ["a"] and waiting == 0 and inflight == 0
+
+
+def test_waiters_that_time_out_or_leave_are_taken_out_of_the_queue():
+    """No slot frees while waiters come and go: the FIFO must not keep what left it, or it would
+    grow with every request that gave up."""
+
+    async def scenario() -> tuple[int, int, int, int]:
+        admission, backend = _admission(max_queue=100)
+        admission.queue_timeout_s = 0.05
+        held = admission.lease(backend)
+        timed_out = [asyncio.create_task(admission.candidates("kimi-k2.6")) for _ in range(50)]
+        results = await asyncio.gather(*timed_out, return_exceptions=True)
+        admission.queue_timeout_s = 60
+        leaving = [asyncio.create_task(admission.candidates("kimi-k2.6")) for _ in range(50)]
+        await asyncio.sleep(0)  # one step each: all in the queue
+        assert admission.waiting == 50
+        for task in leaving:
+            task.cancel()
+        await asyncio.gather(*leaving, return_exceptions=True)
+        after = admission.queued("kimi-k2.6"), admission.waiting
+        held.release()
+        refused = sum(isinstance(r, ApiError) and r.status == 429 for r in results)
+        return refused, *after, admission.inflight
+
+    refused, queued, waiting, inflight = asyncio.run(scenario())
+    assert refused == 50 and queued == 0 and waiting == 0 and inflight == 0
