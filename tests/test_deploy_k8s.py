@@ -9,6 +9,7 @@ show the probes mean what the Deployment expects.
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.error
 import urllib.request
@@ -143,6 +144,13 @@ def _configmap_config(tmp_path: Path) -> Path:
 def test_configmap_config_loads(tmp_path):
     config = load_config(_configmap_config(tmp_path))
     assert config.gateway.listen == "0.0.0.0:8000"
+    # The drain fits the pod's grace: the preStop sleep, then shutdown_grace_s, then the server's
+    # one-second backstop (gateway/serve.py), all before the kubelet's SIGKILL.
+    pod = _kind("Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    pre_stop = float(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pre_stop + math.ceil(config.gateway.shutdown_grace_s) + 1 < pod["terminationGracePeriodSeconds"]
+    assert config.gateway.shutdown_grace_s > 60  # and uses most of it: thinking streams last minutes
     assert {b.model for b in config.backends} == {"kimi-k2.6", "qwen3.6-27b"}
     assert {b.strategy for b in config.backends} == {"ar", "eagle3", "dflash", "ddtree"}
 
