@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -215,6 +216,9 @@ def test_compose_services_match_the_gateway_config_and_prometheus():
     assert config_path.startswith("/etc/specroute/")
     config = load_config(config_dir / Path(config_path).name)
     assert gateway["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    # `docker stop` waits stop_grace_period before SIGKILL: the drain and its last second fit in it
+    grace = gateway["stop_grace_period"]
+    assert grace.endswith("s") and float(grace[:-1]) > math.ceil(config.gateway.shutdown_grace_s) + 1
     for backend in config.backends:
         url = urlparse(backend.url)
         svc = services[url.hostname]  # every backend is a compose service
