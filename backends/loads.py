@@ -41,6 +41,15 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     token_load: int | None = None  # /get_load on older servers: tokens in use + queued prompt tokens
     source: str = "v1/loads"
 
+    def restarted_since(self, previous: LoadReport) -> bool:
+        """A lifetime counter (decode steps, computed prompt tokens) is below `previous`'s: the
+        server restarted between the two reports (its radix cache is empty)."""
+        a, b = previous.decode_moments, self.decode_moments
+        if a is not None and b is not None and b[0] < a[0]:
+            return True
+        p, q = previous.prefill_counters, self.prefill_counters
+        return p is not None and q is not None and q[1] < p[1]
+
 
 class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     speculative_algorithm: str | None = None

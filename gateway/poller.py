@@ -15,6 +15,10 @@
   leaves `/ready` at 200 until such a check fails, so without it a hung server would keep getting
   requests. A failed check takes the backend out at once; it is back only once a check passes (they
   then run every `interval_s`) and its readiness checks pass.
+- A backend that may have lost its radix cache is reported (`on_cache_lost`): it came back into the
+  pool after being out (an SGLang restart always passes through that; so does a weight update,
+  which flushes the cache), or its lifetime counters went backwards between two reports (a restart
+  faster than the readiness checks). The policies then forget which prefixes it held.
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ class BackendPoller:
         engine_check_s: float = 0.0,
         engine_check_timeout_s: float = 30.0,
         on_change: Callable[[], None] | None = None,
+        on_cache_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.on_change = on_change
+        self.on_cache_lost = on_cache_lost
         self.interval_s = interval_s
         self.unhealthy_after = unhealthy_after
         self.healthy_after = healthy_after
@@ -160,6 +166,7 @@ class BackendPoller:
             if not backend.ready and self._successes >= self.healthy_after and self.engine_ok:
                 log.warning("backend %s is ready again", backend.name)
                 backend.ready = True
+                self._cache_lost()
         else:
             self._successes, self._fails = 0, self._fails + 1
             if backend.ready and self._fails >= self.unhealthy_after:
@@ -180,6 +187,10 @@ class BackendPoller:
                 return None
         return None
 
+    def _cache_lost(self) -> None:
+        if self.on_cache_lost is not None:
+            self.on_cache_lost(self.backend.name)
+
     async def _model_len(self, served_model_name: str | None) -> int | None:
         try:
             status, body = await self.backend.client.get("/v1/models")
@@ -196,6 +207,10 @@ class BackendPoller:
         """Publish a report to the policies' view, with our own in-flight at the time it was taken,
         so that the load of other gateway replicas can be told apart from ours."""
         backend = self.backend
+        previous = backend.load
+        if previous is not None and report.restarted_since(previous):
+            log.warning("backend %s restarted (its lifetime counters went backwards)", backend.name)
+            self._cache_lost()
         if backend.spec.strategy.speculative:
             accept = self.window.update(report, gauge)
             report = msgspec.structs.replace(report, accept_length=accept, accept_source=self.window.source)
@@ -270,9 +285,15 @@ _NEXT_LOAD_PATH = {"/v1/loads": "/get_load", "/get_load": "/metrics", "/metrics"
 class Poller:
     """One polling task per backend, started with the app; backends can come and go at runtime."""
 
-    def __init__(self, health: HealthSection, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        health: HealthSection,
+        on_change: Callable[[], None] | None = None,
+        on_cache_lost: Callable[[str], None] | None = None,
+    ) -> None:
         self.health = health
         self.on_change = on_change
+        self.on_cache_lost = on_cache_lost
         self.pollers: dict[str, BackendPoller] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = False
@@ -298,6 +319,7 @@ class Poller:
             engine_check_s=h.engine_check_s,
             engine_check_timeout_s=h.engine_check_timeout_s,
             on_change=self.on_change,
+            on_cache_lost=self.on_cache_lost,
         )
         if self._running:
             self._start(backend.name)

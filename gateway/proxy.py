@@ -175,6 +175,10 @@ class Proxy:
         )
         self._header_policies: dict[tuple[str, str], Policy] = {}
 
+    def all_policies(self) -> list[Policy]:
+        """Every policy instance that routes: the models' own and those clients chose by header."""
+        return [*self.policies.values(), *self._header_policies.values()]
+
     # ---- the lifecycle ---------------------------------------------------------------------------
 
     async def serve(

@@ -53,7 +53,7 @@ class Runtime:
             tracing=self.tracing,
             access_log=access_log,
         )
-        self.poller = Poller(config.health, on_change=self.admission.kick)
+        self.poller = Poller(config.health, on_change=self.admission.kick, on_cache_lost=self._cache_lost)
         self.retiring: dict[str, Backend] = {}
         self._retire_tasks: set[asyncio.Task[None]] = set()
         self._seeding: asyncio.Task[None] | None = None
@@ -179,6 +179,13 @@ class Runtime:
         self.poller.start()
         # policies start from a short measurement of each backend, not the studies' priors
         self._seeding = start_seeding(self.config.backend_specs(), self.policies)
+
+    def _cache_lost(self, backend: str) -> None:
+        """The backend may have lost its radix cache: no policy may count on the prefixes it held."""
+        for policy in self.proxy.all_policies():
+            forget = getattr(policy, "forget_prefixes", None)  # the policies that track prefixes
+            if forget is not None:
+                forget(backend)
 
     def begin_shutdown(self, grace_s: float) -> None:
         """The server has stopped accepting: what is still being answered after `grace_s` is ended."""

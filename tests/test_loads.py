@@ -287,3 +287,14 @@ def test_without_metrics_decode_moments_give_the_window_through_a_drift(tmp_path
         lifetime = _twin_lifetime(twin)
     assert reported["accept_source"] == "decode moments"
     assert lifetime is not None and lifetime > 1.3 * reported["accept_length"]  # what /v1/loads alone says
+
+
+def test_a_restart_between_two_reports_is_told_by_counters_that_went_back():
+    before = parse_loads({"loads": [_rank(_moments(10_000, 30_000))]})
+    later = parse_loads({"loads": [_rank(_moments(10_100, 30_300))]})
+    restarted = parse_loads({"loads": [_rank(_moments(50, 250))]})
+    assert before is not None and later is not None and restarted is not None
+    assert not later.restarted_since(before) and not before.restarted_since(before)
+    assert restarted.restarted_since(later)
+    old = parse_get_load([{"num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 900}])  # no counters: no verdict
+    assert old is not None and not old.restarted_since(later) and not later.restarted_since(old)

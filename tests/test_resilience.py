@@ -388,3 +388,33 @@ def test_requests_waiting_on_a_hung_engine_move_to_another_backend_when_its_chec
         if line.startswith("specroute_upstream_errors_total") and 'kind="engine_stalled"' in line
     ]
     assert moved and float(moved[0].split()[-1]) >= 1, moved  # round robin sent some of them to the hung one
+
+
+def test_a_restarted_backend_is_not_credited_with_the_prefixes_it_held(tmp_path, twins):
+    """A restart empties SGLang's radix cache. Once the backend is back, the policy must not count
+    on the conversation prefixes it held before (it would price their re-prefill at nothing)."""
+    a = twins("k26-ar")
+    config = "[health]\ninterval_s = 0.1\nunhealthy_after = 1\n"
+    with gateway(tmp_path, [a.entry("a")], config) as url:
+
+        def held() -> int:
+            entry = get_json(f"{url}/admin/backends")["policies"]["kimi-k2.6"]["backends"].get("a", {})
+            return entry.get("prefix_blocks", {}).get("blocks", 0)
+
+        def ready() -> bool:
+            return get_json(f"{url}/admin/backends")["backends"][0]["ready"]
+
+        system = {"role": "system", "content": "You are a careful assistant who cites sources. " * 60}
+        body = {"model": "kimi-k2.6", "messages": [system, *MSG], "max_tokens": 4}
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            ),
+            timeout=30,
+        ).read()
+        assert wait_until(lambda: held() > 0)
+        a.kill()
+        assert wait_until(lambda: not ready())
+        a.start()
+        assert wait_until(ready)
+        assert held() == 0
