@@ -85,6 +85,7 @@ class Runtime:
         backend = self.pools.remove(name)
         backend.draining = True
         await self.poller.remove(name)
+        self._cache_lost(name)  # no request goes there any more: what it holds is not an asset
         self.retiring[name] = backend
         task = asyncio.create_task(self._close_when_idle(backend))
         self._retire_tasks.add(task)

@@ -129,6 +129,36 @@ def test_reload_keeps_an_unchanged_policy_and_rebuilds_a_changed_one():
     asyncio.run(scenario())
 
 
+def test_a_backend_removed_by_reload_leaves_no_tracked_prefixes_behind():
+    """The prefix tracker holds a backend's blocks up to its KV budget; a removed backend's must go
+    with it, or backends added and removed under new names would pile them up."""
+    from policies import RequestFeatures
+    from policies.prefix import message_blocks
+
+    entries = [_entry("a", "http://127.0.0.1:9"), _entry("b", "http://127.0.0.1:9")]
+    history = [{"role": "system", "content": "You are a careful assistant. " * 200}, *MSG]
+    request = RequestFeatures(model="kimi-k2.6", prompt_tokens=1500, prefix=message_blocks(history))
+
+    async def scenario() -> tuple[dict, dict]:
+        rt = Runtime(config_from_dict({"backends": entries}))
+        try:
+            policy = rt.policies["kimi-k2.6"]
+            for name in ("a", "b"):  # each one alone: the prefix is recorded on both
+                policy.choose(request, [rt.pools.by_name[name].view])
+            before = policy.describe()  # type: ignore[attr-defined]
+            await rt.reload(config_from_dict({"backends": entries[:1]}))
+            return before, policy.describe()  # type: ignore[attr-defined]
+        finally:
+            await rt.stop()
+
+    before, after = asyncio.run(scenario())
+    assert before["backends"]["a"]["prefix_blocks"]["blocks"] > 0
+    assert before["backends"]["b"]["prefix_blocks"]["blocks"] > 0
+    assert (
+        "prefix_blocks" not in after["backends"].get("b", {}) and after["backends"]["a"]["prefix_blocks"]["blocks"] > 0
+    )
+
+
 def _admin_state(url: str):
     with urllib.request.urlopen(f"{url}/admin/backends", timeout=10) as r:
         return decode_admin_backends(r.read())
