@@ -112,10 +112,6 @@ class Children:
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
 
-    @property
-    def pids(self) -> dict[str, int]:
-        return {name: c.proc.pid for name, c in self._children.items()}
-
     def start(self, name: str, cmd: Sequence[str]) -> None:
         log: Path | None = None
         out: IO[bytes] | int = subprocess.DEVNULL

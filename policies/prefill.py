@@ -67,9 +67,6 @@ class PrefillModel:
         self.per_token_s += a * (per_token_s - self.per_token_s)
         self._fit()
 
-    def time_s(self, uncached: int) -> float:
-        return self.base_s + self.per_token_s * uncached
-
     def observe(self, ttft_s: float, uncached: int) -> bool:
         """One request prefilling `uncached` tokens (and not queueing) saw `ttft_s`."""
         if not (

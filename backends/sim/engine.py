@@ -141,11 +141,6 @@ class EngineStats(msgspec.Struct, frozen=True):
     decode_moments: tuple[float, ...] | None = None
     total_prefill_busy_us: int = 0
 
-    @property
-    def avg_accept_length(self) -> float:
-        """Backwards-compatible name of the live lifetime average."""
-        return self.live_accept_length
-
 
 class SimRequest:
     """One request inside the engine; its counters become usage and spec details."""
