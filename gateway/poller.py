@@ -18,7 +18,8 @@
 - A backend that may have lost its radix cache is reported (`on_cache_lost`): it came back into the
   pool after being out (an SGLang restart always passes through that; so does a weight update,
   which flushes the cache), or its lifetime counters went backwards between two reports (a restart
-  faster than the readiness checks). The policies then forget which prefixes it held.
+  faster than the readiness checks). The policies then forget which prefixes it held, and its
+  `/server_info` is read again: a restart may have changed its flags.
 """
 
 from __future__ import annotations
@@ -188,6 +189,10 @@ class BackendPoller:
         return None
 
     def _cache_lost(self) -> None:
+        """Maybe restarted: its cache is gone, and it may run with other flags (cap, algorithm,
+        context length), so /server_info and /v1/models are read again at the next poll."""
+        self.backend.info = None
+        self.backend.view.max_running = None  # from the new /server_info, else the next /v1/loads
         if self.on_cache_lost is not None:
             self.on_cache_lost(self.backend.name)
 

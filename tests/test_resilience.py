@@ -392,7 +392,8 @@ def test_requests_waiting_on_a_hung_engine_move_to_another_backend_when_its_chec
 
 def test_a_restarted_backend_is_not_credited_with_the_prefixes_it_held(tmp_path, twins):
     """A restart empties SGLang's radix cache. Once the backend is back, the policy must not count
-    on the conversation prefixes it held before (it would price their re-prefill at nothing)."""
+    on the conversation prefixes it held before (it would price their re-prefill at nothing). A
+    restart may also change the server's flags: its cap follows the new /server_info."""
     a = twins("k26-ar")
     config = "[health]\ninterval_s = 0.1\nunhealthy_after = 1\n"
     with gateway(tmp_path, [a.entry("a")], config) as url:
@@ -404,6 +405,9 @@ def test_a_restarted_backend_is_not_credited_with_the_prefixes_it_held(tmp_path,
         def ready() -> bool:
             return get_json(f"{url}/admin/backends")["backends"][0]["ready"]
 
+        def cap() -> int:
+            return get_json(f"{url}/admin/backends")["backends"][0]["cap"]
+
         system = {"role": "system", "content": "You are a careful assistant who cites sources. " * 60}
         body = {"model": "kimi-k2.6", "messages": [system, *MSG], "max_tokens": 4}
         urllib.request.urlopen(
@@ -412,9 +416,11 @@ def test_a_restarted_backend_is_not_credited_with_the_prefixes_it_held(tmp_path,
             ),
             timeout=30,
         ).read()
-        assert wait_until(lambda: held() > 0)
+        assert wait_until(lambda: held() > 0) and wait_until(lambda: cap() == 256)
         a.kill()
         assert wait_until(lambda: not ready())
+        a.cmd = [*a.cmd, "--max-running-requests", "7"]
         a.start()
         assert wait_until(ready)
         assert held() == 0
+        assert wait_until(lambda: cap() == 7)
