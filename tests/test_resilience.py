@@ -394,9 +394,9 @@ def test_a_restarted_backend_is_not_credited_with_the_prefixes_it_held(tmp_path,
     """A restart empties SGLang's radix cache. Once the backend is back, the policy must not count
     on the conversation prefixes it held before (it would price their re-prefill at nothing). A
     restart may also change the server's flags: its cap follows the new /server_info."""
-    a = twins("k26-ar")
+    a = twins("k26-dflash")  # its /server_info carries max_running_requests (48)
     config = "[health]\ninterval_s = 0.1\nunhealthy_after = 1\n"
-    with gateway(tmp_path, [a.entry("a")], config) as url:
+    with gateway(tmp_path, [a.entry("a", strategy="dflash")], config) as url:
 
         def held() -> int:
             entry = get_json(f"{url}/admin/backends")["policies"]["kimi-k2.6"]["backends"].get("a", {})
@@ -416,7 +416,7 @@ def test_a_restarted_backend_is_not_credited_with_the_prefixes_it_held(tmp_path,
             ),
             timeout=30,
         ).read()
-        assert wait_until(lambda: held() > 0) and wait_until(lambda: cap() == 256)
+        assert wait_until(lambda: held() > 0) and wait_until(lambda: cap() == 48)
         a.kill()
         assert wait_until(lambda: not ready())
         a.cmd = [*a.cmd, "--max-running-requests", "7"]
