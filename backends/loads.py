@@ -16,6 +16,7 @@ gauge `sglang:spec_accept_length` (the last 40-step interval's), or what the pol
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -64,7 +65,10 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _num(value: Any, typ: type = int) -> Any:
+    """A JSON number as `typ`; None for anything else, NaN and infinities included."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     return typ(value)
 
@@ -162,9 +166,11 @@ def parse_metrics(text: str) -> LoadReport | None:
     values: dict[str, list[float]] = {}
     for name, _labels, value in _METRIC_LINE.findall(text):
         try:
-            values.setdefault(name, []).append(float(value))
+            number = float(value)
         except ValueError:
             continue
+        if math.isfinite(number):  # the text format allows NaN and +Inf: neither is a count or a length
+            values.setdefault(name, []).append(number)
     if "num_running_reqs" not in values:
         return None
     accept = [a for a in values.get("spec_accept_length", []) if a > 0]  # 0 before the first interval, and on AR

@@ -85,7 +85,10 @@ class BackendPoller:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._engine_checks())
             while True:
-                await self.poll_once()
+                try:
+                    await self.poll_once()
+                except Exception:  # a bug, or an answer no parser foresaw: never the end of polling
+                    log.exception("polling backend %s failed", self.backend.name)
                 await asyncio.sleep(self.interval_s)
 
     async def _engine_checks(self) -> None:
@@ -94,7 +97,10 @@ class BackendPoller:
                 await asyncio.sleep(self.interval_s)
                 continue
             await asyncio.sleep(self.engine_check_s if self.engine_ok else self.interval_s)
-            await self.check_engine()
+            try:
+                await self.check_engine()
+            except Exception:
+                log.exception("engine check of backend %s failed", self.backend.name)
 
     async def check_engine(self) -> None:
         """One `/health_generate`; a failure takes the backend out of the pool at once."""

@@ -85,6 +85,21 @@ def test_metrics_accepts_both_prefixes():
     assert parse_metrics("python_gc_objects_collected_total 1\n") is None
 
 
+def test_nan_and_infinite_values_are_no_figures():
+    """Prometheus text allows NaN and +Inf; neither is a count or an accept length. They used to
+    raise from int(), which ended the backend's polling for good."""
+    text = (
+        "sglang:num_running_reqs{dp_rank=\"0\"} 4\nsglang:num_running_reqs{dp_rank=\"1\"} NaN\n"
+        "sglang:num_queue_reqs +Inf\nsglang:spec_accept_length{dp_rank=\"0\"} +Inf\n"
+    )
+    r = parse_metrics(text)
+    assert r is not None and (r.running, r.waiting, r.accept_length) == (4, 0, None)
+    assert parse_metrics("sglang:num_running_reqs NaN\n") is None
+    rank = {"dp_rank": 0, "num_running_reqs": float("nan"), "num_waiting_reqs": 0}
+    assert parse_loads({"loads": [rank]}) is None
+    assert parse_server_info({"max_running_requests": float("inf")}).max_running_requests is None
+
+
 def test_server_info():
     info = parse_server_info(
         {
