@@ -89,8 +89,8 @@ def test_nan_and_infinite_values_are_no_figures():
     """Prometheus text allows NaN and +Inf; neither is a count or an accept length. They used to
     raise from int(), which ended the backend's polling for good."""
     text = (
-        "sglang:num_running_reqs{dp_rank=\"0\"} 4\nsglang:num_running_reqs{dp_rank=\"1\"} NaN\n"
-        "sglang:num_queue_reqs +Inf\nsglang:spec_accept_length{dp_rank=\"0\"} +Inf\n"
+        'sglang:num_running_reqs{dp_rank="0"} 4\nsglang:num_running_reqs{dp_rank="1"} NaN\n'
+        'sglang:num_queue_reqs +Inf\nsglang:spec_accept_length{dp_rank="0"} +Inf\n'
     )
     r = parse_metrics(text)
     assert r is not None and (r.running, r.waiting, r.accept_length) == (4, 0, None)
