@@ -113,8 +113,17 @@ class BackendPoller:
             status = None  # not even a 503 in time: its HTTP server is stuck too
         except _NET_ERRORS:
             return  # unreachable: the readiness checks take it out
-        if status == 404:  # an older server without the route: readiness checks only
+        if status not in (200, 503, None):
+            # SGLang answers 200 or 503. Anything else (404 on an older server, 401 behind a proxy
+            # that wants other credentials) is no verdict on the engine: readiness checks only.
+            log.warning(
+                "backend %s answered %s to %s: no engine checks for it, readiness checks only",
+                self.backend.name,
+                status,
+                path,
+            )
             self._engine_path = None
+            self.engine_ok = True  # no verdict holds it out of the pool
             return
         was_ok, self.engine_ok = self.engine_ok, status == 200
         backend = self.backend
