@@ -79,6 +79,7 @@ class BackendPoller:
         self._fails = 0
         self._successes = 0
         self.checks = 0  # readiness checks done; /ready waits for the first
+        self._info_stale = False  # /server_info to be read again (the backend may have restarted)
         self.window = AcceptanceWindow()
 
     async def run(self) -> None:
@@ -150,11 +151,12 @@ class BackendPoller:
 
     async def poll_once(self) -> None:
         await self._check_ready()
-        if self.backend.info is None:
+        if self.backend.info is None or self._info_stale:
             info = await self._server_info()
             if info is not None:
                 info = msgspec.structs.replace(info, max_model_len=await self._model_len(info.served_model_name))
                 self.backend.info = info
+                self._info_stale = False
                 self._apply_info(info)
         if self.backend.ready:
             inflight_before = self.backend.inflight
@@ -205,9 +207,9 @@ class BackendPoller:
 
     def _cache_lost(self) -> None:
         """Maybe restarted: its cache is gone, and it may run with other flags (cap, algorithm,
-        context length), so /server_info and /v1/models are read again at the next poll."""
-        self.backend.info = None
-        self.backend.view.max_running = None  # from the new /server_info, else the next /v1/loads
+        context length), so /server_info and /v1/models are read again at the next poll (the old
+        ones stand until then)."""
+        self._info_stale = True
         if self.on_cache_lost is not None:
             self.on_cache_lost(self.backend.name)
 
@@ -244,8 +246,9 @@ class BackendPoller:
         view.prefill_counters = report.prefill_counters
         # the report was taken somewhere between sending the poll and its answer
         view.reported_inflight = (inflight_before + backend.inflight) // 2 if report.running is not None else None
-        if report.max_running and view.max_running is None:
-            view.max_running = report.max_running
+        info = backend.info
+        if report.max_running and not (info is not None and info.max_running_requests):
+            view.max_running = report.max_running  # the live cap, unless /server_info has the flag's
         if report.max_total_tokens:
             view.kv_tokens = report.max_total_tokens
 
