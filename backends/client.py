@@ -1,4 +1,7 @@
-"""The HTTP client for one SGLang server: one pooled keep-alive aiohttp session per backend."""
+"""The HTTP client for one SGLang server: one pooled keep-alive aiohttp session per backend.
+
+A backend's URL may carry a path prefix (an ingress routing `https://gpu-gw/k26-dflash/...` to
+one server): SGLang's paths are appended to it, never joined over it."""
 
 from __future__ import annotations
 
@@ -27,7 +30,6 @@ class SGLangClient:
             connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=60, ttl_dns_cache=300)
             # auto_decompress off: bytes are relayed as they come; skip_auto_headers keeps requests small.
             self._session = aiohttp.ClientSession(
-                base_url=self.spec.url,
                 connector=connector,
                 timeout=self._timeout,
                 auto_decompress=False,
@@ -44,16 +46,23 @@ class SGLangClient:
     ) -> aiohttp.ClientResponse:
         """Send a JSON body; the caller owns the response and must release (or close) it."""
         merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
-        url = self._urls.get(path)
-        if url is None:  # parsed and joined once per path, not per request
-            url = self._urls[path] = URL(self.spec.url).join(URL(path))
+        url = self.url(path)
         if timeouts is None:
             return await self.session.post(url, data=body, headers=merged)
         return await self.session.post(url, data=body, headers=merged, timeout=timeouts)
 
+    def url(self, path: str) -> URL:
+        """The backend's URL, its path prefix kept, with SGLang's `path` (and query) after it; parsed
+        once per path, not per request."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(self.spec.url.rstrip("/") + path, encoded=False)
+        return url
+
     async def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         """A small GET for probes and polling: (status, body); network errors propagate."""
-        async with self.session.get(path, headers=self._auth, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with self.session.get(self.url(path), headers=self._auth, timeout=timeout) as r:
             return r.status, await r.read()
 
     async def close(self) -> None:
