@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gateway.admission import Admission
     from gateway.pool import Backend, Lease
     from gateway.proxy import Request
+    from gateway.stream_deadline import StreamDeadline
     from gateway.tracing import Tracing
     from policies import Decision
 
@@ -84,6 +85,7 @@ class Attempt:
         "abandoned",
         "_task",
         "_cancelling",
+        "_stream",
     )
 
     lease: Lease
@@ -102,6 +104,7 @@ class Attempt:
         self.response: aiohttp.ClientResponse | None = None
         self.reusable = False  # the response was read to its end: its connection can serve another request
         self.abandoned = False
+        self._stream: StreamDeadline | None = None
 
     async def __aenter__(self) -> Attempt:
         backend, req = self.backend, self.req
@@ -161,6 +164,11 @@ class Attempt:
             self._prefill = 0
         self.answered()
 
+    def streaming(self, deadline: StreamDeadline) -> None:
+        """The stream has started: until the attempt ends, its backend can cut it (`Backend.cut_streams`)."""
+        self._stream = deadline
+        self.backend.streams.add(deadline)
+
     def answered(self) -> None:
         """Something of the answer is in: from here on the attempt is not given up."""
         self.backend.unanswered.discard(self)
@@ -204,6 +212,8 @@ class Attempt:
                 resp.close()
         mean_inflight = self.mean_inflight()  # before the release: the attempt counts itself
         self.first_token()
+        if self._stream is not None:
+            self.backend.streams.discard(self._stream)
         self.lease.release()
         if isinstance(exc, UpstreamFailure):
             self._host.attempt_failed(self, exc)

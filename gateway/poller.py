@@ -146,6 +146,11 @@ class BackendPoller:
                 log.warning(
                     "backend %s: %d request(s) waiting for its answer moved to other backends", backend.name, moved
                 )
+            # Streams under way there will not progress either: their clients hear it now, not
+            # after idle_stream_s (nothing of them can be retried).
+            cut = backend.cut_streams()
+            if cut:
+                log.warning("backend %s: %d stream(s) under way ended with an error event", backend.name, cut)
         elif self.engine_ok and not was_ok:
             log.warning("backend %s passed SGLang's engine check again", backend.name)
 

@@ -20,6 +20,7 @@ from policies import BackendView
 
 if TYPE_CHECKING:
     from gateway.attempt import Attempt
+    from gateway.stream_deadline import StreamDeadline
 
 
 class Backend:
@@ -31,6 +32,7 @@ class Backend:
         "view",
         "info",
         "unanswered",
+        "streams",
         "load",
         "circuit",
         "ready",
@@ -51,6 +53,7 @@ class Backend:
         self.info: ServerInfo | None = None  # from /server_info, once
         # Attempts dispatched here that nothing of the answer has reached yet (gateway.attempt).
         self.unanswered: set[Attempt] = set()
+        self.streams: set[StreamDeadline] = set()  # streams under way from here, their first token sent
         self.load: LoadReport | None = None  # latest backend-reported load
         self.circuit = circuit or CircuitBreaker()
         self.ready = True  # optimistic until the first readiness check says otherwise
@@ -112,6 +115,14 @@ class Backend:
         for attempt in attempts:
             attempt.abandon()
         return len(attempts)
+
+    def cut_streams(self) -> int:
+        """End every stream under way from here now (the backend stopped stepping, so none will
+        progress): each gets an error event rather than waiting out its idle deadline."""
+        streams = list(self.streams)
+        for deadline in streams:
+            deadline.cut()
+        return len(streams)
 
     def lease(self, sequences: int = 1) -> Lease:
         """Count a request's sequences in flight until the lease is released (exactly once). In

@@ -299,6 +299,7 @@ class Proxy:
                 first = await self._first_token(attempt, resp, relay)
                 deadline.first_token()
                 attempt.first_token()
+                attempt.streaming(deadline)
                 await client.start_stream(self._reply_headers(attempt, stream=True))
                 started, result.status = True, 200  # what the client saw, whatever follows
                 if first:
@@ -317,7 +318,11 @@ class Proxy:
         except TimeoutError:
             if not started:
                 raise attempt.failure("timeout", 504, f"sent no token within {self.first_byte_s:g}s") from None
-            broken = f"upstream stream idle for more than {self.idle_stream_s:g}s"
+            broken = (
+                "stopped stepping (SGLang's engine check failed)"
+                if deadline.stalled
+                else f"upstream stream idle for more than {self.idle_stream_s:g}s"
+            )
         except NET_ERRORS as e:
             if not started:
                 raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -322,10 +323,12 @@ def test_a_streamed_queue_full_answer_is_retried_like_a_503(tmp_path, twins):
 
 
 @contextlib.contextmanager
-def _hung_and_spare(tmp_path, twins, config: str) -> Iterator[tuple[str, Twin, Callable[[], dict[str, dict]]]]:
+def _hung_and_spare(
+    tmp_path, twins, config: str
+) -> Iterator[tuple[str, Twin, Callable[[], dict[str, dict]], socket.socket]]:
     """A round-robin gateway over `hung` (its engine stops after 5 tokens) and `spare`, both up and
-    past an engine check; yields its URL, the hung twin and a reader of /admin/backends by name.
-    A stream pinned to `hung` runs until its engine stops, and stays open in the block."""
+    past an engine check; yields its URL, the hung twin, a reader of /admin/backends by name, and
+    the socket of a stream pinned to `hung`, which runs until its engine stops and stays open."""
     hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
     spare = twins("k26-ar")
     with gateway(
@@ -337,8 +340,8 @@ def _hung_and_spare(tmp_path, twins, config: str) -> Iterator[tuple[str, Twin, C
 
         assert wait_until(lambda: all(b["engine_ok"] and b["up"] for b in state().values()))
         body = {"model": "kimi-k2.6@hung", "messages": MSG, "max_tokens": 200, "stream": True}
-        with open_stream(url, body, events=2):
-            yield url, hung, state
+        with open_stream(url, body, events=2) as stream:
+            yield url, hung, state, stream
 
 
 async def _chats(url: str, n: int, *, together: bool) -> list[dict]:
@@ -356,9 +359,15 @@ def test_a_hung_engine_leaves_the_pool_by_sglangs_engine_check(tmp_path, twins):
     backend out when it fails, and new requests go to the others (round robin would send every
     other one to it)."""
     health = "[health]\ninterval_s = 0.1\nengine_check_s = 0.2\nengine_check_timeout_s = 10\n"
-    with _hung_and_spare(tmp_path, twins, health) as (url, hung, state):
+    with _hung_and_spare(tmp_path, twins, health) as (url, hung, state, stream):
         assert wait_until(lambda: state()["hung"]["engine_ok"] is False, timeout=30)
-        assert get_json(f"{hung.url}/v1/loads")["loads"][0]["num_running_reqs"] >= 1  # hung, not gone
+        # the stream under way there ends now, with an error event, not after idle_stream_s (60 s)
+        rest = b""
+        while b"[DONE]" not in rest:
+            part = stream.recv(65536)
+            assert part, rest
+            rest += part
+        assert b"engine check failed" in rest, rest
         now = state()
         assert not now["hung"]["up"] and now["spare"]["up"] and now["spare"]["engine_ok"]
         results = asyncio.run(_chats(url, 6, together=False))
@@ -377,7 +386,7 @@ def test_requests_waiting_on_a_hung_engine_move_to_another_backend_when_its_chec
         "[health]\ninterval_s = 0.1\nengine_check_s = 1.0\nengine_check_timeout_s = 10\n"
         "[timeouts]\nfirst_byte_s = 240\nrequest_s = 240\n"
     )
-    with _hung_and_spare(tmp_path, twins, config) as (url, _hung, _state):
+    with _hung_and_spare(tmp_path, twins, config) as (url, _hung, _state, _stream):
         results = asyncio.run(_chats(url, 4, together=True))
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
     assert [(r["status"], r["backend"]) for r in results] == [(200, "spare")] * 4, results
