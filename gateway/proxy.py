@@ -299,9 +299,9 @@ class Proxy:
                 first = await self._first_token(attempt, resp, relay)
                 deadline.first_token()
                 attempt.first_token()
-                attempt.streaming(deadline)
                 await client.start_stream(self._reply_headers(attempt, stream=True))
                 started, result.status = True, 200  # what the client saw, whatever follows
+                attempt.streaming(deadline)  # from here a cut ends the stream, never retries it
                 if first:
                     await client.send_chunk(first)
                 # readany() directly, not iter_any(): one coroutine layer less per chunk.
