@@ -5,9 +5,10 @@ back exactly once, on exit, however the attempt ends (answered, refused, failed,
 - its CLIENT span (ended with the attempt's record);
 - its upstream response: released to the connection pool when it was read to the end, closed
   otherwise, which makes SGLang abort the request (a client that left, a broken stream);
-- its place among its backend's unanswered attempts (`Backend.unanswered`), until the first token
-  of a stream or the body of a complete answer: those a hung backend holds are given up
-  (`abandon`) and tried elsewhere, since nothing of them has reached the client.
+- its place among its backend's open attempts (`Backend.open_attempts`): while it waits for its
+  answer, and again once a stream's headers have gone out. A backend that stops stepping gives
+  them up (`abandon`): one still waiting is tried elsewhere, since nothing of it has reached the
+  client; a stream under way ends with an error event.
 
 An attempt that fails before anything reached the client raises `UpstreamFailure`: the caller
 may try another backend. Any other exit makes it the request's last attempt, and the request's
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from gateway.admission import Admission
     from gateway.pool import Backend, Lease
     from gateway.proxy import Request
-    from gateway.stream_deadline import StreamDeadline
     from gateway.tracing import Tracing
     from policies import Decision
 
@@ -40,6 +40,7 @@ RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 # 503 (a full queue) and 429 mean busy, not broken: they do not count against the circuit.
 BUSY = frozenset({429, 503})
 NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+STALLED = "stopped stepping (SGLang's engine check failed)"
 
 
 class UpstreamFailure(Exception):
@@ -85,7 +86,6 @@ class Attempt:
         "abandoned",
         "_task",
         "_cancelling",
-        "_stream",
     )
 
     lease: Lease
@@ -104,7 +104,6 @@ class Attempt:
         self.response: aiohttp.ClientResponse | None = None
         self.reusable = False  # the response was read to its end: its connection can serve another request
         self.abandoned = False
-        self._stream: StreamDeadline | None = None
 
     async def __aenter__(self) -> Attempt:
         backend, req = self.backend, self.req
@@ -117,8 +116,8 @@ class Attempt:
         req.tried.append(backend.name)
         # The lease last: from here on nothing can fail before __aexit__ gives it back.
         self.lease = self._host.admission.lease(backend, req.parsed.sequences)
-        backend.unanswered.add(self)
-        # `abandon` cancels the request's task; `given_up` tells that cancellation from any other
+        backend.open_attempts.add(self)
+        # `abandon` cancels the request's task; `taken_back` tells that cancellation from any other
         # (the count, as asyncio.timeout keeps it), so the common path costs no timeout scope.
         task = asyncio.current_task()
         assert task is not None, "an attempt runs inside a task"
@@ -164,31 +163,30 @@ class Attempt:
             self._prefill = 0
         self.answered()
 
-    def streaming(self, deadline: StreamDeadline) -> None:
-        """The stream has started: until the attempt ends, its backend can cut it (`Backend.cut_streams`)."""
-        self._stream = deadline
-        self.backend.streams.add(deadline)
+    def streaming(self) -> None:
+        """The stream's headers are out: from here `abandon` ends it rather than moving it."""
+        self.backend.open_attempts.add(self)
 
     def answered(self) -> None:
-        """Something of the answer is in: from here on the attempt is not given up."""
-        self.backend.unanswered.discard(self)
+        """Its answer (or a stream's first token) is in: not given up until `streaming`, if ever."""
+        self.backend.open_attempts.discard(self)
 
     def abandon(self) -> None:
-        """Give up waiting for the answer (its backend stopped stepping): the wait under way raises
-        CancelledError, which the caller hands to `given_up`."""
-        if not self.abandoned and self in self.backend.unanswered:
+        """Give up the attempt (its backend stopped stepping): whatever it awaits raises
+        CancelledError, which the caller hands to `taken_back`."""
+        if not self.abandoned and self in self.backend.open_attempts:
             self.abandoned = True
             self._task.cancel()
 
-    def given_up(self) -> UpstreamFailure | None:
-        """In an `except CancelledError`: the failure to raise when the cancellation was `abandon`'s
-        alone (it is then taken back), None when it was anyone else's too (a client that left)."""
-        if not self.abandoned or self._task.uncancel() > self._cancelling:
-            return None
+    def taken_back(self) -> bool:
+        """In an `except CancelledError`: True when the cancellation was `abandon`'s alone, which is
+        then undone; False when it was anyone else's too (a client that left)."""
+        return self.abandoned and self._task.uncancel() <= self._cancelling
+
+    def stalled_failure(self) -> UpstreamFailure:
+        """What an attempt given up before answering raises: another backend may take it."""
         # health=False: the engine check that gave it up has taken the backend out already
-        return self.failure(
-            "engine_stalled", 503, "stopped stepping (SGLang's engine check failed) before answering", False
-        )
+        return self.failure("engine_stalled", 503, f"{STALLED} before answering", False)
 
     def failure(self, kind: str, status: int, what: str, health: bool = True) -> UpstreamFailure:
         """An UpstreamFailure naming this attempt's backend: `backend NAME <what>`."""
@@ -212,8 +210,6 @@ class Attempt:
                 resp.close()
         mean_inflight = self.mean_inflight()  # before the release: the attempt counts itself
         self.first_token()
-        if self._stream is not None:
-            self.backend.streams.discard(self._stream)
         self.lease.release()
         if isinstance(exc, UpstreamFailure):
             self._host.attempt_failed(self, exc)

@@ -139,18 +139,15 @@ class BackendPoller:
                 self._successes = 0
                 if self.on_change is not None:
                     self.on_change()
-            # Nothing of these has reached a client: they are tried elsewhere rather than wait out
-            # their timeouts, or SGLang's watchdog, on a server that does not step.
-            moved = backend.abandon_unanswered()
-            if moved:
+            # Requests waiting there are tried elsewhere rather than wait out their timeouts, or
+            # SGLang's watchdog; streams under way end now, not after idle_stream_s.
+            given_up = backend.stalled()
+            if given_up:
                 log.warning(
-                    "backend %s: %d request(s) waiting for its answer moved to other backends", backend.name, moved
+                    "backend %s: %d request(s) given up: those waiting moved to other backends, streams ended",
+                    backend.name,
+                    given_up,
                 )
-            # Streams under way there will not progress either: their clients hear it now, not
-            # after idle_stream_s (nothing of them can be retried).
-            cut = backend.cut_streams()
-            if cut:
-                log.warning("backend %s: %d stream(s) under way ended with an error event", backend.name, cut)
         elif self.engine_ok and not was_ok:
             log.warning("backend %s passed SGLang's engine check again", backend.name)
 

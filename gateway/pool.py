@@ -20,7 +20,6 @@ from policies import BackendView
 
 if TYPE_CHECKING:
     from gateway.attempt import Attempt
-    from gateway.stream_deadline import StreamDeadline
 
 
 class Backend:
@@ -31,8 +30,7 @@ class Backend:
         "client",
         "view",
         "info",
-        "unanswered",
-        "streams",
+        "open_attempts",
         "load",
         "circuit",
         "ready",
@@ -51,9 +49,9 @@ class Backend:
         self.client = client
         self.view = BackendView(spec=spec)
         self.info: ServerInfo | None = None  # from /server_info, once
-        # Attempts dispatched here that nothing of the answer has reached yet (gateway.attempt).
-        self.unanswered: set[Attempt] = set()
-        self.streams: set[StreamDeadline] = set()  # streams under way from here, their first token sent
+        # Attempts here that a stalled engine ends: waiting for their answer, or streaming it
+        # (gateway.attempt).
+        self.open_attempts: set[Attempt] = set()
         self.load: LoadReport | None = None  # latest backend-reported load
         self.circuit = circuit or CircuitBreaker()
         self.ready = True  # optimistic until the first readiness check says otherwise
@@ -108,21 +106,14 @@ class Backend:
         self._area = self.inflight_area(now)
         self._area_t = now
 
-    def abandon_unanswered(self) -> int:
-        """Give up every attempt here that nothing of the answer has reached (the backend stopped
-        stepping): each is tried on another backend. Returns how many."""
-        attempts = list(self.unanswered)
+    def stalled(self) -> int:
+        """The backend stopped stepping: every open attempt is given up (`Attempt.abandon`). Those
+        still waiting are tried on another backend; streams under way end with an error event,
+        rather than waiting out their idle deadline. Returns how many."""
+        attempts = list(self.open_attempts)
         for attempt in attempts:
             attempt.abandon()
         return len(attempts)
-
-    def cut_streams(self) -> int:
-        """End every stream under way from here now (the backend stopped stepping, so none will
-        progress): each gets an error event rather than waiting out its idle deadline."""
-        streams = list(self.streams)
-        for deadline in streams:
-            deadline.cut()
-        return len(streams)
 
     def lease(self, sequences: int = 1) -> Lease:
         """Count a request's sequences in flight until the lease is released (exactly once). In

@@ -41,7 +41,7 @@ from backends.telemetry import usage
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
-from gateway.attempt import BUSY, NET_ERRORS, REQUEST_ID_HEADER, RETRYABLE, Attempt, UpstreamFailure
+from gateway.attempt import BUSY, NET_ERRORS, REQUEST_ID_HEADER, RETRYABLE, STALLED, Attempt, UpstreamFailure
 from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
 from gateway.errors import ApiError, model_not_found, sse_error_event
@@ -301,7 +301,7 @@ class Proxy:
                 attempt.first_token()
                 await client.start_stream(self._reply_headers(attempt, stream=True))
                 started, result.status = True, 200  # what the client saw, whatever follows
-                attempt.streaming(deadline)  # from here a cut ends the stream, never retries it
+                attempt.streaming()  # from here `abandon` ends the stream, never retries it
                 if first:
                     await client.send_chunk(first)
                 # readany() directly, not iter_any(): one coroutine layer less per chunk.
@@ -318,20 +318,17 @@ class Proxy:
         except TimeoutError:
             if not started:
                 raise attempt.failure("timeout", 504, f"sent no token within {self.first_byte_s:g}s") from None
-            broken = (
-                "stopped stepping (SGLang's engine check failed)"
-                if deadline.stalled
-                else f"upstream stream idle for more than {self.idle_stream_s:g}s"
-            )
+            broken = f"upstream stream idle for more than {self.idle_stream_s:g}s"
         except NET_ERRORS as e:
             if not started:
                 raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None
             broken = f"upstream stream broke: {type(e).__name__}"
-        except asyncio.CancelledError:
-            failure = attempt.given_up() if not started else None
-            if failure is None:
+        except asyncio.CancelledError:  # given up by `Attempt.abandon`, or the client left
+            if not attempt.taken_back():
                 raise
-            raise failure from None
+            if not started:
+                raise attempt.stalled_failure() from None
+            broken = STALLED
         if broken is None and not result.done:
             broken = "upstream stream ended without [DONE]"
         if broken is not None:
@@ -378,10 +375,9 @@ class Proxy:
             except NET_ERRORS as e:
                 raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None
         except asyncio.CancelledError:  # given up by `Attempt.abandon`, or the client left
-            failure = attempt.given_up()
-            if failure is None:
+            if not attempt.taken_back():
                 raise
-            raise failure from None
+            raise attempt.stalled_failure() from None
         attempt.answered()
         attempt.reusable = True
         try:

@@ -19,7 +19,7 @@ from types import TracebackType
 
 
 class StreamDeadline:
-    __slots__ = ("_first_byte_s", "_idle_s", "limit", "since", "clock", "_timeout", "_timer", "stalled")
+    __slots__ = ("_first_byte_s", "_idle_s", "limit", "since", "clock", "_timeout", "_timer")
 
     def __init__(self, first_byte_s: float, idle_s: float) -> None:
         self._first_byte_s = first_byte_s
@@ -27,7 +27,6 @@ class StreamDeadline:
         self.limit = first_byte_s
         # When the wait now under way began (loop time); None while the gateway sends to the client.
         self.since: float | None = None
-        self.stalled = False  # cut because its backend stopped stepping, not by a deadline
 
     async def __aenter__(self) -> StreamDeadline:
         loop = asyncio.get_running_loop()
@@ -44,11 +43,6 @@ class StreamDeadline:
         self.since = None
         self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_at(self.clock() + self.limit, self._check)
-
-    def cut(self) -> None:
-        """End the stream now (its backend stopped stepping): TimeoutError at the block's exit."""
-        self.stalled = True
-        self._timeout.reschedule(self.clock())
 
     def _check(self) -> None:
         now = self.clock()
