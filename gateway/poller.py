@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -197,15 +198,23 @@ class BackendPoller:
 
     async def _server_info(self) -> ServerInfo | None:
         for path in ("/server_info", "/get_server_info"):
-            try:
-                status, body = await self.backend.client.get(path)
-            except _NET_ERRORS:
-                return None
+            status, data = await self._get_json(path)
             if status == 200:
-                with contextlib.suppress(msgspec.DecodeError):
-                    return parse_server_info(_decoder.decode(body))
+                return parse_server_info(data)
+            if status is None:  # unreachable: no fallback either
                 return None
         return None
+
+    async def _get_json(self, path: str) -> tuple[int | None, Any]:
+        """(status, the decoded body or None when it is not JSON); status None when unreachable."""
+        try:
+            status, body = await self.backend.client.get(path)
+        except _NET_ERRORS:
+            return None, None
+        try:
+            return status, _decoder.decode(body)
+        except JSON_DECODE_ERRORS:
+            return status, None
 
     def _cache_lost(self) -> None:
         """Maybe restarted: its cache is gone, and it may run with other flags (cap, algorithm,
@@ -216,16 +225,8 @@ class BackendPoller:
             self.on_cache_lost(self.backend.name)
 
     async def _model_len(self, served_model_name: str | None) -> int | None:
-        try:
-            status, body = await self.backend.client.get("/v1/models")
-        except _NET_ERRORS:
-            return None
-        if status != 200:
-            return None
-        try:
-            return parse_model_len(_decoder.decode(body), served_model_name)
-        except msgspec.DecodeError:
-            return None
+        status, data = await self._get_json("/v1/models")
+        return parse_model_len(data, served_model_name) if status == 200 else None
 
     def _apply_load(self, report: LoadReport, inflight_before: int, gauge: float | None = None) -> None:
         """Publish a report to the policies' view, with our own in-flight at the time it was taken,
