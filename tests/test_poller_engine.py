@@ -14,22 +14,19 @@ from backends import BackendSpec, Strategy
 from backends.client import SGLangClient
 from gateway.poller import BackendPoller
 from gateway.pool import Backend
+from tests.support import serving
 
 
 @asynccontextmanager
 async def _backend(app: web.Application) -> AsyncIterator[Backend]:
     """`app` served on loopback, as a gateway Backend."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    spec = BackendSpec(name="a", url=f"http://127.0.0.1:{port}", model="m", strategy=Strategy.DFLASH)
-    backend = Backend(spec, SGLangClient(spec))
-    try:
-        yield backend
-    finally:
-        await backend.client.close()
-        await runner.cleanup()
+    async with serving(app) as url:
+        spec = BackendSpec(name="a", url=url, model="m", strategy=Strategy.DFLASH)
+        backend = Backend(spec, SGLangClient(spec))
+        try:
+            yield backend
+        finally:
+            await backend.client.close()
 
 
 async def _engine_check_with(status: int) -> tuple[bool, bool, bool]:

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from backends import BackendSpec, Strategy
 from backends.client import SGLangClient
+from tests.support import serving
 
 
 def test_a_backend_behind_a_path_prefix_keeps_it_on_every_request():
@@ -22,20 +23,16 @@ def test_a_backend_behind_a_path_prefix_keeps_it_on_every_request():
     async def scenario() -> tuple[int, int]:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", anything)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = runner.addresses[0][1]
-        spec = BackendSpec(name="a", url=f"http://127.0.0.1:{port}/k26-dflash", model="m", strategy=Strategy.DFLASH)
-        client = SGLangClient(spec)
-        try:
-            status, _ = await client.get("/v1/loads?include=core,spec")
-            resp = await client.post("/v1/chat/completions", b"{}")
-            resp.release()
-            return status, resp.status
-        finally:
-            await client.close()
-            await runner.cleanup()
+        async with serving(app) as url:
+            spec = BackendSpec(name="a", url=f"{url}/k26-dflash", model="m", strategy=Strategy.DFLASH)
+            client = SGLangClient(spec)
+            try:
+                status, _ = await client.get("/v1/loads?include=core,spec")
+                resp = await client.post("/v1/chat/completions", b"{}")
+                resp.release()
+                return status, resp.status
+            finally:
+                await client.close()
 
     assert asyncio.run(scenario()) == (200, 200)
     assert seen == ["/k26-dflash/v1/loads?include=core,spec", "/k26-dflash/v1/chat/completions"]
