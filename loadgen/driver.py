@@ -65,6 +65,18 @@ def arrival_offsets(rate: float, rng: random.Random) -> Iterator[float]:
             t += rng.expovariate(rate)
 
 
+async def sleep_until(due: float) -> None:
+    """Return no earlier than `due` on the perf_counter clock. uvloop's timers tick in
+    milliseconds and can wake up to a tick early, so it sleeps again, at least one tick, rather
+    than spin on zero-length timers."""
+    wait = due - time.perf_counter()
+    while wait > 0:
+        await asyncio.sleep(wait)
+        wait = due - time.perf_counter()
+        if wait > 0:
+            wait = max(wait, 1e-3)
+
+
 Work = Prompt | Session  # what one closed-loop worker or one open-loop arrival takes
 
 
@@ -215,8 +227,6 @@ async def _open(lv: _Level, it: Iterator[tuple[int, Work]], rng: random.Random) 
         due = lv.t0 + offset
         if lv.deadline is not None and due >= lv.deadline:
             break
-        wait = due - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        await sleep_until(due)
         tasks.append(asyncio.create_task(gated(i, work)))
     await asyncio.gather(*tasks)

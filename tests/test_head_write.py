@@ -9,6 +9,7 @@ import socket
 import threading
 
 import uvicorn
+import uvloop
 
 from gateway.head_write import HeadHoldingProtocol, HeadHoldingTransport
 from tests.support import free_port, wait_http_ok
@@ -125,7 +126,8 @@ def test_uvicorn_with_the_protocol_serves_whole_answers():
             lifespan="on",
         )
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    # uvloop.run, not server.run: uvicorn < 0.36 makes uvloop every later asyncio.run's loop.
+    thread = threading.Thread(target=lambda: uvloop.run(server.serve()), daemon=True)
     thread.start()
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/", 20)
