@@ -30,6 +30,7 @@ class Backend:
         "client",
         "view",
         "info",
+        "adapters",
         "open_attempts",
         "load",
         "circuit",
@@ -49,6 +50,8 @@ class Backend:
         self.client = client
         self.view = BackendView(spec=spec)
         self.info: ServerInfo | None = None  # from /server_info, once
+        # LoRA adapters loaded there (its /v1/models, re-read every health.models_refresh_s)
+        self.adapters: frozenset[str] = frozenset()
         # Attempts here that a stalled engine ends: waiting for their answer, or streaming it
         # (gateway.attempt).
         self.open_attempts: set[Attempt] = set()

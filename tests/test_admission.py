@@ -66,3 +66,47 @@ def test_waiters_that_time_out_or_leave_are_taken_out_of_the_queue():
 
     refused, queued, waiting, inflight = asyncio.run(scenario())
     assert refused == 50 and queued == 0 and waiting == 0 and inflight == 0
+
+
+def _two_backends() -> tuple[Admission, Backend, Backend]:
+    specs = [BackendSpec(name=n, url="http://127.0.0.1:9", model="kimi-k2.6", strategy=Strategy.AR) for n in ("a", "b")]
+    a, b = (Backend(spec, SGLangClient(spec), cap=1) for spec in specs)
+    a.adapters = frozenset({"style"})
+    return Admission(Pools([a, b]), max_inflight=100, max_queue=10, queue_timeout_s=60), a, b
+
+
+@pytest.mark.parametrize("needs", ["pin", "adapter"])
+def test_a_slot_goes_to_the_first_waiter_that_can_use_it(needs):
+    """The head of the queue can take only backend a (pinned there, or needing an adapter only a
+    has loaded). A slot freed on b must go to the next waiter, not be spent waking the head, or
+    that waiter would sit out its timeout beside an idle backend."""
+
+    async def scenario() -> tuple[list[str], bool, list[str]]:
+        admission, a, b = _two_backends()
+        held_a, held_b = admission.lease(a), admission.lease(b)
+        kwargs = {"pin": "a"} if needs == "pin" else {"adapters": frozenset({"style"})}
+        head = asyncio.create_task(admission.candidates("kimi-k2.6", **kwargs))
+        await asyncio.sleep(0)
+        behind = asyncio.create_task(admission.candidates("kimi-k2.6"))
+        await asyncio.sleep(0)
+        held_b.release()
+        got = await asyncio.wait_for(behind, 5)
+        head_waiting = not head.done()
+        held_a.release()
+        head_got = await asyncio.wait_for(head, 5)
+        return [x.name for x in got], head_waiting, [x.name for x in head_got]
+
+    behind_got, head_waiting, head_got = asyncio.run(scenario())
+    assert behind_got == ["b"] and head_waiting and head_got == ["a"]
+
+
+def test_no_backend_with_the_adapter_up_is_a_503_naming_it():
+    async def scenario() -> ApiError:
+        admission, a, _b = _two_backends()
+        a.ready = False
+        with pytest.raises(ApiError) as e:
+            await admission.candidates("kimi-k2.6", adapters=frozenset({"style"}))
+        return e.value
+
+    error = asyncio.run(scenario())
+    assert error.status == 503 and "style" in error.message
