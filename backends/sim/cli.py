@@ -17,6 +17,7 @@ from typing import NoReturn
 
 import msgspec
 
+from backends.sim.options import LORA_TARGET_MODULES
 from backends.sim.profile import ProfileError, list_profiles, load_profile
 
 __all__ = ["main"]
@@ -104,6 +105,22 @@ def _server_parser() -> _Parser:
     )
     p.add_argument("--tool-call-parser", choices=["kimi_k2"], help="parse the model's tool-call markup into tool_calls")
     p.add_argument("--compat", choices=["0.5.9"], help="imitate an older SGLang 0.5.x (no spec details, /get_load)")
+    lo = p.add_argument_group("LoRA adapters (SGLang's flags)")
+    lo.add_argument("--enable-lora", action="store_true", default=None, help="implied by --lora-paths")
+    lo.add_argument(
+        "--lora-paths", nargs="*", metavar="ADAPTER", help='<PATH> | <NAME>=<PATH> | {"lora_name","lora_path","pinned"}'
+    )
+    lo.add_argument("--max-loaded-loras", type=int, metavar="N")
+    lo.add_argument("--max-loras-per-batch", type=int, default=8, metavar="N")
+    lo.add_argument("--max-lora-rank", type=int, metavar="R")
+    lo.add_argument("--lora-target-modules", nargs="*", choices=LORA_TARGET_MODULES, metavar="MODULE")
+    lo.add_argument(
+        "--lora-acceptance-scale",
+        type=_fraction,
+        default=1.0,
+        metavar="F",
+        help="assumption, not an SGLang flag: adapter requests' per-draft acceptance multiplied by F",
+    )
     f = p.add_argument_group("fault knobs")
     f.add_argument("--fault-latency-ms", type=_positive_float, default=0.0)
     f.add_argument("--fault-error-rate", type=_fraction, default=0.0)
@@ -122,6 +139,7 @@ def _print_list() -> int:
 
 
 def _run_server(args: argparse.Namespace) -> int:
+    from backends.sim.lora import LoraArgError, lora_options
     from backends.sim.options import FaultOptions, ServerOptions
     from backends.sim.server import serve
 
@@ -134,6 +152,19 @@ def _run_server(args: argparse.Namespace) -> int:
         if args.context_length is not None:
             profile = msgspec.structs.replace(profile, context_length=args.context_length)
     except ProfileError as e:
+        raise _ArgError(str(e)) from None
+    try:
+        lora = lora_options(
+            enable_lora=args.enable_lora,
+            lora_paths=args.lora_paths,
+            max_loaded_loras=args.max_loaded_loras,
+            max_loras_per_batch=args.max_loras_per_batch,
+            max_lora_rank=args.max_lora_rank,
+            lora_target_modules=args.lora_target_modules,
+            acceptance_scale=args.lora_acceptance_scale,
+            speculative_algorithm=profile.speculative.algorithm if profile.speculative else None,
+        )
+    except LoraArgError as e:
         raise _ArgError(str(e)) from None
     faults = FaultOptions(
         latency_ms=args.fault_latency_ms,
@@ -160,6 +191,7 @@ def _run_server(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
         faults=faults,
+        lora=lora,
     )
     return serve(profile, options)
 

@@ -411,6 +411,7 @@ class Engine:
         prefix_blocks: Sequence[int] = (),
         stop_after_tokens: int | None = None,
         key: int | None = None,
+        accept_scale: float = 1.0,
     ) -> SimRequest:
         """Queue a request. The domain is read from `prompt_text` unless given.
 
@@ -418,6 +419,8 @@ class Engine:
         chain for the prefix cache; `stop_after_tokens` ends the request with finish reason `stop`
         after that many tokens (the model's own end: an answer, a tool call) if it comes before
         `max_new_tokens`. `key` overrides the prompt hash that seeds per-prompt randomness.
+        `accept_scale` multiplies this request's per-draft acceptance probability (a LoRA adapter
+        request: `--lora-acceptance-scale`, an assumption).
         Raises QueueFull when `max_queued` requests already wait, ValueError on a duplicate rid
         or a sampling parameter out of range.
         """
@@ -445,7 +448,11 @@ class Engine:
             max(1, max_new_tokens),
             dom,
             _seed_of(self.seed, key, occurrence),
-            self.accept_prob(dom, key, temperature=temperature, top_p=top_p, context_tokens=prompt_tokens),
+            min(
+                self.accept_prob(dom, key, temperature=temperature, top_p=top_p, context_tokens=prompt_tokens)
+                * accept_scale,
+                0.999,
+            ),
             self._max_drafts,
             key=key,
             temperature=temperature,

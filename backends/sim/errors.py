@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-__all__ = ["ApiError", "flat_error", "native_error"]
+__all__ = ["ApiError", "TokenizerError", "flat_error", "native_error", "native_value_error", "native_stream_error"]
 
 _PHRASE = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
@@ -29,6 +29,13 @@ class ApiError(Exception):
         self.err_type = err_type or _PHRASE.get(status, "BadRequestError")
 
 
+class TokenizerError(ApiError):
+    """A ValueError raised by SGLang's tokenizer manager once the request reached it (LoRA
+    resolution). OpenAI routes answer it with `create_error_response(str(e))`: 400, flat body,
+    `type` "BadRequestError", before any SSE byte (`serving_chat.py`, `serving_completions.py`);
+    native `/generate` as `serve_generate_request` does (`native_value_error`, `native_stream_error`)."""
+
+
 def _body(err: ApiError) -> dict[str, object]:
     return {"object": "error", "message": err.message, "type": err.err_type, "param": err.param, "code": err.status}
 
@@ -43,3 +50,17 @@ def native_error(err: ApiError) -> web.Response:
     return web.Response(
         status=err.status, body=msgspec.json.encode({"error": err.message}), content_type="application/json"
     )
+
+
+def native_value_error(err: ApiError) -> web.Response:
+    """`/generate`, not streamed, on a tokenizer-manager ValueError: 400 `{"error": {"message": ...}}`
+    (`entrypoints/http_server.py: _create_error_response`)."""
+    body = msgspec.json.encode({"error": {"message": err.message}})
+    return web.Response(status=err.status, body=body, content_type="application/json")
+
+
+def native_stream_error(err: ApiError) -> bytes:
+    """`/generate`, streamed, on a tokenizer-manager ValueError: after HTTP 200, one error frame then
+    `[DONE]` (`entrypoints/http_server.py: serve_generate_request.stream_results`)."""
+    error = {"message": err.message, "type": "invalid_request_error", "code": err.status, "retryable": False}
+    return b"data: " + msgspec.json.encode({"error": error}) + b"\n\ndata: [DONE]\n\n"

@@ -17,7 +17,8 @@ from backends.sim.chat_output import EOS_TOKEN_ID
 from backends.sim.chunks import usage_info
 from backends.sim.engine import QueueFull, SimRequest
 from backends.sim.errors import ApiError
-from backends.sim.prefix_cache import chain_from_text
+from backends.sim.lora import Lease, LoraPath
+from backends.sim.prefix_cache import chain_from_text, namespace_root
 from backends.sim.runtime import Channel
 from backends.sim.state import SimState, new_rid
 from backends.sim.text import TokenStream
@@ -44,6 +45,8 @@ class Generation:
         "t_last",
         "finish_reason",
         "prompt_text",
+        "lora",
+        "cache_root",
     )
 
     def __init__(
@@ -55,6 +58,7 @@ class Generation:
         prompt_tokens: int,
         max_new_tokens: int,
         prompt_text: str = "",
+        lora: Lease | None = None,
     ) -> None:
         self.state = state
         self.rid = rid
@@ -69,6 +73,8 @@ class Generation:
         self.t_first = 0.0
         self.t_last = 0.0
         self.finish_reason: str | None = None
+        self.lora = lora  # the adapter(s) it uses, counted in flight until release()
+        self.cache_root = cache_root(lora)
 
     @property
     def completion_tokens(self) -> int:
@@ -176,11 +182,21 @@ class Generation:
         a follow-up turn whose prompt repeats this text hits."""
         if self.req is None or self.finish_reason == "abort" or not self.prompt_text:
             return
-        self.state.engine.cache_output(chain_from_text(self.prompt_text + separator + generated_text))
+        self.state.engine.cache_output(chain_from_text(self.prompt_text + separator + generated_text, self.cache_root))
 
     def release(self) -> None:
-        """Free the engine slot if the request is still in flight (client gone, error)."""
+        """Free the engine slot if the request is still in flight (client gone, error), and its
+        adapters (`tokenizer_manager.py: _release_lora_once`)."""
         self.state.runtime.release(self.rid)
+        if self.lora is not None:
+            self.state.lora.release(self.lora)
+
+
+def cache_root(lease: Lease | None) -> int:
+    """The radix-cache namespace of a request: its first adapter's id, as SGLang appends the
+    adapter's id to the request's `extra_key` (`managers/schedule_batch.py`, `Req.__init__`)."""
+    lora_id = next((i for i in lease.ids if i), None) if lease is not None else None
+    return namespace_root(lora_id)
 
 
 def sampling_values(state: SimState, temperature: float | None, top_p: float | None) -> tuple[float, float]:
@@ -207,9 +223,51 @@ async def admit(
     top_p: float = 1.0,
     stop_after_tokens: int | None = None,
     prefix_blocks: Sequence[int] | None = None,
+    lora: LoraPath = None,
 ) -> Generation:
-    """Validate limits, apply fault knobs, submit to the engine. Raises ApiError (4xx/5xx);
-    a full queue is an ApiError with status 503 and QUEUE_FULL_MESSAGE."""
+    """Resolve the adapter, validate limits, apply fault knobs, submit to the engine. Raises
+    ApiError (4xx/5xx); a full queue is an ApiError with status 503 and QUEUE_FULL_MESSAGE.
+
+    The adapter (`lora`: a name or a list, resolved by the route) comes first, as SGLang's
+    tokenizer manager resolves it before tokenizing and checking the context length
+    (`tokenizer_manager.py: generate_request`); its errors are TokenizerError."""
+    lease = await state.lora.acquire(lora) if lora else None
+    try:
+        return await _admit(
+            state,
+            rid,
+            prompt_text,
+            prompt_tokens,
+            max_new_tokens,
+            lease,
+            domain=domain,
+            key=key,
+            temperature=temperature,
+            top_p=top_p,
+            stop_after_tokens=stop_after_tokens,
+            prefix_blocks=prefix_blocks,
+        )
+    except BaseException:
+        if lease is not None:
+            state.lora.release(lease)
+        raise
+
+
+async def _admit(
+    state: SimState,
+    rid: str | None,
+    prompt_text: str,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    lease: Lease | None,
+    *,
+    domain: str | None,
+    key: int | None,
+    temperature: float,
+    top_p: float,
+    stop_after_tokens: int | None,
+    prefix_blocks: Sequence[int] | None,
+) -> Generation:
     if max_new_tokens < 0:
         raise ApiError(f"max_new_tokens must be at least 0, got {max_new_tokens}.", param="max_tokens")
     ctx = state.profile.context_length
@@ -224,8 +282,8 @@ async def admit(
     await state.faults.before_generation()
     rid = rid or new_rid()
     if max_new_tokens == 0:
-        return Generation(state, rid, None, None, prompt_tokens, 0, prompt_text)
-    blocks = chain_from_text(prompt_text) if prefix_blocks is None else prefix_blocks
+        return Generation(state, rid, None, None, prompt_tokens, 0, prompt_text, lease)
+    blocks = chain_from_text(prompt_text, cache_root(lease)) if prefix_blocks is None else prefix_blocks
     try:
         req, ch = state.runtime.submit(
             rid,
@@ -238,9 +296,11 @@ async def admit(
             top_p=top_p,
             stop_after_tokens=stop_after_tokens,
             prefix_blocks=blocks,
+            # assumption: a draft trained for the base model accepts less under an adapter
+            accept_scale=state.options.lora.acceptance_scale if lease is not None and lease.adapter else 1.0,
         )
     except QueueFull:
         raise ApiError(QUEUE_FULL_MESSAGE, status=503, err_type="503") from None  # HTTPException
     except ValueError as e:
         raise ApiError(str(e)) from None
-    return Generation(state, rid, req, ch, prompt_tokens, max_new_tokens, prompt_text)
+    return Generation(state, rid, req, ch, prompt_tokens, max_new_tokens, prompt_text, lease)

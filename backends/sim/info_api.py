@@ -131,13 +131,36 @@ def _model_card(state: SimState) -> dict[str, Any]:
     }
 
 
+def _adapter_cards(state: SimState) -> list[dict[str, Any]]:
+    """One ModelCard per loaded LoRA adapter, after the base card, in the registry's LRU order, only
+    with LoRA enabled: `id` the adapter's name, `root` its path, `parent` the served name,
+    `max_model_len` null (`entrypoints/http_server.py: available_models`). `created` is the base
+    card's (SGLang stamps each card as it lists them: one listing's cards agree to the second)."""
+    if not state.lora.enabled:
+        return []
+    return [
+        {
+            "id": ref.lora_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "sglang",
+            "root": ref.lora_path,
+            "parent": state.served_model_name,
+            "max_model_len": None,
+        }
+        for ref in state.lora.adapters()
+    ]
+
+
 async def models(request: web.Request) -> web.Response:
-    return _json({"object": "list", "data": [_model_card(request.app[STATE_KEY])]})
+    state = request.app[STATE_KEY]
+    return _json({"object": "list", "data": [_model_card(state), *_adapter_cards(state)]})
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
     """`GET /v1/models/{model}` (`entrypoints/http_server.py`, `retrieve_model`): the card, or a 404 in
-    OpenAI's error shape for another name."""
+    OpenAI's error shape for another name, a LoRA adapter's (or "served:adapter") included: SGLang
+    looks up the served name only."""
     state = request.app[STATE_KEY]
     model = request.match_info["model"]
     if model != state.served_model_name:

@@ -27,6 +27,7 @@ from backends.sim.chat_output import EOS_TOKEN_ID, ChatChunker, OutputScript
 from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import ApiError, flat_error
 from backends.sim.generation import QUEUE_FULL_MESSAGE, Generation, admit, sampling_values
+from backends.sim.lora import resolve_lora_path
 from backends.sim.protocol import (
     ChatMessage,
     ChatRequest,
@@ -133,7 +134,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
         script_len = OutputScript(0, reasoning, call).natural_length
         admit_args: dict[str, Any] = dict(
-            domain=domain, key=key, temperature=temperature, top_p=top_p, stop_after_tokens=script_len
+            domain=domain,
+            key=key,
+            temperature=temperature,
+            top_p=top_p,
+            stop_after_tokens=script_len,
+            lora=resolve_lora_path(body.model, state.served_model_name, body.lora_path),
         )
         ntok = count_prompt_tokens(text)
         if body.n > 1:
@@ -272,14 +278,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise ApiError("n must be at least 1", param="n")
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
+        lora = resolve_lora_path(body.model, state.served_model_name, body.lora_path)
         if body.n > 1:
             gens = await _admit_samples(
-                state, body.n, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p
+                state, body.n, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p, lora=lora
             )
             if body.stream:
                 return await _completion_samples_stream(request, state, body, gens)
             return await _completion_samples(state, body, gens)
-        gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p)
+        gen = await admit(
+            state, body.rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p, lora=lora
+        )
     except ApiError as e:
         if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
             return await _queue_full_stream(request)

@@ -4,7 +4,32 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["FaultOptions", "ServerOptions"]
+__all__ = ["FaultOptions", "LORA_TARGET_MODULES", "LoraAdapter", "LoraOptions", "ServerOptions"]
+
+# `utils/common.py: SUPPORTED_LORA_TARGET_MODULES` + LORA_TARGET_ALL_MODULES
+LORA_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q_a_proj",
+    "kv_a_proj_with_mqa",
+    "q_b_proj",
+    "kv_b_proj",
+    "wq_b",
+    "wk",
+    "weights_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "qkv_proj",
+    "gate_up_proj",
+    "embed_tokens",
+    "lm_head",
+    "qkvr",
+    "wo_ud",
+    "all",
+)
 
 
 class FaultOptions(msgspec.Struct, kw_only=True):
@@ -17,6 +42,27 @@ class FaultOptions(msgspec.Struct, kw_only=True):
     slow_ready_s: float = 0.0  # /ready, /health answer 503 for this many seconds after start
     accept_drop_at_s: float | None = None  # wall seconds after start when acceptance drops
     accept_drop_to: float = 0.5  # acceptance multiplier after the drop
+
+
+class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True):
+    """One `--lora-paths` entry, normalized (`arg_groups/lora_hook.py: check_lora_server_args`)."""
+
+    name: str
+    path: str
+    pinned: bool = False
+
+
+class LoraOptions(msgspec.Struct, kw_only=True):
+    """The `lora` namespace as SGLang resolves it (`arg_groups/fields/lora.py`); off by default."""
+
+    enable_lora: bool = False  # --enable-lora, or implied by --lora-paths
+    lora_paths: tuple[LoraAdapter, ...] = ()
+    max_loaded_loras: int | None = None
+    max_loras_per_batch: int = 8
+    max_lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] | None = None
+    # assumption (not SGLang): adapter requests' per-draft acceptance is multiplied by this
+    acceptance_scale: float = 1.0
 
 
 class ServerOptions(msgspec.Struct, kw_only=True):
@@ -37,3 +83,4 @@ class ServerOptions(msgspec.Struct, kw_only=True):
     reasoning_parser: str | None = None  # "kimi_k2": reasoning_content split from content
     tool_call_parser: str | None = None  # "kimi_k2": delta.tool_calls parsed from the markup
     faults: FaultOptions = msgspec.field(default_factory=FaultOptions)
+    lora: LoraOptions = msgspec.field(default_factory=LoraOptions)

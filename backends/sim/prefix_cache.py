@@ -12,6 +12,11 @@ Eviction is LRU over blocks with a radix tree's invariant kept: a block is alway
 its descendants, so it is never older than any of them and the least recently used block is
 always a leaf. Evicting it never orphans a cached descendant.
 
+SGLang keys the tree by a namespace as well as the tokens: the request's `extra_key` with its LoRA
+adapter's id appended (`managers/schedule_batch.py`, `Req.__init__`), so a prefix cached under one
+adapter is no hit for another or for the base model. A chain starts from its namespace's root
+(`namespace_root`; 0 for the base model) for the same reason.
+
 Pure and cheap: no clock, no I/O; match and insert cost O(blocks of the prompt).
 """
 
@@ -26,6 +31,7 @@ __all__ = [
     "PrefixCache",
     "chain_from_text",
     "chain_from_tokens",
+    "namespace_root",
 ]
 
 PREFIX_BLOCK_TOKENS = 64
@@ -40,14 +46,20 @@ def _link(parent: int, content: bytes) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-def chain_from_text(text: str) -> list[int]:
-    """The hash chain of a rendered prompt: one element per whole block of BLOCK_CHARS chars.
+def namespace_root(key: str | None) -> int:
+    """The parent of a namespace's first block: 0 for none (the base model), else a stable hash."""
+    return 0 if not key else _link(0, key.encode())
+
+
+def chain_from_text(text: str, root: int = 0) -> list[int]:
+    """The hash chain of a rendered prompt: one element per whole block of BLOCK_CHARS chars,
+    the first linked to `root` (its radix-cache namespace: `namespace_root`).
 
     A trailing partial block is not part of the chain (it cannot be matched as a whole block).
     """
     data = text.encode()
     chain: list[int] = []
-    parent = 0
+    parent = root
     for start in range(0, len(data) - BLOCK_CHARS + 1, BLOCK_CHARS):
         parent = _link(parent, data[start : start + BLOCK_CHARS])
         chain.append(parent)

@@ -65,6 +65,8 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     rid: str | None = None
     return_spec_tokens_details: bool = False
+    # the adapter(s) by name; a "served:adapter" `model` takes precedence (lora.py)
+    lora_path: str | list[str | None] | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -106,6 +108,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     sampling_params: dict[str, Any] = {}
     stream: bool = False
     rid: str | None = None
+    lora_path: str | list[str | None] | None = None  # the adapter(s) by name (lora.py)
 
 
 def history_tool_calls(messages: list[ChatMessage]) -> int:

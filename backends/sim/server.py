@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from backends.sim import info_api, native_api, openai_api
+from backends.sim import info_api, lora_api, native_api, openai_api
 from backends.sim.engine import Engine
 from backends.sim.errors import ApiError, flat_error, native_error
 from backends.sim.options import ServerOptions
@@ -64,6 +64,7 @@ def build_app(profile: Profile, options: ServerOptions) -> web.Application:
     app.add_routes(openai_api.routes())
     app.add_routes(info_api.routes())
     app.add_routes(native_api.routes())
+    app.add_routes(lora_api.routes())
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         runtime.start()

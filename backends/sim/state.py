@@ -9,6 +9,7 @@ from aiohttp import web
 
 from backends.sim.engine import Engine
 from backends.sim.faults import Faults
+from backends.sim.lora import LoraRegistry
 from backends.sim.metrics import Metrics
 from backends.sim.options import ServerOptions
 from backends.sim.profile import Profile
@@ -37,6 +38,7 @@ class SimState:
         self.rng_seed = options.seed
         self.faults = Faults(options.faults, runtime, options.seed)
         self.metrics = Metrics(self.served_model_name) if options.enable_metrics else None
+        self.lora = LoraRegistry(options.lora)  # loaded adapters (lora.py); empty unless --enable-lora
 
     @property
     def engine(self) -> Engine:
