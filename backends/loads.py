@@ -183,16 +183,27 @@ def parse_metrics(text: str) -> LoadReport | None:
     )
 
 
-def parse_model_len(data: Any, served_model_name: str | None) -> int | None:
-    """`GET /v1/models`: the `max_model_len` of the served model's card (the first card when the
-    name is unknown; LoRA adapters' cards come after it, with none)."""
+class ModelCards(msgspec.Struct, frozen=True, kw_only=True):
+    """What `GET /v1/models` says about a server: its model's context length and the LoRA
+    adapters loaded on it (SGLang lists one card per adapter, `parent` = the served model:
+    `entrypoints/http_server.py`, `available_models`)."""
+
+    max_model_len: int | None = None
+    adapters: frozenset[str] = frozenset()
+
+
+def parse_model_cards(data: Any, served_model_name: str | None) -> ModelCards | None:
+    """`GET /v1/models`: the served model's card (the first card when the name is unknown) for the
+    context length, and the adapters' cards (a `parent`, no `max_model_len`). None: not a list."""
     cards = data.get("data") if isinstance(data, dict) else None
     if not isinstance(cards, list):
         return None
     cards = [c for c in cards if isinstance(c, dict)]
-    card = next((c for c in cards if c.get("id") == served_model_name), cards[0] if cards else None)
+    base = [c for c in cards if not c.get("parent")]
+    card = next((c for c in base if c.get("id") == served_model_name), base[0] if base else None)
     value = _num(card.get("max_model_len")) if card is not None else None
-    return value if value is not None and value > 0 else None
+    adapters = frozenset(c["id"] for c in cards if c.get("parent") and isinstance(c.get("id"), str) and c["id"])
+    return ModelCards(max_model_len=value if value is not None and value > 0 else None, adapters=adapters)
 
 
 def parse_server_info(data: Any) -> ServerInfo | None:

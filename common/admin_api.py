@@ -29,6 +29,7 @@ class BackendState(msgspec.Struct, kw_only=True):
     load_source: str | None = None  # where the load figures came from
     health_checks: int | None = None  # readiness checks done so far; None with no poller
     engine_ok: bool | None = None  # the last SGLang engine check (/health_generate) passed, or none has run
+    adapters: list[str] = []  # LoRA adapters loaded there (its /v1/models)
 
     @property
     def checked(self) -> bool:

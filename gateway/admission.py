@@ -56,7 +56,9 @@ class Admission:
         deadline: float | None = None
         front = False
         while True:
-            up = [b for b in self.pools.by_model.get(model, ()) if b.up and _fits(b, pin, adapters)]
+            up = [b for b in self.pools.by_model.get(model, ()) if b.up]
+            if pin is not None or adapters:
+                up = [b for b in up if _fits(b, pin, adapters)]
             if not up:
                 what = f"backend {pin!r}" if pin else f"no backend of model {model!r}"
                 if adapters:

@@ -63,33 +63,45 @@ def create_app(
                 raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
             return await rt.reload(new)
 
-    def _model_card(model: str) -> dict[str, Any]:
-        backends = rt.pools.by_model[model]
+    def _model_card(model: str, adapter: str | None = None) -> dict[str, Any]:
+        backends = [b for b in rt.pools.by_model[model] if adapter is None or adapter in b.adapters]
         # The context length a request can count on whichever backend it lands on: the smallest
         # any backend reported (SGLang's model card carries it; None until one has).
         lengths = [b.info.max_model_len for b in backends if b.info is not None and b.info.max_model_len]
         return {
-            "id": model,
+            # An adapter's id is the name a request gives it (`model:adapter`), its parent the model.
+            "id": model if adapter is None else f"{model}:{adapter}",
             "object": "model",
             "created": created,
             "owned_by": "specroute",
-            "root": model,
+            "root": model if adapter is None else adapter,
+            "parent": None if adapter is None else model,
             "max_model_len": min(lengths) if lengths else None,
             "backends": [b.name for b in backends],
         }
 
+    def _model_cards() -> list[dict[str, Any]]:
+        """One card per served model, not per backend (clients choose a model, the gateway a
+        backend), then one per LoRA adapter loaded on any of its backends, as SGLang lists them."""
+        cards = []
+        for model in rt.pools.models():
+            cards.append(_model_card(model))
+            loaded: frozenset[str] = frozenset().union(*(b.adapters for b in rt.pools.by_model[model]))
+            cards += [_model_card(model, adapter) for adapter in sorted(loaded)]
+        return cards
+
     @get("/v1/models")
     async def models() -> Response[bytes]:
-        # One entry per served model, not per backend: clients choose a model, the gateway a backend.
-        return _json({"object": "list", "data": [_model_card(m) for m in rt.pools.models()]})
+        return _json({"object": "list", "data": _model_cards()})
 
     @get("/v1/models/{model:path}")
     async def retrieve_model(model: FromPath[str]) -> Response[bytes]:
         """One model's card (the OpenAI SDK's `models.retrieve`); a name may hold slashes."""
         model = model.removeprefix("/")  # litestar's path parameters keep their leading slash
-        if model not in rt.pools.by_model:
-            raise model_not_found(model, rt.pools.models())
-        return _json(_model_card(model))
+        for card in _model_cards():
+            if card["id"] == model:
+                return _json(card)
+        raise model_not_found(model, rt.pools.models())
 
     @get("/health")
     async def health() -> Response[bytes]:
@@ -285,6 +297,7 @@ def _backend_state(b: Backend, rt: Runtime) -> BackendState:
         load_source=poller.load_source if poller else None,
         health_checks=poller.checks if poller else None,
         engine_ok=poller.engine_ok if poller else None,
+        adapters=sorted(b.adapters),
     )
 
 

@@ -71,6 +71,9 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # server and nothing on a busy one; SGLang answers 503 after 20 s without a finished batch.
     engine_check_s: float = 10.0
     engine_check_timeout_s: float = 30.0  # no answer at all within this: failed too
+    # /v1/models this often: the LoRA adapters each server has loaded, which SGLang's
+    # /load_lora_adapter and /unload_lora_adapter change at runtime (0: at start and restarts only).
+    models_refresh_s: float = 10.0
 
 
 class AdmissionSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -285,6 +288,7 @@ def _check_positive(config: Config, source: str) -> None:
     for key, value in {
         "admission.max_queue": config.admission.max_queue,
         "health.engine_check_s": config.health.engine_check_s,
+        "health.models_refresh_s": config.health.models_refresh_s,
         "admission.backend_max_inflight": config.admission.backend_max_inflight,
         "auth.rate_limit_rps": config.auth.rate_limit_rps,
     }.items():

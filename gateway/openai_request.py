@@ -11,6 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from common.json_errors import JSON_DECODE_ERRORS
+from gateway.adapters import requested_lora_paths
 from gateway.errors import ApiError
 
 Kind = Literal["chat", "completion"]
@@ -37,6 +38,7 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     # Prompt tokens given as token ids (completions): counted exactly, not estimated from text.
     id_tokens: int = 0
     prompt_ids: list[int] | None = None  # the prompt, when it is one prompt of token ids
+    lora_paths: frozenset[str] = frozenset()  # the LoRA adapters `lora_path` names (gateway.adapters)
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -105,6 +107,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         sequences=prompts * per_prompt,
         id_tokens=id_tokens,
         prompt_ids=prompt_ids,
+        lora_paths=requested_lora_paths(body),
     )
 
 

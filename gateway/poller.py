@@ -1,7 +1,9 @@
 """Background polling of every backend, off the request path.
 
-- `/server_info` (fallback `/get_server_info`) until it answers once: algorithm, cap, served name;
-  then `/v1/models` once for the context length (`max_model_len`, which the gateway's own lists).
+- `/server_info` (fallback `/get_server_info`) until it answers once: algorithm, cap, served name.
+- `/v1/models` then, and every `health.models_refresh_s`: the context length (`max_model_len`,
+  which the gateway's own cards carry) and the LoRA adapters loaded (SGLang lists one card each,
+  and its `/load_lora_adapter` and `/unload_lora_adapter` change them at runtime).
 - `/v1/loads` every `health.interval_s`; on 404 it falls back to `/get_load`, then `/metrics`, and
   remembers which one works, so older SGLang 0.5.x releases are served too. On a speculative
   server run with `--enable-metrics`, `/metrics` too, for its windowed acceptance gauge.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +39,12 @@ import msgspec
 from backends.acceptance_window import AcceptanceWindow
 from backends.loads import (
     LoadReport,
+    ModelCards,
     ServerInfo,
     parse_get_load,
     parse_loads,
     parse_metrics,
-    parse_model_len,
+    parse_model_cards,
     parse_server_info,
 )
 from common.json_errors import JSON_DECODE_ERRORS
@@ -62,10 +66,13 @@ class BackendPoller:
         healthy_after: int = 1,
         engine_check_s: float = 0.0,
         engine_check_timeout_s: float = 30.0,
+        models_refresh_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
         on_cache_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.backend = backend
+        self.models_refresh_s = models_refresh_s  # 0: /v1/models at start and after restarts only
+        self._models_read_at: float | None = None  # monotonic; None: to be read at the next poll
         self.on_change = on_change
         self.on_cache_lost = on_cache_lost
         self.interval_s = interval_s
@@ -154,13 +161,25 @@ class BackendPoller:
 
     async def poll_once(self) -> None:
         await self._check_ready()
-        if self.backend.info is None or self._info_stale:
+        backend = self.backend
+        if backend.info is None or self._info_stale:
             info = await self._server_info()
             if info is not None:
-                info = msgspec.structs.replace(info, max_model_len=await self._model_len(info.served_model_name))
-                self.backend.info = info
+                cards = await self._model_cards(info.served_model_name)
+                old_len = backend.info.max_model_len if backend.info is not None else None
+                backend.info = msgspec.structs.replace(
+                    info, max_model_len=cards.max_model_len if cards is not None else old_len
+                )
+                if cards is not None:
+                    backend.adapters = cards.adapters
                 self._info_stale = False
-                self._apply_info(info)
+                self._apply_info(backend.info)
+        elif self._models_due():
+            cards = await self._model_cards(backend.info.served_model_name)
+            if cards is not None:  # no answer: the adapters last seen stand
+                backend.adapters = cards.adapters
+                if cards.max_model_len != backend.info.max_model_len:
+                    backend.info = msgspec.structs.replace(backend.info, max_model_len=cards.max_model_len)
         if self.backend.ready:
             inflight_before = self.backend.inflight
             report = await self._load()
@@ -224,9 +243,18 @@ class BackendPoller:
         if self.on_cache_lost is not None:
             self.on_cache_lost(self.backend.name)
 
-    async def _model_len(self, served_model_name: str | None) -> int | None:
+    def _models_due(self) -> bool:
+        return self.models_refresh_s > 0 and (
+            self._models_read_at is None or time.monotonic() - self._models_read_at >= self.models_refresh_s
+        )
+
+    async def _model_cards(self, served_model_name: str | None) -> ModelCards | None:
+        self._models_read_at = time.monotonic()
         status, data = await self._get_json("/v1/models")
-        return parse_model_len(data, served_model_name) if status == 200 else None
+        cards = parse_model_cards(data, served_model_name) if status == 200 else None
+        if cards is not None and cards.adapters != self.backend.adapters:
+            log.info("backend %s: LoRA adapters loaded: %s", self.backend.name, sorted(cards.adapters) or "none")
+        return cards
 
     def _apply_load(self, report: LoadReport, inflight_before: int, gauge: float | None = None) -> None:
         """Publish a report to the policies' view, with our own in-flight at the time it was taken,
@@ -334,6 +362,7 @@ class Poller:
                 health.healthy_after,
             )
             p.engine_check_s, p.engine_check_timeout_s = health.engine_check_s, health.engine_check_timeout_s
+            p.models_refresh_s = health.models_refresh_s
 
     def add(self, backend: Backend) -> None:
         h = self.health
@@ -344,6 +373,7 @@ class Poller:
             healthy_after=h.healthy_after,
             engine_check_s=h.engine_check_s,
             engine_check_timeout_s=h.engine_check_timeout_s,
+            models_refresh_s=h.models_refresh_s,
             on_change=self.on_change,
             on_cache_lost=self.on_cache_lost,
         )

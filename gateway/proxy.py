@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
@@ -40,6 +40,7 @@ from tenacity import (
 from backends.telemetry import usage
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
+from gateway.adapters import split_model
 from gateway.admission import Admission
 from gateway.attempt import BUSY, NET_ERRORS, REQUEST_ID_HEADER, RETRYABLE, STALLED, Attempt, UpstreamFailure
 from gateway.baseline import SpeedupBaseline
@@ -53,7 +54,7 @@ from gateway.relay import SseRelay
 from gateway.stream_deadline import StreamDeadline
 from gateway.tracing import Trace, Tracing
 from policies import POLICY_NAMES, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
-from policies.prefix import message_blocks, text_blocks, token_blocks
+from policies.prefix import message_blocks, namespace, text_blocks, token_blocks
 from policies.simple import Pinned
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class Request:
         "parsed",
         "model",
         "pin",
+        "adapter",
+        "adapters",
         "features",
         "policy",
         "tried",
@@ -107,6 +110,7 @@ class Request:
         pin: str | None,
         features: RequestFeatures,
         policy: Policy,
+        adapter: str | None = None,
     ) -> None:
         self.kind = kind
         self.headers = headers
@@ -117,6 +121,10 @@ class Request:
         self.parsed = parsed
         self.model = model
         self.pin = pin
+        # The LoRA adapter named in `model` (sent upstream as `lora_path`), and every adapter the
+        # backend must have loaded: that one, or those the body's `lora_path` names.
+        self.adapter = adapter
+        self.adapters = frozenset((adapter,)) if adapter is not None else parsed.lora_paths
         self.features = features
         self.policy = policy
         self.tried: list[str] = []  # backends attempted, in order
@@ -263,7 +271,7 @@ class Proxy:
             self.metrics.retries.labels(req.model).inc()
         t_wait = time.perf_counter()
         try:
-            candidates = await self.admission.candidates(req.model, req.pin, exclude=req.tried)
+            candidates = await self.admission.candidates(req.model, req.pin, exclude=req.tried, adapters=req.adapters)
         finally:  # a request refused or left in the queue waited too
             req.queue_s += time.perf_counter() - t_wait
         for b in candidates:
@@ -293,9 +301,7 @@ class Proxy:
             # first_byte_s until the first generated token (queue and prefill on a real SGLang, which
             # sends no header before it), then idle_stream_s for each read (stream_deadline.py).
             async with StreamDeadline(self.first_byte_s, self.idle_stream_s) as deadline:
-                resp = await attempt.post(
-                    PATHS[req.kind], self._upstream_body(req.parsed, backend), self._stream_timeout
-                )
+                resp = await attempt.post(PATHS[req.kind], self._upstream_body(req, backend), self._stream_timeout)
                 first = await self._first_token(attempt, resp, relay)
                 deadline.first_token()
                 attempt.first_token()
@@ -369,7 +375,7 @@ class Proxy:
     async def _complete(self, attempt: Attempt, client: Downstream) -> None:
         req, backend = attempt.req, attempt.backend
         try:
-            resp = await attempt.post(PATHS[req.kind], self._upstream_body(req.parsed, backend), self._request_timeout)
+            resp = await attempt.post(PATHS[req.kind], self._upstream_body(req, backend), self._request_timeout)
             try:
                 raw = await resp.read()
             except NET_ERRORS as e:
@@ -601,7 +607,11 @@ class Proxy:
         trace: Trace | None,
         t_received: float,
     ) -> Request:
-        model, pin = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
+        model, pin, adapter = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
+        if adapter is not None:
+            self._check_adapters(model, pin, frozenset((adapter,)), "model")
+        elif parsed.lora_paths:
+            self._check_adapters(model, pin, parsed.lora_paths, "lora_path")
         policy = self._policy_for(model, pin, headers.get(POLICY_HEADER))
         features = RequestFeatures(
             model=model,
@@ -613,24 +623,34 @@ class Proxy:
             thinking=parsed.thinking,
             tools=parsed.tools,
             sequences=parsed.sequences,
-            prefix=self._prefix(parsed),
+            prefix=self._prefix(parsed, adapter),
         )
-        return Request(kind, headers, request_id, trace, t_received, parsed, model, pin, features, policy)
+        return Request(kind, headers, request_id, trace, t_received, parsed, model, pin, features, policy, adapter)
 
     @staticmethod
-    def _prefix(parsed: ParsedRequest) -> tuple[int, ...]:
-        messages = parsed.body.get("messages")
+    def _prefix(parsed: ParsedRequest, adapter: str | None) -> tuple[int, ...]:
+        body = parsed.body
+        # SGLang's radix cache namespace: a prefix cached under another adapter, extra_key or
+        # cache_salt is no hit (policies.prefix). A list (one per prompt of a batch) as a tuple.
+        seed = 0
+        lora, extra_key, salt = adapter or body.get("lora_path"), body.get("extra_key"), body.get("cache_salt")
+        if lora is not None or extra_key is not None or salt is not None:
+            seed = namespace(_hashable(lora), _hashable(extra_key), _hashable(salt))
+        messages = body.get("messages")
         if isinstance(messages, list):
-            return message_blocks(messages)
+            return message_blocks(messages, seed)
         if parsed.prompt_ids is not None:
-            return token_blocks(parsed.prompt_ids)
-        return text_blocks(parsed.prompt_text)
+            return token_blocks(parsed.prompt_ids, seed)
+        return text_blocks(parsed.prompt_text, seed)
 
-    def _resolve_target(self, model: str, pin_header: str | None) -> tuple[str, str | None]:
-        """`kimi-k2.6@k26-eagle3` or header `x-specroute-backend` pins a backend of that model's pool."""
+    def _resolve_target(self, model: str, pin_header: str | None) -> tuple[str, str | None, str | None]:
+        """(model, pinned backend, LoRA adapter). `kimi-k2.6@k26-eagle3` or header
+        `x-specroute-backend` pins a backend of that model's pool; `kimi-k2.6:adapter` names an
+        adapter, as SGLang's `model` does."""
         pin = pin_header or None
         if model not in self.pools.by_model and "@" in model:
             model, _, pin = model.rpartition("@")
+        model, adapter = split_model(model, self.pools.by_model)
         if model not in self.pools.by_model:
             raise model_not_found(model, self.pools.models())
         if pin is not None:
@@ -639,7 +659,21 @@ class Proxy:
                 raise ApiError(
                     404, f"backend {pin!r} does not serve model {model!r}", param="model", code="backend_not_found"
                 )
-        return model, pin
+        return model, pin, adapter
+
+    def _check_adapters(self, model: str, pin: str | None, adapters: frozenset[str], param: str) -> None:
+        """404 for adapters no backend of the model (or the pinned one) has loaded: no wait can help."""
+        backends = [b for b in self.pools.by_model[model] if pin is None or b.name == pin]
+        if any(adapters <= b.adapters for b in backends):
+            return
+        loaded: frozenset[str] = frozenset().union(*(b.adapters for b in backends))
+        where = f"backend {pin!r}" if pin else f"any backend of model {model!r}"
+        missing = sorted(adapters - loaded)
+        if missing:
+            message = f"LoRA adapter {', '.join(map(repr, missing))} is not loaded on {where}"
+        else:  # each is loaded somewhere, no backend has them all
+            message = f"no single backend of model {model!r} has LoRA adapters {sorted(adapters)} loaded together"
+        raise ApiError(404, f"{message}; loaded: {sorted(loaded)}", param=param, code="model_not_found")
 
     def _policy_for(self, model: str, pin: str | None, requested: str | None) -> Policy:
         if pin:
@@ -670,9 +704,12 @@ class Proxy:
     # ---- what goes upstream and back -----------------------------------------------------------------
 
     @staticmethod
-    def _upstream_body(parsed: ParsedRequest, backend: Backend) -> bytes:
+    def _upstream_body(req: Request, backend: Backend) -> bytes:
+        parsed = req.parsed
         body = dict(parsed.body)
         body["model"] = backend.spec.upstream_model
+        if req.adapter is not None:  # as `lora_path`: SGLang reads it whatever its served name is
+            body["lora_path"] = req.adapter
         if backend.spec.strategy.speculative:
             body["return_spec_tokens_details"] = True
         if parsed.stream:
@@ -692,6 +729,13 @@ class Proxy:
     async def _send_error(client: Downstream, error: ApiError, request_id: str) -> None:
         error.headers.setdefault(REQUEST_ID_HEADER, request_id)
         await client.send_error(error)
+
+
+def _hashable(value: Any) -> Any:
+    """A JSON value as a hash key: lists as tuples (of hashable values, else None: not tracked apart)."""
+    if isinstance(value, list):
+        return tuple(value) if all(v is None or isinstance(v, (str, int)) for v in value) else None
+    return value if value is None or isinstance(value, (str, int)) else None
 
 
 def _request_id(headers: Mapping[str, str]) -> str:

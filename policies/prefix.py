@@ -12,6 +12,10 @@ full block of the earlier request reappears in it unchanged. The trailing partia
 the next turn extends it, so its hash would never recur.
 
 The hashes are Python's `hash`, salted per process: they are compared inside one gateway only.
+SGLang keys its radix cache by the prompt's tokens and a namespace: the request's `extra_key` with
+its LoRA adapter's id appended, and its `cache_salt` (`managers/schedule_batch.py`, `Req`;
+`mem_cache/radix_cache.py`, `RadixKey`), so a prefix cached for one namespace is no hit for another.
+A chain starts from its namespace's hash for the same reason (`namespace`; 0: none).
 Work is linear in the history's length and capped at `MAX_BLOCKS` blocks; the tail beyond is not
 tracked (a history longer than the cap still shares its first `MAX_BLOCKS` blocks).
 """
@@ -36,23 +40,31 @@ _ROLE_END = "\x1f"
 _MESSAGE_END = "\x1e"
 
 
-def text_blocks(text: str) -> tuple[int, ...]:
+def namespace(adapter: object, extra_key: object, cache_salt: object) -> int:
+    """The seed of the chains of requests cached under these keys (hashable); 0, the chains of
+    requests with none, when all are None."""
+    if adapter is None and extra_key is None and cache_salt is None:
+        return 0
+    return hash((adapter, extra_key, cache_salt))
+
+
+def text_blocks(text: str, seed: int = 0) -> tuple[int, ...]:
     """The hash chain of `text`'s full blocks (a completions prompt, or a rendered history)."""
-    return _chain(text, BLOCK_CHARS)
+    return _chain(text, BLOCK_CHARS, seed)
 
 
-def token_blocks(ids: Sequence[int]) -> tuple[int, ...]:
+def token_blocks(ids: Sequence[int], seed: int = 0) -> tuple[int, ...]:
     """The hash chain of a token-id prompt's full blocks of `BLOCK_TOKENS` ids: the radix cache's
     own blocks, exactly."""
-    return _chain(tuple(ids[: MAX_BLOCKS * BLOCK_TOKENS]), BLOCK_TOKENS)
+    return _chain(tuple(ids[: MAX_BLOCKS * BLOCK_TOKENS]), BLOCK_TOKENS, seed)
 
 
-def _chain(seq: str | tuple[int, ...], size: int) -> tuple[int, ...]:
-    """Element i hashes element i-1 with the i-th block of `size` items; a partial last block and
-    anything past `MAX_BLOCKS` blocks are left out."""
+def _chain(seq: str | tuple[int, ...], size: int, seed: int) -> tuple[int, ...]:
+    """Element i hashes element i-1 (`seed` before the first) with the i-th block of `size`
+    items; a partial last block and anything past `MAX_BLOCKS` blocks are left out."""
     n = min(len(seq) // size, MAX_BLOCKS)
     chain: list[int] = []
-    h = 0
+    h = seed
     for i in range(n):
         start = i * size
         h = hash((h, seq[start : start + size]))
@@ -60,10 +72,10 @@ def _chain(seq: str | tuple[int, ...], size: int) -> tuple[int, ...]:
     return tuple(chain)
 
 
-def message_blocks(messages: Sequence[Any]) -> tuple[int, ...]:
+def message_blocks(messages: Sequence[Any], seed: int = 0) -> tuple[int, ...]:
     """The hash chain of a chat history's blocks. Tolerates any shape (non-dict entries and
     non-text content parts are skipped): the request was validated before, this only reads it."""
-    return text_blocks(render_history(messages))
+    return text_blocks(render_history(messages), seed)
 
 
 def render_history(messages: Sequence[Any]) -> str:

@@ -16,7 +16,7 @@ from gateway.cli_backends import main as backends_main
 
 @pytest.fixture(scope="module")
 def dflash_url(twin_factory):
-    return twin_factory("k26-dflash")
+    return twin_factory("k26-dflash", "--lora-paths", "sql=/adapters/sql")
 
 
 def _check_json(capsys, *argv: str) -> tuple[int, dict]:
@@ -39,6 +39,7 @@ def test_check_current_server(dflash_url, capsys):
     assert 1.0 <= gen["accept_length"] <= 8.0  # at most the block size
     assert report["gateway_per_request_accept"] is True and report["fallbacks"] == []
     assert report["engine_check"] == 200 and report["problems"] == []
+    assert report["adapters"] == ["sql"]  # its LoRA adapters, from the /v1/models cards
     with urllib.request.urlopen(f"{dflash_url}/v1/models", timeout=10) as r:
         assert report["max_model_len"] == json.loads(r.read())["data"][0]["max_model_len"]
 
@@ -47,6 +48,7 @@ def test_check_current_server(dflash_url, capsys):
     assert "DFLASH   -> strategy dflash" in text and "max_running_requests 48" in text
     assert "completion_tokens / spec_verify_ct" in text and "fallbacks           none" in text
     assert "/health_generate 200 in" in text and f"{report['max_model_len']} tokens" in text
+    assert any(line.startswith("lora adapters") and line.endswith(" sql") for line in text.splitlines())
 
 
 def test_check_against_the_wrong_profile_fails(dflash_url, capsys):

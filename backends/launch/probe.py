@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from backends.loads import LoadReport, parse_get_load, parse_loads, parse_metrics, parse_model_len, parse_server_info
+from backends.loads import LoadReport, parse_get_load, parse_loads, parse_metrics, parse_model_cards, parse_server_info
 
 __all__ = ["Generation", "ProbeReport", "probe", "render"]
 
@@ -55,6 +55,7 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     engine_check: int | None = None  # /health_generate's status (None: no answer within the timeout)
     engine_check_s: float | None = None
     max_model_len: int | None = None  # the context length, from /v1/models
+    adapters: list[str] = []  # LoRA adapters loaded, from /v1/models
     server_info_path: str | None = None
     version: str | None = None
     served_model_name: str | None = None
@@ -188,10 +189,11 @@ def _engine_check(http: _Http, report: ProbeReport) -> None:
         )
 
 
-def _model_len(http: _Http, report: ProbeReport) -> None:
+def _model_cards(http: _Http, report: ProbeReport) -> None:
     status, data = http.json("/v1/models")
-    if status == 200:
-        report.max_model_len = parse_model_len(data, report.served_model_name)
+    cards = parse_model_cards(data, report.served_model_name) if status == 200 else None
+    if cards is not None:
+        report.max_model_len, report.adapters = cards.max_model_len, sorted(cards.adapters)
 
 
 def _load(http: _Http, report: ProbeReport) -> None:
@@ -286,7 +288,7 @@ def probe(url: str, *, api_key: str | None = None, max_tokens: int = 32, timeout
     try:
         _server_info(http, report)
         report.reachable = True
-        _model_len(http, report)
+        _model_cards(http, report)
         _ready(http, report)
         _engine_check(http, report)
         _load(http, report)
@@ -335,6 +337,7 @@ def render(report: ProbeReport) -> str:
                 ),
             ),
             ("context length", _fmt(report.max_model_len, " tokens (/v1/models max_model_len)")),
+            ("lora adapters", ", ".join(report.adapters) if report.adapters else "none"),
             ("ready", f"{_fmt(report.ready_path)} {'200' if report.ready else 'not ready'}"),
             (
                 "engine check",
