@@ -233,74 +233,43 @@ async def admit(
     (`tokenizer_manager.py: generate_request`); its errors are TokenizerError."""
     lease = await state.lora.acquire(lora) if lora else None
     try:
-        return await _admit(
-            state,
-            rid,
-            prompt_text,
-            prompt_tokens,
-            max_new_tokens,
-            lease,
-            domain=domain,
-            key=key,
-            temperature=temperature,
-            top_p=top_p,
-            stop_after_tokens=stop_after_tokens,
-            prefix_blocks=prefix_blocks,
-        )
+        if max_new_tokens < 0:
+            raise ApiError(f"max_new_tokens must be at least 0, got {max_new_tokens}.", param="max_tokens")
+        ctx = state.profile.context_length
+        if prompt_tokens + max_new_tokens > ctx:
+            raise ApiError(
+                f"Requested token count exceeds the model's maximum context length of {ctx} tokens."
+                f" You requested a total of {prompt_tokens + max_new_tokens} tokens:"
+                f" {prompt_tokens} tokens from the input messages and {max_new_tokens} tokens for"
+                " the completion. Please reduce the number of tokens in the input messages or the"
+                " completion to fit within the limit."
+            )
+        await state.faults.before_generation()
+        rid = rid or new_rid()
+        if max_new_tokens == 0:
+            return Generation(state, rid, None, None, prompt_tokens, 0, prompt_text, lease)
+        blocks = chain_from_text(prompt_text, cache_root(lease)) if prefix_blocks is None else prefix_blocks
+        try:
+            req, ch = state.runtime.submit(
+                rid,
+                prompt_tokens,
+                max_new_tokens,
+                prompt_text,
+                domain=domain,
+                key=key,
+                temperature=temperature,
+                top_p=top_p,
+                stop_after_tokens=stop_after_tokens,
+                prefix_blocks=blocks,
+                # assumption: a draft trained for the base model accepts less under an adapter
+                accept_scale=state.options.lora.acceptance_scale if lease is not None and lease.adapter else 1.0,
+            )
+        except QueueFull:
+            raise ApiError(QUEUE_FULL_MESSAGE, status=503, err_type="503") from None  # HTTPException
+        except ValueError as e:
+            raise ApiError(str(e)) from None
+        return Generation(state, rid, req, ch, prompt_tokens, max_new_tokens, prompt_text, lease)
     except BaseException:
         if lease is not None:
             state.lora.release(lease)
         raise
-
-
-async def _admit(
-    state: SimState,
-    rid: str | None,
-    prompt_text: str,
-    prompt_tokens: int,
-    max_new_tokens: int,
-    lease: Lease | None,
-    *,
-    domain: str | None,
-    key: int | None,
-    temperature: float,
-    top_p: float,
-    stop_after_tokens: int | None,
-    prefix_blocks: Sequence[int] | None,
-) -> Generation:
-    if max_new_tokens < 0:
-        raise ApiError(f"max_new_tokens must be at least 0, got {max_new_tokens}.", param="max_tokens")
-    ctx = state.profile.context_length
-    if prompt_tokens + max_new_tokens > ctx:
-        raise ApiError(
-            f"Requested token count exceeds the model's maximum context length of {ctx} tokens."
-            f" You requested a total of {prompt_tokens + max_new_tokens} tokens:"
-            f" {prompt_tokens} tokens from the input messages and {max_new_tokens} tokens for"
-            " the completion. Please reduce the number of tokens in the input messages or the"
-            " completion to fit within the limit."
-        )
-    await state.faults.before_generation()
-    rid = rid or new_rid()
-    if max_new_tokens == 0:
-        return Generation(state, rid, None, None, prompt_tokens, 0, prompt_text, lease)
-    blocks = chain_from_text(prompt_text, cache_root(lease)) if prefix_blocks is None else prefix_blocks
-    try:
-        req, ch = state.runtime.submit(
-            rid,
-            prompt_tokens,
-            max_new_tokens,
-            prompt_text,
-            domain=domain,
-            key=key,
-            temperature=temperature,
-            top_p=top_p,
-            stop_after_tokens=stop_after_tokens,
-            prefix_blocks=blocks,
-            # assumption: a draft trained for the base model accepts less under an adapter
-            accept_scale=state.options.lora.acceptance_scale if lease is not None and lease.adapter else 1.0,
-        )
-    except QueueFull:
-        raise ApiError(QUEUE_FULL_MESSAGE, status=503, err_type="503") from None  # HTTPException
-    except ValueError as e:
-        raise ApiError(str(e)) from None
-    return Generation(state, rid, req, ch, prompt_tokens, max_new_tokens, prompt_text, lease)
