@@ -104,6 +104,11 @@ def _server_parser() -> _Parser:
         help="split the model's reasoning into reasoning_content (thinking profiles)",
     )
     p.add_argument("--tool-call-parser", choices=["kimi_k2"], help="parse the model's tool-call markup into tool_calls")
+    p.add_argument(
+        "--enable-response-store",
+        action="store_true",
+        help="/v1/responses: keep responses in memory (retrieve, previous_response_id, background)",
+    )
     p.add_argument("--compat", choices=["0.5.9"], help="imitate an older SGLang 0.5.x (no spec details, /get_load)")
     lo = p.add_argument_group("LoRA adapters (SGLang's flags)")
     lo.add_argument("--enable-lora", action="store_true", default=None, help="implied by --lora-paths")
@@ -190,6 +195,7 @@ def _run_server(args: argparse.Namespace) -> int:
         enable_cache_report=args.enable_cache_report,
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
+        enable_response_store=args.enable_response_store,
         faults=faults,
         lora=lora,
     )

@@ -10,7 +10,15 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-__all__ = ["ApiError", "TokenizerError", "flat_error", "native_error", "native_value_error", "native_stream_error"]
+__all__ = [
+    "ApiError",
+    "TokenizerError",
+    "flat_error",
+    "native_error",
+    "native_value_error",
+    "native_stream_error",
+    "responses_error",
+]
 
 _PHRASE = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
@@ -43,6 +51,15 @@ def _body(err: ApiError) -> dict[str, object]:
 def flat_error(err: ApiError) -> web.Response:
     """OpenAI-route error response in SGLang's flat shape."""
     return web.Response(status=err.status, body=msgspec.json.encode(_body(err)), content_type="application/json")
+
+
+def responses_error(err: ApiError) -> web.Response:
+    """`/v1/responses*` errors, nested: `{"error": {"message", "type", "param", "code"}}` with the
+    HTTP status as `code` (`serving_responses.create_error_response`, whose default `type` is
+    "invalid_request_error"; and `http_server.py`'s handlers for paths under `/v1/responses`:
+    schema errors 400 `type` "Bad Request", HTTPExceptions `type` the status phrase)."""
+    body = {"error": {"message": err.message, "type": err.err_type, "param": err.param, "code": err.status}}
+    return web.Response(status=err.status, body=msgspec.json.encode(body), content_type="application/json")
 
 
 def native_error(err: ApiError) -> web.Response:

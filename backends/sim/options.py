@@ -82,5 +82,6 @@ class ServerOptions(msgspec.Struct, kw_only=True):
     enable_cache_report: bool = False  # usage.prompt_tokens_details.cached_tokens
     reasoning_parser: str | None = None  # "kimi_k2": reasoning_content split from content
     tool_call_parser: str | None = None  # "kimi_k2": delta.tool_calls parsed from the markup
+    enable_response_store: bool = False  # /v1/responses: store, retrieve, chain, background
     faults: FaultOptions = msgspec.field(default_factory=FaultOptions)
     lora: LoraOptions = msgspec.field(default_factory=LoraOptions)

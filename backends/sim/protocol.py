@@ -13,7 +13,7 @@ follow SGLang 0.5.23's protocol: completions default to `max_tokens` 16; chat wi
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from aiohttp import web
@@ -26,6 +26,8 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "GenerateRequest",
+    "ResponsesReasoning",
+    "ResponsesRequest",
     "StreamOptions",
     "CHAT_DEFAULT_MAX_TOKENS",
     "COMPLETION_DEFAULT_MAX_TOKENS",
@@ -109,6 +111,57 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     rid: str | None = None
     lora_path: str | list[str | None] | None = None  # the adapter(s) by name (lora.py)
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
+_INCLUDES = Literal[
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "message.input_image.image_url",
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+]
+
+
+class ResponsesReasoning(msgspec.Struct, kw_only=True):
+    """`protocol.py: ResponseReasoningParam` (`effort` defaults to "medium" once given)."""
+
+    effort: ReasoningEffort | None = "medium"
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """`/v1/responses` body, the fields of `protocol.py: ResponsesRequest` the twin acts on or
+    echoes (defaults as there: `store` true, `stream`/`background` false). `input` is a string or
+    a list of item objects; `tools` stay untyped (responses_api.py checks their `type`); the
+    sampling extras (`top_k`, `stop`, penalties, ...) are accepted and ignored."""
+
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    background: bool | None = False
+    previous_response_id: str | None = None
+    reasoning: ResponsesReasoning | None = None
+    include: list[_INCLUDES] | None = None
+    metadata: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    tool_choice: Literal["auto", "required", "none"] | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = []
+    text: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
+    user: str | None = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = 0
+    chat_template_kwargs: dict[str, Any] | None = None
+    request_id: str | None = None  # SGLang's default: f"resp_{uuid4().hex}"
+    priority: int = 0
 
 
 def history_tool_calls(messages: list[ChatMessage]) -> int:

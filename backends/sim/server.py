@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from backends.sim import info_api, lora_api, native_api, openai_api
+from backends.sim import info_api, lora_api, native_api, openai_api, responses_api
 from backends.sim.engine import Engine
-from backends.sim.errors import ApiError, flat_error, native_error
+from backends.sim.errors import ApiError, flat_error, native_error, responses_error
 from backends.sim.options import ServerOptions
 from backends.sim.profile import Profile
 from backends.sim.runtime import Runtime
@@ -26,20 +26,28 @@ _SHUTDOWN_GRACE_S = 1.0  # in-flight requests are aborted at shutdown; this boun
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses"})
+_PHRASES = {404: "Not Found", 405: "Method Not Allowed"}
 
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """No traceback ever reaches a client; generation routes are 503 until ready."""
     state = request.app[STATE_KEY]
+    responses = request.path.startswith("/v1/responses")
     if request.path in _GENERATION_PATHS and not state.ready:
         err = ApiError("The server is not ready yet.", status=503)
+        if responses:
+            return responses_error(ApiError(err.message, status=503, err_type="Service Unavailable"))
         return native_error(err) if request.path == "/generate" else flat_error(err)
     try:
         response: web.StreamResponse = await handler(request)
         return response
     except web.HTTPException as e:
+        if responses and e.status in _PHRASES:
+            # `http_server.py`: an HTTPException under /v1/responses is nested, `type` the phrase
+            phrase = _PHRASES[e.status]
+            return responses_error(ApiError(phrase, status=e.status, err_type=phrase))
         if e.status == 404:
             return web.Response(status=404, body=b'{"detail":"Not Found"}', content_type="application/json")
         if e.status == 405:
@@ -62,6 +70,7 @@ def build_app(profile: Profile, options: ServerOptions) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024 * 1024)
     app[STATE_KEY] = state
     app.add_routes(openai_api.routes())
+    app.add_routes(responses_api.routes())
     app.add_routes(info_api.routes())
     app.add_routes(native_api.routes())
     app.add_routes(lora_api.routes())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections import OrderedDict
+from typing import Any
 
 from aiohttp import web
 
@@ -15,9 +18,46 @@ from backends.sim.options import ServerOptions
 from backends.sim.profile import Profile
 from backends.sim.runtime import Runtime
 
-__all__ = ["SimState", "STATE_KEY", "new_rid"]
+__all__ = ["RESPONSE_STORE_LIMIT", "ResponseStore", "SimState", "STATE_KEY", "new_rid"]
 
 SGLANG_VERSION = "0.5.23"
+# assumption: SGLang's store has no limit (`--enable-response-store`: "Storage has no TTL or size
+# limit"); the twin keeps the newest 10,000 responses, so a long run cannot exhaust its memory
+RESPONSE_STORE_LIMIT = 10_000
+
+
+class ResponseStore:
+    """`--enable-response-store`: `serving_responses.py`'s `response_store` (id -> the response
+    object) and `msg_store` (id -> the conversation so far: input items, then output items) as one
+    entry per id, plus the `background_tasks` in flight. Bounded, oldest out first (assumption)."""
+
+    def __init__(self, limit: int = RESPONSE_STORE_LIMIT) -> None:
+        self.limit = limit
+        # id -> [response or None (conversation stored, response not yet), conversation]
+        self._entries: OrderedDict[str, list[Any]] = OrderedDict()
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, rid: str) -> dict[str, Any] | None:
+        entry = self._entries.get(rid)
+        return entry[0] if entry is not None else None
+
+    def messages(self, rid: str) -> list[Any]:
+        entry = self._entries.get(rid)
+        return list(entry[1]) if entry is not None else []
+
+    def put(self, rid: str, response: dict[str, Any] | None, messages: list[Any] | None = None) -> None:
+        """Store or replace a response (None: keep the current one) and its conversation (None:
+        keep); beyond the limit the oldest entry goes."""
+        entry = self._entries.setdefault(rid, [None, []])
+        if response is not None:
+            entry[0] = response
+        if messages is not None:
+            entry[1] = messages
+        while len(self._entries) > self.limit:
+            self._entries.popitem(last=False)
 
 
 class SimState:
@@ -39,6 +79,7 @@ class SimState:
         self.faults = Faults(options.faults, runtime, options.seed)
         self.metrics = Metrics(self.served_model_name) if options.enable_metrics else None
         self.lora = LoraRegistry(options.lora)  # loaded adapters (lora.py); empty unless --enable-lora
+        self.responses = ResponseStore()  # used only with --enable-response-store
 
     @property
     def engine(self) -> Engine:
