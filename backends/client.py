@@ -65,6 +65,14 @@ class SGLangClient:
         async with self.session.get(self.url(path), headers=self._auth, timeout=timeout) as r:
             return r.status, await r.read()
 
+    async def call(self, method: str, path: str, timeout_s: float = 30.0) -> tuple[int, bytes]:
+        """A small bodiless request to a path that names something (a stored Response): (status,
+        body); network errors propagate. Its URL is not kept: such paths are unbounded in number."""
+        url = URL(self.spec.url.rstrip("/") + path, encoded=False)
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with self.session.request(method, url, headers=self._auth, timeout=timeout) as r:
+            return r.status, await r.read()
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -72,3 +72,20 @@ def usage(obj: Any) -> Usage | None:
 def _count(obj: Any, name: str) -> int | None:
     value = obj.get(name) if isinstance(obj, dict) else None
     return value if type(value) is int and value >= 0 else None
+
+
+def responses_usage(obj: Any) -> Usage | None:
+    """A Responses API `usage` (`input_tokens`, `output_tokens` and their details, SGLang's
+    `ResponsesResponse._serialize_usage` in `entrypoints/openai/protocol.py`); None when absent
+    or malformed (never raises)."""
+    if not isinstance(obj, dict):
+        return None
+    p, c = obj.get("input_tokens"), obj.get("output_tokens")
+    if type(p) is not int or type(c) is not int or p < 0 or c < 0:
+        return None
+    return Usage(
+        prompt_tokens=p,
+        completion_tokens=c,
+        reasoning_tokens=_count(obj.get("output_tokens_details"), "reasoning_tokens"),
+        cached_tokens=_count(obj.get("input_tokens_details"), "cached_tokens"),
+    )

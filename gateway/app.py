@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException
@@ -24,6 +25,7 @@ from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError, model_not_found
 from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
+from gateway.proxy import BACKEND_HEADER
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
 
@@ -138,6 +140,34 @@ def create_app(
             }
         )
 
+    async def _at_holder(response_id: str, method: str, path: str) -> Response[bytes]:
+        """A stored Response is known only to the backend that made it (gateway.response_owners)."""
+        holder = rt.proxy.response_owners.owner(response_id)
+        backend = rt.pools.by_name.get(holder) if holder is not None else None
+        if backend is None:
+            raise ApiError(
+                404,
+                f"response {response_id!r} is not stored on any backend this gateway knows of",
+                param="response_id",
+                code="response_not_found",
+            )
+        try:
+            status, body = await backend.client.call(method, path)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            what = f"backend {backend.name}, which holds the response, is unreachable: {type(e).__name__}"
+            raise ApiError(502, what) from None
+        return Response(body, status_code=status, media_type="application/json", headers={BACKEND_HEADER: backend.name})
+
+    @get("/v1/responses/{response_id:str}")
+    async def retrieve_response(response_id: str) -> Response[bytes]:
+        """`client.responses.retrieve`: asked of the backend that stored it."""
+        return await _at_holder(response_id, "GET", f"/v1/responses/{response_id}")
+
+    @post("/v1/responses/{response_id:str}/cancel", status_code=200)
+    async def cancel_response(response_id: str) -> Response[bytes]:
+        """`client.responses.cancel` of a background Response, at the backend running it."""
+        return await _at_holder(response_id, "POST", f"/v1/responses/{response_id}/cancel")
+
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
         return _json(
@@ -220,6 +250,8 @@ def create_app(
         route_handlers=[
             models,
             retrieve_model,
+            retrieve_response,
+            cancel_response,
             health,
             ready,
             prometheus,

@@ -39,6 +39,7 @@ REQUEST_ID_HEADER = "x-request-id"
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 # 503 (a full queue) and 429 mean busy, not broken: they do not count against the circuit.
 BUSY = frozenset({429, 503})
+_WRAPPED_503 = "503: "
 NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 STALLED = "stopped stepping (SGLang's engine check failed)"
 
@@ -154,6 +155,11 @@ class Attempt:
         error = translate_upstream_error(resp.status, raw, backend.name)
         if resp.status in RETRYABLE:
             raise UpstreamFailure(f"http_{resp.status}", error, health=resp.status not in BUSY)
+        if resp.status == 400 and error.message.startswith(_WRAPPED_503):
+            # SGLang's Responses API answers a full queue (its HTTPException 503) as a 400 whose
+            # message is that exception's text (serving_responses.py, the catch-all around
+            # generation): busy, not a bad request, so another backend may take it.
+            raise UpstreamFailure("http_503", ApiError(503, error.message[len(_WRAPPED_503) :]), health=False)
         raise error
 
     def first_token(self) -> None:

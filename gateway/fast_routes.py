@@ -1,8 +1,8 @@
-"""The two OpenAI generation routes as plain ASGI, in front of the litestar app.
+"""The OpenAI generation routes as plain ASGI, in front of the litestar app.
 
 Why: litestar's per-request machinery (router, exception middleware, handler signature, Response
 -> ASGIResponse conversion, anyio task group for streams) cost about a fifth of the gateway's CPU
-per request. `POST /v1/chat/completions` and `POST /v1/completions` carry all the traffic, so they
+per request. `POST /v1/chat/completions`, `/v1/completions` and `/v1/responses` carry all the traffic, so they
 are answered here, under any root_path and path spelling litestar would route to them (its own
 path normalisation); every other route and method goes to litestar unchanged.
 
@@ -34,7 +34,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("specroute.app")
 
-ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+ROUTES: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/responses": "responses",
+}
 # litestar's own host check (litestar._asgi.utils), so a bad Host header gets the same 400.
 _HOST = re.compile(rb"\A[0-9A-Za-z!$&'()*+,;=\-._~:\[\]@%]*\Z", re.IGNORECASE)
 

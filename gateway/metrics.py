@@ -158,7 +158,7 @@ class GatewayMetrics:
             c(self.queue, model).observe(rec.queue_s)
         if rec.backend is None or rec.status != 200:
             return
-        op = "chat" if rec.kind == "chat" else "text_completion"
+        op = "text_completion" if rec.kind == "completion" else "chat"
         c(self.duration, backend).observe(rec.duration_s)
         c(self.genai_duration, op, rec.model, "sglang").observe(rec.duration_s)
         c(self.genai_tokens, op, rec.model, "input").observe(rec.prompt_tokens)

@@ -14,7 +14,7 @@ from common.json_errors import JSON_DECODE_ERRORS
 from gateway.adapters import requested_lora_paths
 from gateway.errors import ApiError
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "responses"]
 _decoder = msgspec.json.Decoder()
 
 
@@ -60,6 +60,8 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         if not messages:
             raise ApiError(400, "'messages' must be a non-empty array", param="messages")
         prompt_text = _messages_text(messages)
+    elif kind == "responses":
+        prompt_text = _responses_text(body)
     else:
         prompt = body.get("prompt")
         if prompt is None:
@@ -77,19 +79,26 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
             raise ApiError(400, "'prompt' must be a string or a non-empty array", param="prompt")
 
     stream = _field(body, "stream", bool) or False
-    max_tokens = _field(body, "max_completion_tokens", int) if kind == "chat" else None
-    if max_tokens is None:
-        max_tokens = _field(body, "max_tokens", int)
+    if kind == "responses":
+        max_tokens = _field(body, "max_output_tokens", int)
+        if max_tokens is not None:  # SGLang keeps 2 of them as headroom (ResponsesRequest.to_sampling_params)
+            max_tokens = max(0, max_tokens - 2)
+    else:
+        max_tokens = _field(body, "max_completion_tokens", int) if kind == "chat" else None
+        if max_tokens is None:
+            max_tokens = _field(body, "max_tokens", int)
     if max_tokens is not None and max_tokens < 0:
         raise ApiError(400, "'max_tokens' must be >= 0", param="max_tokens")
     stream_options = _field(body, "stream_options", dict)
     if stream_options is not None and not stream:
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
-    wants_usage = bool(stream_options and stream_options.get("include_usage") is True)
+    # A Responses stream always ends with its usage (`response.completed`): the client's, untouched.
+    wants_usage = kind == "responses" or bool(stream_options and stream_options.get("include_usage") is True)
     wants_spec = _field(body, "return_spec_tokens_details", bool) or False
     temperature = body.get("temperature")
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
-        temperature = None
+        # unset: the server's default, but a Responses request has its own (0.7, `ResponsesRequest`)
+        temperature = 0.7 if kind == "responses" else None
     n = body.get("n")  # a bad `n` is the backend's to refuse, with its own message
     per_prompt = n if type(n) is int and n > 1 else 1
     return ParsedRequest(
@@ -134,6 +143,31 @@ def _field(body: dict[str, Any], name: str, typ: type, required: bool = False) -
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise ApiError(400, f"'{name}' must be {_TYPE_NAMES[typ]}, got {type(value).__name__}", param=name)
     return value
+
+
+def _responses_text(body: dict[str, Any]) -> str:
+    """The text of a Responses request: its instructions, then its `input` (a string, or items
+    whose text content counts: messages, and the outputs of earlier tool calls)."""
+    instructions = _field(body, "instructions", str)
+    value = body.get("input")
+    if value is None:
+        raise ApiError(400, "missing required field 'input'", param="input")
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, list) and value:
+        parts: list[str] = []
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise ApiError(400, f"input[{i}] must be an object", param=f"input[{i}]")
+            content = item.get("content", item.get("output"))
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        text = "\n".join(parts)
+    else:
+        raise ApiError(400, "'input' must be a string or a non-empty array", param="input")
+    return f"{instructions}\n{text}" if instructions else text
 
 
 def _messages_text(messages: list[Any]) -> str:

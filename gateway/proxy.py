@@ -50,7 +50,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Pools
 from gateway.records import RequestRecord, Result
-from gateway.relay import SseRelay
+from gateway.relay import SseRelay, StreamRelay
+from gateway.response_owners import ResponseOwners
+from gateway.responses_relay import ResponsesRelay, read_response
 from gateway.stream_deadline import StreamDeadline
 from gateway.tracing import Trace, Tracing
 from policies import POLICY_NAMES, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
@@ -65,7 +67,7 @@ _getrandbits = random.getrandbits
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 
-PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses"}
 BACKEND_HEADER = "x-specroute-backend"
 TRACE_ID_HEADER = "x-specroute-trace-id"
 POLICY_HEADER = "x-specroute-policy"
@@ -157,6 +159,7 @@ class Proxy:
         self.retries = 0  # attempts beyond the first
         # The requests being answered, each with the watch that can end it (shut_down_open_requests).
         self._open: dict[DisconnectWatch, Request] = {}
+        self.response_owners = ResponseOwners()  # stored Responses -> the backend that holds each
 
     def configure(self, config: Config) -> None:
         """(Re)read the settings the request path uses; called again on reload."""
@@ -291,8 +294,12 @@ class Proxy:
 
     async def _stream(self, attempt: Attempt, client: Downstream) -> None:
         req, backend = attempt.req, attempt.backend
-        relay = SseRelay(
-            keep_usage=req.parsed.client_wants_usage, keep_spec=req.parsed.client_wants_spec, result=attempt.result
+        relay: StreamRelay = (
+            ResponsesRelay(result=attempt.result)
+            if req.kind == "responses"
+            else SseRelay(
+                keep_usage=req.parsed.client_wants_usage, keep_spec=req.parsed.client_wants_spec, result=attempt.result
+            )
         )
         result = relay.result
         started = False
@@ -349,7 +356,7 @@ class Proxy:
                 result.error_type = "upstream_error"
         await client.end_stream()
 
-    async def _first_token(self, attempt: Attempt, resp: aiohttp.ClientResponse, relay: SseRelay) -> bytes:
+    async def _first_token(self, attempt: Attempt, resp: aiohttp.ClientResponse, relay: StreamRelay) -> bytes:
         """Reads the stream up to its first generated token (or its end), returning the bytes for the
         client. Nothing has reached the client yet, so an error event before that token (SGLang's
         answer to a full queue: HTTP 200, then an error with code 503) fails the attempt as a 503
@@ -394,6 +401,11 @@ class Proxy:
             raise ApiError(502, f"backend {backend.name} returned an invalid response")
         backend.circuit.record_success()
         result = attempt.result
+        if req.kind == "responses":
+            read_response(result, obj)
+            result.status = 200
+            await client.send_json(200, self._reply_headers(attempt, stream=False), raw)
+            return
         result.usage = usage(obj.get("usage"))
         choices = obj.get("choices")
         first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
@@ -441,8 +453,12 @@ class Proxy:
         elif error is not None:
             result.status = result.status or 500
             result.error, result.error_type = "internal gateway error", type(error).__name__
-        attempt.req.last = attempt
-        self._finish(attempt.req, attempt, result, mean_inflight)
+        req = attempt.req
+        req.last = attempt
+        stored = req.kind == "responses" and req.parsed.body.get("store") is not False  # SGLang's default
+        if stored and result.status == 200 and result.response_id is not None:
+            self.response_owners.record(result.response_id, attempt.backend.name)
+        self._finish(req, attempt, result, mean_inflight)
 
     @staticmethod
     def _cancelled(req: Request, result: Result) -> Result:
@@ -483,8 +499,12 @@ class Proxy:
         """Writes the request's single record and feeds everything that learns from it."""
         req.recorded = True
         answered = attempt is not None and result.status == 200
+        # SGLang's Responses API attaches no spec details (sglext): not missing, never there.
         telemetry_missing = (
-            answered and attempt is not None and result.read_spec(attempt.backend.spec.strategy.speculative)
+            answered
+            and attempt is not None
+            and result.read_spec(attempt.backend.spec.strategy.speculative)
+            and req.kind != "responses"
         )
         rec = self._record(req, attempt, result)
         if answered and attempt is not None:
@@ -608,6 +628,8 @@ class Proxy:
         t_received: float,
     ) -> Request:
         model, pin, adapter = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
+        if kind == "responses" and pin is None:
+            pin = self._holder_of_previous(parsed, model)
         if adapter is not None:
             self._check_adapters(model, pin, frozenset((adapter,)), "model")
         elif parsed.lora_paths:
@@ -636,7 +658,7 @@ class Proxy:
         lora, extra_key, salt = adapter or body.get("lora_path"), body.get("extra_key"), body.get("cache_salt")
         if lora is not None or extra_key is not None or salt is not None:
             seed = namespace(_hashable(lora), _hashable(extra_key), _hashable(salt))
-        messages = body.get("messages")
+        messages = body.get("messages") if parsed.kind != "responses" else _responses_history(body)
         if isinstance(messages, list):
             return message_blocks(messages, seed)
         if parsed.prompt_ids is not None:
@@ -660,6 +682,15 @@ class Proxy:
                     404, f"backend {pin!r} does not serve model {model!r}", param="model", code="backend_not_found"
                 )
         return model, pin, adapter
+
+    def _holder_of_previous(self, parsed: ParsedRequest, model: str) -> str | None:
+        """The backend holding `previous_response_id`'s stored Response: the follow-up can be
+        answered only there. None when unknown (stored via another gateway replica, forgotten, or
+        never stored): the backend that gets it answers whether it knows it."""
+        previous = parsed.body.get("previous_response_id")
+        holder = self.response_owners.owner(previous) if isinstance(previous, str) else None
+        backend = self.pools.by_name.get(holder) if holder is not None else None
+        return holder if backend is not None and backend.spec.model == model else None
 
     def _check_adapters(self, model: str, pin: str | None, adapters: frozenset[str], param: str) -> None:
         """404 for adapters no backend of the model (or the pinned one) has loaded: no wait can help."""
@@ -707,6 +738,11 @@ class Proxy:
     def _upstream_body(req: Request, backend: Backend) -> bytes:
         parsed = req.parsed
         body = dict(parsed.body)
+        if req.kind == "responses":  # its own fields: SGLang's ResponsesRequest has no lora_path
+            body["model"] = (
+                backend.spec.upstream_model if req.adapter is None else f"{backend.spec.upstream_model}:{req.adapter}"
+            )
+            return _encoder.encode(body)
         body["model"] = backend.spec.upstream_model
         if req.adapter is not None:  # as `lora_path`: SGLang reads it whatever its served name is
             body["lora_path"] = req.adapter
@@ -729,6 +765,16 @@ class Proxy:
     async def _send_error(client: Downstream, error: ApiError, request_id: str) -> None:
         error.headers.setdefault(REQUEST_ID_HEADER, request_id)
         await client.send_error(error)
+
+
+def _responses_history(body: dict[str, Any]) -> list[Any] | None:
+    """A Responses request's input items as a message history, its instructions first (SGLang
+    renders them as the system message); None for a string input (tracked as text)."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return None
+    instructions = body.get("instructions")
+    return [{"role": "system", "content": instructions}, *items] if isinstance(instructions, str) else items
 
 
 def _hashable(value: Any) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -35,6 +35,17 @@ _QUOTE = 0x22
 _CONTENT, _TEXT, _REASONING = b'"content":"', b'"text":"', b'"reasoning_content":"'
 _CONTENT_LEN, _TEXT_LEN, _REASONING_LEN = len(_CONTENT), len(_TEXT), len(_REASONING)
 _TOOL_CALL = b'"tool_calls":[{'
+
+
+class StreamRelay(Protocol):
+    """What the proxy needs of a stream's relay: this module's for chat and completions,
+    gateway.responses_relay's for the Responses API."""
+
+    result: Result
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def leftover(self) -> bytes: ...
 
 
 class SseRelay:

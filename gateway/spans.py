@@ -23,7 +23,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from gateway.records import RequestRecord
 
 SCOPE = InstrumentationScope("specroute")
-OPERATION = {"chat": "chat", "completion": "text_completion"}  # gen_ai.operation.name per request kind
+# gen_ai.operation.name per request kind (a Responses request is a chat turn)
+OPERATION = {"chat": "chat", "completion": "text_completion", "responses": "chat"}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)  # only sampled spans are recorded
 _KINDS = {k.value: k for k in SpanKind}
 _UNSET = Status(StatusCode.UNSET)

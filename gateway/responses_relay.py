@@ -1,0 +1,128 @@
+"""SSE relay filter for the Responses API: forwards events untouched, reading what telemetry needs.
+
+SGLang streams `/v1/responses` as typed events, `event: <type>` then `data: <json>`
+(`entrypoints/openai/serving_responses.py`, `_send_event`). Generated output is a
+`response.output_text.delta`, a `response.function_call_arguments.delta`, or (not the answer) a
+`response.reasoning_text.delta` / `response.reasoning_summary_text.delta`: the stream clock of
+docs/metrics.md, as for chat. The stream ends with a terminal event, `response.completed`,
+`response.incomplete` or `response.failed`, which carries the response with its usage; only
+those, `response.created` (the id) and errors are decoded. Nothing is removed: a Responses
+stream's usage is the client's own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from backends.telemetry import responses_usage
+from common.json_errors import JSON_DECODE_ERRORS
+from gateway.records import Result
+
+_decoder = msgspec.json.Decoder()
+
+_ANSWER_DELTAS = (b"event: response.output_text.delta", b"event: response.function_call_arguments.delta")
+_REASONING_DELTAS = (b"event: response.reasoning_text.delta", b"event: response.reasoning_summary_text.delta")
+QUEUE_FULL = "The request queue is full."
+_TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+# What a terminal status means as a chat finish reason (the records' and metrics' vocabulary).
+_FINISH = {"completed": "stop", "incomplete": "length", "failed": "error", "cancelled": "abort"}
+
+
+def read_response(result: Result, response: Any) -> None:
+    """Fill `result` from a Responses API response object (a complete answer, or a terminal
+    event's): usage, a chat-style finish reason, id, model, and the error of a failed one."""
+    if not isinstance(response, dict):
+        return
+    result.usage = responses_usage(response.get("usage")) or result.usage
+    status = response.get("status")
+    if isinstance(status, str):
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
+        result.finish_reason = _FINISH.get(status, status) if reason in (None, "max_output_tokens") else reason
+    if isinstance(response.get("id"), str):
+        result.response_id = response["id"]
+    if isinstance(response.get("model"), str):
+        result.response_model = response["model"]
+    error = response.get("error")
+    if status == "failed" and isinstance(error, dict):
+        message = error.get("message")
+        result.error = message if isinstance(message, str) else "upstream error"
+        # Every failure is code "server_error" (`serving_responses.py: _error_from_finish_reason`);
+        # a full queue, by its message (`scheduler.py: _abort_on_queued_limit`), is a 503: busy,
+        # so a stream that failed so before its first token is tried on another backend.
+        result.error_code = 503 if message == QUEUE_FULL else error.get("code")
+
+
+class ResponsesRelay:
+    """Feed it upstream bytes; it returns the bytes to send on (possibly empty) and fills
+    `result` as the events go by. `result.done` once the terminal event has arrived."""
+
+    __slots__ = ("result", "_buf", "_clock")
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, result: Result | None = None) -> None:
+        self.result = result if result is not None else Result()
+        self._buf = b""
+        self._clock = clock
+
+    def feed(self, chunk: bytes) -> bytes:
+        buf = self._buf + chunk if self._buf else chunk
+        start = 0
+        while (end := buf.find(b"\n\n", start)) >= 0:
+            self._event(buf[start : end + 2])
+            start = end + 2
+        self._buf = buf[start:]
+        return buf[:start]
+
+    def leftover(self) -> bytes:
+        """Bytes of an unterminated last event (a broken upstream stream)."""
+        return self._buf
+
+    def _event(self, event: bytes) -> None:
+        if event.startswith(_ANSWER_DELTAS):
+            self._generated(True)
+        elif event.startswith(_REASONING_DELTAS):
+            self._generated(False)
+        elif event.startswith(b"event: response.output_text.") or event.startswith(b"event: response.content_part"):
+            pass  # the text's done / part events: no new output, nothing to read
+        else:
+            self._decode(event)
+
+    def _generated(self, answer: bool) -> None:
+        now = self._clock()
+        r = self.result
+        if r.t_first is None:
+            r.t_first = now
+        if answer and r.t_first_answer is None:
+            r.t_first_answer = now
+        r.t_last = now
+
+    def _decode(self, event: bytes) -> None:
+        data = event.find(b"data:")
+        if data < 0:
+            return
+        payload = event[data + 5 :].strip()
+        if payload == b"[DONE]":
+            self.result.done = True
+            return
+        try:
+            obj = _decoder.decode(payload)
+        except JSON_DECODE_ERRORS:
+            return
+        if not isinstance(obj, dict):
+            return
+        r = self.result
+        kind = obj.get("type")
+        if kind in _TERMINAL:
+            read_response(r, obj.get("response"))
+            r.done = True
+        elif kind == "response.created":
+            read_response(r, obj.get("response"))
+        elif kind == "error" or ("error" in obj and kind is None):
+            err = obj.get("error", obj)
+            message = err.get("message") if isinstance(err, dict) else err
+            r.error = message if isinstance(message, str) else "upstream error"
+            r.error_code = err.get("code") if isinstance(err, dict) else None

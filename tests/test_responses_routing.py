@@ -1,0 +1,101 @@
+"""The Responses API through the gateway, with the real `openai` SDK and twins that serve SGLang's
+`/v1/responses`: answers and streams relayed as SGLang sends them, and stored Responses followed:
+a `previous_response_id`, `responses.retrieve` and `cancel` go to the backend that stored it,
+whatever the policy would choose."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import openai
+import pytest
+
+from tests.support import gateway
+
+ROUND_ROBIN = 'policy = "round_robin"\n'  # a policy that would move every follow-up if it could
+
+
+@pytest.fixture
+def stored_pair(tmp_path, twin_factory):
+    a = twin_factory("k26-dflash", "--enable-response-store")
+    b = twin_factory("k26-eagle3", "--enable-response-store")
+    backends = [
+        {"name": "a", "url": a, "model": "kimi-k2.6", "strategy": "dflash"},
+        {"name": "b", "url": b, "model": "kimi-k2.6", "strategy": "eagle3"},
+    ]
+    with gateway(tmp_path, backends, gateway_keys=ROUND_ROBIN) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def test_a_response_and_a_stream_through_the_gateway(stored_pair):
+    client = stored_pair
+    raw = client.responses.with_raw_response.create(model="kimi-k2.6", input="Say hello.", max_output_tokens=8)
+    response = raw.parse()
+    assert raw.headers["x-specroute-backend"] in {"a", "b"}
+    # SGLang keeps 2 of max_output_tokens as headroom; the twin always runs to its budget
+    assert response.status == "incomplete" and response.usage.output_tokens == 6 and response.output_text
+
+    events = list(client.responses.create(model="kimi-k2.6", input="Count to five.", max_output_tokens=12, stream=True))
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] in {"response.completed", "response.incomplete"}
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and events[-1].response.usage.output_tokens == 10
+
+
+def test_follow_ups_go_to_the_backend_that_stored_the_previous_response(stored_pair):
+    client = stored_pair
+    raw = client.responses.with_raw_response.create(
+        model="kimi-k2.6", input="Remember: the code is 7.", max_output_tokens=4
+    )
+    first, holder = raw.parse(), raw.headers["x-specroute-backend"]
+    previous = first.id
+    for turn in range(4):  # round robin alternates; each follow-up must stay where its history is
+        stream = turn % 2 == 1
+        raw = client.responses.with_raw_response.create(
+            model="kimi-k2.6",
+            input=f"Turn {turn}: what is the code?",
+            previous_response_id=previous,
+            max_output_tokens=4,
+            stream=stream,
+        )
+        assert raw.headers["x-specroute-backend"] == holder
+        if stream:
+            events = list(raw.parse())
+            previous = events[-1].response.id
+        else:
+            previous = raw.parse().id
+    stored = client.responses.retrieve(previous)
+    assert stored.id == previous and stored.previous_response_id
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.retrieve("resp_unknown")
+    assert e.value.body["code"] == "response_not_found"
+    # a Response not stored is not remembered: its id is as unknown as any other
+    unstored = client.responses.create(model="kimi-k2.6", input="Forget me.", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_a_full_queue_on_the_responses_route_is_retried_elsewhere(tmp_path, twin_factory):
+    """SGLang's Responses API disguises a full queue: a 400 whose message is "503: The request
+    queue is full." when not streamed, a `response.failed` before any token when streamed. Both
+    are busy, not bad requests: the gateway tries another backend and the client never sees them."""
+    full = twin_factory("k26-ar", "--max-queued-requests", "0")
+    spare = twin_factory("k26-ar")
+    backends = [
+        {"name": "full", "url": full, "model": "kimi-k2.6", "strategy": "ar"},
+        {"name": "spare", "url": spare, "model": "kimi-k2.6", "strategy": "ar"},
+    ]
+    with gateway(tmp_path, backends, gateway_keys=ROUND_ROBIN) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        for i in range(6):
+            raw = client.responses.with_raw_response.create(
+                model="kimi-k2.6", input=f"Question {i}?", max_output_tokens=6, stream=i % 2 == 1
+            )
+            assert raw.headers["x-specroute-backend"] == "spare"
+            if i % 2:
+                assert list(raw.parse())[-1].type == "response.incomplete"
+            else:
+                assert raw.parse().usage.output_tokens == 4
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    assert 'specroute_upstream_errors_total{backend="full",kind="http_503"}' in metrics
+    assert 'specroute_upstream_errors_total{backend="full",kind="stream_503"}' in metrics
