@@ -97,8 +97,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     wants_spec = _field(body, "return_spec_tokens_details", bool) or False
     temperature = body.get("temperature")
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
-        # unset: the server's default, but a Responses request has its own (0.7, `ResponsesRequest`)
-        temperature = 0.7 if kind == "responses" else None
+        temperature = None
     n = body.get("n")  # a bad `n` is the backend's to refuse, with its own message
     per_prompt = n if type(n) is int and n > 1 else 1
     return ParsedRequest(

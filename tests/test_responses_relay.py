@@ -101,7 +101,7 @@ def test_a_responses_request_is_read_for_routing():
     assert parsed.prompt_text == "Be brief.\nHi there" and parsed.max_tokens == 62 and parsed.stream  # SGLang's -2
     assert parsed.temperature == 0.3 and parsed.client_wants_usage  # a Responses stream's usage is the client's
     plain = parse(_responses(input="plain"), "responses")
-    assert plain.prompt_text == "plain" and plain.temperature == 0.7  # the Responses API's own default
+    assert plain.prompt_text == "plain" and plain.temperature is None  # the server's default, as for chat
 
 
 @pytest.mark.parametrize(
