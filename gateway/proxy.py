@@ -656,6 +656,8 @@ class Proxy:
         # cache_salt is no hit (policies.prefix). A list (one per prompt of a batch) as a tuple.
         seed = 0
         lora, extra_key, salt = adapter or body.get("lora_path"), body.get("extra_key"), body.get("cache_salt")
+        if parsed.kind == "responses":
+            lora = None  # SGLang's Responses API checks an adapter but runs the base model (docs/sglang-api.md)
         if lora is not None or extra_key is not None or salt is not None:
             seed = namespace(_hashable(lora), _hashable(extra_key), _hashable(salt))
         messages = body.get("messages") if parsed.kind != "responses" else _responses_history(body)
