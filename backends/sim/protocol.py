@@ -4,10 +4,12 @@ Only the fields the twin acts on are typed; every other OpenAI or SGLang extra f
 (`top_k`, `min_p`, `regex`, ...) is accepted and ignored, as SGLang passes them to sampling the
 twin does not model. `tools` and `tool_choice` stay untyped here: tools.py validates them the
 way SGLang's pydantic models do, so that errors carry SGLang's messages. `chat_template_kwargs`
-is any JSON object; the twin reads `thinking` from it and ignores every other key. Defaults
-follow SGLang 0.5.23's protocol: completions default to `max_tokens` 16; chat without
-`max_tokens`/`max_completion_tokens` uses the native default of 128 new tokens
-(`SamplingParams.max_new_tokens`).
+is any JSON object; the twin reads `thinking` from it and ignores every other key. Completions
+default to `max_tokens` 16, as SGLang 0.5.23's protocol does. Chat without
+`max_tokens`/`max_completion_tokens` gets 128 new tokens: an assumption. SGLang passes no budget
+(`ChatCompletionRequest.to_sampling_params`: `max_new_tokens` None), so its scheduler clamps the
+request to the context (`scheduler.py: init_req_max_new_tokens`) and the model's end-of-sequence
+token ends it; the twin's prose has no such token, so 128 stands in for an answer's length.
 """
 
 from __future__ import annotations
