@@ -99,3 +99,15 @@ def test_a_full_queue_on_the_responses_route_is_retried_elsewhere(tmp_path, twin
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
     assert 'specroute_upstream_errors_total{backend="full",kind="http_503"}' in metrics
     assert 'specroute_upstream_errors_total{backend="full",kind="stream_503"}' in metrics
+
+
+def test_a_background_response_is_cancelled_where_it_runs(stored_pair):
+    client = stored_pair
+    raw = client.responses.with_raw_response.create(
+        model="kimi-k2.6", input="Write a long essay.", max_output_tokens=4000, background=True, store=True
+    )
+    queued, holder = raw.parse(), raw.headers["x-specroute-backend"]
+    assert queued.status in {"queued", "in_progress"}
+    cancelled = client.responses.with_raw_response.cancel(queued.id)
+    assert cancelled.headers["x-specroute-backend"] == holder and cancelled.parse().status == "cancelled"
+    assert client.responses.retrieve(queued.id).status == "cancelled"
