@@ -115,7 +115,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         sequences=prompts * per_prompt,
         id_tokens=id_tokens,
         prompt_ids=prompt_ids,
-        lora_paths=requested_lora_paths(body),
+        lora_paths=requested_lora_paths(body) if "lora_path" in body else frozenset(),
     )
 
 

@@ -674,7 +674,9 @@ class Proxy:
         pin = pin_header or None
         if model not in self.pools.by_model and "@" in model:
             model, _, pin = model.rpartition("@")
-        model, adapter = split_model(model, self.pools.by_model)
+        adapter = None
+        if model not in self.pools.by_model:
+            model, adapter = split_model(model, self.pools.by_model)
         if model not in self.pools.by_model:
             raise model_not_found(model, self.pools.models())
         if pin is not None:
