@@ -158,11 +158,7 @@ def _responses_text(body: dict[str, Any]) -> str:
         for i, item in enumerate(value):
             if not isinstance(item, dict):
                 raise ApiError(400, f"input[{i}] must be an object", param=f"input[{i}]")
-            content = item.get("content", item.get("output"))
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+            _add_text(parts, item.get("content", item.get("output")))
         text = "\n".join(parts)
     else:
         raise ApiError(400, "'input' must be a string or a non-empty array", param="input")
@@ -176,9 +172,13 @@ def _messages_text(messages: list[Any]) -> str:
             raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
         if not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}].role must be a string", param=f"messages[{i}].role")
-        content = m.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):  # content parts: keep the text ones
-            parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        _add_text(parts, m.get("content"))
     return "\n".join(parts)
+
+
+def _add_text(parts: list[str], content: Any) -> None:
+    """A message's or item's content: a string, or content parts, of which the text ones count."""
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))

@@ -48,11 +48,36 @@ class StreamRelay(Protocol):
     def leftover(self) -> bytes: ...
 
 
-class SseRelay:
+class ClockedRelay:
+    """What every relay shares: the result it fills, the bytes of an unfinished event, and the
+    stream clock (docs/metrics.md) that a generated token moves."""
+
+    __slots__ = ("result", "_buf", "_clock")
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, result: Result | None = None) -> None:
+        self.result = result if result is not None else Result()
+        self._buf = b""
+        self._clock = clock
+
+    def leftover(self) -> bytes:
+        """Bytes of an unterminated last event (a broken upstream stream)."""
+        return self._buf
+
+    def _generated(self, answer: bool) -> None:
+        now = self._clock()
+        r = self.result
+        if r.t_first is None:
+            r.t_first = now
+        if answer and r.t_first_answer is None:
+            r.t_first_answer = now
+        r.t_last = now
+
+
+class SseRelay(ClockedRelay):
     """Feed it upstream bytes; it returns the bytes to send to the client (possibly empty) and
     fills `result` as the events go by."""
 
-    __slots__ = ("keep_usage", "keep_spec", "result", "_buf", "_clock")
+    __slots__ = ("keep_usage", "keep_spec")
 
     def __init__(
         self,
@@ -61,11 +86,9 @@ class SseRelay:
         clock: Callable[[], float] = time.perf_counter,
         result: Result | None = None,
     ) -> None:
+        super().__init__(clock, result)
         self.keep_usage = keep_usage
         self.keep_spec = keep_spec
-        self.result = result if result is not None else Result()
-        self._buf = b""
-        self._clock = clock
 
     def feed(self, chunk: bytes) -> bytes:
         # Exactly one whole event, the usual read: it ends with the blank line and has no other
@@ -87,10 +110,6 @@ class SseRelay:
             return out[0]
         return b"".join(out)
 
-    def leftover(self) -> bytes:
-        """Bytes of an unterminated last event (a broken upstream stream)."""
-        return self._buf
-
     def _event(self, event: bytes) -> bytes | None:
         # rfind: finish_reason sits near the end of a chunk, so the search stops early (~3x cheaper
         # than `in`, which scans from the start); the test is the same, presence.
@@ -104,15 +123,6 @@ class SseRelay:
                 self._generated(True)
             return event
         return self._slow(event)
-
-    def _generated(self, answer: bool) -> None:
-        now = self._clock()
-        r = self.result
-        if r.t_first is None:
-            r.t_first = now
-        if answer and r.t_first_answer is None:
-            r.t_first_answer = now
-        r.t_last = now
 
     def _slow(self, event: bytes) -> bytes | None:
         payload = event.strip()

@@ -12,8 +12,6 @@ stream's usage is the client's own.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -21,6 +19,7 @@ import msgspec
 from backends.telemetry import responses_usage
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.records import Result
+from gateway.relay import ClockedRelay
 
 _decoder = msgspec.json.Decoder()
 
@@ -57,16 +56,11 @@ def read_response(result: Result, response: Any) -> None:
         result.error_code = 503 if message == QUEUE_FULL else error.get("code")
 
 
-class ResponsesRelay:
+class ResponsesRelay(ClockedRelay):
     """Feed it upstream bytes; it returns the bytes to send on (possibly empty) and fills
     `result` as the events go by. `result.done` once the terminal event has arrived."""
 
-    __slots__ = ("result", "_buf", "_clock")
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, result: Result | None = None) -> None:
-        self.result = result if result is not None else Result()
-        self._buf = b""
-        self._clock = clock
+    __slots__ = ()
 
     def feed(self, chunk: bytes) -> bytes:
         buf = self._buf + chunk if self._buf else chunk
@@ -77,10 +71,6 @@ class ResponsesRelay:
         self._buf = buf[start:]
         return buf[:start]
 
-    def leftover(self) -> bytes:
-        """Bytes of an unterminated last event (a broken upstream stream)."""
-        return self._buf
-
     def _event(self, event: bytes) -> None:
         if event.startswith(_ANSWER_DELTAS):
             self._generated(True)
@@ -90,15 +80,6 @@ class ResponsesRelay:
             pass  # the text's done / part events: no new output, nothing to read
         else:
             self._decode(event)
-
-    def _generated(self, answer: bool) -> None:
-        now = self._clock()
-        r = self.result
-        if r.t_first is None:
-            r.t_first = now
-        if answer and r.t_first_answer is None:
-            r.t_first_answer = now
-        r.t_last = now
 
     def _decode(self, event: bytes) -> None:
         data = event.find(b"data:")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from backends.sim.responses_output import ResponseEvents
 from backends.sim.state import ResponseStore
 from backends.sim.text import render_chat
 from backends.sim.thinking import reasoning_tokens
+from tests.support import wait_until
 from tests.test_sim_server import _start, get, post, twin
 
 SERVED = "kimi-k2.6"
@@ -82,15 +82,6 @@ def events(url: str, body: dict[str, Any]) -> tuple[list[tuple[str, dict[str, An
         assert payload["type"] == head[len("event: ") :]
         out.append((payload["type"], payload))
     return out, raw
-
-
-def _wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def _loads(url: str) -> dict[str, Any]:
@@ -292,7 +283,7 @@ def test_disconnect_aborts_the_engine_request(url):
     _read_until(resp, "response.reasoning_text.delta")  # generating
     assert _loads(url)["num_running_reqs"] >= 1
     conn.close()
-    _wait_for(lambda: _loads(url)["num_running_reqs"] == 0)
+    assert wait_until(lambda: _loads(url)["num_running_reqs"] == 0)
 
 
 # ------------------------------------------------------------------------------- errors
@@ -401,7 +392,7 @@ def test_queue_full():
         _read_until(resp_a, "response.output_text.delta")  # a is running
         b = _open_stream(url, long)
         b.getresponse()
-        _wait_for(lambda: _loads(url)["num_waiting_reqs"] == 1)
+        assert wait_until(lambda: _loads(url)["num_waiting_reqs"] == 1)
         short = {"model": SERVED, "input": "x", "max_output_tokens": 8}
         # not streamed: SGLang's generic handler catches the HTTPException(503): 400, "503: ..."
         _error(
@@ -415,7 +406,7 @@ def test_queue_full():
         assert get(f"{url}/v1/responses/{failed['id']}")[1]["status"] == "failed"  # stored
         a.close()
         b.close()
-        _wait_for(lambda: _loads(url)["num_running_reqs"] == 0 and _loads(url)["num_waiting_reqs"] == 0)
+        assert wait_until(lambda: _loads(url)["num_running_reqs"] == 0 and _loads(url)["num_waiting_reqs"] == 0)
 
 
 # -------------------------------------------------------------------------------- store
@@ -459,7 +450,7 @@ def test_background_completes_and_cancel(url):
         u, {"model": SERVED, "input": "hi", "max_output_tokens": 8, "reasoning": NO_THINK, "background": True}
     )
     assert status == 200 and queued["status"] == "queued" and queued["output"] == [] and queued["usage"] is None
-    _wait_for(lambda: get(f"{u}/{queued['id']}")[1]["status"] == "incomplete")
+    assert wait_until(lambda: get(f"{u}/{queued['id']}")[1]["status"] == "incomplete")
     done = get(f"{u}/{queued['id']}")[1]
     assert done["usage"]["output_tokens"] == 6 and done["output"][0]["type"] == "message"
     # a terminal response is returned as it is
@@ -467,10 +458,10 @@ def test_background_completes_and_cancel(url):
     # a long one is cancelled while it runs: status cancelled, the engine request aborted
     status, queued = post(u, {"model": SERVED, "input": "story", "max_output_tokens": 100000, "background": True})
     assert status == 200
-    _wait_for(lambda: _loads(url)["num_running_reqs"] == 1)
+    assert wait_until(lambda: _loads(url)["num_running_reqs"] == 1)
     status, cancelled = post(f"{u}/{queued['id']}/cancel", {})
     assert status == 200 and cancelled["status"] == "cancelled" and cancelled["output"] == []
-    _wait_for(lambda: _loads(url)["num_running_reqs"] == 0)
+    assert wait_until(lambda: _loads(url)["num_running_reqs"] == 0)
     assert get(f"{u}/{queued['id']}")[1]["status"] == "cancelled"
     _error(
         post(f"{u}/resp_missing/cancel", {}),
