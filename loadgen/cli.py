@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
-from loadgen.client import RequestOptions
+from loadgen.client import ENDPOINTS, RequestOptions
 from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
 from loadgen.driver import LevelSpec
 from loadgen.report import make_console
@@ -217,7 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="session datasets: replay at most this many user turns of each conversation",
     )
     p.add_argument(
-        "--endpoint", choices=("chat", "completions"), default="chat", help="OpenAI route to load (default chat)"
+        "--endpoint",
+        choices=ENDPOINTS,
+        default="chat",
+        help="OpenAI route to load: chat (/v1/chat/completions, the default), completions (/v1/completions), "
+        "responses (/v1/responses: max_output_tokens = --max-tokens + 2, SGLang's headroom; no spec details, "
+        "ignore_eos or per-chunk usage there)",
     )
     p.add_argument(
         "--temperature",
@@ -258,6 +263,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         raise UsageError("--concurrency inf needs --request-rate (closed loop needs a number)")
     if args.duration is not None and any(math.isinf(r) for r in rates if r is not None):
         raise UsageError("--duration needs a finite --request-rate")
+    if args.endpoint == "responses" and args.ignore_eos:
+        raise UsageError("--ignore-eos: SGLang's /v1/responses has no ignore_eos (--endpoint responses)")
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
     if not targets:
         raise UsageError("--target is empty")

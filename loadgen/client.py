@@ -16,6 +16,7 @@ import msgspec
 
 from common.json_errors import JSON_DECODE_ERRORS
 from common.stream_clock import ChatDelta, Choice, Chunk, ToolCallDelta
+from loadgen import responses
 from loadgen.datasets import Prompt
 from loadgen.metrics import Gap, measure
 from loadgen.stream import AnswerText, SpecDetails, StreamParser, Usage, first_spec
@@ -28,6 +29,8 @@ TRACE_ID_HEADER = "x-specroute-trace-id"
 
 
 THINKING_MODES = ("default", "on", "off", "mix")
+ENDPOINTS = ("chat", "completions", "responses")
+_MESSAGE_ENDPOINTS = frozenset({"chat", "responses"})  # messages, tools and thinking; not completions
 
 
 class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,7 +38,7 @@ class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens / thinking / temperature / top_p win over these."""
 
     max_tokens: int = 256
-    endpoint: str = "chat"  # chat | completions
+    endpoint: str = "chat"  # chat | completions | responses
     stream: bool = True
     spec_details: bool = True
     ignore_eos: bool | None = None  # None: on, except for requests that offer tools (they must stop to call)
@@ -92,6 +95,8 @@ def headers(opts: RequestOptions) -> dict[str, str]:
 
 def build_body(target: Target, prompt: Prompt, opts: RequestOptions, s: Settings | None = None) -> bytes:
     s = s or settings(prompt, opts, 0)
+    if opts.endpoint == "responses":
+        return msgspec.json.encode(responses.body(target.model, prompt, s, stream=opts.stream))
     body: dict[str, Any] = {
         "model": target.model,
         "max_tokens": s.max_tokens,
@@ -122,7 +127,7 @@ def build_body(target: Target, prompt: Prompt, opts: RequestOptions, s: Settings
 
 
 def endpoint_url(target: Target, opts: RequestOptions) -> str:
-    path = "/v1/chat/completions" if opts.endpoint == "chat" else "/v1/completions"
+    path = {"chat": "/v1/chat/completions", "responses": responses.PATH}.get(opts.endpoint, "/v1/completions")
     return target.url.rstrip("/") + path
 
 
@@ -188,11 +193,13 @@ async def send(
     """Send one request, fill `record` (ok, error kind, timings, tokens, what it was sent with);
     return its ITL samples and, with `keep_answer`, the answer (what a session sends back next)."""
     s = settings(prompt, opts, index)
-    record.thinking = s.thinking if opts.endpoint == "chat" else None
+    messages = opts.endpoint in _MESSAGE_ENDPOINTS
+    record.thinking = s.thinking if messages else None
     record.temperature = s.temperature
-    record.tools = len(prompt.tools or ()) if opts.endpoint == "chat" else 0
+    record.tools = len(prompt.tools or ()) if messages else 0
     body = build_body(target, prompt, opts, s) if body is None else body
-    parser = StreamParser(keep_answer=keep_answer or prompt.tools is not None)
+    parser_type = responses.ResponsesStreamParser if opts.endpoint == "responses" else StreamParser
+    parser = parser_type(keep_answer=keep_answer or prompt.tools is not None)
     t_send = time.perf_counter()
     got_response = False
     try:
@@ -216,7 +223,10 @@ async def send(
             else:
                 raw = await resp.read()
                 t_end = time.perf_counter()
-                _parse_full(raw, parser, t_end, record)
+                if opts.endpoint == "responses":
+                    _parse_responses(raw, parser, t_end, record)
+                else:
+                    _parse_full(raw, parser, t_end, record)
     except TimeoutError:
         t_end = time.perf_counter()
         _fail(record, "timeout", f"no data for {opts.timeout:g}s")
@@ -255,6 +265,14 @@ def _check_stream(parser: StreamParser, record: RequestRecord) -> None:
         record.ok = True
     else:
         _fail(record, kind, detail or kind)
+
+
+def _parse_responses(raw: bytes, parser: StreamParser, t_end: float, record: RequestRecord) -> None:
+    failure = responses.parse_full(raw, parser, t_end)
+    if failure is None:
+        record.ok = True
+    else:
+        _fail(record, *failure)
 
 
 def _parse_full(raw: bytes, parser: StreamParser, t_end: float, record: RequestRecord) -> None:

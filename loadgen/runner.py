@@ -25,6 +25,12 @@ from loadgen.outputs import OutputDir
 from loadgen.summary import RequestRecord, Run, Summary
 from loadgen.targets import TargetError, resolve
 
+RESPONSES_NOTE = (
+    "--endpoint responses: max_output_tokens = --max-tokens + 2 (SGLang keeps 2 of headroom); no speculation "
+    "figures (SGLang's Responses API has no sglext: accept length stays empty), no ignore_eos (answers may "
+    "stop early), no per-chunk usage (ITL splits tokens by text length)"
+)
+
 
 class Plan(msgspec.Struct, kw_only=True):
     """Everything the command line decided."""
@@ -70,6 +76,8 @@ async def execute(
         out = OutputDir(plan.output)
     summary = Summary() if summary is None else summary
     errors: list[str] = []
+    if plan.opts.endpoint == "responses":
+        console.print(f"  {RESPONSES_NOTE}")
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=plan.opts.timeout)
     connector = aiohttp.TCPConnector(limit=connection_limit(plan.levels), limit_per_host=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:

@@ -59,11 +59,13 @@ class StreamParser:
 
     __slots__ = ("_buf", "answer", "bad", "clock", "done", "events", "last_time", "spec")
 
+    END = "data: [DONE]"  # what a stream that ended properly ends with (`outcome`'s wording)
+
     def __init__(self, t_send: float = 0.0, *, keep_answer: bool = False) -> None:
         self._buf = b""
         self.clock = StreamClock(t_start=t_send, keep_marks=True)
         self.spec: SpecDetails | None = None
-        self.done = False  # saw `data: [DONE]`
+        self.done = False  # saw `data: [DONE]` (a subclass: its own end of stream)
         self.events = 0  # data events seen, [DONE] included
         self.bad: str | None = None  # first undecodable event, for the error detail
         self.last_time: float | None = None
@@ -124,7 +126,7 @@ class StreamParser:
         if self.events == 0:
             return "bad_response", "no server-sent events: not an OpenAI-compatible stream"
         if not self.done:
-            return "broken_stream", "stream ended before data: [DONE]"
+            return "broken_stream", f"stream ended before {self.END}"
         return None, None
 
     def _line(self, line: bytes, now: float) -> None:
