@@ -180,3 +180,17 @@ def test_new_version_has_no_get_load(url):
     assert status == 404
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"{url}/no/such/route", timeout=5)
+
+
+def test_generate_value_errors_are_the_tokenizer_managers_shape():
+    """What SGLang's tokenizer manager refuses with a ValueError (the context length,
+    SamplingParams.verify) `serve_generate_request` answers 400 `{"error": {"message"}}`, or, streamed,
+    HTTP 200 with one error frame and [DONE]; only contract errors are `{"error": "<text>"}`."""
+    long = {"text": "word " * 400, "sampling_params": {"max_new_tokens": 8}}
+    with twin("k26-ar", "--context-length", "64") as u:
+        status, body = post(f"{u}/generate", long)
+        assert status == 400 and "context length" in body["error"]["message"]
+        events = sse(f"{u}/generate", {**long, "stream": True})
+        assert events[-1] == "[DONE]" and events[0]["error"]["code"] == 400 and events[0]["error"]["retryable"] is False
+        status, body = post(f"{u}/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}})
+        assert status == 400 and body["error"]["message"] == "max_new_tokens must be at least 0, got -1."

@@ -14,7 +14,6 @@ from aiohttp import web
 
 from backends.sim.errors import (
     ApiError,
-    TokenizerError,
     flat_error,
     native_error,
     native_stream_error,
@@ -62,35 +61,32 @@ def _max_new_tokens(params: dict[str, Any]) -> int:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    stream = False
-    try:
+    try:  # the request contract: `generate_contract_error` answers `{"error": "<text>"}`
         body: GenerateRequest = await decode_body(request, GenerateRequest)
-        stream = body.stream
         text, ntok = _prompt(body)
         params = body.sampling_params
+        max_new_tokens = _max_new_tokens(params)
+    except ApiError as e:
+        # schema errors (bad JSON, wrong field types) come from FastAPI's handler: flat shape
+        return flat_error(e) if e.err_type == "Bad Request" else native_error(e)
+    try:
         # SamplingParams: temperature 1.0 and top_p 1.0 when unset
         temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0), _number(params, "top_p", 1.0))
         gen = await admit(
-            state,
-            body.rid,
-            text,
-            ntok,
-            _max_new_tokens(params),
-            temperature=temperature,
-            top_p=top_p,
-            lora=body.lora_path,
+            state, body.rid, text, ntok, max_new_tokens, temperature=temperature, top_p=top_p, lora=body.lora_path
         )
-    except TokenizerError as e:  # LoRA resolution: `serve_generate_request`'s ValueError paths
-        if not stream:
+    except ApiError as e:
+        if e.status != 400:  # a fault knob's 5xx, the full queue: not the tokenizer manager's
+            return native_error(e)
+        # A ValueError of the tokenizer manager (LoRA, SamplingParams.verify, the context length):
+        # `serve_generate_request`'s ValueError paths.
+        if not body.stream:
             return native_value_error(e)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         await resp.write(native_stream_error(e))
         await resp.write_eof()
         return resp
-    except ApiError as e:
-        # schema errors (bad JSON, wrong field types) come from FastAPI's handler: flat shape
-        return flat_error(e) if e.err_type == "Bad Request" else native_error(e)
     try:
         if not body.stream:
             ids: list[int] = []
