@@ -35,6 +35,7 @@ API:
         for chunk in events.chunks(decode_event(payload)):
             clock.observe(chunk, now)
     events.terminal                            # "completed" | "incomplete" | "failed" | None
+    events.response_id                         # the response's `id` (`response.created` / terminal)
 
     clock.observe(response_chunk(decode_response(body)), t_end)   # a non-streamed response
 """
@@ -216,15 +217,18 @@ class ResponsesEvents:
     """The state a stream's translation needs: which tool call an arguments delta belongs to,
     and the terminal status once it arrived."""
 
-    __slots__ = ("_calls", "terminal")
+    __slots__ = ("_calls", "response_id", "terminal")
 
     def __init__(self) -> None:
         self._calls: dict[str | None, int] = {}  # item id -> tool-call index
         self.terminal: str | None = None  # completed | incomplete | failed
+        self.response_id: str | None = None  # the `response.id` of a lifecycle event, once seen
 
     def chunks(self, ev: ResponsesEvent) -> tuple[Chunk, ...]:
         """The chat chunks one event stands for: none, one, or (usage, error) for a failure."""
         kind = ev.type
+        if ev.response is not None and ev.response.id:
+            self.response_id = ev.response.id
         if kind == "response.output_text.delta":
             return (_delta_chunk(ChatDelta(content=ev.delta)),) if ev.delta else ()
         if kind in _REASONING_DELTAS:

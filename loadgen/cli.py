@@ -225,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
         "ignore_eos or per-chunk usage there)",
     )
     p.add_argument(
+        "--chain-responses",
+        action="store_true",
+        help="--endpoint responses with a session dataset: keep each conversation on the server (store: true; "
+        "turns after the first send previous_response_id and only the new user message); needs the server's "
+        "--enable-response-store",
+    )
+    p.add_argument(
         "--temperature",
         type=_temperature_list,
         default=[0.0],
@@ -265,6 +272,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         raise UsageError("--duration needs a finite --request-rate")
     if args.endpoint == "responses" and args.ignore_eos:
         raise UsageError("--ignore-eos: SGLang's /v1/responses has no ignore_eos (--endpoint responses)")
+    if args.chain_responses and args.endpoint != "responses":
+        raise UsageError("--chain-responses needs --endpoint responses (previous_response_id is a Responses API field)")
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
     if not targets:
         raise UsageError("--target is empty")
@@ -275,6 +284,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         max(args.num_prompts or 0, 2 * max((c or 32) for c in args.concurrency)),
     )
     dataset = load_dataset(args.dataset, seed=args.seed, random_spec=random_spec, max_turns=args.max_turns)
+    if args.chain_responses and not dataset.is_sessions:
+        raise UsageError("--chain-responses needs a session dataset (--dataset sessions or sessions:FILE)")
     levels = [
         LevelSpec(
             concurrency=c,
@@ -300,6 +311,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         save_chunks=args.save_chunks,
         api_key=args.api_key,
         timeout=args.timeout,
+        chain_responses=args.chain_responses,
     )
     return Plan(
         targets=targets,

@@ -50,6 +50,9 @@ class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
     save_chunks: bool = False  # requests.jsonl keeps each chunk's arrival time and token count
     api_key: str | None = None
     timeout: float = 600.0  # seconds without a byte before a request counts as timed out
+    # responses + sessions: store every turn on the server, send later ones as previous_response_id
+    # plus the new user message (the driver's session loop; see loadgen/responses.py)
+    chain_responses: bool = False
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,10 +96,22 @@ def headers(opts: RequestOptions) -> dict[str, str]:
     return h
 
 
-def build_body(target: Target, prompt: Prompt, opts: RequestOptions, s: Settings | None = None) -> bytes:
+def build_body(
+    target: Target,
+    prompt: Prompt,
+    opts: RequestOptions,
+    s: Settings | None = None,
+    *,
+    store: bool = False,
+    previous_response_id: str | None = None,
+) -> bytes:
+    """`store` and `previous_response_id`: `--endpoint responses` only (a chained session turn)."""
     s = s or settings(prompt, opts, 0)
     if opts.endpoint == "responses":
-        return msgspec.json.encode(responses.body(target.model, prompt, s, stream=opts.stream))
+        out = responses.body(
+            target.model, prompt, s, stream=opts.stream, store=store, previous_response_id=previous_response_id
+        )
+        return msgspec.json.encode(out)
     body: dict[str, Any] = {
         "model": target.model,
         "max_tokens": s.max_tokens,

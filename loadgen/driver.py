@@ -12,6 +12,10 @@ open-loop arrival) takes one session and sends its turns one after the other, ea
 history of the answers the server actually gave, so C workers keep at most C requests in flight
 and every turn after the first finds its prefix on the server that served the last one, if the
 server kept it. `num_prompts` counts sessions; records carry `session` and `turn`.
+
+With `RequestOptions.chain_responses` (`--endpoint responses`) the history stays on the server
+instead: every turn is stored (`store: true`), and each turn after the first sends only its new
+user message with `previous_response_id` = the previous turn's response id; records carry both ids.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 import aiohttp
 import msgspec
 
-from loadgen.client import RequestOptions, Target, send
+from loadgen.client import RequestOptions, Target, build_body, send, settings
 from loadgen.conversations import assistant_message, session_messages
 from loadgen.datasets import Dataset, Message, Prompt, Session
 from loadgen.metrics import Gap, summarize
@@ -143,11 +147,13 @@ class _Level:
         A failed turn ends its session (later turns would carry a history that never happened);
         after the level's deadline no new turn starts."""
         history: list[Message] = []
+        chain = self.opts.chain_responses
+        previous: str | None = None  # chain: the last turn's response id
         for turn in range(len(s.turns)):
             if turn and self.expired():
                 return
             prompt = Prompt(
-                messages=session_messages(s, history, turn),
+                messages=(Message("user", s.turns[turn]),) if previous else session_messages(s, history, turn),
                 domain=s.domain,
                 max_tokens=s.max_tokens,
                 thinking=s.thinking,
@@ -156,11 +162,23 @@ class _Level:
             )
             rec = self.record(next(self._turn_index), s.domain)
             rec.session, rec.turn = i, turn
-            sent = await send(self.http, self.target, prompt, self.opts, rec, index=i, keep_answer=True)
+            body = None
+            if chain:
+                rec.previous_response_id = previous
+                st = settings(prompt, self.opts, i)
+                body = build_body(self.target, prompt, self.opts, st, store=True, previous_response_id=previous)
+            sent = await send(self.http, self.target, prompt, self.opts, rec, body=body, index=i, keep_answer=True)
+            if chain and sent.answer is not None:
+                previous = rec.response_id = sent.answer.response_id
+                if previous is None:  # nothing to chain the next turn to
+                    rec.ok, rec.error, rec.error_detail = False, "bad_response", "response has no id to chain from"
+                    sent.gaps.clear()
             self.done(rec, sent.gaps)
             if not rec.ok or sent.answer is None:
                 return
-            history += [Message("user", s.turns[turn]), assistant_message(sent.answer.content, sent.answer.tool_calls)]
+            if not chain:
+                answer = assistant_message(sent.answer.content, sent.answer.tool_calls)
+                history += [Message("user", s.turns[turn]), answer]
 
 
 async def run_level(

@@ -12,11 +12,16 @@ keeps 2 tokens of headroom (`max_new_tokens = max_output_tokens - 2`), so this g
 output budget as a chat run with `max_tokens`. Not sent: `stream_options` (the usage arrives in
 the terminal event), `return_spec_tokens_details` (SGLang's Responses API has no `sglext`: no
 accept length), `ignore_eos` (`ResponsesRequest` has no such field). `store: false`: a load test
-must not fill a server's response store.
+must not fill a server's response store; except with `--chain-responses`, where every session turn
+is sent with `store: true` and each turn after the first with `previous_response_id` (the previous
+turn's response id) and only its new user message as `input`: the server prepends the stored
+conversation (`serving_responses._response_input_history`), so it needs `--enable-response-store`.
 
 Reading: `ResponsesStreamParser` is the chat `StreamParser` (SSE framing, the stream clock, the
 answer a session sends back) with the events translated by `common/responses_stream.py`; a
 stream ends properly with its terminal event (`response.completed` / `incomplete` / `failed`).
+The kept answer also carries the response's id (`response.created` / the terminal event's
+`response.id`, or the non-streamed body's `id`): what the next chained turn names.
 """
 
 from __future__ import annotations
@@ -101,16 +106,27 @@ def tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     return choice
 
 
-def body(model: str, prompt: Prompt, s: Settings, *, stream: bool) -> dict[str, Any]:
-    """The `/v1/responses` body of one request."""
+def body(
+    model: str,
+    prompt: Prompt,
+    s: Settings,
+    *,
+    stream: bool,
+    store: bool = False,
+    previous_response_id: str | None = None,
+) -> dict[str, Any]:
+    """The `/v1/responses` body of one request; a chained turn (`previous_response_id`) carries
+    only its new messages in `prompt`, the server holds the rest."""
     out: dict[str, Any] = {
         "model": model,
         "input": input_items(prompt.messages),
         "max_output_tokens": s.max_tokens + HEADROOM,
         "temperature": s.temperature,
         "stream": stream,
-        "store": False,
+        "store": store,
     }
+    if previous_response_id is not None:
+        out["previous_response_id"] = previous_response_id
     if s.top_p is not None:
         out["top_p"] = s.top_p
     if prompt.tools:
@@ -150,6 +166,8 @@ class ResponsesStreamParser(StreamParser):
             return
         for chunk in self._events.chunks(event):
             self.observe(chunk, now)
+        if self.answer is not None and self._events.response_id is not None:
+            self.answer.response_id = self._events.response_id
         if self._events.terminal is not None:
             self.done = True
 
@@ -164,6 +182,8 @@ def parse_full(raw: bytes, parser: StreamParser, t_end: float) -> tuple[str, str
     if r.status is None:
         return "bad_response", "response has no status"
     parser.observe(response_chunk(r), t_end)
+    if parser.answer is not None:
+        parser.answer.response_id = r.id
     if r.status == "failed":
         return "stream_error", parser.error or "response failed"
     return None

@@ -49,6 +49,7 @@ class AnswerText(msgspec.Struct):
     content: str = ""
     reasoning: str = ""
     tool_calls: list[dict[str, object]] = msgspec.field(default_factory=list)
+    response_id: str | None = None  # `--endpoint responses`: the response's id (what `previous_response_id` names)
 
 
 class StreamParser:

@@ -47,6 +47,10 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     # --- thinking, tools, sessions (see docs/metrics.md) ---
     session: int | None = None  # index of the conversation a turn belongs to (session datasets)
     turn: int | None = None  # 0-based turn within its session
+    # --chain-responses: this turn's response id, and the previous turn's it was chained to (None on
+    # turn 0: sent whole); a chained turn's input is only its new user message
+    response_id: str | None = None
+    previous_response_id: str | None = None
     thinking: bool | None = None  # chat_template_kwargs.thinking sent; None: the server's default
     temperature: float | None = None  # sent with this request
     tools: int = 0  # tools offered in the request

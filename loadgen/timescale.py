@@ -133,6 +133,8 @@ RECORD_UNSCALED_FIELDS = frozenset(
         "accept_length",
         "session",
         "turn",
+        "response_id",
+        "previous_response_id",
         "thinking",
         "temperature",
         "tools",
