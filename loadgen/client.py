@@ -204,15 +204,19 @@ async def send(
     body: bytes | None = None,
     index: int = 0,
     keep_answer: bool = False,
+    store: bool = False,
+    previous_response_id: str | None = None,
 ) -> Sent:
     """Send one request, fill `record` (ok, error kind, timings, tokens, what it was sent with);
-    return its ITL samples and, with `keep_answer`, the answer (what a session sends back next)."""
+    return its ITL samples and, with `keep_answer`, the answer (what a session sends back next).
+    `store`, `previous_response_id`: a chained `--endpoint responses` turn (`build_body`)."""
     s = settings(prompt, opts, index)
     messages = opts.endpoint in _MESSAGE_ENDPOINTS
     record.thinking = s.thinking if messages else None
     record.temperature = s.temperature
     record.tools = len(prompt.tools or ()) if messages else 0
-    body = build_body(target, prompt, opts, s) if body is None else body
+    if body is None:
+        body = build_body(target, prompt, opts, s, store=store, previous_response_id=previous_response_id)
     parser_type = responses.ResponsesStreamParser if opts.endpoint == "responses" else StreamParser
     parser = parser_type(keep_answer=keep_answer or prompt.tools is not None)
     t_send = time.perf_counter()

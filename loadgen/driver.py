@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 import aiohttp
 import msgspec
 
-from loadgen.client import RequestOptions, Target, build_body, send, settings
+from loadgen.client import RequestOptions, Target, send
 from loadgen.conversations import assistant_message, session_messages
 from loadgen.datasets import Dataset, Message, Prompt, Session
 from loadgen.metrics import Gap, summarize
@@ -162,12 +162,19 @@ class _Level:
             )
             rec = self.record(next(self._turn_index), s.domain)
             rec.session, rec.turn = i, turn
-            body = None
             if chain:
                 rec.previous_response_id = previous
-                st = settings(prompt, self.opts, i)
-                body = build_body(self.target, prompt, self.opts, st, store=True, previous_response_id=previous)
-            sent = await send(self.http, self.target, prompt, self.opts, rec, body=body, index=i, keep_answer=True)
+            sent = await send(
+                self.http,
+                self.target,
+                prompt,
+                self.opts,
+                rec,
+                index=i,
+                keep_answer=True,
+                store=chain,
+                previous_response_id=previous,
+            )
             if chain and sent.answer is not None:
                 previous = rec.response_id = sent.answer.response_id
                 if previous is None:  # nothing to chain the next turn to
