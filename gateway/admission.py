@@ -1,9 +1,15 @@
 """Admission control: a gateway-wide in-flight cap, per-backend caps, a bounded wait queue.
 
-A request that finds no backend with room waits in its model's FIFO queue until a slot frees or
-`queue_timeout_s` passes; if the queue already holds `max_queue` requests it is refused at once.
+A request that finds no backend with room waits in its model's queue until a slot frees or
+`queue_timeout_s` passes; if the queues already hold `max_queue` requests it is refused at once.
 Both refusals are 429 with `Retry-After`, so memory stays bounded under any load. When no backend
 of the model is up at all, waiting is pointless: 503 at once.
+
+The queue is ordered by the request's `priority` as SGLang orders its own waiting queue under
+`--enable-priority-scheduling` (`srt/managers/schedule_policy.py`, `_sort_by_priority_and_fcfs`):
+a higher value first (or a lower one, `priority_order = "low_first"`), first come first served
+within a priority. A full queue turns away its least-preferred waiter, the newest of the lowest
+priority, when a strictly better request arrives, as SGLang's `_abort_on_queued_limit` does.
 
 Wake-ups are targeted: a released slot wakes the first waiter of that backend's model that could
 use that backend (and, when the gateway-wide cap was the limit, the first waiter of every other
@@ -17,27 +23,41 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import time
 from collections.abc import Collection
 from typing import NamedTuple
 
+from gateway.config import PriorityOrder
 from gateway.errors import ApiError
 from gateway.pool import Backend, Lease, Pools
 
 
 class Admission:
-    def __init__(self, pools: Pools, *, max_inflight: int, max_queue: int, queue_timeout_s: float) -> None:
+    def __init__(
+        self,
+        pools: Pools,
+        *,
+        max_inflight: int,
+        max_queue: int,
+        queue_timeout_s: float,
+        priority_order: PriorityOrder = "high_first",
+        default_priority: int = 0,
+    ) -> None:
         self.pools = pools
         self.max_inflight = max_inflight
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
+        self.priority_order: PriorityOrder = priority_order
+        self.default_priority = default_priority
         self.inflight = 0
         self.waiting = 0
         self.rejected = 0
-        # one FIFO per served model, created on first use (models can appear with a reload)
+        # one queue per served model, best rank first, created on first use (models can appear with a reload)
         self._queues: collections.defaultdict[str, collections.deque[_Waiter]] = collections.defaultdict(
             collections.deque
         )
+        self._arrivals = itertools.count()  # tells the newest of equal waiters across models
         pools.on_release(self._released)
 
     async def candidates(
@@ -46,15 +66,18 @@ class Admission:
         pin: str | None = None,
         exclude: Collection[str] = (),
         adapters: frozenset[str] = frozenset(),
+        priority: int | None = None,
     ) -> list[Backend]:
         """Backends of `model` that can take a request now, waiting for room if needed: the pinned
-        one if `pin`, those with every LoRA adapter in `adapters` loaded.
+        one if `pin`, those with every LoRA adapter in `adapters` loaded. A request that waits is
+        placed by its `priority` (None: `default_priority`).
 
         Untried backends (not in `exclude`) are preferred; tried ones are used only when nothing else
         is left, so a retry goes to another member of the pool whenever one exists.
         """
         deadline: float | None = None
         front = False
+        rank = arrival = 0
         while True:
             up = [b for b in self.pools.by_model.get(model, ()) if b.up]
             if pin is not None or adapters:
@@ -72,11 +95,13 @@ class Admission:
                     return [b for b in room if b.name not in exclude] or room
             if deadline is None:
                 deadline = time.monotonic() + self.queue_timeout_s
-            await self._wait(model, pin, adapters, deadline, front)
+                rank, arrival = self._rank(priority), next(self._arrivals)
+            waiter = _Waiter(asyncio.get_running_loop().create_future(), pin, adapters, rank, arrival)
+            await self._wait(model, waiter, deadline, front)
             front = True  # woken but beaten to the slot: keep our place at the head of the queue
 
     def queued(self, model: str) -> int:
-        """Entries in `model`'s FIFO: the waiters, and nothing that has left it."""
+        """Entries in `model`'s queue: the waiters, and nothing that has left it."""
         queue = self._queues.get(model)
         return len(queue) if queue is not None else 0
 
@@ -89,7 +114,14 @@ class Admission:
         for model in list(self._queues):
             self._wake(model)
 
-    async def _wait(self, model: str, pin: str | None, adapters: frozenset[str], deadline: float, front: bool) -> None:
+    def _rank(self, priority: int | None) -> int:
+        """The waiter's place: a higher rank is served first."""
+        if self.priority_order == "fifo":
+            return 0
+        value = self.default_priority if priority is None else priority
+        return value if self.priority_order == "high_first" else -value
+
+    async def _wait(self, model: str, waiter: _Waiter, deadline: float, front: bool) -> None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             self.rejected += 1
@@ -98,20 +130,19 @@ class Admission:
                 f"all backends of {model!r} are at capacity; timed out after {self.queue_timeout_s:g}s in the queue",
                 headers={"Retry-After": "1"},
             )
-        if self.waiting >= self.max_queue:
+        if self.waiting >= self.max_queue and not self._turn_away_below(waiter.rank):
             self.rejected += 1
             raise ApiError(429, f"gateway queue is full ({self.max_queue} waiting)", headers={"Retry-After": "1"})
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(fut, pin, adapters)
+        fut = waiter.future
         queue = self._queues[model]
-        queue.appendleft(waiter) if front else queue.append(waiter)
+        _place(queue, waiter, front)
         self.waiting += 1
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the future
             # is resolved just as the task is cancelled, losing the cancellation (CPython gh-86296). A
             # request whose client left as a slot came free would then be dispatched for nobody.
             async with asyncio.timeout(remaining):
-                await fut
+                woken = await fut
         except TimeoutError:
             self.rejected += 1
             raise ApiError(
@@ -120,7 +151,7 @@ class Admission:
                 headers={"Retry-After": "1"},
             ) from None
         except BaseException:
-            if fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled() and fut.result():
                 self._wake(model)  # woken but leaving (client gone): pass the slot on
             raise
         finally:
@@ -131,6 +162,28 @@ class Admission:
                 fut.cancel()
                 with contextlib.suppress(ValueError):
                     queue.remove(waiter)
+        if not woken:
+            self.rejected += 1
+            raise ApiError(
+                429,
+                f"gateway queue is full ({self.max_queue} waiting): a request of higher priority took this one's place",
+                headers={"Retry-After": "1"},
+            )
+
+    def _turn_away_below(self, rank: int) -> bool:
+        """Make room in a full queue for a request of `rank`: turn away the least-preferred waiter
+        of every model's queue (its newest of the lowest rank) if it ranks strictly lower. True if
+        one was turned away."""
+        worst: collections.deque[_Waiter] | None = None
+        for queue in self._queues.values():
+            while queue and queue[-1].future.done():  # resolved or left, not yet removed
+                queue.pop()
+            if queue and queue[-1].rank < rank and (worst is None or _worse(queue[-1], worst[-1])):
+                worst = queue
+        if worst is None:
+            return False
+        worst.pop().future.set_result(False)
+        return True
 
     def _released(self, backend: Backend) -> None:
         was_full = self.inflight >= self.max_inflight
@@ -153,18 +206,48 @@ class Admission:
                 del queue[i]
             elif freed is None or _fits(freed, waiter.pin, waiter.adapters):
                 del queue[i]
-                waiter.future.set_result(None)
+                waiter.future.set_result(True)
                 return
             else:
                 i += 1
 
 
 class _Waiter(NamedTuple):
-    """One request in a model's queue, and which of its backends it can take."""
+    """One request in a model's queue, which of its backends it can take, and its rank. Its future
+    resolves True when a slot is its to take, False when a better request took its place."""
 
-    future: asyncio.Future[None]
+    future: asyncio.Future[bool]
     pin: str | None
     adapters: frozenset[str]
+    rank: int
+    arrival: int
+
+
+def _worse(a: _Waiter, b: _Waiter) -> bool:
+    """`a` is turned away before `b`: a lower rank, or the same and newer."""
+    return (a.rank, -a.arrival) < (b.rank, -b.arrival)
+
+
+def _place(queue: collections.deque[_Waiter], waiter: _Waiter, front: bool) -> None:
+    """Insert by rank, best first: behind its equals (or, `front`, ahead of them: a woken waiter
+    that was beaten to the slot keeps its place). One comparison when all ranks are equal."""
+    rank = waiter.rank
+    if front:
+        if not queue or queue[0].rank <= rank:
+            queue.appendleft(waiter)
+            return
+        i = 1
+        while i < len(queue) and queue[i].rank > rank:
+            i += 1
+        queue.insert(i, waiter)
+    else:
+        if not queue or queue[-1].rank >= rank:
+            queue.append(waiter)
+            return
+        i = len(queue) - 1
+        while i > 0 and queue[i - 1].rank < rank:
+            i -= 1
+        queue.insert(i, waiter)
 
 
 def _fits(backend: Backend, pin: str | None, adapters: frozenset[str]) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -76,12 +76,20 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     models_refresh_s: float = 10.0
 
 
+PriorityOrder = Literal["high_first", "low_first", "fifo"]
+
+
 class AdmissionSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_inflight: int = 4096  # gateway-wide requests in flight
     # Per backend; 0 = the backend's own max_running_requests from /server_info (unlimited until known).
     backend_max_inflight: int = 0
     max_queue: int = 1024  # requests waiting for capacity; beyond it 429 at once
     queue_timeout_s: float = 30.0  # a waiting request gets 429 after this
+    # The queue's order by the request's `priority` (SGLang's field, passed upstream untouched):
+    # high_first as SGLang's --enable-priority-scheduling, low_first as its
+    # --schedule-low-priority-values-first, fifo to ignore it.
+    priority_order: PriorityOrder = "high_first"
+    default_priority: int = 0  # a request without `priority` (SGLang's --default-priority-value)
 
 
 class AuthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -39,6 +39,7 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     id_tokens: int = 0
     prompt_ids: list[int] | None = None  # the prompt, when it is one prompt of token ids
     lora_paths: frozenset[str] = frozenset()  # the LoRA adapters `lora_path` names (gateway.adapters)
+    priority: int | None = None  # SGLang's `priority`: the request's place in the admission queue
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -116,6 +117,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         id_tokens=id_tokens,
         prompt_ids=prompt_ids,
         lora_paths=requested_lora_paths(body) if "lora_path" in body else frozenset(),
+        priority=_field(body, "priority", int) if "priority" in body else None,
     )
 
 

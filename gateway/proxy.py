@@ -274,7 +274,9 @@ class Proxy:
             self.metrics.retries.labels(req.model).inc()
         t_wait = time.perf_counter()
         try:
-            candidates = await self.admission.candidates(req.model, req.pin, exclude=req.tried, adapters=req.adapters)
+            candidates = await self.admission.candidates(
+                req.model, req.pin, exclude=req.tried, adapters=req.adapters, priority=req.parsed.priority
+            )
         finally:  # a request refused or left in the queue waited too
             req.queue_s += time.perf_counter() - t_wait
         for b in candidates:
@@ -582,6 +584,7 @@ class Proxy:
             kind=req.kind,
             max_tokens=parsed.max_tokens,
             temperature=parsed.temperature,
+            priority=parsed.priority,
             stream=parsed.stream,
             status=result.status,
             duration_s=now - req.t_received,

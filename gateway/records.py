@@ -50,6 +50,7 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     duration_s: float  # gateway received -> last byte sent
     max_tokens: int | None = None  # as asked (max_completion_tokens or max_tokens)
     temperature: float | None = None  # as asked
+    priority: int | None = None  # as asked: its place in the admission queue (queue_s)
     trace_id: str | None = None
     backend: str | None = None
     strategy: str | None = None

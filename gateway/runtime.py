@@ -36,7 +36,12 @@ class Runtime:
         self.pools = Pools()
         a = config.admission
         self.admission = Admission(
-            self.pools, max_inflight=a.max_inflight, max_queue=a.max_queue, queue_timeout_s=a.queue_timeout_s
+            self.pools,
+            max_inflight=a.max_inflight,
+            max_queue=a.max_queue,
+            queue_timeout_s=a.queue_timeout_s,
+            priority_order=a.priority_order,
+            default_priority=a.default_priority,
         )
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.pools, self.admission)
@@ -163,6 +168,7 @@ class Runtime:
         a = new.admission
         self.admission.max_inflight, self.admission.max_queue = a.max_inflight, a.max_queue
         self.admission.queue_timeout_s = a.queue_timeout_s
+        self.admission.priority_order, self.admission.default_priority = a.priority_order, a.default_priority
         h = new.health
         for b in self.pools.by_name.values():
             b.cap_override = a.backend_max_inflight

@@ -166,6 +166,7 @@ def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
         ("specroute.baseline_tok_s", r.baseline_tok_s),
         ("specroute.speedup", r.speedup),
         ("specroute.queue_s", r.queue_s),
+        ("specroute.priority", r.priority),
         ("gen_ai.request.max_tokens", r.max_tokens),
         ("gen_ai.request.temperature", r.temperature),
     ):

@@ -110,3 +110,97 @@ def test_no_backend_with_the_adapter_up_is_a_503_naming_it():
 
     error = asyncio.run(scenario())
     assert error.status == 503 and "style" in error.message
+
+
+async def _served_order(admission: Admission, backend: Backend, priorities: list[int | None]) -> list[int]:
+    """Queue one request per priority behind a held slot, in this order, then let the slot pass
+    from each to the next: the order they were served in, as indices into `priorities`."""
+    held = admission.lease(backend)
+    served: list[int] = []
+
+    async def request(index: int, priority: int | None) -> None:
+        await admission.candidates("kimi-k2.6", priority=priority)
+        served.append(index)
+        admission.lease(backend).release()  # done at once: the slot wakes the next waiter
+
+    tasks = []
+    for index, priority in enumerate(priorities):
+        tasks.append(asyncio.create_task(request(index, priority)))
+        await asyncio.sleep(0)  # queued in this order
+    assert admission.waiting == len(priorities)
+    held.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    return served
+
+
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [
+        # SGLang's default direction: a higher value first; a request without one is the default, 0
+        ("high_first", [1, 3, 2, 0, 5, 4]),
+        # --schedule-low-priority-values-first
+        ("low_first", [4, 0, 5, 2, 1, 3]),
+        ("fifo", [0, 1, 2, 3, 4, 5]),
+    ],
+)
+def test_waiters_are_served_by_priority_first_come_first_served_within_one(order, expected):
+    async def scenario() -> list[int]:
+        admission, backend = _admission(max_queue=10)
+        admission.priority_order = order
+        return await _served_order(admission, backend, [None, 5, 1, 5, -3, None])
+
+    assert asyncio.run(scenario()) == expected
+
+
+def test_the_default_priority_places_a_request_that_names_none():
+    async def scenario() -> list[int]:
+        admission, backend = _admission(max_queue=10)
+        admission.default_priority = 3
+        return await _served_order(admission, backend, [1, None, 5])
+
+    assert asyncio.run(scenario()) == [2, 1, 0]
+
+
+def test_a_full_queue_turns_away_its_newest_lowest_waiter_for_a_better_request_only():
+    """As SGLang's `_abort_on_queued_limit`: a strictly better arrival takes the place of the newest
+    of the lowest priority; an equal or worse one is refused itself."""
+
+    async def scenario() -> tuple[list[object], list[str], int]:
+        admission, backend = _admission(max_queue=3)
+        held = admission.lease(backend)
+        waiters = []
+        for priority in (0, 1, 0):  # the third is the newest of the lowest
+            waiters.append(asyncio.create_task(admission.candidates("kimi-k2.6", priority=priority)))
+            await asyncio.sleep(0)
+        refused = []
+        for priority in (0, -1):  # not better than the worst: refused themselves
+            with pytest.raises(ApiError) as e:
+                await admission.candidates("kimi-k2.6", priority=priority)
+            refused.append(e.value.message)
+        better = asyncio.create_task(admission.candidates("kimi-k2.6", priority=2))
+        await asyncio.sleep(0)
+        outcome_third: list[object] = list(await asyncio.gather(waiters[2], return_exceptions=True))
+        queued = admission.waiting
+        held.release()
+        for task in (better, waiters[1], waiters[0]):  # served in rank order, one at a time
+            await asyncio.wait_for(task, 5)
+            admission.lease(backend).release()
+        return outcome_third, refused, queued
+
+    outcome_third, refused, queued = asyncio.run(scenario())
+    (third,) = outcome_third
+    assert isinstance(third, ApiError) and third.status == 429 and "higher priority" in third.message
+    assert all("queue is full" in m and "higher priority" not in m for m in refused)
+    assert queued == 3
+
+
+def test_a_bad_priority_is_a_400_naming_it():
+    from gateway.openai_request import parse
+
+    for raw in (b'"high"', b"true", b"1.5"):
+        body = b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "priority": ' + raw + b"}"
+        with pytest.raises(ApiError) as e:
+            parse(body, "chat")
+        assert e.value.status == 400 and e.value.param == "priority"
+    ok = parse(b'{"model": "m", "prompt": "hi", "priority": -7}', "completion")
+    assert ok.priority == -7 and ok.body["priority"] == -7  # and it goes upstream untouched

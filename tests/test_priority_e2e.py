@@ -1,0 +1,76 @@
+"""The admission queue honours SGLang's `priority` field end to end: real processes (`specroute
+sim`, `specroute serve`), the real `openai` SDK sending `priority` as SGLang's extra body field.
+
+The gateway admits one request at a time; a stream holds the slot while four requests queue, one
+after another, with different priorities. Once the holder leaves, the gateway dispatches them one
+at a time, so the order of their records is the order the queue served them in.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.conftest import TEST_TIME_SCALE
+from tests.support import free_port, gateway_config, get_json, open_stream, output, running, specroute, wait_until
+
+MSG = [{"role": "user", "content": "Write a long history of the Roman republic."}]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> Iterator[tuple[str, subprocess.Popen]]:
+    config = tmp_path_factory.mktemp("priority") / "gateway.toml"
+    twin_port, port = free_port(), free_port()
+    twin = f"http://127.0.0.1:{twin_port}"
+    backends = [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}]
+    config.write_text(gateway_config(port, backends, "[admission]\nmax_inflight = 1\nqueue_timeout_s = 60\n"))
+    with (
+        running(
+            specroute("sim", "--profile", "k26-ar", "--port", str(twin_port), "--time-scale", TEST_TIME_SCALE),
+            ready_url=f"{twin}/ready",
+            timeout=60,
+        ),
+        running(specroute("serve", "--config", str(config)), ready_url=f"http://127.0.0.1:{port}/health") as proc,
+    ):
+        yield f"http://127.0.0.1:{port}", proc
+
+
+def test_queued_requests_are_served_by_priority(setup):
+    url, proc = setup
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+    # (priority, max_tokens): max_tokens tells the records apart (the twin always runs to its budget)
+    queued = [(None, 11), (5, 12), (1, 13), (5, 14)]
+    answers: dict[int, int] = {}
+
+    def send(priority: int | None, max_tokens: int) -> None:
+        extra = {} if priority is None else {"priority": priority}
+        reply = client.chat.completions.create(
+            model="kimi-k2.6", messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens, extra_body=extra
+        )
+        assert reply.usage is not None
+        answers[max_tokens] = reply.usage.completion_tokens
+
+    threads = []
+    with open_stream(url, {"model": "kimi-k2.6", "messages": MSG, "max_tokens": 40_000, "stream": True}):
+        for i, (priority, max_tokens) in enumerate(queued):
+            threads.append(threading.Thread(target=send, args=(priority, max_tokens)))
+            threads[-1].start()
+            assert wait_until(lambda n=i + 1: get_json(f"{url}/admin/backends")["waiting"] == n), "not queued"
+    # the holder has left: its slot passes down the queue
+    for thread in threads:
+        thread.join(60)
+    assert answers == {11: 11, 12: 12, 13: 13, 14: 14}
+
+    def served() -> list[dict]:
+        records = [json.loads(line) for line in output(proc).splitlines() if line.startswith('{"ts"')]
+        return [r for r in records if r.get("max_tokens") in answers and r.get("status") == 200]
+
+    assert wait_until(lambda: len(served()) == len(queued))  # a record is written just after its answer
+    # priority 5 twice (first come first served), then 1, then the default (0)
+    assert [r["max_tokens"] for r in served()] == [12, 14, 13, 11]
+    assert [r.get("priority") for r in served()] == [5, 5, 1, None]  # the access log says what was asked
