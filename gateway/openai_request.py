@@ -117,8 +117,17 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         id_tokens=id_tokens,
         prompt_ids=prompt_ids,
         lora_paths=requested_lora_paths(body) if "lora_path" in body else frozenset(),
-        priority=_field(body, "priority", int) if "priority" in body else None,
+        priority=_priority(body) if "priority" in body else None,
     )
+
+
+def _priority(body: dict[str, Any]) -> int | None:
+    priority: int | None = _field(body, "priority", int)
+    # SGLang's tokenizer manager refuses the same (`_set_default_priority`); refused here, it is
+    # never queued by a value no backend will take.
+    if priority is not None and not -(1 << 63) <= priority < (1 << 63):
+        raise ApiError(400, "'priority' must be a signed 64-bit integer", param="priority")
+    return priority
 
 
 def _thinking(kwargs: Any) -> bool | None:

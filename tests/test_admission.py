@@ -197,7 +197,7 @@ def test_a_full_queue_turns_away_its_newest_lowest_waiter_for_a_better_request_o
 def test_a_bad_priority_is_a_400_naming_it():
     from gateway.openai_request import parse
 
-    for raw in (b'"high"', b"true", b"1.5"):
+    for raw in (b'"high"', b"true", b"1.5", str(1 << 63).encode(), str(-(1 << 63) - 1).encode()):
         body = b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "priority": ' + raw + b"}"
         with pytest.raises(ApiError) as e:
             parse(body, "chat")
