@@ -15,17 +15,20 @@ import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp as StarletteASGIApp
 
 from common.admin_api import AdminBackends, BackendState
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
 from gateway.asgi import ASGIApp
+from gateway.attempt import REQUEST_ID_HEADER
 from gateway.auth import AuthGate
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError, model_not_found
 from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
-from gateway.proxy import BACKEND_HEADER
+from gateway.proxy import BACKEND_HEADER, TRACE_ID_HEADER
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
 
@@ -159,12 +162,12 @@ def create_app(
         return Response(body, status_code=status, media_type="application/json", headers={BACKEND_HEADER: backend.name})
 
     @get("/v1/responses/{response_id:str}")
-    async def retrieve_response(response_id: str) -> Response[bytes]:
+    async def retrieve_response(response_id: FromPath[str]) -> Response[bytes]:
         """`client.responses.retrieve`: asked of the backend that stored it."""
         return await _at_holder(response_id, "GET", f"/v1/responses/{response_id}")
 
     @post("/v1/responses/{response_id:str}/cancel", status_code=200)
-    async def cancel_response(response_id: str) -> Response[bytes]:
+    async def cancel_response(response_id: FromPath[str]) -> Response[bytes]:
         """`client.responses.cancel` of a background Response, at the backend running it."""
         return await _at_holder(response_id, "POST", f"/v1/responses/{response_id}/cancel")
 
@@ -275,13 +278,14 @@ def create_app(
     return app
 
 
-def create_asgi(config: Config, **kwargs: Any) -> AuthGate:
-    """The app as served: API-key gate outside the router, so unknown routes need a key too; the two
-    generation routes answered as plain ASGI (FastRoutes), everything else by litestar."""
+def create_asgi(config: Config, **kwargs: Any) -> ASGIApp:
+    """The app as served: CORS outermost when configured (a browser's preflight carries no key),
+    then the API-key gate outside the router, so unknown routes need a key too; the generation
+    routes answered as plain ASGI (FastRoutes), everything else by litestar."""
     return serving_asgi(create_app(config, **kwargs))
 
 
-def serving_asgi(app: Litestar) -> AuthGate:
+def serving_asgi(app: Litestar) -> ASGIApp:
     """`create_asgi` for an app already made (`app.state.runtime` is its Runtime)."""
     rt: Runtime = app.state.runtime
     config = rt.config
@@ -299,7 +303,21 @@ def serving_asgi(app: Litestar) -> AuthGate:
         config.gateway.max_body_bytes,
         rt.tracing,
     )
-    return AuthGate(fast, config.auth, lambda: rt.config.auth)
+    gate = AuthGate(fast, config.auth, lambda: rt.config.auth)
+    origins = config.gateway.cors_allow_origins
+    if not origins:
+        return gate
+    return cast(
+        ASGIApp,
+        CORSMiddleware(
+            cast(StarletteASGIApp, gate),
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            # what a browser client may read: who served it, the request and trace ids
+            expose_headers=[BACKEND_HEADER, REQUEST_ID_HEADER, TRACE_ID_HEADER],
+        ),
+    )
 
 
 def _policies(rt: Runtime) -> dict[str, Any]:
