@@ -25,7 +25,7 @@ import msgspec
 from rich.console import Console
 
 from loadgen.client import ENDPOINTS, RequestOptions
-from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
+from loadgen.datasets import DATASET_HELP, PRIORITY_RANGE, DatasetError, RandomSpec, load_dataset
 from loadgen.driver import LevelSpec
 from loadgen.report import make_console
 from loadgen.runner import Plan, execute
@@ -104,6 +104,21 @@ def _temperature_list(text: str) -> list[float]:
         if not 0.0 <= t <= 2.0:
             raise argparse.ArgumentTypeError(f"temperature must be within [0, 2]: {part}")
         out.append(t)
+    return out
+
+
+def _priority_list(text: str) -> list[int]:
+    out = []
+    where = f" (in {text!r})" if "," in text else ""  # an empty part names nothing by itself
+    for part in text.split(","):
+        # digits only: int() would also take "1_0" or " 5 ", which SGLang's JSON field would not
+        digits = part[1:] if part[:1] in ("+", "-") else part
+        if not (digits.isascii() and digits.isdigit()):
+            raise argparse.ArgumentTypeError(f"not an integer priority: {part!r}{where}")
+        p = int(part)
+        if not PRIORITY_RANGE[0] <= p <= PRIORITY_RANGE[1]:
+            raise argparse.ArgumentTypeError(f"priority must be a signed 64-bit integer: {part}{where}")
+        out.append(p)
     return out
 
 
@@ -240,6 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top-p", type=_top_p, default=None, help="top_p to send (default: none sent)")
     p.add_argument(
+        "--priority",
+        type=_priority_list,
+        default=None,
+        help="SGLang's scheduling 'priority' (an integer; the gateway's queue and SGLang's "
+        "--enable-priority-scheduling serve higher values first), or a comma-separated mix taken in turn by "
+        "request (by session for session datasets), e.g. 0,0,0,10; the summary breaks latency down by "
+        "priority (default: none sent); a dataset line's 'priority' wins",
+    )
+    p.add_argument(
         "--timeout",
         type=_positive_float,
         default=600.0,
@@ -306,6 +330,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         temperature=args.temperature[0],
         temperatures=tuple(args.temperature),
         top_p=args.top_p,
+        priorities=tuple(args.priority or ()),
         thinking=args.thinking,
         continuous_usage=args.continuous_usage,
         save_chunks=args.save_chunks,

@@ -35,7 +35,7 @@ _MESSAGE_ENDPOINTS = frozenset({"chat", "responses"})  # messages, tools and thi
 
 class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Per-run request settings (see the CLI for their meaning and defaults). A dataset entry's own
-    max_tokens / thinking / temperature / top_p win over these."""
+    max_tokens / thinking / temperature / top_p / priority win over these."""
 
     max_tokens: int = 256
     endpoint: str = "chat"  # chat | completions | responses
@@ -45,6 +45,8 @@ class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float = 0.0  # the first of `temperatures`, kept for callers that set one
     temperatures: tuple[float, ...] = ()  # a mix: request i (session i) gets temperatures[i % len]
     top_p: float | None = None
+    # SGLang's `priority`, a mix taken like `temperatures`; empty: none sent (the body is as without it)
+    priorities: tuple[int, ...] = ()
     thinking: str = "default"  # default (send nothing) | on | off | mix (alternate by request / session)
     continuous_usage: bool = True  # stream_options.continuous_usage_stats: exact tokens per chunk
     save_chunks: bool = False  # requests.jsonl keeps each chunk's arrival time and token count
@@ -63,6 +65,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     top_p: float | None
     thinking: bool | None  # None: the server's default (no chat_template_kwargs)
     ignore_eos: bool
+    priority: int | None = None  # None: no `priority` field in the body
 
 
 def settings(prompt: Prompt, opts: RequestOptions, index: int) -> Settings:
@@ -72,12 +75,16 @@ def settings(prompt: Prompt, opts: RequestOptions, index: int) -> Settings:
     if prompt.thinking is not None:
         thinking = prompt.thinking
     ignore_eos = opts.ignore_eos if opts.ignore_eos is not None else not prompt.tools
+    priority = opts.priorities[index % len(opts.priorities)] if opts.priorities else None
+    if prompt.priority is not None:
+        priority = prompt.priority
     return Settings(
         max_tokens=prompt.max_tokens or opts.max_tokens,
         temperature=prompt.temperature if prompt.temperature is not None else temps[index % len(temps)],
         top_p=prompt.top_p if prompt.top_p is not None else opts.top_p,
         thinking=thinking,
         ignore_eos=ignore_eos,
+        priority=priority,
     )
 
 
@@ -138,6 +145,8 @@ def build_body(
         body["return_spec_tokens_details"] = True
     if s.ignore_eos:
         body["ignore_eos"] = True
+    if s.priority is not None:
+        body["priority"] = s.priority
     return msgspec.json.encode(body)
 
 
@@ -214,6 +223,7 @@ async def send(
     messages = opts.endpoint in _MESSAGE_ENDPOINTS
     record.thinking = s.thinking if messages else None
     record.temperature = s.temperature
+    record.priority = s.priority
     record.tools = len(prompt.tools or ()) if messages else 0
     if body is None:
         body = build_body(target, prompt, opts, s, store=store, previous_response_id=previous_response_id)

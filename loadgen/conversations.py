@@ -6,12 +6,12 @@ Two entry shapes, in a JSON array or one entry per line (JSONL), mixed freely:
   (speakers: human / user; gpt / assistant / chatgpt / bing / bard / model; system);
 - OpenAI messages: `{"messages": [{"role": "user", "content": "..."}, ...]}`.
 
-Either may carry `domain`, `max_tokens`, `thinking`, `temperature` and `top_p`. A session keeps the
-system turns before the first user turn and every non-empty user turn in order; the file's
-assistant turns are dropped, because the replay sends the answers the server actually gave. A
-conversation with no user turn is skipped and counted, as is a system turn after the first user
-turn (a replay cannot place it). A malformed entry stops the load with the file and the line it
-starts on.
+Either may carry `domain`, `max_tokens`, `thinking`, `temperature`, `top_p` and `priority`. A
+session keeps the system turns before the first user turn and every non-empty user turn in order;
+the file's assistant turns are dropped, because the replay sends the answers the server actually
+gave. A conversation with no user turn is skipped and counted, as is a system turn after the first
+user turn (a replay cannot place it). A malformed entry stops the load with the file and the line
+it starts on.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class _Entry(msgspec.Struct, forbid_unknown_fields=False):
     thinking: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
+    priority: int | None = None
 
 
 _entry_decoder = msgspec.json.Decoder(_Entry)
@@ -122,7 +123,9 @@ def _session(entry: _Entry, at: str, default_domain: str, skipped: Counter[str])
         pairs = [(m.role, m.text) for m in entry.messages]
     else:
         raise DatasetError(f"{at}: expected 'conversations' (ShareGPT) or 'messages' (OpenAI)")
-    check_sampling(at, max_tokens=entry.max_tokens, temperature=entry.temperature, top_p=entry.top_p)
+    check_sampling(
+        at, max_tokens=entry.max_tokens, temperature=entry.temperature, top_p=entry.top_p, priority=entry.priority
+    )
     system: list[Message] = []
     users: list[str] = []
     for role, content in pairs:
@@ -143,6 +146,7 @@ def _session(entry: _Entry, at: str, default_domain: str, skipped: Counter[str])
         thinking=entry.thinking,
         temperature=entry.temperature,
         top_p=entry.top_p,
+        priority=entry.priority,
     )
 
 

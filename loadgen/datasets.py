@@ -67,6 +67,7 @@ class Prompt(msgspec.Struct, frozen=True, kw_only=True):
     thinking: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
+    priority: int | None = None  # SGLang's scheduling priority
 
     @property
     def text(self) -> str:
@@ -85,6 +86,7 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     thinking: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
+    priority: int | None = None  # every turn of the conversation is sent with it
 
 
 class Dataset(msgspec.Struct, frozen=True):
@@ -119,6 +121,7 @@ def first_turn(s: Session) -> Prompt:
         thinking=s.thinking,
         temperature=s.temperature,
         top_p=s.top_p,
+        priority=s.priority,
     )
 
 
@@ -144,6 +147,7 @@ class _JsonlLine(msgspec.Struct, forbid_unknown_fields=False):
     thinking: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
+    priority: int | None = None
 
 
 _line_decoder = msgspec.json.Decoder(_JsonlLine | str)
@@ -215,18 +219,32 @@ def read_text(path: Path) -> str:
 
 def load_jsonl(path: Path) -> tuple[list[Prompt], Counter[str]]:
     """One request per line: `{"prompt": ...}`, `{"messages": [...]}` or a bare JSON string;
-    optional `domain`, `max_tokens`, `tools`, `tool_choice`, `thinking`, `temperature`, `top_p`.
+    optional `domain`, `max_tokens`, `tools`, `tool_choice`, `thinking`, `temperature`, `top_p`,
+    `priority`.
     Blank lines are skipped; a `messages` line without a user message is skipped and counted."""
     return _parse_jsonl(read_text(path).splitlines(), str(path), default_domain="jsonl")
 
 
-def check_sampling(where: str, *, max_tokens: int | None, temperature: float | None, top_p: float | None) -> None:
+# SGLang's tokenizer manager (and the gateway) refuse a priority outside a signed 64-bit integer
+PRIORITY_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+def check_sampling(
+    where: str,
+    *,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    priority: int | None = None,
+) -> None:
     if max_tokens is not None and max_tokens < 1:
         raise DatasetError(f"{where}: 'max_tokens' must be >= 1")
     if temperature is not None and not 0.0 <= temperature <= 2.0:
         raise DatasetError(f"{where}: 'temperature' must be within [0, 2]")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise DatasetError(f"{where}: 'top_p' must be within (0, 1]")
+    if priority is not None and not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+        raise DatasetError(f"{where}: 'priority' must be a signed 64-bit integer")
 
 
 def check_messages(messages: Sequence[Message], where: str) -> None:
@@ -258,7 +276,9 @@ def _parse_jsonl(lines: Sequence[str], where: str, *, default_domain: str) -> tu
             messages = (Message("user", item.prompt),)
         else:
             raise DatasetError(f"{at}: expected a non-empty 'prompt' or 'messages'")
-        check_sampling(at, max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p)
+        check_sampling(
+            at, max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p, priority=item.priority
+        )
         tools = None
         try:
             if item.tools is not None:
@@ -276,6 +296,7 @@ def _parse_jsonl(lines: Sequence[str], where: str, *, default_domain: str) -> tu
                 thinking=item.thinking,
                 temperature=item.temperature,
                 top_p=item.top_p,
+                priority=item.priority,
             )
         )
     if not prompts:

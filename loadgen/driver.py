@@ -159,6 +159,7 @@ class _Level:
                 thinking=s.thinking,
                 temperature=s.temperature,
                 top_p=s.top_p,
+                priority=s.priority,
             )
             rec = self.record(next(self._turn_index), s.domain)
             rec.session, rec.turn = i, turn

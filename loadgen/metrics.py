@@ -20,6 +20,8 @@ meanings match):
 - Accept length = n / spec_verify_ct from `sglext.spec_tokens_details` (per request); per level,
   sum(n) / sum(spec_verify_ct) over requests that reported it; null when none did.
 - Sessions: per-turn figures (`TurnLevel`) over the requests of each turn index.
+- Priority classes: per-priority figures (`PriorityLevel`) over the requests sent with each
+  `priority`, from the same samples (`_ttfts`, `_e2es`, `_single_throughputs`) as the level's.
 - Percentiles: `common/percentile.py` (linear interpolation, numpy's default).
 """
 
@@ -31,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from common.percentile import percentile, weighted_percentile
 from common.stream_clock import TokenMark, chunk_token_counts
 from loadgen.stream import StreamParser
-from loadgen.summary import Level, RequestRecord, TurnLevel
+from loadgen.summary import Level, PriorityLevel, RequestRecord, TurnLevel
 
 Gap = tuple[float, int]  # (per-token gap in seconds, number of tokens it stands for)
 
@@ -91,6 +93,24 @@ def _ms(seconds: float | None) -> float | None:
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+# The samples of a set of successful requests that both a level and its priority classes take
+# their percentiles and means over: one definition each, so a class is the level's figure on a subset.
+def _ttfts(ok: Sequence[RequestRecord]) -> list[float]:
+    return [r.ttft_ms for r in ok if r.ttft_ms is not None]
+
+
+def _e2es(ok: Sequence[RequestRecord]) -> list[float]:
+    return [r.e2e_ms for r in ok if r.e2e_ms is not None]
+
+
+def _single_throughputs(ok: Sequence[RequestRecord]) -> list[float]:
+    return [r.output_throughput for r in ok if r.output_throughput is not None]
+
+
+def _errors(records: Sequence[RequestRecord]) -> dict[str, int]:
+    return dict(Counter(r.error for r in records if r.error))
 
 
 def measure(
@@ -205,10 +225,10 @@ def summarize(
     """Aggregate one level; only successful requests enter latencies and throughputs."""
     ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
-    ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    ttft = _ttfts(ok)
     tpot = [r.tpot_ms for r in ok if r.tpot_ms is not None]
-    e2e = [r.e2e_ms for r in ok if r.e2e_ms is not None]
-    single = [r.output_throughput for r in ok if r.output_throughput is not None]
+    e2e = _e2es(ok)
+    single = _single_throughputs(ok)
     decode = [r.decode_throughput for r in ok if r.decode_throughput is not None]
     gap_list = gaps if isinstance(gaps, list) else list(gaps)  # seconds; scaled to ms below
     itl_n = sum(k for _, k in gap_list)
@@ -250,7 +270,7 @@ def summarize(
         median_e2e_latency_ms=percentile(e2e, 50),
         p90_e2e_latency_ms=percentile(e2e, 90),
         p99_e2e_latency_ms=percentile(e2e, 99),
-        errors=dict(Counter(r.error for r in records if r.error)),
+        errors=_errors(records),
         token_count_mismatches=sum(1 for r in ok if r.token_mismatch),
         mean_tokens_per_chunk=out_tokens / chunks if chunks else None,
         domains=dict(Counter(r.domain for r in records)),
@@ -270,8 +290,10 @@ def summarize(
         tool_call_requests=sum(1 for r in ok if r.tool_calls or r.finish_reason == "tool_calls"),
         thinking=dict(Counter(_thinking_label(r.thinking) for r in records)),
         temperatures=dict(Counter(f"{r.temperature:g}" for r in records if r.temperature is not None)),
+        priorities={str(p): len(rs) for p, rs in _by_priority(records).items()},
         sessions=len({r.session for r in records}) if any(r.session is not None for r in records) else None,
         turns=turn_levels(records),
+        by_priority=priority_levels(records),
     )
 
 
@@ -316,6 +338,38 @@ def turn_levels(records: Sequence[RequestRecord]) -> list[TurnLevel]:
                 mean_input_tokens=_mean(inputs),
                 mean_cached_tokens=_mean([float(r.cached_tokens or 0) for r in cached]),
                 cache_hit_rate=_hit_rate(cached),
+            )
+        )
+    return out
+
+
+def _by_priority(records: Sequence[RequestRecord]) -> dict[int, list[RequestRecord]]:
+    """The records sent with a priority, by its value, ascending; those sent without are left out."""
+    out: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.priority is not None:
+            out.setdefault(r.priority, []).append(r)
+    return dict(sorted(out.items()))
+
+
+def priority_levels(records: Sequence[RequestRecord]) -> list[PriorityLevel]:
+    """Per-priority figures: the level's own definitions over the requests of each priority
+    value sent (empty when none was)."""
+    out = []
+    for priority, rs in _by_priority(records).items():
+        ok = [r for r in rs if r.ok]
+        ttft, e2e = _ttfts(ok), _e2es(ok)
+        out.append(
+            PriorityLevel(
+                priority=priority,
+                completed=len(ok),
+                failed=len(rs) - len(ok),
+                errors=_errors(rs),
+                median_ttft_ms=percentile(ttft, 50),
+                p99_ttft_ms=percentile(ttft, 99),
+                median_e2e_latency_ms=percentile(e2e, 50),
+                p99_e2e_latency_ms=percentile(e2e, 99),
+                mean_request_output_throughput=_mean(_single_throughputs(ok)),
             )
         )
     return out

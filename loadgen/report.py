@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loadgen.summary import Level, Run, Summary, load_summary
+from loadgen.summary import Level, PriorityLevel, Run, Summary, load_summary
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -80,6 +80,8 @@ def print_level(run: Run, level: Level, console: Console | None = None) -> None:
         console.print(f"  {note}")
     if level.turns:
         console.print(turn_table(level))
+    if level.by_priority:
+        console.print(priority_table([(run, level)]))
 
 
 def level_notes(level: Level) -> list[str]:
@@ -123,6 +125,34 @@ def turn_table(level: Level) -> Table:
     return t
 
 
+_PRIORITY_COLUMNS: tuple[tuple[str, Callable[[PriorityLevel], str]], ...] = (
+    ("priority", lambda p: str(p.priority)),
+    ("ok/fail", lambda p: f"{p.completed}/{p.failed}"),
+    ("TTFT p50 ms", lambda p: _num(p.median_ttft_ms)),
+    ("TTFT p99 ms", lambda p: _num(p.p99_ttft_ms)),
+    ("E2E p50 ms", lambda p: _num(p.median_e2e_latency_ms)),
+    ("E2E p99 ms", lambda p: _num(p.p99_e2e_latency_ms)),
+    ("single tok/s", lambda p: _num(p.mean_request_output_throughput)),
+)
+
+
+def priority_table(rows: list[tuple[Run, Level]], title: str = "per priority", *, keys: bool = False) -> Table:
+    """A row per priority value sent at each of `rows`' levels: what each class gets under the same
+    load. `keys`: lead with the level and target columns (the end-of-run table spans several)."""
+    t = Table(title=title, title_justify="left", header_style="bold")
+    if keys:
+        t.add_column("C", justify="right")
+        t.add_column("target")
+    for name, _ in _PRIORITY_COLUMNS:
+        t.add_column(name, justify="right")
+    for i, (run, lv) in enumerate(rows):
+        for j, pl in enumerate(lv.by_priority):
+            lead = [_level_key(lv), run.target] if keys else []
+            last = j + 1 == len(lv.by_priority) and i + 1 < len(rows)
+            t.add_row(*lead, *(fmt(pl) for _, fmt in _PRIORITY_COLUMNS), end_section=last)
+    return t
+
+
 def print_table(
     summary: Summary | dict[str, Any] | str | Path,
     console: Console | None = None,
@@ -142,6 +172,9 @@ def print_table(
         last = i + 1 == len(rows) or _level_key(rows[i + 1][1]) != _level_key(lv)
         _row(t, run, lv, end_section=last)
     console.print(t)
+    with_priority = [(run, lv) for run, lv in rows if lv.by_priority]
+    if with_priority:
+        console.print(priority_table(with_priority, title="per priority", keys=True))
     for run in summary.runs:
         if run.dataset_skipped:
             skipped = ", ".join(f"{n} with {why}" for why, n in sorted(run.dataset_skipped.items()))

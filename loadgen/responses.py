@@ -135,6 +135,8 @@ def body(
             out["tool_choice"] = tool_choice(prompt.tool_choice)
     if s.thinking is not None:
         out["chat_template_kwargs"] = {"thinking": s.thinking}
+    if s.priority is not None:  # SGLang's ResponsesRequest has the field, as chat does
+        out["priority"] = s.priority
     return out
 
 

@@ -53,6 +53,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     previous_response_id: str | None = None
     thinking: bool | None = None  # chat_template_kwargs.thinking sent; None: the server's default
     temperature: float | None = None  # sent with this request
+    priority: int | None = None  # SGLang's `priority` sent with this request; None: not sent
     tools: int = 0  # tools offered in the request
     tool_calls: int = 0  # tool calls in the answer
     ttft_reasoning_ms: float | None = None  # send -> first reasoning_content
@@ -77,6 +78,21 @@ class TurnLevel(msgspec.Struct, kw_only=True):
     mean_input_tokens: float | None = None
     mean_cached_tokens: float | None = None  # over the requests that reported cached tokens
     cache_hit_rate: float | None = None  # sum(cached) / sum(input) over the same requests
+
+
+class PriorityLevel(msgspec.Struct, kw_only=True):
+    """The requests of one `priority` value of a level, by the level's own definitions: what a
+    priority class gets under load (queue order at the gateway and at SGLang)."""
+
+    priority: int
+    completed: int
+    failed: int
+    errors: dict[str, int] = {}  # failures by kind, as Level.errors
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    median_e2e_latency_ms: float | None = None
+    p99_e2e_latency_ms: float | None = None
+    mean_request_output_throughput: float | None = None  # tok/s, over requests' output_throughput
 
 
 class Level(msgspec.Struct, kw_only=True):
@@ -137,8 +153,10 @@ class Level(msgspec.Struct, kw_only=True):
     tool_call_requests: int = 0  # successful requests whose answer called a tool
     thinking: dict[str, int] = {}  # requests by chat_template_kwargs.thinking: on | off | default
     temperatures: dict[str, int] = {}  # requests by temperature sent
+    priorities: dict[str, int] = {}  # requests by priority sent (empty when none was)
     sessions: int | None = None  # conversations replayed (session datasets)
     turns: list[TurnLevel] = []  # per-turn figures of session datasets
+    by_priority: list[PriorityLevel] = []  # per priority value sent, ascending (empty when none was)
 
 
 class Run(msgspec.Struct, kw_only=True):

@@ -8,11 +8,13 @@ one rule per kind of unit, and every field of the result schema is classified he
 - rates (tok/s, req/s): simulated = measured x F   (`RATE_FIELDS`)
 - counts and ratios (tokens, requests, accept length, tokens per chunk): unchanged
   (`UNSCALED_FIELDS`)
-- a level's per-turn figures (`turns`, a list of `TurnLevel`) by TurnLevel's own sets
+- a level's per-turn and per-priority figures (`turns`, `by_priority`: lists of `TurnLevel`,
+  `PriorityLevel`) element by element, by their own class's sets (`LEVEL_NESTED_FIELDS`)
 
-A field missing from all three sets is an error (a test checks it), so a field added to the
-schema later cannot silently keep wall-clock units. Client-side overhead (HTTP, event loop) is
-divided by F as well: the smaller F, the more it weighs in the simulated figures.
+A field missing from every set of its class, or in more than one, is an error (a test checks it),
+so a field added to the schema later cannot silently keep wall-clock units. Client-side overhead
+(HTTP, event loop) is divided by F as well: the smaller F, the more it weighs in the simulated
+figures.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
-from loadgen.summary import Level, RequestRecord, TurnLevel
+from loadgen.summary import Level, PriorityLevel, RequestRecord, TurnLevel
 
 if TYPE_CHECKING:
     from loadgen.driver import LevelResult
@@ -50,7 +52,6 @@ LEVEL_TIME_FIELDS = frozenset(
         "p99_ttft_answer_ms",
         "mean_ttft_answer_ms",
         "median_ttft_reasoning_ms",
-        "turns",  # a list of TurnLevel: each one rescaled by its own classes
     }
 )
 LEVEL_RATE_FIELDS = frozenset(
@@ -88,13 +89,19 @@ LEVEL_UNSCALED_FIELDS = frozenset(
         "tool_call_requests",
         "thinking",
         "temperatures",
+        "priorities",
         "sessions",
     }
 )
+# Lists of structs holding durations and rates of their own: each element rescaled by its class's sets.
+LEVEL_NESTED_FIELDS = frozenset({"turns", "by_priority"})
 TURN_TIME_FIELDS = frozenset({"median_ttft_ms", "median_ttft_answer_ms", "median_e2e_latency_ms"})
 TURN_UNSCALED_FIELDS = frozenset(
     {"turn", "completed", "failed", "mean_input_tokens", "mean_cached_tokens", "cache_hit_rate"}
 )
+PRIORITY_TIME_FIELDS = frozenset({"median_ttft_ms", "p99_ttft_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms"})
+PRIORITY_RATE_FIELDS = frozenset({"mean_request_output_throughput"})
+PRIORITY_UNSCALED_FIELDS = frozenset({"priority", "completed", "failed", "errors"})
 
 RECORD_TIME_FIELDS = frozenset(
     {
@@ -137,6 +144,7 @@ RECORD_UNSCALED_FIELDS = frozenset(
         "previous_response_id",
         "thinking",
         "temperature",
+        "priority",
         "tools",
         "tool_calls",
         "reasoning_tokens",
@@ -146,21 +154,24 @@ RECORD_UNSCALED_FIELDS = frozenset(
     }
 )
 
-_CLASSES: dict[type, tuple[frozenset[str], frozenset[str], frozenset[str]]] = {
-    Level: (LEVEL_TIME_FIELDS, LEVEL_RATE_FIELDS, LEVEL_UNSCALED_FIELDS),
-    RequestRecord: (RECORD_TIME_FIELDS, RECORD_RATE_FIELDS, RECORD_UNSCALED_FIELDS),
-    TurnLevel: (TURN_TIME_FIELDS, frozenset(), TURN_UNSCALED_FIELDS),
+_NONE: frozenset[str] = frozenset()
+# time, rate, unscaled, nested
+_CLASSES: dict[type, tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]] = {
+    Level: (LEVEL_TIME_FIELDS, LEVEL_RATE_FIELDS, LEVEL_UNSCALED_FIELDS, LEVEL_NESTED_FIELDS),
+    RequestRecord: (RECORD_TIME_FIELDS, RECORD_RATE_FIELDS, RECORD_UNSCALED_FIELDS, _NONE),
+    TurnLevel: (TURN_TIME_FIELDS, _NONE, TURN_UNSCALED_FIELDS, _NONE),
+    PriorityLevel: (PRIORITY_TIME_FIELDS, PRIORITY_RATE_FIELDS, PRIORITY_UNSCALED_FIELDS, _NONE),
 }
 
-T = TypeVar("T", Level, RequestRecord, TurnLevel)
+T = TypeVar("T", Level, RequestRecord, TurnLevel, PriorityLevel)
 
 
 def unclassified(cls: type[msgspec.Struct]) -> set[str]:
-    """Fields of `cls` in none of its three sets, or in more than one (must be empty)."""
-    time_f, rate_f, same_f = _CLASSES[cls]
+    """Fields of `cls` in none of its sets, or in more than one (must be empty)."""
+    sets = _CLASSES[cls]
     fields = {f.name for f in msgspec.structs.fields(cls)}
-    counts = {f: (f in time_f) + (f in rate_f) + (f in same_f) for f in fields}
-    stale = (time_f | rate_f | same_f) - fields
+    counts = {f: sum(f in s for s in sets) for f in fields}
+    stale = frozenset().union(*sets) - fields
     return {f for f, n in counts.items() if n != 1} | stale
 
 
@@ -170,13 +181,13 @@ def rescale(obj: T, time_scale: float) -> T:
         return obj
     if not time_scale > 0:
         raise ValueError(f"time scale must be > 0: {time_scale}")
-    time_f, rate_f, _ = _CLASSES[type(obj)]
-    changes = {}
+    time_f, rate_f, _, nested_f = _CLASSES[type(obj)]
+    changes: dict[str, object] = {}
+    for name in nested_f:
+        changes[name] = [rescale(x, time_scale) for x in getattr(obj, name)]
     for name in time_f:
         v = getattr(obj, name)
-        if name == "turns":
-            changes[name] = [rescale(t, time_scale) for t in v]
-        elif isinstance(v, list):
+        if isinstance(v, list):
             changes[name] = [x / time_scale for x in v]
         elif v is not None:
             changes[name] = v / time_scale
