@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import msgspec
 
-from backends.sim.options import LORA_TARGET_MODULES
+from backends.sim.options import LORA_TARGET_MODULES, PriorityOptions
 from backends.sim.profile import ProfileError, list_profiles, load_profile
 
 __all__ = ["main"]
@@ -126,6 +126,30 @@ def _server_parser() -> _Parser:
         metavar="F",
         help="assumption, not an SGLang flag: adapter requests' per-draft acceptance multiplied by F",
     )
+    pr = p.add_argument_group("request priority (SGLang's flags)")
+    pr.add_argument(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="schedule requests with higher priority integer values first",
+    )
+    pr.add_argument(
+        "--schedule-low-priority-values-first",
+        action="store_true",
+        help="with --enable-priority-scheduling: lower priority integer values first",
+    )
+    pr.add_argument("--default-priority-value", type=int, help="priority of requests without one")
+    pr.add_argument(
+        "--abort-on-priority-when-disabled",
+        action="store_true",
+        help="abort requests that specify a priority when priority scheduling is disabled",
+    )
+    pr.add_argument("--disable-priority-preemption", action="store_true", help="no preemption of running requests")
+    pr.add_argument(
+        "--priority-scheduling-preemption-threshold",
+        type=int,
+        default=10,
+        help="minimum difference in priorities for an incoming request to preempt running ones",
+    )
     f = p.add_argument_group("fault knobs")
     f.add_argument("--fault-latency-ms", type=_positive_float, default=0.0)
     f.add_argument("--fault-error-rate", type=_fraction, default=0.0)
@@ -141,6 +165,35 @@ def _print_list() -> int:
     for prof in list_profiles():
         print(f"{prof.name:<20} {prof.strategy.value:<7} {prof.served_model_name:<13} {prof.description}")
     return 0
+
+
+def _priority_options(args: argparse.Namespace) -> PriorityOptions:
+    """The priority flags, with SGLang's startup warnings (`arg_groups/validation_hook.py`); none of
+    them stops the server. Its `schedule_policy` check has nothing to check: the twin is FCFS."""
+    opts = PriorityOptions(
+        enable_priority_scheduling=args.enable_priority_scheduling,
+        schedule_low_priority_values_first=args.schedule_low_priority_values_first,
+        default_priority_value=args.default_priority_value,
+        abort_on_priority_when_disabled=args.abort_on_priority_when_disabled,
+        disable_priority_preemption=args.disable_priority_preemption,
+        priority_scheduling_preemption_threshold=args.priority_scheduling_preemption_threshold,
+    )
+    warnings: list[str] = []
+    if opts.enable_priority_scheduling:
+        if opts.default_priority_value is None:
+            warnings.append(
+                "--default-priority-value is not set while --enable-priority-scheduling is enabled. "
+                "Requests without explicit priority will have priority=None, "
+                "resulting in priority='None' string labels in Prometheus metrics."
+            )
+    else:
+        if opts.disable_priority_preemption:
+            warnings.append("--disable-priority-preemption has no effect without --enable-priority-scheduling")
+        if opts.default_priority_value is not None:
+            warnings.append("--default-priority-value has no effect without --enable-priority-scheduling")
+    for text in warnings:
+        print(f"specroute sim: warning: {text}", file=sys.stderr)
+    return opts
 
 
 def _run_server(args: argparse.Namespace) -> int:
@@ -198,6 +251,7 @@ def _run_server(args: argparse.Namespace) -> int:
         enable_response_store=args.enable_response_store,
         faults=faults,
         lora=lora,
+        priority=_priority_options(args),
     )
     return serve(profile, options)
 

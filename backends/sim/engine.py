@@ -26,20 +26,35 @@ chain is inserted. Multi-turn reuse: when a request finishes, its driver calls
 `cache_output(chain)` with the chain of prompt + output (what SGLang's `cache_finished_req` puts in
 the radix tree), so the next turn of the conversation, whose prompt starts with that text, hits.
 The cache holds at most the KV pool minus what running requests pin outside it; LRU eviction.
+
+Request priority (`Engine(priority=PriorityOptions(...))`, SGLang's `--enable-priority-scheduling`
+and its companions). Off (the default) the waiting queue is the plain FCFS deque. On, it is kept
+sorted on insertion (`WaitingByPriority`, as `schedule_policy.py: _sort_by_priority_and_fcfs` sorts
+SGLang's before each admission); a full queue turns away its least-preferred waiter for a strictly
+better arrival (`scheduler.py: _abort_on_queued_limit`); and, unless preemption is disabled, a
+waiting request better than a running one by more than the threshold retracts it when the batch
+is full (`schedule_policy.py: PrefillAdder.preempt_to_schedule`): the retracted request keeps its
+output, goes back to the queue and later prefills its prompt and output again. Requests the
+engine aborts on its own (evicted, or retracted into a full queue) are collected in `aborted`
+with their `abort_message`; the driver tells their clients (SGLang answers them with status 503).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hashlib
+import itertools
 import math
 import random
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import msgspec
 
 from backends.sim.domain import classify, prompt_key, prompt_variation
+from backends.sim.options import PriorityOptions
 from backends.sim.prefix_cache import PREFIX_BLOCK_TOKENS, PrefixCache
 from backends.sim.profile import Profile, SpecConfig
 from backends.sim.sampling import temperature_miss_scale, window_miss_scale
@@ -47,14 +62,19 @@ from backends.sim.sampling import temperature_miss_scale, window_miss_scale
 __all__ = [
     "DECODE_LOG_INTERVAL",
     "MAX_PREFILL_TOKENS",
+    "PREEMPTED_MESSAGE",
     "PREFIX_BLOCK_TOKENS",
+    "PRIORITY_DISABLED_MESSAGE",
+    "QUEUE_FULL_MESSAGE",
     "Emission",
     "Engine",
     "EngineStats",
     "QueueFull",
+    "RequestAborted",
     "SimRequest",
     "SpecDetails",
     "StepResult",
+    "WaitingByPriority",
     "effective_accept_prob",
 ]
 
@@ -70,8 +90,24 @@ _THROUGHPUT_WINDOW = 40  # busy steps behind gen_throughput
 REMEMBERED_PROMPTS = 65_536
 
 
-class QueueFull(Exception):
+# The messages of SGLang's scheduler aborts (`scheduler.py`), each sent with status 503
+QUEUE_FULL_MESSAGE = "The request queue is full."  # `_abort_on_queued_limit`
+PREEMPTED_MESSAGE = "The request is aborted by a higher priority request."  # `_abort_on_queued_limit`
+PRIORITY_DISABLED_MESSAGE = (  # `_set_or_validate_priority`
+    "Using priority is disabled for this server. Please send a new request without a priority."
+)
+
+
+class RequestAborted(Exception):
+    """The scheduler refused an arriving request (`scheduler.py: _add_request_to_queue`, status 503);
+    the message is SGLang's."""
+
+
+class QueueFull(RequestAborted):
     """The waiting queue is at `max_queued`: SGLang answers 503."""
+
+    def __init__(self, message: str = QUEUE_FULL_MESSAGE) -> None:
+        super().__init__(message)
 
 
 class Emission(NamedTuple):
@@ -166,6 +202,9 @@ class SimRequest:
         "histogram",
         "state",
         "finish_reason",
+        "priority",
+        "abort_message",
+        "_qkey",
         "_rng",
         "_logp",
         "_prefill_left",
@@ -213,6 +252,11 @@ class SimRequest:
         self.histogram: list[int] = []
         self.state = "waiting"  # waiting | prefilling | running | finished | aborted
         self.finish_reason: str | None = None
+        # the scheduling priority (None: none given and priority scheduling off)
+        self.priority: int | None = None
+        self.abort_message: str | None = None  # why the engine aborted it on its own (503)
+        # admission rank under priority scheduling: (-(sign * priority), -entry); larger goes first
+        self._qkey = (0, 0)
         self._rng = random.Random(seed)
         self._logp = math.log(accept_p) if accept_p > 0 else -math.inf
         self._prefill_left = 0
@@ -269,6 +313,55 @@ class _Interval:
         self.correct = 0
 
 
+def _rank(r: SimRequest) -> tuple[int, int]:
+    return r._qkey
+
+
+class WaitingByPriority:
+    """The waiting queue under priority scheduling, in SGLang's admission order: `sign * priority`,
+    then the time the request entered the queue (`schedule_policy.py: _sort_by_priority_and_fcfs`;
+    sign 1 with `--schedule-low-priority-values-first`, else -1). SGLang sorts its list before each
+    admission; keeping it sorted on insertion (bisect) gives the same order. Stored best last, so
+    the head pops in O(1) and the least preferred (lowest priority, newest on a tie: the eviction
+    candidate of `scheduler.py: _abort_on_queued_limit`) is first. The deque methods the engine
+    uses, so the FCFS path keeps its plain deque."""
+
+    __slots__ = ("_items", "_sign", "_entries")
+
+    def __init__(self, low_first: bool) -> None:
+        self._items: list[SimRequest] = []
+        self._sign = 1 if low_first else -1
+        self._entries = itertools.count()  # stands in for `wait_queue_entry_time`
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[SimRequest]:
+        return reversed(self._items)
+
+    def __getitem__(self, i: int) -> SimRequest:
+        return self._items[-1 - i]
+
+    def append(self, req: SimRequest) -> None:
+        """Enqueue; every entry (a retracted request's return too) counts as a new arrival, as
+        `_add_request_to_queue` stamps `wait_queue_entry_time` anew."""
+        assert req.priority is not None
+        req._qkey = (-self._sign * req.priority, -next(self._entries))
+        bisect.insort(self._items, req, key=_rank)
+
+    def popleft(self) -> SimRequest:
+        return self._items.pop()
+
+    def remove(self, req: SimRequest) -> None:
+        self._items.remove(req)
+
+    def worst(self) -> SimRequest:
+        return self._items[0]
+
+    def pop_worst(self) -> SimRequest:
+        return self._items.pop(0)
+
+
 class Engine:
     """Continuous batching over one simulated server. Not thread-safe; one driver at a time."""
 
@@ -280,6 +373,7 @@ class Engine:
         max_queued: int | None = None,
         *,
         remembered_prompts: int = REMEMBERED_PROMPTS,
+        priority: PriorityOptions | None = None,
     ) -> None:
         if remembered_prompts < 1:
             raise ValueError(f"remembered_prompts must be >= 1, got {remembered_prompts}")
@@ -292,7 +386,22 @@ class Engine:
         self._width = profile.verify_width
         self._max_drafts = profile.max_accept_drafts
         self._proposed_per_verify = self._width - 1
-        self._waiting: collections.deque[SimRequest] = collections.deque()
+        prio = priority or PriorityOptions()
+        self.priority = prio
+        # Priority scheduling off: a plain FCFS deque, nothing else on the hot path.
+        self._ranked = prio.enable_priority_scheduling
+        self._waiting: collections.deque[SimRequest] | WaitingByPriority = (
+            WaitingByPriority(prio.schedule_low_priority_values_first) if self._ranked else collections.deque()
+        )
+        self._sign = 1 if prio.schedule_low_priority_values_first else -1
+        # `scheduler.py: _set_or_validate_priority`: no priority ranks last in either direction
+        self._least_preferred = sys.maxsize if prio.schedule_low_priority_values_first else -sys.maxsize - 1
+        self._abort_unranked = not self._ranked and prio.abort_on_priority_when_disabled
+        # "preemption is enabled by default for priority scheduling" (`scheduler.py`)
+        self._preempt = self._ranked and not prio.disable_priority_preemption
+        self._threshold = prio.priority_scheduling_preemption_threshold
+        # requests the engine aborted on its own, with `abort_message`; the driver takes them
+        self.aborted: list[SimRequest] = []
         self._running: list[SimRequest] = []
         self._chunked: SimRequest | None = None
         self._by_rid: dict[str, SimRequest] = {}
@@ -412,6 +521,7 @@ class Engine:
         stop_after_tokens: int | None = None,
         key: int | None = None,
         accept_scale: float = 1.0,
+        priority: int | None = None,
     ) -> SimRequest:
         """Queue a request. The domain is read from `prompt_text` unless given.
 
@@ -420,9 +530,12 @@ class Engine:
         after that many tokens (the model's own end: an answer, a tool call) if it comes before
         `max_new_tokens`. `key` overrides the prompt hash that seeds per-prompt randomness.
         `accept_scale` multiplies this request's per-draft acceptance probability (a LoRA adapter
-        request: `--lora-acceptance-scale`, an assumption).
-        Raises QueueFull when `max_queued` requests already wait, ValueError on a duplicate rid
-        or a sampling parameter out of range.
+        request: `--lora-acceptance-scale`, an assumption). `priority` is the request's (after the
+        tokenizer manager's default); it orders the queue only under priority scheduling.
+        Raises QueueFull when `max_queued` requests already wait (unless, under priority
+        scheduling, it evicts a worse waiter into `aborted`), RequestAborted for a priority the
+        server refuses (`abort_on_priority_when_disabled`), ValueError on a duplicate rid or a
+        sampling parameter out of range.
         """
         if rid in self._by_rid:
             raise ValueError(f"duplicate request id {rid}")
@@ -430,8 +543,18 @@ class Engine:
             raise ValueError(f"temperature must be in [0, 2], got {temperature}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if self.max_queued is not None and len(self._waiting) >= self.max_queued:
-            raise QueueFull("The request queue is full.")
+        # `scheduler.py: _add_request_to_queue`: the priority first, then the queue limit
+        if self._ranked:
+            if priority is None:
+                priority = self._least_preferred
+        elif priority is not None and self._abort_unranked:
+            raise RequestAborted(PRIORITY_DISABLED_MESSAGE)
+        if (
+            self.max_queued is not None
+            and len(self._waiting) >= self.max_queued
+            and not (self._ranked and self._evict_for(priority))
+        ):
+            raise QueueFull()
         if key is None:
             key = prompt_key(prompt_text) if prompt_text else 0
         occurrences = self._occurrences
@@ -460,9 +583,40 @@ class Engine:
             prefix_blocks=prefix_blocks,
             stop_after_tokens=stop_after_tokens,
         )
+        req.priority = priority
         self._waiting.append(req)
         self._by_rid[rid] = req
         return req
+
+    def take_aborted(self) -> list[SimRequest]:
+        """The requests the engine aborted on its own since the last call (evicted from a full
+        queue, or retracted into one), each with its `abort_message`."""
+        out, self.aborted = self.aborted, []
+        return out
+
+    def _evict_for(self, priority: int | None) -> bool:
+        """`_abort_on_queued_limit` under priority scheduling: the least-preferred waiter (lowest
+        priority, the newest on a tie) is aborted if `priority` is strictly better; else nothing
+        changes and the arriving request is the one refused. An empty queue (`--max-queued-requests
+        0`) refuses the arrival (assumption: SGLang's `max()` over the empty queue would raise)."""
+        waiting = self._waiting
+        if not waiting or priority is None or not isinstance(waiting, WaitingByPriority):
+            return False
+        worst = waiting.worst()
+        assert worst.priority is not None
+        if self._sign * priority >= self._sign * worst.priority:
+            return False
+        waiting.pop_worst()
+        self._abort_itself(worst, PREEMPTED_MESSAGE)
+        return True
+
+    def _abort_itself(self, req: SimRequest, message: str) -> None:
+        """A request leaves without finishing, by the scheduler's decision (a 503 to its client)."""
+        del self._by_rid[req.rid]
+        req.state = "aborted"
+        req.finish_reason = "abort"
+        req.abort_message = message
+        self.aborted.append(req)
 
     def abort(self, rid: str) -> SimRequest | None:
         """Drop a waiting, prefilling or running request and free its slot; None if unknown."""
@@ -501,11 +655,13 @@ class Engine:
         self._kv_running -= r.prompt_tokens + r.completion_tokens
         self._outside_cache -= r._outside_cache
 
-    def _prefill(self, batch: int) -> tuple[float, list[SimRequest], int, int, int]:
-        """Continue the chunked prompt, then admit waiting requests.
+    def _prefill(self) -> tuple[float, list[SimRequest], int, int, int]:
+        """Continue the chunked prompt, then admit waiting requests (under priority preemption,
+        retracting running ones to make room).
 
         Returns (seconds, requests whose prefill completed, admitted count, computed prompt
-        tokens, cached prompt tokens of the admitted).
+        tokens, cached prompt tokens of the admitted). A retracted request (one with output
+        already) prefills its prompt and its output again.
         """
         budget = MAX_PREFILL_TOKENS
         seconds = 0.0
@@ -528,17 +684,31 @@ class Engine:
         room = self.max_running - len(self._running) - (1 if self._chunked is not None else 0)
         kv_free = self.profile.max_total_num_tokens - self._used_tokens()
         new: list[SimRequest] = []
-        while self._waiting and room > 0 and budget > 0 and self._chunked is None:
+        retracted: list[SimRequest] = []
+        while self._waiting and budget > 0 and self._chunked is None:
             req = self._waiting[0]
             need = req.prompt_tokens + req.max_new_tokens
+            if room <= 0:
+                # The batch is full. Under priority preemption the request may retract running
+                # ones (`scheduler.py: get_new_batch_prefill` -> `preempt_to_schedule`).
+                freed = self._preempt_for(req, need - kv_free, retracted) if self._preempt else None
+                if freed is None:
+                    break
+                kv_free += freed
+                # SGLang's batch stays full: each further request has to preempt for itself
+                room = 1
             if need > kv_free and (new or done or self._running):
                 break  # wait for running requests to free KV
             self._waiting.popleft()
             matched = self.cache.match(req.prefix_blocks) if req.prefix_blocks else 0
             cached = min(matched * PREFIX_BLOCK_TOKENS, req.prompt_tokens - 1)
-            req.cached_tokens = cached
+            if not req.completion_tokens:
+                # a retracted request keeps its first count (`schedule_batch.py`: cached_tokens
+                # counted once, `retracted_stain`)
+                req.cached_tokens = cached
             req._prefilled = cached
-            uncached = req.prompt_tokens - cached
+            # a retracted request recomputes its output too (its KV was freed, not cached)
+            uncached = req.prompt_tokens + req.completion_tokens - cached
             take = min(uncached, budget)
             seconds += self._pf1 * take + self._pairs_time(cached, take)
             req._prefilled += take
@@ -553,9 +723,11 @@ class Engine:
             if req._prefill_left:
                 req.state = "prefilling"
                 self._chunked = req
-                self._kv_chunked = req.prompt_tokens
+                self._kv_chunked = req.prompt_tokens + req.completion_tokens
             else:
                 done.append(req)
+        if retracted:
+            self._requeue(retracted)
         if new:
             limit = self._cache_limit()
             for req in new:
@@ -563,19 +735,76 @@ class Engine:
                     self.cache.insert(req.prefix_blocks, limit)
             total = computed + cached_now
             self._last_hit_rate = cached_now / total if total else 0.0
-        if computed and batch == 0:
+        if computed and not self._running:
             seconds += self._pf0  # a forward pass of its own (nothing to ride along)
         return seconds, done, admitted, computed, cached_now
+
+    def _preempt_for(self, req: SimRequest, short: int, retracted: list[SimRequest]) -> int | None:
+        """`PrefillAdder.preempt_to_schedule`: retract running requests for `req`, least preferred
+        first (lowest priority, the newest on a tie), each worse than `req` by more than
+        `--priority-scheduling-preemption-threshold`, until `short` KV tokens are freed (at least
+        one request: a slot). Returns the KV tokens freed, None (nothing retracted) if the
+        threshold or the memory is not met. The twin frees what a request holds (prompt +
+        output); SGLang counts its reserved future tokens (assumption: the twin's KV model)."""
+        running = self._running
+        if not running:
+            return None
+        sign = self._sign
+        threshold = self._threshold
+        assert req.priority is not None
+        # the common case first: not even the least preferred can be preempted
+        least = min(running, key=_rank)
+        assert least.priority is not None
+        if (req.priority - least.priority) * -sign <= threshold:
+            return None
+        chosen: list[SimRequest] = []
+        for r in sorted(running, key=_rank):
+            assert r.priority is not None
+            if (req.priority - r.priority) * -sign <= threshold:
+                break
+            chosen.append(r)
+            short -= r.prompt_tokens + r.completion_tokens
+            if short <= 0:
+                break
+        if short > 0:
+            return None
+        freed = 0
+        for r in chosen:
+            running.remove(r)
+            freed += r.prompt_tokens + r.completion_tokens
+            self._release_kv(r)
+            # `schedule_batch.py: Req.reset_for_retract`: the output stays, the KV is gone
+            r.state = "waiting"
+            r._prefilled = 0
+            r._prefill_left = 0
+            r._outside_cache = 0
+            retracted.append(r)
+        return freed
+
+    def _requeue(self, retracted: list[SimRequest]) -> None:
+        """Retracted requests back to the queue, through the queue limit as any arrival
+        (`_add_request_to_queue`): into a full queue one evicts a worse waiter or is aborted
+        itself. In retraction order (assumption: SGLang iterates a set of them)."""
+        for r in retracted:
+            if (
+                self.max_queued is not None
+                and len(self._waiting) >= self.max_queued
+                and not self._evict_for(r.priority)
+            ):
+                self._abort_itself(r, QUEUE_FULL_MESSAGE)
+            else:
+                self._waiting.append(r)
 
     def step(self) -> StepResult:
         """Run one engine iteration; an idle engine returns a zero-length empty step."""
         decode = self._running
+        prefill_s, prefilled, admitted, computed, cached = (
+            self._prefill() if (self._waiting or self._chunked is not None) else (0.0, [], 0, 0, 0)
+        )
+        # after the prefill pass: priority preemption may have retracted some of the batch
         batch = len(decode)
         kv_read = self._kv_running
         duration = self.step_time(batch, kv_tokens=kv_read)
-        prefill_s, prefilled, admitted, computed, cached = (
-            self._prefill(batch) if (self._waiting or self._chunked is not None) else (0.0, [], 0, 0, 0)
-        )
         duration += prefill_s
         self._prefill_busy_us += int(prefill_s * 1e6)
         self._total_prompt += computed
@@ -640,13 +869,13 @@ class Engine:
             self._outside_cache += len(still)
         for r in prefilled:
             r.state = "running"
-            r.completion_tokens = 1
+            r.completion_tokens += 1  # the first token (a retracted request's next one)
             blocks_tokens = min(len(r.prefix_blocks) * PREFIX_BLOCK_TOKENS, r.prompt_tokens)
-            r._outside_cache = r.prompt_tokens - blocks_tokens + 1
-            self._kv_running += r.prompt_tokens + 1
+            r._outside_cache = r.prompt_tokens - blocks_tokens + r.completion_tokens
+            self._kv_running += r.prompt_tokens + r.completion_tokens
             self._outside_cache += r._outside_cache
             generated += 1
-            if r.limit <= 1:
+            if r.completion_tokens >= r.limit:
                 self._finish(r, emissions, 1)
             else:
                 emissions.append(Emission(r.rid, 1, False, None))

@@ -12,6 +12,7 @@ from aiohttp import web
 
 __all__ = [
     "ApiError",
+    "SchedulerAbort",
     "TokenizerError",
     "flat_error",
     "native_error",
@@ -35,6 +36,19 @@ class ApiError(Exception):
         # serving handler, "Bad Request" from the request-schema (pydantic) handler, the bare
         # status ("503") from an HTTPException.
         self.err_type = err_type or _PHRASE.get(status, "BadRequestError")
+
+
+class SchedulerAbort(ApiError):
+    """A request SGLang's scheduler aborted with status 503 (`scheduler.py: _make_abort_req`): the
+    full queue, a priority the server refuses, eviction by a higher priority. The abort reaches
+    the tokenizer manager as a finished output; `_handle_abort_finish_reason` raises
+    HTTPException(503) when not streamed (flat body, `type` "503", `http_server.py`) and hands a
+    stream the output, which the OpenAI routes turn into an error frame (`serving_chat.py`,
+    `serving_completions.py`). `rid` is the request's (the stream's chunk id)."""
+
+    def __init__(self, message: str, rid: str = "") -> None:
+        super().__init__(message, status=503, err_type="503")
+        self.rid = rid
 
 
 class TokenizerError(ApiError):

@@ -15,17 +15,17 @@ import msgspec
 
 from backends.sim.chat_output import EOS_TOKEN_ID
 from backends.sim.chunks import usage_info
-from backends.sim.engine import QueueFull, SimRequest
-from backends.sim.errors import ApiError
+from backends.sim.engine import QUEUE_FULL_MESSAGE, RequestAborted, SimRequest
+from backends.sim.errors import ApiError, SchedulerAbort, TokenizerError
 from backends.sim.lora import Lease, LoraPath
 from backends.sim.prefix_cache import chain_from_text, namespace_root
 from backends.sim.runtime import Channel
 from backends.sim.state import SimState, new_rid
 from backends.sim.text import TokenStream
 
-__all__ = ["Generation", "QUEUE_FULL_MESSAGE", "admit", "sampling_values"]
+__all__ = ["Generation", "QUEUE_FULL_MESSAGE", "admit", "request_priority_value", "sampling_values"]
 
-QUEUE_FULL_MESSAGE = "The request queue is full."
+_I64 = 1 << 63
 
 
 class Generation:
@@ -47,6 +47,7 @@ class Generation:
         "prompt_text",
         "lora",
         "cache_root",
+        "abort_error",
     )
 
     def __init__(
@@ -75,6 +76,9 @@ class Generation:
         self.finish_reason: str | None = None
         self.lora = lora  # the adapter(s) it uses, counted in flight until release()
         self.cache_root = cache_root(lora)
+        # set when the scheduler aborted it with status 503 while it ran or waited (priority
+        # scheduling: evicted from a full queue, or retracted into one)
+        self.abort_error: SchedulerAbort | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -93,6 +97,7 @@ class Generation:
 
         `finish_reason` (`length`, `stop` or `abort`) is set before the last step is yielded,
         so a consumer can tell the last step apart; an abort may end the stream without tokens.
+        A scheduler abort (503) also sets `abort_error`, which the route answers as SGLang does.
         """
         if self.channel is None:
             self.finish_reason = "length"
@@ -103,6 +108,8 @@ class Generation:
             for n, finished, why in await self.channel.get():
                 if finished:  # set before the last yield so consumers can spot the last step
                     self.finish_reason = why
+                    if self.channel.error is not None:
+                        self.abort_error = SchedulerAbort(self.channel.error, self.rid)
                 if n:
                     now = time.perf_counter()
                     if metrics is not None:
@@ -151,7 +158,9 @@ class Generation:
         if not finished:
             return meta
         reason = self.finish_reason or "length"
-        if reason == "abort":
+        if self.abort_error is not None:  # `scheduler.py: _make_abort_req`
+            meta["finish_reason"] = {"type": "abort", "status_code": 503, "message": self.abort_error.message}
+        elif reason == "abort":
             meta["finish_reason"] = {"type": "abort", "message": "Abort request"}
         elif reason == "stop":
             meta["finish_reason"] = {"type": "stop", "matched": EOS_TOKEN_ID}
@@ -199,6 +208,20 @@ def cache_root(lease: Lease | None) -> int:
     return namespace_root(lora_id)
 
 
+def request_priority_value(state: SimState, priority: int | None) -> int | None:
+    """`tokenizer_manager.py: _set_default_priority`: under priority scheduling a request without
+    one gets `--default-priority-value`; any priority must fit a signed 64-bit integer (a
+    ValueError of the tokenizer manager: 400, TokenizerError)."""
+    opts = state.options.priority
+    if priority is None and opts.enable_priority_scheduling:
+        priority = opts.default_priority_value
+    if priority is not None and not -_I64 <= priority < _I64:
+        raise TokenizerError(
+            "priority must be a signed 64-bit integer between -9223372036854775808 and 9223372036854775807"
+        )
+    return priority
+
+
 def sampling_values(state: SimState, temperature: float | None, top_p: float | None) -> tuple[float, float]:
     """Resolved temperature/top_p, validated as SGLang's SamplingParams.verify does."""
     t = state.profile.default_temperature if temperature is None else temperature
@@ -224,13 +247,17 @@ async def admit(
     stop_after_tokens: int | None = None,
     prefix_blocks: Sequence[int] | None = None,
     lora: LoraPath = None,
+    priority: int | None = None,
 ) -> Generation:
-    """Resolve the adapter, validate limits, apply fault knobs, submit to the engine. Raises
-    ApiError (4xx/5xx); a full queue is an ApiError with status 503 and QUEUE_FULL_MESSAGE.
+    """Resolve the priority and the adapter, validate limits, apply fault knobs, submit to the
+    engine. Raises ApiError (4xx/5xx); the scheduler's refusals (a full queue, a priority the
+    server refuses) are SchedulerAbort (503, SGLang's message).
 
-    The adapter (`lora`: a name or a list, resolved by the route) comes first, as SGLang's
-    tokenizer manager resolves it before tokenizing and checking the context length
-    (`tokenizer_manager.py: generate_request`); its errors are TokenizerError."""
+    The priority's default and range come first (`tokenizer_manager.py: generate_request` calls
+    `_set_default_priority` before anything else), then the adapter (`lora`: a name or a list,
+    resolved by the route), as SGLang's tokenizer manager resolves it before tokenizing and
+    checking the context length; their errors are TokenizerError."""
+    priority = request_priority_value(state, priority)
     lease = await state.lora.acquire(lora) if lora else None
     try:
         if max_new_tokens < 0:
@@ -263,9 +290,10 @@ async def admit(
                 prefix_blocks=blocks,
                 # assumption: a draft trained for the base model accepts less under an adapter
                 accept_scale=state.options.lora.acceptance_scale if lease is not None and lease.adapter else 1.0,
+                priority=priority,
             )
-        except QueueFull:
-            raise ApiError(QUEUE_FULL_MESSAGE, status=503, err_type="503") from None  # HTTPException
+        except RequestAborted as e:  # `_handle_abort_finish_reason`: HTTPException(503) unstreamed
+            raise SchedulerAbort(str(e), rid) from None
         except ValueError as e:
             raise ApiError(str(e)) from None
         return Generation(state, rid, req, ch, prompt_tokens, max_new_tokens, prompt_text, lease)

@@ -61,6 +61,14 @@ def server_args(state: SimState) -> dict[str, Any]:
             else None
         ),
         "max_queued_requests": o.max_queued_requests,
+        "schedule_policy": "fcfs",  # SGLang's default, the only policy the twin has
+        # the request-priority flags under SGLang's names (`arg_groups/fields/schedule.py`)
+        "enable_priority_scheduling": o.priority.enable_priority_scheduling,
+        "disable_priority_preemption": o.priority.disable_priority_preemption,
+        "default_priority_value": o.priority.default_priority_value,
+        "abort_on_priority_when_disabled": o.priority.abort_on_priority_when_disabled,
+        "schedule_low_priority_values_first": o.priority.schedule_low_priority_values_first,
+        "priority_scheduling_preemption_threshold": o.priority.priority_scheduling_preemption_threshold,
         "max_total_tokens": p.max_total_num_tokens,
         "attention_backend": p.attention_backend,
         "enable_metrics": o.enable_metrics,

@@ -2,11 +2,16 @@
 
 `/generate` streams are cumulative by default (each chunk carries all text and ids so far);
 `--incremental-streaming-output` switches them to deltas, as in SGLang. Telemetry fallbacks of
-the gateway for older servers read `meta_info` from here.
+the gateway for older servers read `meta_info` from here. A request the scheduler aborts with
+status 503 (the queue full, a priority refused, eviction by a higher priority) gets, not streamed,
+the HTTPException's flat 503 (`type` "503", `http_server.py`'s handler); streamed, HTTP 200, the
+abort's output (`meta_info.finish_reason` with `status_code` 503) and `[DONE]`
+(`tokenizer_manager.py: _handle_abort_req, _handle_abort_finish_reason`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -14,13 +19,20 @@ from aiohttp import web
 
 from backends.sim.errors import (
     ApiError,
+    SchedulerAbort,
     flat_error,
     native_error,
     native_stream_error,
     native_value_error,
 )
 from backends.sim.generation import admit, sampling_values
-from backends.sim.protocol import GENERATE_DEFAULT_MAX_NEW_TOKENS, GenerateRequest, decode_body
+from backends.sim.protocol import (
+    GENERATE_DEFAULT_MAX_NEW_TOKENS,
+    GENERATE_ENDPOINT,
+    GenerateRequest,
+    decode_body,
+    request_priority,
+)
 from backends.sim.state import STATE_KEY
 from backends.sim.text import count_prompt_tokens, detokenize
 from common.json_errors import JSON_DECODE_ERRORS
@@ -50,6 +62,52 @@ def _number(params: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
+def _unexpected(v: Any) -> str:
+    """serde's `Unexpected` display, as `api/v1/api_types.py: _unexpected` writes it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean `{'true' if v else 'false'}`"
+    if isinstance(v, int):
+        return f"integer `{v}`"
+    if isinstance(v, float):
+        return f"floating point `{v}`"
+    if isinstance(v, str):
+        return f'string "{v}"'
+    if isinstance(v, list):
+        return "sequence"
+    if isinstance(v, dict):
+        return "map"
+    return type(v).__name__
+
+
+def _priority(value: Any) -> int | None:
+    """`priority`, checked twice as SGLang checks a /generate body: FastAPI's pydantic parse of the
+    `GenerateReqInput` dataclass (lax `Optional[int]`: a flat 400 "Bad Request"), then the JSON
+    contract (`api/v1/api_types.py: decode_GenerateRequest`, `_expect_int(x, "i64")`: an integer,
+    not "5", true or 5.0, which pydantic let through: `{"error": "invalid type: ..."}`)."""
+    priority = request_priority(value, GENERATE_ENDPOINT)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ApiError(f"invalid type: {_unexpected(value)}, expected i64")
+    return priority
+
+
+def _abort_output(e: SchedulerAbort, e2e_latency: float, ids: list[int], incremental: bool) -> bytes:
+    """The streamed output of a scheduler abort, then `[DONE]` (`tokenizer_manager.py:
+    _handle_abort_req`, `_wait_one_response`): the text so far, the ids (the last one only when
+    incremental), the abort's meta_info in SGLang's key order."""
+    meta = {
+        "id": e.rid,
+        "finish_reason": {"type": "abort", "status_code": 503, "message": e.message},
+        "weight_version": "default",
+        "e2e_latency": e2e_latency,
+        "completion_tokens": len(ids),
+        "response_sent_to_client_ts": time.time(),
+    }
+    out = {"text": detokenize(ids), "output_ids": ids[-1:] if incremental else ids, "meta_info": meta}
+    return b"data: " + _encode(out) + b"\n\ndata: [DONE]\n\n"
+
+
 def _max_new_tokens(params: dict[str, Any]) -> int:
     value = params.get("max_new_tokens", GENERATE_DEFAULT_MAX_NEW_TOKENS)
     if value is None:
@@ -63,6 +121,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     try:  # the request contract: `generate_contract_error` answers `{"error": "<text>"}`
         body: GenerateRequest = await decode_body(request, GenerateRequest)
+        priority = _priority(body.priority)
         text, ntok = _prompt(body)
         params = body.sampling_params
         max_new_tokens = _max_new_tokens(params)
@@ -73,10 +132,26 @@ async def generate(request: web.Request) -> web.StreamResponse:
         # SamplingParams: temperature 1.0 and top_p 1.0 when unset
         temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0), _number(params, "top_p", 1.0))
         gen = await admit(
-            state, body.rid, text, ntok, max_new_tokens, temperature=temperature, top_p=top_p, lora=body.lora_path
+            state,
+            body.rid,
+            text,
+            ntok,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            lora=body.lora_path,
+            priority=priority,
         )
+    except SchedulerAbort as e:
+        if not body.stream:
+            return flat_error(e)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(_abort_output(e, 0.0, [], state.options.incremental_streaming_output))
+        await resp.write_eof()
+        return resp
     except ApiError as e:
-        if e.status != 400:  # a fault knob's 5xx, the full queue: not the tokenizer manager's
+        if e.status != 400:  # a fault knob's 5xx: not the tokenizer manager's
             return native_error(e)
         # A ValueError of the tokenizer manager (LoRA, SamplingParams.verify, the context length):
         # `serve_generate_request`'s ValueError paths.
@@ -92,6 +167,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
             ids: list[int] = []
             async for n in gen.steps():
                 ids.extend(gen.tokens.take_ids(n))
+            if gen.abort_error is not None:  # `_handle_abort_finish_reason`: HTTPException(503)
+                return flat_error(gen.abort_error)
             gen.cache_output(detokenize(ids))
             return web.Response(
                 body=_encode({"text": detokenize(ids), "output_ids": ids, "meta_info": gen.meta_info(finished=True)}),
@@ -111,6 +188,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
                     await resp.write(_chunk(ids, all_ids, incremental, meta))
                 else:  # the last step's tokens travel with the finished meta_info
                     final_ids = ids
+            if gen.abort_error is not None:
+                e2e = (time.perf_counter() - gen.t_start) / (state.runtime.time_scale or 1.0)
+                await resp.write(_abort_output(gen.abort_error, e2e, all_ids, incremental))
+                await resp.write_eof()
+                return resp
             await resp.write(_chunk(final_ids, all_ids, incremental, gen.meta_info(True)) + b"data: [DONE]\n\n")
             await resp.write_eof()
             gen.cache_output(detokenize(all_ids))

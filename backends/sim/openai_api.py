@@ -8,8 +8,10 @@ chunk: the last text chunk carries `finish_reason` (`serving_completions.py`).
 
 As in SGLang, the response (status, headers, first frame) starts only once the first token
 exists: the handler awaits the first engine step before preparing the stream, so queueing and
-prefill count against a client's time to first byte. A streamed request that finds the queue full
-gets HTTP 200, `data: {"error": {... "code": 503}}` and `[DONE]`; a non-streamed one gets 503.
+prefill count against a client's time to first byte. A request the scheduler aborts with status
+503 (the queue full, a priority the server refuses, eviction by a higher priority; generation.py:
+SchedulerAbort) gets, streamed, HTTP 200, `data: {"error": {... "code": 503}}`, the usage chunk if
+`include_usage`, and `[DONE]`; not streamed, a 503.
 """
 
 from __future__ import annotations
@@ -17,24 +19,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from backends.sim import chunks
 from backends.sim.chat_output import EOS_TOKEN_ID, ChatChunker, OutputScript
 from backends.sim.domain import classify, prompt_key
-from backends.sim.errors import ApiError, flat_error
-from backends.sim.generation import QUEUE_FULL_MESSAGE, Generation, admit, sampling_values
+from backends.sim.errors import ApiError, SchedulerAbort, flat_error
+from backends.sim.generation import Generation, admit, sampling_values
 from backends.sim.lora import resolve_lora_path
 from backends.sim.protocol import (
+    COMPLETIONS_ENDPOINT,
     ChatMessage,
     ChatRequest,
     CompletionRequest,
+    StreamOptions,
     decode_body,
     history_tool_calls,
     message_text,
+    request_priority,
 )
 from backends.sim.state import STATE_KEY, SimState
 from backends.sim.text import count_prompt_tokens, render_chat
@@ -43,6 +49,7 @@ from backends.sim.tools import (
     ARG_BEGIN,
     CALL_BEGIN,
     CALL_END,
+    CHAT_ENDPOINT,
     SECTION_BEGIN,
     SECTION_END,
     ToolError,
@@ -54,6 +61,7 @@ from backends.sim.tools import (
 __all__ = ["routes"]
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+T = TypeVar("T")
 
 
 def _sglext(state: SimState, gen: Generation, requested: bool) -> dict[str, Any] | None:
@@ -67,10 +75,47 @@ def _sglext(state: SimState, gen: Generation, requested: bool) -> dict[str, Any]
     return {"spec_tokens_details": chunks.spec_tokens_details(details)} if details else None
 
 
-async def _queue_full_stream(request: web.Request) -> web.StreamResponse:
+def _include_usage(options: StreamOptions | None) -> bool:
+    return bool(options and options.include_usage)
+
+
+def _abort_tail(
+    state: SimState,
+    e: SchedulerAbort,
+    chat: bool,
+    model: str,
+    include_usage: bool,
+    created: int,
+    usage: dict[str, Any] | None = None,
+) -> bytes:
+    """How a stream ends once the scheduler aborted its request with a status (`serving_chat.py:
+    _generate_chat_stream`, `serving_completions.py`): the error frame with the status's name as
+    `type`, and the loop breaks, so no finish chunk; then the usage chunk if `include_usage`, whose
+    figures come from the abort's meta_info (`tokenizer_manager.py: _handle_abort_req`), which has
+    no prompt or reasoning tokens, only `completion_tokens` (0 unless given, `usage`); `[DONE]`."""
+    out = [chunks.stream_error_frame(e.message, "SERVICE_UNAVAILABLE", 503)]
+    if include_usage:
+        if usage is None:
+            usage = chunks.usage_info(0, 0, 0, 0 if state.options.enable_cache_report else None)
+        if chat:
+            out.append(chunks.chat_tail_chunk(e.rid, created, model, usage=usage))
+        else:
+            out.append(chunks.completion_usage_chunk(e.rid, created, model, usage))
+    out.append(chunks.DONE)
+    return b"".join(out)
+
+
+def _abort_usage(state: SimState, completion_tokens: int) -> dict[str, Any]:
+    """The usage of an aborted stream's abort meta_info: its completion tokens only."""
+    return chunks.usage_info(0, completion_tokens, 0, 0 if state.options.enable_cache_report else None)
+
+
+async def _abort_stream(request: web.Request, tail: bytes) -> web.StreamResponse:
+    """A streamed request aborted before its first token: HTTP 200 and the abort's tail only (the
+    first chunk `_handle_streaming_request` awaits is the error frame)."""
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
-    await resp.write(chunks.stream_error_frame(QUEUE_FULL_MESSAGE, "SERVICE_UNAVAILABLE", 503) + chunks.DONE)
+    await resp.write(tail)
     await resp.write_eof()
     return resp
 
@@ -107,6 +152,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         body: ChatRequest = await decode_body(request, ChatRequest)
         stream = body.stream
+        priority = request_priority(body.priority, CHAT_ENDPOINT)
         if not body.messages:
             raise ApiError("Messages cannot be empty.")
         try:
@@ -140,15 +186,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             top_p=top_p,
             stop_after_tokens=script_len,
             lora=resolve_lora_path(body.model, state.served_model_name, body.lora_path),
+            priority=priority,
         )
         ntok = count_prompt_tokens(text)
         if body.n > 1:
-            gens = await _admit_samples(state, body.n, text, ntok, body.requested_max_tokens, **admit_args)
+            gens = await _admit_samples(
+                state, body.n, text, ntok, body.requested_max_tokens, stream=body.stream, **admit_args
+            )
         else:
             gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, **admit_args)
+    except SchedulerAbort as e:
+        if stream:
+            tail = _abort_tail(state, e, True, body.model, _include_usage(body.stream_options), int(time.time()))
+            return await _abort_stream(request, tail)
+        return flat_error(e)
     except ApiError as e:
-        if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
-            return await _queue_full_stream(request)
         return flat_error(e)
     opts = state.options
     stream_options = body.stream_options
@@ -169,7 +221,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             index=index,
         )
 
-    include_usage = bool(stream_options and stream_options.include_usage)
+    include_usage = _include_usage(stream_options)
     if body.n > 1:
         samples = [(g, chunker_of(g, i), OutputScript(g.seed, reasoning, call)) for i, g in enumerate(gens)]
         if body.stream:
@@ -199,6 +251,9 @@ async def _chat_stream(
 ) -> web.StreamResponse:
     steps = gen.steps()
     first = await anext(steps, None)  # headers go out with the first token, as in SGLang
+    if gen.abort_error is not None:  # aborted while it waited (priority scheduling)
+        tail_only = _abort_tail(state, gen.abort_error, True, chunker.model, include_usage, gen.created)
+        return await _abort_stream(request, tail_only)
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
     try:
@@ -209,6 +264,12 @@ async def _chat_stream(
         await resp.write(out)
         async for n in steps:
             await resp.write(chunker.step(script.take(n)))
+        if gen.abort_error is not None:  # retracted by priority into a full queue
+            usage = _abort_usage(state, gen.completion_tokens)
+            tail_bytes = _abort_tail(state, gen.abort_error, True, chunker.model, include_usage, gen.created, usage)
+            await resp.write(tail_bytes)
+            await resp.write_eof()
+            return resp
         tail = [chunker.finish_chunk(gen.finish_reason)]
         sglext = _sglext(state, gen, want_spec)
         if sglext is not None:
@@ -227,6 +288,8 @@ async def _chat_collect(
     state: SimState, gen: Generation, chunker: ChatChunker, script: OutputScript, want_spec: bool, want_meta: bool
 ) -> web.Response:
     await _decode_chat(gen, chunker, script)
+    if gen.abort_error is not None:  # `_handle_abort_finish_reason`: HTTPException(503)
+        return flat_error(gen.abort_error)
     chunker.cached_tokens = gen.cache_report()
     meta = gen.meta_info(finished=True) if want_meta else None
     body = chunker.response(gen.finish_reason, meta, _sglext(state, gen, want_spec))
@@ -260,10 +323,7 @@ def _max_tokens_error(value: int) -> ApiError:
         "input": value,
         "ctx": {"error": "max_tokens must be positive"},
     }
-    endpoint = (
-        '  File "sglang/srt/entrypoints/http_server.py", line 1861, in openai_v1_completions\n    POST /v1/completions'
-    )
-    return ApiError(fastapi_message([err], endpoint), err_type="Bad Request")
+    return ApiError(fastapi_message([err], COMPLETIONS_ENDPOINT), err_type="Bad Request")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -272,6 +332,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     try:
         body: CompletionRequest = await decode_body(request, CompletionRequest)
         stream = body.stream
+        priority = request_priority(body.priority, COMPLETIONS_ENDPOINT)
         if body.max_tokens is not None and body.max_tokens <= 0:
             raise _max_tokens_error(body.max_tokens)
         if body.n < 1:
@@ -279,22 +340,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
         lora = resolve_lora_path(body.model, state.served_model_name, body.lora_path)
+        sampling: dict[str, Any] = dict(temperature=temperature, top_p=top_p, lora=lora, priority=priority)
         if body.n > 1:
             gens = await _admit_samples(
-                state, body.n, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p, lora=lora
+                state, body.n, text, ntok, body.requested_max_tokens, stream=body.stream, **sampling
             )
             if body.stream:
                 return await _completion_samples_stream(request, state, body, gens)
             return await _completion_samples(state, body, gens)
-        gen = await admit(
-            state, body.rid, text, ntok, body.requested_max_tokens, temperature=temperature, top_p=top_p, lora=lora
-        )
+        gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, **sampling)
+    except SchedulerAbort as e:
+        if stream:
+            tail = _abort_tail(state, e, False, body.model, _include_usage(body.stream_options), int(time.time()))
+            return await _abort_stream(request, tail)
+        return flat_error(e)
     except ApiError as e:
-        if stream and e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
-            return await _queue_full_stream(request)
         return flat_error(e)
     stream_options = body.stream_options
-    include_usage = bool(stream_options and stream_options.include_usage)
+    include_usage = _include_usage(stream_options)
     continuous = bool(stream_options and stream_options.continuous_usage_stats)
     try:
         if body.stream:
@@ -302,6 +365,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 request, state, gen, body.model, include_usage, continuous, body.return_spec_tokens_details
             )
         out = await _collect_text(gen)
+        if gen.abort_error is not None:  # `_handle_abort_finish_reason`: HTTPException(503)
+            return flat_error(gen.abort_error)
         reason, matched = _completion_reason(gen)
         resp_body = chunks.completion_response(
             gen.rid,
@@ -320,17 +385,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _admit_samples(
-    state: SimState, n: int, text: str, ntok: int, max_new_tokens: int, **admit_args: Any
+    state: SimState, n: int, text: str, ntok: int, max_new_tokens: int, *, stream: bool, **admit_args: Any
 ) -> list[Generation]:
     """`n` > 1, as SGLang's tokenizer manager runs parallel sampling: the prompt is prefilled once
     alone first, so the samples find it cached (assumption: that warm-up decodes one token, where
     SGLang's asks for none); then every sample runs under a fresh rid (`regenerate_rid`: a
-    client's `rid` is not kept)."""
+    client's `rid` is not kept). A scheduler abort of the warm-up once it is queued (priority
+    eviction) fails a non-streamed request (its HTTPException) and is passed over when streamed:
+    `_handle_batch_request` reads the warm-up's first output and carries on whatever it was."""
     warm_up = await admit(state, None, text, ntok, 1, **{**admit_args, "stop_after_tokens": None})
     try:
         await _collect_text(warm_up)
     finally:
         warm_up.release()
+    if warm_up.abort_error is not None and not stream:
+        raise warm_up.abort_error
     gens: list[Generation] = []
     try:
         for _ in range(n):
@@ -342,10 +411,49 @@ async def _admit_samples(
     return gens
 
 
+async def _unless_aborted(gen: Generation, work: Awaitable[T]) -> T:
+    """`work` over a sample, then its scheduler abort raised if it had one."""
+    out = await work
+    if gen.abort_error is not None:
+        raise gen.abort_error
+    return out
+
+
+async def _gather_samples(works: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every sample's result, as `tokenizer_manager.py: _collect_batch_responses` gathers them: the
+    first error (a sample's HTTPException(503)) ends the wait and the other waits are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in works]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _samples_usage(gens: list[Generation]) -> dict[str, Any]:
     """The prompt counted once, the completions summed (`usage_processor.py`)."""
     first = gens[0]
     return chunks.usage_info(first.prompt_tokens, sum(g.completion_tokens for g in gens), 0, first.cache_report())
+
+
+def _abort_frame(gen: Generation) -> bytes:
+    """The error frame of a sample the scheduler aborted (`create_streaming_error_response`)."""
+    assert gen.abort_error is not None
+    return chunks.stream_error_frame(gen.abort_error.message, "SERVICE_UNAVAILABLE", 503)
+
+
+def _aborted_samples_usage(gens: list[Generation], reasoning: list[int], aborted: int) -> dict[str, Any]:
+    """`n` > 1 after one sample's abort, as `UsageProcessor.calculate_streaming_usage` sums the last
+    output of each sample: the aborted one's is its abort meta_info, which carries its completion
+    tokens but no prompt, cached or reasoning tokens (the prompt is counted from sample 0)."""
+    first = gens[0]
+    cached = first.cache_report()
+    return chunks.usage_info(
+        0 if aborted == 0 else first.prompt_tokens,
+        sum(g.completion_tokens for g in gens),
+        sum(r for i, r in enumerate(reasoning) if i != aborted),
+        0 if aborted == 0 and cached is not None else cached,
+    )
 
 
 def _samples_sglext(state: SimState, gens: list[Generation], requested: bool) -> dict[str, Any] | None:
@@ -357,7 +465,10 @@ def _samples_sglext(state: SimState, gens: list[Generation], requested: bool) ->
 async def _completion_samples(state: SimState, body: CompletionRequest, gens: list[Generation]) -> web.Response:
     """`n` > 1, not streamed: one choice per sample; the response's id is the first's."""
     try:
-        outs = await asyncio.gather(*(_collect_text(g) for g in gens))
+        try:
+            outs = await _gather_samples([_unless_aborted(g, _collect_text(g)) for g in gens])
+        except SchedulerAbort as e:  # a sample's HTTPException(503) answers the request at once
+            return flat_error(e)
         choices = []
         for i, (gen, out) in enumerate(zip(gens, outs, strict=True)):
             reason, matched = _completion_reason(gen)
@@ -407,18 +518,26 @@ async def _completion_samples_stream(
     stream = _HeadersWithFirstToken(request)
     events = _interleaved(gens)
     async with _owning(state, gens, events):
+        aborted: int | None = None
         async for i, n in events:
             if n is None:
+                if gens[i].abort_error is not None:  # the scheduler aborted this sample
+                    aborted = i
+                    break
                 if finished[i]:
                     continue
                 n = 0  # ended without tokens in its last step (an abort)
             await stream.write(chunk(i, n))
         tail: list[bytes] = []
+        if aborted is not None:
+            tail.append(_abort_frame(gens[aborted]))
+            last = gens[aborted]
         sglext = _samples_sglext(state, gens, body.return_spec_tokens_details)
         if sglext is not None:
             tail.append(chunks.completion_tail_chunk(last.rid, last.created, body.model, sglext))
         if include_usage:
-            tail.append(chunks.completion_usage_chunk(last.rid, last.created, body.model, _samples_usage(gens)))
+            usage = _samples_usage(gens) if aborted is None else _aborted_samples_usage(gens, [0] * len(gens), aborted)
+            tail.append(chunks.completion_usage_chunk(last.rid, last.created, body.model, usage))
         await stream.end(b"".join(tail) + chunks.DONE)
         for gen, text in zip(gens, parts, strict=True):
             gen.cache_output("".join(text))
@@ -502,7 +621,10 @@ async def _chat_samples(state: SimState, samples: list[Sample], want_spec: bool,
     """Chat with `n` > 1, not streamed: one choice per sample; the response's id is the first's."""
     gens = [g for g, _, _ in samples]
     try:
-        await asyncio.gather(*(_decode_chat(*s) for s in samples))
+        try:
+            await _gather_samples([_unless_aborted(s[0], _decode_chat(*s)) for s in samples])
+        except SchedulerAbort as e:  # a sample's HTTPException(503) answers the request at once
+            return flat_error(e)
         choices = []
         for gen, chunker, script in samples:
             chunker.cached_tokens = gen.cache_report()
@@ -537,9 +659,13 @@ async def _chat_samples_stream(
     finish_order: list[int] = []
     last = gens[0]
     async with _owning(state, gens, events):
+        aborted: int | None = None
         async for i, n in events:
             gen, chunker, script = samples[i]
             if n is None:
+                if gen.abort_error is not None:  # the scheduler aborted this sample: the loop breaks
+                    aborted = i
+                    break
                 finish_order.append(i)
                 continue
             last = gen
@@ -550,13 +676,22 @@ async def _chat_samples_stream(
                 out = chunker.role_chunk()
             out += chunker.step(script.take(n))
             await stream.write(out)
-        tail = [samples[i][1].finish_chunk(gens[i].finish_reason, rid=last.rid) for i in finish_order]
+        tail: list[bytes] = []
+        if aborted is not None:
+            tail.append(_abort_frame(gens[aborted]))
+            last = gens[aborted]
+        # the samples that finished before (all, without an abort)
+        tail += [samples[i][1].finish_chunk(gens[i].finish_reason, rid=last.rid) for i in finish_order]
         model = samples[0][1].model
         sglext = _samples_sglext(state, gens, want_spec)
         if sglext is not None:
             tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, sglext=sglext))
         if include_usage:
-            tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, usage=_chat_samples_usage(samples)))
+            if aborted is None:
+                usage = _chat_samples_usage(samples)
+            else:
+                usage = _aborted_samples_usage(gens, [c.reasoning_tokens for _, c, _ in samples], aborted)
+            tail.append(chunks.chat_tail_chunk(last.rid, last.created, model, usage=usage))
         await stream.end(b"".join(tail) + chunks.DONE)
         for gen, _, script in samples:
             _cache_answer(gen, script)
@@ -596,6 +731,9 @@ async def _completion_stream(
 ) -> web.StreamResponse:
     steps = gen.steps()
     first = await anext(steps, None)
+    if gen.abort_error is not None:  # aborted while it waited (priority scheduling)
+        tail_only = _abort_tail(state, gen.abort_error, False, model, include_usage, gen.created)
+        return await _abort_stream(request, tail_only)
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
     done = 0
@@ -618,6 +756,11 @@ async def _completion_stream(
             await resp.write(chunk(first))
         async for n in steps:
             await resp.write(chunk(n))
+        if gen.abort_error is not None:  # retracted by priority into a full queue
+            usage = _abort_usage(state, gen.completion_tokens)
+            await resp.write(_abort_tail(state, gen.abort_error, False, model, include_usage, gen.created, usage))
+            await resp.write_eof()
+            return resp
         tail: list[bytes] = []
         if not finish_sent:
             tail.append(chunk(0))  # ended without tokens in its last step (an abort)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["FaultOptions", "LORA_TARGET_MODULES", "LoraAdapter", "LoraOptions", "ServerOptions"]
+__all__ = ["FaultOptions", "LORA_TARGET_MODULES", "LoraAdapter", "LoraOptions", "PriorityOptions", "ServerOptions"]
 
 # `utils/common.py: SUPPORTED_LORA_TARGET_MODULES` + LORA_TARGET_ALL_MODULES
 LORA_TARGET_MODULES = (
@@ -65,6 +65,18 @@ class LoraOptions(msgspec.Struct, kw_only=True):
     acceptance_scale: float = 1.0
 
 
+class PriorityOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Request priority, SGLang's flags of the `schedule` namespace (`arg_groups/fields/schedule.py`)
+    under their own names and defaults; off by default."""
+
+    enable_priority_scheduling: bool = False  # higher integer first, FCFS within a priority
+    schedule_low_priority_values_first: bool = False  # with the above: lower integer first
+    default_priority_value: int | None = None  # a request without `priority` gets it (scheduling on)
+    abort_on_priority_when_disabled: bool = False  # scheduling off: a request with `priority` gets 503
+    disable_priority_preemption: bool = False  # scheduling on: no retraction of running requests
+    priority_scheduling_preemption_threshold: int = 10  # a difference above it retracts a running one
+
+
 class ServerOptions(msgspec.Struct, kw_only=True):
     """Everything the CLI resolves before starting the server."""
 
@@ -85,3 +97,4 @@ class ServerOptions(msgspec.Struct, kw_only=True):
     enable_response_store: bool = False  # /v1/responses: store, retrieve, chain, background
     faults: FaultOptions = msgspec.field(default_factory=FaultOptions)
     lora: LoraOptions = msgspec.field(default_factory=LoraOptions)
+    priority: PriorityOptions = msgspec.field(default_factory=PriorityOptions)

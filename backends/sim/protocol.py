@@ -10,6 +10,8 @@ default to `max_tokens` 16, as SGLang 0.5.23's protocol does. Chat without
 (`ChatCompletionRequest.to_sampling_params`: `max_new_tokens` None), so its scheduler clamps the
 request to the context (`scheduler.py: init_req_max_new_tokens`) and the model's end-of-sequence
 token ends it; the twin's prose has no such token, so 128 stands in for an answer's length.
+`priority` stays untyped here and is checked by `request_priority` as pydantic checks SGLang's
+`Optional[int]` (lax: "5", true and 5.0 are integers), with FastAPI's error text.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any, Literal
 
 import msgspec
 from aiohttp import web
+from pydantic import TypeAdapter, ValidationError
 
 from backends.sim.errors import ApiError
+from backends.sim.tools import fastapi_message
 from common.json_errors import JSON_DECODE_ERRORS
 
 __all__ = [
@@ -33,15 +37,25 @@ __all__ = [
     "StreamOptions",
     "CHAT_DEFAULT_MAX_TOKENS",
     "COMPLETION_DEFAULT_MAX_TOKENS",
+    "COMPLETIONS_ENDPOINT",
+    "GENERATE_ENDPOINT",
     "GENERATE_DEFAULT_MAX_NEW_TOKENS",
     "decode_body",
     "history_tool_calls",
     "message_text",
+    "request_priority",
 ]
 
 CHAT_DEFAULT_MAX_TOKENS = 128
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
+# The route lines of FastAPI's validation text (`http_server.py`). FastAPI prints the first line of
+# the route's source (`inspect.getsourcelines`: its decorator); the twin's older lines for chat,
+# completions and responses name the `def` line below it.
+COMPLETIONS_ENDPOINT = (
+    '  File "sglang/srt/entrypoints/http_server.py", line 1861, in openai_v1_completions\n    POST /v1/completions'
+)
+GENERATE_ENDPOINT = '  File "sglang/srt/entrypoints/http_server.py", line 928, in generate_request\n    POST /generate'
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -71,6 +85,7 @@ class _Common(msgspec.Struct, kw_only=True):
     return_spec_tokens_details: bool = False
     # the adapter(s) by name; a "served:adapter" `model` takes precedence (lora.py)
     lora_path: str | list[str | None] | None = None
+    priority: Any = None  # Optional[int], checked by request_priority
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -113,6 +128,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     rid: str | None = None
     lora_path: str | list[str | None] | None = None  # the adapter(s) by name (lora.py)
+    priority: Any = None  # Optional[int] (io_struct.py), checked by request_priority
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
@@ -163,7 +179,24 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     top_logprobs: int | None = 0
     chat_template_kwargs: dict[str, Any] | None = None
     request_id: str | None = None  # SGLang's default: f"resp_{uuid4().hex}"
-    priority: int = 0
+    priority: Any = 0  # `int = 0`, checked by request_priority; SGLang does not forward it
+
+
+_OPTIONAL_INT: TypeAdapter[int | None] = TypeAdapter(int | None)
+_INT: TypeAdapter[int] = TypeAdapter(int)
+
+
+def request_priority(value: Any, endpoint: str, optional: bool = True) -> int | None:
+    """The `priority` field as FastAPI's pydantic validation reads it: `Optional[int]` on chat,
+    completions and /generate (`entrypoints/openai/protocol.py`, `managers/io_struct.py`), `int`
+    on /v1/responses. Lax, as FastAPI validates the parsed JSON: "5", true and 5.0 are accepted;
+    "high", 1.5 or a list are a 400 `type` "Bad Request" in FastAPI's words (`endpoint` is the
+    route's line of the message, tools.fastapi_message)."""
+    try:
+        return _OPTIONAL_INT.validate_python(value) if optional else _INT.validate_python(value)
+    except ValidationError as e:
+        errors = [{**err, "loc": ("body", "priority", *err["loc"])} for err in e.errors(include_url=False)]
+        raise ApiError(fastapi_message(errors, endpoint), err_type="Bad Request") from None
 
 
 def history_tool_calls(messages: list[ChatMessage]) -> int:

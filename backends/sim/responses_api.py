@@ -12,7 +12,9 @@ is the wire: one response object (responses_output.py), or typed SSE events whos
 returns a `StreamingResponse` over a generator that starts generation after yielding them), and no
 `data: [DONE]`. Errors are nested `{"error": {...}}` (errors.responses_error); an error raised by
 generation (context length, a full queue) is a 400 when not streamed and a `response.failed`
-event when streamed.
+event when streamed. The request's `priority` is checked (`int`) but not used: SGLang hands it to
+`_generate_with_builtin_tools`, which never puts it on the `GenerateReqInput` it sends, so a
+Responses request is scheduled with the server's default priority.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_
 
 from backends.sim.chat_output import OutputScript
 from backends.sim.domain import classify, prompt_key
-from backends.sim.errors import ApiError, responses_error
-from backends.sim.generation import QUEUE_FULL_MESSAGE, Generation, admit, sampling_values
+from backends.sim.errors import ApiError, SchedulerAbort, responses_error
+from backends.sim.generation import Generation, admit, sampling_values
 from backends.sim.lora import parse_model_parameter
-from backends.sim.protocol import CHAT_DEFAULT_MAX_TOKENS, ResponsesRequest, decode_body
+from backends.sim.protocol import CHAT_DEFAULT_MAX_TOKENS, ResponsesRequest, decode_body, request_priority
 from backends.sim.responses_output import (
     ECHOABLE_REASONING_EFFORTS,
     ResponseEvents,
@@ -401,7 +403,9 @@ def _plan(state: SimState, body: ResponsesRequest) -> _Plan:
 
 
 async def _admit(state: SimState, plan: _Plan) -> Generation:
-    """The chat route's admission (limits, faults, prefix cache, engine); the rid is the response id."""
+    """The chat route's admission (limits, faults, prefix cache, engine); the rid is the response id.
+    No priority: `serving_responses.py` never forwards the request's (the server's default applies,
+    `tokenizer_manager.py: _set_default_priority`)."""
     return await admit(
         state,
         plan.rid,
@@ -512,10 +516,11 @@ async def _generate(state: SimState, plan: _Plan, gen: Generation) -> dict[str, 
 
 def _generation_error(e: ApiError) -> ApiError:
     """An error raised once generation is asked for, as `create_responses` answers it unstreamed:
-    ValueErrors (context length, sampling) 400 with their text; the full queue's HTTPException(503)
-    is caught by the generic handler, so 400 with `str(exc)` = "503: The request queue is full."."""
-    if e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
-        return ApiError(f"503: {QUEUE_FULL_MESSAGE}", err_type=_INVALID)
+    ValueErrors (context length, sampling) 400 with their text; a scheduler abort's HTTPException(503)
+    (the full queue, eviction by a higher priority) is caught by the generic handler, so 400 with
+    `str(exc)`, e.g. "503: The request queue is full."."""
+    if isinstance(e, SchedulerAbort):
+        return ApiError(f"503: {e.message}", err_type=_INVALID)
     if e.status == 400:
         return ApiError(e.message, err_type=_INVALID)
     return e  # a fault knob's 5xx (not SGLang's)
@@ -534,6 +539,8 @@ async def _respond(state: SimState, plan: _Plan) -> web.Response:
         response = await _generate(state, plan, gen)
     finally:
         gen.release()  # client gone (handler cancelled) or finished: the slot is freed
+    if gen.abort_error is not None:  # evicted by a higher priority (or retracted into a full queue)
+        return responses_error(_generation_error(gen.abort_error))
     error = _model_error(plan.body.model)
     if error is not None:
         return responses_error(error)
@@ -572,6 +579,10 @@ async def _stream(request: web.Request, state: SimState, plan: _Plan) -> web.Str
                 out = events.step(*turn.take(n))
                 if out:
                     await resp.write(out)
+            if gen.abort_error is not None and not gen.completion_tokens:  # aborted while it waited
+                await resp.write(_stream_failure(state, plan, events, gen.abort_error))
+                await resp.write_eof()
+                return resp
             tail = events.close()
             status = status_from_finish(gen.finish_reason)
             final = response_object(
@@ -590,11 +601,11 @@ async def _stream(request: web.Request, state: SimState, plan: _Plan) -> web.Str
 
 
 def _stream_failure(state: SimState, plan: _Plan, events: ResponseEvents, e: ApiError) -> bytes:
-    """A generation that fails once the stream is open ends with `response.failed`: the full queue
-    is a scheduler abort (status 503) that reaches the generator as a finished output, so the
-    response carries usage and is stored; an exception (context length, ...) is caught by the
-    generator: output [], usage null, not stored."""
-    if e.status == 503 and e.message == QUEUE_FULL_MESSAGE:
+    """A generation that fails once the stream is open ends with `response.failed`: a scheduler
+    abort (status 503: the full queue, eviction by a higher priority) reaches the generator as a
+    finished output, so the response carries usage and is stored; an exception (context length,
+    ...) is caught by the generator: output [], usage null, not stored."""
+    if isinstance(e, SchedulerAbort):
         usage = responses_usage(plan.prompt_tokens, 0, 0, 0)
         failed = response_object(
             plan.echo, plan.rid, plan.created, plan.body.model, [], "failed", usage, response_error(e.message)
@@ -634,6 +645,9 @@ async def _run_background(state: SimState, plan: _Plan) -> None:
         response = await _generate(state, plan, gen)
     finally:
         gen.release()
+    if gen.abort_error is not None:  # the scheduler's HTTPException(503), as an admission error
+        _mark_failed(state, plan.rid)
+        return
     _keep(state, plan, response)
 
 
@@ -651,6 +665,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     try:
         body: ResponsesRequest = await decode_body(request, ResponsesRequest)
+        request_priority(body.priority, _ENDPOINT, optional=False)  # checked, then unused (see above)
         plan = _plan(state, body)
     except ApiError as e:
         return responses_error(e)

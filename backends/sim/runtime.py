@@ -4,6 +4,10 @@ An asyncio task runs engine steps back to back while there is work, sleeping eac
 simulated duration times `time_scale` against a deadline (so event-loop overhead does not add up
 to drift), and hands each step's emissions to per-request channels. Tokens become visible at the
 end of the step that produced them, as on a GPU; requests submitted during a step join the next.
+Requests the engine aborts on its own (priority scheduling: evicted from a full queue, or
+retracted into one) end their channel with reason `abort` and the scheduler's message in
+`Channel.error`, at once: SGLang sends those aborts while it schedules (`scheduler.py:
+send_abort_output`), not after a forward pass.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ _MAX_LAG_S = 0.05  # behind schedule by more than this: stop catching up, restar
 class Channel:
     """Emissions of one request, awaited by its HTTP handler."""
 
-    __slots__ = ("_items", "_event")
+    __slots__ = ("_items", "_event", "error")
 
     def __init__(self) -> None:
         self._items: list[tuple[int, bool, str | None]] = []
         self._event = asyncio.Event()
+        # the message of a scheduler abort with status 503 (`scheduler.py: _make_abort_req`)
+        self.error: str | None = None
 
     def push(self, n_tokens: int, finished: bool, reason: str | None) -> None:
         self._items.append((n_tokens, finished, reason))
@@ -81,11 +87,22 @@ class Runtime:
 
         `engine_args` go to Engine.submit (domain, temperature, prefix_blocks, ...).
         """
-        req = self.engine.submit(rid, prompt_tokens, max_new_tokens, prompt_text, **engine_args)
+        engine = self.engine
+        req = engine.submit(rid, prompt_tokens, max_new_tokens, prompt_text, **engine_args)
         ch = Channel()
         self._channels[rid] = ch
         self._wake.set()
+        if engine.aborted:  # it took the place of a worse waiter (priority scheduling)
+            self._end_aborted()
         return req, ch
+
+    def _end_aborted(self) -> None:
+        """Tell the clients of the requests the engine aborted on its own."""
+        for req in self.engine.take_aborted():
+            ch = self._channels.pop(req.rid, None)
+            if ch is not None:
+                ch.error = req.abort_message
+                ch.push(0, True, "abort")
 
     def abort(self, rid: str) -> bool:
         """Abort a request: free its engine slot and finish its channel with reason `abort`."""
@@ -117,6 +134,8 @@ class Runtime:
                 deadline = loop.time()
                 continue
             res = engine.step()
+            if engine.aborted:  # retracted into a full queue (priority scheduling)
+                self._end_aborted()
             self.last_step_s = res.duration_s
             deadline += res.duration_s * self.time_scale
             now = loop.time()

@@ -63,7 +63,11 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 def build_app(profile: Profile, options: ServerOptions) -> web.Application:
     """The aiohttp application; the step loop starts with the app and stops with it."""
     engine = Engine(
-        profile, seed=options.seed, max_running=options.max_running_requests, max_queued=options.max_queued_requests
+        profile,
+        seed=options.seed,
+        max_running=options.max_running_requests,
+        max_queued=options.max_queued_requests,
+        priority=options.priority,
     )
     runtime = Runtime(engine, options.time_scale)
     state = SimState(profile, options, runtime)

@@ -39,6 +39,7 @@ __all__ = [
     "CALL_BEGIN",
     "CALL_END",
     "ARG_BEGIN",
+    "CHAT_ENDPOINT",
     "PlannedCall",
     "ToolError",
     "call_pieces",
@@ -105,13 +106,14 @@ class ToolChoice(BaseModel):
 
 _TOOLS = TypeAdapter(list[Tool] | None)
 _CHOICE = TypeAdapter(ToolChoice | Literal["auto", "required", "none"])
-_CHAT_ENDPOINT = (
+# FastAPI's RequestValidationError names the route's function (`http_server.py`)
+CHAT_ENDPOINT = (
     '  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
     "openai_v1_chat_completions\n    POST /v1/chat/completions"
 )
 
 
-def fastapi_message(errors: list[dict[str, Any]], endpoint: str = _CHAT_ENDPOINT) -> str:
+def fastapi_message(errors: list[dict[str, Any]], endpoint: str = CHAT_ENDPOINT) -> str:
     """FastAPI's RequestValidationError text followed by its error list, as SGLang's handler
     joins them (`f"{exc} {exc.errors()}"`). The endpoint line names SGLang's route; the real
     server prints its own install path there."""

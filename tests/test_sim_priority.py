@@ -1,0 +1,676 @@
+"""The twin's request priority, SGLang 0.5.23's semantics (`managers/scheduler.py`,
+`managers/schedule_policy.py`, `managers/tokenizer_manager.py`, `arg_groups/fields/schedule.py`).
+
+Engine-level: the waiting queue's order by priority (both directions, FCFS within a priority), the
+least-preferred default, the full queue's eviction, preemption of running requests above the
+threshold (the retracted request keeps its output) and a retracted request meeting a full queue.
+Over HTTP, real twin processes with `--max-running-requests 1`: requests queued behind a stream
+that holds the slot start one at a time, so the order in which their first bytes arrive is the
+order the queue served them (no clock involved); the 503s a client sees on every route, streamed
+and not; the flags' startup warnings and `/server_info`; `priority` type errors as pydantic and
+the /generate contract report them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import importlib
+import json
+import re
+import select
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.sim.engine import (
+    PREEMPTED_MESSAGE,
+    PRIORITY_DISABLED_MESSAGE,
+    QUEUE_FULL_MESSAGE,
+    Engine,
+    QueueFull,
+    RequestAborted,
+    SimRequest,
+)
+from backends.sim.options import PriorityOptions
+from backends.sim.profile import load_profile
+from tests.support import free_port, output, running, specroute, wait_until
+
+MODEL = "kimi-k2.6"
+MSG = [{"role": "user", "content": "Write a long history of the Roman republic."}]
+LONG = 100_000  # tokens: a stream that holds its slot until its client leaves
+I64 = 1 << 63
+SGLANG_SOURCE = Path.home() / ".cache" / "specroute" / "sglang-0.5.23" / "sglang"
+SCALE = "0.02"  # the twins run 50x faster than the hardware they simulate
+
+
+@contextlib.contextmanager
+def twin(profile: str, *flags: str) -> Iterator[str]:
+    """A twin process on a free loopback port, for the duration of the block."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", SCALE, *flags)
+    with running(cmd, ready_url=f"{url}/ready"):
+        yield url
+
+
+def _answer(req: urllib.request.Request) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(url: str) -> tuple[int, Any]:
+    return _answer(urllib.request.Request(url))
+
+
+def post(url: str, body: Any) -> tuple[int, Any]:
+    data = json.dumps(body).encode()
+    return _answer(urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}))
+
+
+# ------------------------------------------------------------------------------ engine
+
+
+def _engine(max_running: int = 1, max_queued: int | None = None, profile: str = "k26-ar", **prio: Any) -> Engine:
+    opts = PriorityOptions(enable_priority_scheduling=True, **prio)
+    return Engine(load_profile(profile), max_running=max_running, max_queued=max_queued, priority=opts)
+
+
+def _req(e: Engine, rid: str) -> SimRequest:
+    req = e.get(rid)
+    assert req is not None, rid
+    return req
+
+
+def _finish_order(e: Engine) -> list[str]:
+    order: list[str] = []
+    for _ in range(100_000):
+        if e.idle:
+            return order
+        order += [em.rid for em in e.step().emissions if em.finished]
+    raise AssertionError("the engine never went idle")
+
+
+QUEUED = [("a", None), ("b", 5), ("c", 1), ("d", 5), ("e", -3)]
+
+
+@pytest.mark.parametrize(
+    "opts,holder,expected",
+    [
+        ({}, 100, ["hold", "b", "d", "c", "e", "a"]),  # higher first, FCFS within 5, None last
+        ({"schedule_low_priority_values_first": True}, -100, ["hold", "e", "c", "b", "d", "a"]),
+    ],
+)
+def test_the_queue_admits_by_priority_then_first_come(opts: dict[str, Any], holder: int, expected: list[str]) -> None:
+    e = _engine(**opts)
+    e.submit("hold", 10, 4, priority=holder)
+    e.step()  # hold runs: the others queue behind the one slot
+    for rid, priority in QUEUED:
+        e.submit(rid, 10, 4, priority=priority)
+    assert [r.rid for r in e._waiting] == expected[1:]
+    assert _req(e, "a").priority == (-sys.maxsize - 1 if not opts else sys.maxsize)  # least preferred
+    assert _finish_order(e) == expected
+
+
+def test_without_priority_scheduling_the_queue_is_a_plain_fcfs_deque() -> None:
+    e = Engine(load_profile("k26-ar"), max_running=1)
+    assert type(e._waiting).__name__ == "deque"
+    e.submit("hold", 10, 4, priority=100)
+    e.step()
+    for rid, priority in QUEUED:
+        e.submit(rid, 10, 4, priority=priority)
+    assert _finish_order(e) == ["hold", "a", "b", "c", "d", "e"]
+
+
+def test_a_priority_is_refused_only_with_abort_on_priority_when_disabled() -> None:
+    strict = Engine(load_profile("k26-ar"), priority=PriorityOptions(abort_on_priority_when_disabled=True))
+    with pytest.raises(RequestAborted, match="Using priority is disabled for this server"):
+        strict.submit("p", 10, 4, priority=0)
+    assert strict.num_waiting == 0 and strict.get("p") is None
+    strict.submit("none", 10, 4)  # no priority: admitted
+    Engine(load_profile("k26-ar")).submit("p", 10, 4, priority=0)  # the flag off: ignored
+    ranked = _engine(abort_on_priority_when_disabled=True)  # scheduling on: the flag has no say
+    ranked.submit("p", 10, 4, priority=0)
+
+
+@pytest.mark.parametrize("low_first", [False, True])
+def test_a_full_queue_evicts_its_newest_least_preferred_for_a_strictly_better_arrival(low_first: bool) -> None:
+    sign = 1 if low_first else -1  # `priority * sign` ascending is the admission order
+    e = _engine(max_queued=3, schedule_low_priority_values_first=low_first)
+    e.submit("hold", 10, 4, priority=100 * -sign)
+    e.step()
+    for rid, better_by in (("w0", 0), ("w1", 1), ("w2", 0)):  # w2: the newest of the worst
+        e.submit(rid, 10, 4, priority=better_by * -sign)
+    for rid, better_by in (("tie", 0), ("worse", -1)):
+        with pytest.raises(QueueFull, match=re.escape(QUEUE_FULL_MESSAGE)):
+            e.submit(rid, 10, 4, priority=better_by * -sign)
+    assert e.take_aborted() == []
+    e.submit("better", 10, 4, priority=2 * -sign)
+    (evicted,) = e.take_aborted()
+    assert evicted.rid == "w2" and evicted.state == "aborted" and evicted.abort_message == PREEMPTED_MESSAGE
+    assert e.get("w2") is None and [r.rid for r in e._waiting] == ["better", "w1", "w0"]
+    assert _finish_order(e) == ["hold", "better", "w1", "w0"]
+
+
+def test_an_empty_full_queue_refuses_the_arrival() -> None:
+    e = _engine(max_queued=0)
+    with pytest.raises(QueueFull):
+        e.submit("x", 10, 4, priority=5)
+
+
+def test_a_better_request_by_more_than_the_threshold_retracts_a_running_one() -> None:
+    e = _engine()
+    low = e.submit("low", 200, 50, priority=0)
+    for _ in range(5):
+        e.step()
+    done = low.completion_tokens
+    cached = low.cached_tokens
+    e.submit("equal", 10, 5, priority=10)  # better by 10: not above the threshold
+    e.step()
+    assert low.state == "running" and e.num_waiting == 1
+    e.submit("high", 10, 5, priority=11)
+    res = e.step()
+    assert low.state == "waiting" and _req(e, "high").state == "running"
+    assert res.batch_size == 0 and "low" not in {em.rid for em in res.emissions}  # retracted before decoding
+    assert [r.rid for r in e._waiting] == ["equal", "low"]
+    assert low.completion_tokens == done + 1  # its output stays
+    assert _finish_order(e) == ["high", "equal", "low"]
+    assert low.completion_tokens == 50 and low.finish_reason == "length"
+    assert low.cached_tokens == cached  # counted once (`retracted_stain`)
+    st = e.stats()
+    assert st.num_used_tokens == 0 and e._outside_cache == 0
+    # the retracted request prefilled its prompt and its output again
+    assert st.total_prompt_tokens == 200 + 10 + 10 + (200 + done + 1 - low.cached_tokens)
+
+
+def test_the_retracted_are_the_least_preferred_and_newest_first() -> None:
+    e = _engine(max_running=3, priority_scheduling_preemption_threshold=0)
+    for rid, priority in (("p1", 1), ("p0a", 0), ("p0b", 0)):
+        e.submit(rid, 10, 1000, priority=priority)
+    e.step()
+    e.submit("high", 10, 5, priority=5)
+    e.step()
+    assert [r.rid for r in e._running] == ["p1", "p0a", "high"]  # p0b: lowest, newest
+    assert _req(e, "p0b").state == "waiting"
+
+
+def test_no_preemption_with_disable_priority_preemption() -> None:
+    e = _engine(disable_priority_preemption=True)
+    low = e.submit("low", 10, 20, priority=0)
+    e.step()
+    e.submit("high", 10, 5, priority=1000)
+    e.step()
+    assert low.state == "running"
+    assert _finish_order(e) == ["low", "high"]
+
+
+def test_preemption_frees_enough_memory_and_a_retracted_request_can_meet_a_full_queue() -> None:
+    # two running requests must both leave for the big one; the queue holds one: the second
+    # retracted finds it full of an equal priority and is aborted (`_add_request_to_queue`)
+    e = _engine(max_running=2, max_queued=1)
+    total = e.profile.max_total_num_tokens
+    e.submit("l1", 60_000, 10, priority=0)
+    e.step()  # l1 leaves the queue (a chunked prefill)
+    e.submit("l2", 60_000, 10, priority=0)
+    while _req(e, "l2").state != "running":
+        e.step()
+    big = e.submit("big", total - 10_010, 10, priority=50)
+    e.step()
+    assert big.state in ("prefilling", "running") and e.num_running == 1
+    (aborted,) = e.take_aborted()
+    # l2 (the newest) was retracted first and went back; l1 found the queue full
+    assert aborted.rid == "l1" and aborted.abort_message == QUEUE_FULL_MESSAGE and aborted.state == "aborted"
+    assert [r.rid for r in e._waiting] == ["l2"]
+    assert _finish_order(e) == ["big", "l2"]
+    assert e.stats().num_used_tokens == 0
+
+
+def test_retraction_on_a_speculative_profile_keeps_every_count_consistent() -> None:
+    e = _engine(profile="k26-dflash", max_running=2)
+    a = e.submit("a", 300, 400, "Solve 3x + 5 = 11", priority=0)
+    b = e.submit("b", 300, 400, "Write a sorting function", priority=0)
+    for _ in range(10):
+        e.step()
+    e.submit("c", 50, 30, priority=20)
+    e.step()
+    assert b.state == "waiting" and a.state == "running"  # b, the newer, leaves
+    _finish_order(e)
+    assert a.completion_tokens == b.completion_tokens == 400
+    assert e.stats().num_used_tokens == 0
+
+
+# --------------------------------------------------------------------------------- HTTP
+
+
+def _chat(priority: Any = None, *, stream: bool = False, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": MSG, "max_tokens": max_tokens, "stream": stream, **extra}
+    if priority is not None:
+        body["priority"] = priority
+    return body
+
+
+class Pending:
+    """A request sent and not read yet: its response waits on the socket."""
+
+    def __init__(self, url: str, path: str, body: dict[str, Any]) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+
+    def wait_started(self) -> None:
+        readable, _, _ = select.select([self.conn.sock], [], [], 60)
+        assert readable, "no response"
+
+    def response(self) -> tuple[int, bytes]:
+        resp = self.conn.getresponse()
+        return resp.status, resp.read()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _frames(raw: bytes) -> list[Any]:
+    out: list[Any] = []
+    for frame in raw.decode().split("\n\n"):
+        if frame:
+            assert frame.startswith("data: "), frame
+            payload = frame[len("data: ") :]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def _load(url: str) -> dict[str, Any]:
+    load: dict[str, Any] = get(f"{url}/v1/loads")[1]["loads"][0]
+    return load
+
+
+def _waiting(url: str, n: int) -> None:
+    assert wait_until(lambda: _load(url)["num_waiting_reqs"] == n), _load(url)
+
+
+def _next_started(pending: dict[str, Pending]) -> str:
+    """The one queued request whose response has begun (the one the queue admitted)."""
+    by_sock = {p.conn.sock: name for name, p in pending.items()}
+    readable, _, _ = select.select(list(by_sock), [], [], 60)
+    assert len(readable) == 1, [by_sock[s] for s in readable]
+    return by_sock[readable[0]]
+
+
+def _hold(url: str, priority: int | None) -> Pending:
+    holder = Pending(url, "/v1/chat/completions", _chat(priority, stream=True, max_tokens=LONG))
+    holder.wait_started()
+    return holder
+
+
+@pytest.mark.parametrize(
+    "flags,path,holder,expected",
+    [
+        (["--enable-priority-scheduling"], "/v1/chat/completions", 100, "bdcea"),
+        (
+            ["--enable-priority-scheduling", "--schedule-low-priority-values-first"],
+            "/v1/completions",
+            -100,
+            "ecbda",
+        ),
+        (["--enable-priority-scheduling", "--default-priority-value", "3"], "/v1/chat/completions", 100, "bdace"),
+        ([], "/v1/chat/completions", 100, "abcde"),  # off: first come, first served
+    ],
+    ids=["high-first", "low-first", "default-value", "off"],
+)
+def test_queued_requests_start_in_priority_order(flags: list[str], path: str, holder: int, expected: str) -> None:
+    with twin("k26-ar", "--max-running-requests", "1", *flags) as url:
+        current = _hold(url, holder)
+        pending: dict[str, Pending] = {}
+        for i, (name, priority) in enumerate(QUEUED):
+            body: dict[str, Any] = (
+                _chat(priority, stream=True, max_tokens=LONG)
+                if path == "/v1/chat/completions"
+                else {"model": MODEL, "prompt": "hi", "max_tokens": LONG, "stream": True, "priority": priority}
+            )
+            pending[name] = Pending(url, path, body)
+            _waiting(url, i + 1)  # arrival order is the order sent
+        order = ""
+        while pending:
+            current.close()  # the client leaves: its slot goes to the next in the queue
+            name = _next_started(pending)
+            order += name
+            current = pending.pop(name)
+        current.close()
+        assert order == expected
+
+
+def _victim(url: str, route: str, stream: bool) -> Pending:
+    if route == "chat":
+        return Pending(url, "/v1/chat/completions", _chat(0, stream=stream, stream_options={"include_usage": True}))
+    if route == "completions":
+        return Pending(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "stream": stream, "priority": 0})
+    if route == "generate":
+        return Pending(url, "/generate", {"text": "hi", "stream": stream, "priority": 0})
+    # Responses: SGLang does not forward `priority`, so the request has the least preferred one
+    return Pending(url, "/v1/responses", {"model": MODEL, "input": "hi", "stream": stream, "priority": 0})
+
+
+def _check_aborted(route: str, stream: bool, status: int, raw: bytes, message: str) -> None:
+    """What SGLang's client sees for a scheduler abort with status 503 on each route."""
+    flat = {"object": "error", "message": message, "type": "503", "param": None, "code": 503}
+    frame = {"error": {**flat, "type": "SERVICE_UNAVAILABLE"}}
+    if route == "responses":
+        if not stream:  # the HTTPException is caught by `create_responses`' generic handler
+            error = {"message": f"503: {message}", "type": "invalid_request_error", "param": None, "code": 400}
+            assert (status, json.loads(raw)) == (400, {"error": error})
+            return
+        events = [json.loads(line[len("data: ") :]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+        assert status == 200 and [ev["type"] for ev in events][-1] == "response.failed"
+        assert events[-1]["response"]["error"]["message"] == message
+        return
+    if not stream:
+        assert (status, json.loads(raw)) == (503, flat)
+        return
+    assert status == 200
+    frames = _frames(raw)
+    assert frames[-1] == "[DONE]"
+    if route == "generate":
+        (out, _) = frames
+        assert out["text"] == "" and out["output_ids"] == []
+        meta = out["meta_info"]
+        assert meta["finish_reason"] == {"type": "abort", "status_code": 503, "message": message}
+        assert meta["completion_tokens"] == 0 and meta["weight_version"] == "default"
+        return
+    assert frames[0] == frame
+    if route == "chat":  # include_usage: the abort's meta_info has no tokens
+        usage = frames[1]
+        assert usage["choices"] == [] and usage["object"] == "chat.completion.chunk"
+        assert usage["usage"]["prompt_tokens"] == usage["usage"]["completion_tokens"] == 0
+        assert len(frames) == 3
+    else:
+        assert len(frames) == 2
+
+
+@pytest.mark.parametrize(
+    "route,stream",
+    [
+        ("chat", False),
+        ("chat", True),
+        ("completions", True),
+        ("generate", False),
+        ("generate", True),
+        ("responses", False),
+        ("responses", True),
+    ],
+)
+def test_a_full_queue_evicts_its_worst_waiter_for_a_better_request(route: str, stream: bool) -> None:
+    flags = ("--enable-priority-scheduling", "--max-running-requests", "1", "--max-queued-requests", "1")
+    with twin("k26-ar", *flags) as url:
+        holder = _hold(url, 100)
+        victim = _victim(url, route, stream)
+        _waiting(url, 1)
+        # not strictly better than the waiter: the arrival is refused itself (a Responses waiter has
+        # the least preferred priority, which only that same value ties)
+        tie = -I64 if route == "responses" else 0
+        assert post(f"{url}/v1/chat/completions", _chat(tie)) == (503, _flat(QUEUE_FULL_MESSAGE))
+        better = Pending(url, "/v1/chat/completions", _chat(1))
+        status, raw = victim.response()
+        _check_aborted(route, stream, status, raw, PREEMPTED_MESSAGE)
+        assert _load(url)["num_waiting_reqs"] == 1  # the better one took the place
+        holder.close()
+        status, raw = better.response()
+        assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    "path,stream", [("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/completions", True)]
+)
+def test_an_evicted_sample_of_a_parallel_request_ends_it(path: str, stream: bool) -> None:
+    flags = ("--enable-priority-scheduling", "--max-running-requests", "2", "--max-queued-requests", "2")
+    with twin("k26-ar", *flags) as url:
+        holder = _hold(url, 100)
+        body: dict[str, Any] = {
+            "model": MODEL,
+            "max_tokens": LONG,
+            "n": 2,
+            "stream": stream,
+            "priority": 0,
+            "stream_options": {"include_usage": True},
+        }
+        body.update({"messages": MSG} if path == "/v1/chat/completions" else {"prompt": "hi"})
+        parallel = Pending(url, path, body)
+        # the warm-up has run; sample 0 holds the second slot, sample 1 waits
+        assert wait_until(lambda: (_load(url)["num_running_reqs"], _load(url)["num_waiting_reqs"]) == (2, 1))
+        filler = Pending(url, "/v1/chat/completions", _chat(5))  # the queue is full
+        _waiting(url, 2)
+        better = Pending(url, "/v1/chat/completions", _chat(1))  # better than sample 1 only
+        status, raw = parallel.response()
+        if not stream:
+            assert (status, json.loads(raw)) == (503, _flat(PREEMPTED_MESSAGE))
+        else:
+            frames = _frames(raw)
+            error = {"error": {**_flat(PREEMPTED_MESSAGE), "type": "SERVICE_UNAVAILABLE"}}
+            assert status == 200 and frames[-3] == error and frames[-1] == "[DONE]"
+            assert frames[:-3] and all(f["choices"][0]["index"] == 0 for f in frames[:-3])  # sample 0's chunks
+            assert all(f["choices"][0]["finish_reason"] is None for f in frames[:-3])
+            usage = frames[-2]["usage"]
+            assert frames[-2]["choices"] == [] and usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+        assert wait_until(lambda: _load(url)["num_running_reqs"] == 1)  # sample 0 is gone too
+        holder.close()
+        assert filler.response()[0] == better.response()[0] == 200
+
+
+def _flat(message: str, status: int = 503, err_type: str = "503") -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+@pytest.fixture(scope="module")
+def strict_url() -> Iterator[str]:
+    """A server that refuses priorities: priority scheduling off, --abort-on-priority-when-disabled."""
+    with twin("k26-ar", "--abort-on-priority-when-disabled") as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    "route,stream",
+    [
+        ("chat", False),
+        ("chat", True),
+        ("completions", False),
+        ("completions", True),
+        ("generate", False),
+        ("generate", True),
+    ],
+)
+def test_a_priority_sent_to_a_server_that_refuses_them_is_a_503(strict_url: str, route: str, stream: bool) -> None:
+    victim = _victim(strict_url, route, stream)
+    status, raw = victim.response()
+    _check_aborted(route, stream, status, raw, PRIORITY_DISABLED_MESSAGE)
+
+
+def test_a_refusing_server_serves_requests_without_a_priority(strict_url: str) -> None:
+    status, body = post(f"{strict_url}/v1/chat/completions", _chat())
+    assert status == 200 and body["usage"]["completion_tokens"] == 4
+    assert post(f"{strict_url}/v1/chat/completions", {**_chat(), "priority": None})[0] == 200  # null: none
+    # Responses: SGLang does not forward the field, so nothing is refused
+    status, body = post(f"{strict_url}/v1/responses", {"model": MODEL, "input": "hi", "priority": 3})
+    assert status == 200 and body["status"] in ("completed", "incomplete")
+    # pydantic reads "5" as an integer: the request has a priority, and is refused
+    assert post(f"{strict_url}/v1/chat/completions", _chat("5")) == (503, _flat(PRIORITY_DISABLED_MESSAGE))
+
+
+def test_without_the_flag_a_priority_is_ignored() -> None:
+    with twin("k26-ar") as url:
+        status, body = post(f"{url}/v1/chat/completions", _chat(7))
+        assert status == 200 and body["usage"]["completion_tokens"] == 4
+        status, body = post(f"{url}/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}, "priority": 7})
+        assert status == 200 and body["meta_info"]["completion_tokens"] == 3
+
+
+def _fastapi_error(err_type: str, msg: str, value: Any, endpoint: str) -> str:
+    err = {"type": err_type, "loc": ("body", "priority"), "msg": msg, "input": value}
+    return f"1 validation error:\n  {err}\n{endpoint} {[err]}"
+
+
+CHAT_LINE = (
+    '  File "sglang/srt/entrypoints/http_server.py", line 1871, in openai_v1_chat_completions\n'
+    "    POST /v1/chat/completions"
+)
+GENERATE_LINE = '  File "sglang/srt/entrypoints/http_server.py", line 928, in generate_request\n    POST /generate'
+NOT_INT = "Input should be a valid integer, unable to parse string as an integer"
+FRACTION = "Input should be a valid integer, got a number with a fractional part"
+
+
+def test_a_priority_of_the_wrong_type_is_refused_as_pydantic_refuses_it(strict_url: str) -> None:
+    status, err = post(f"{strict_url}/v1/chat/completions", _chat("high"))
+    assert (status, err) == (400, _flat(_fastapi_error("int_parsing", NOT_INT, "high", CHAT_LINE), 400, "Bad Request"))
+    status, err = post(f"{strict_url}/v1/completions", {"model": MODEL, "prompt": "hi", "priority": 1.5})
+    assert status == 400 and err["type"] == "Bad Request" and "int_from_float" in err["message"]
+    assert "POST /v1/completions" in err["message"]
+    status, err = post(f"{strict_url}/v1/chat/completions", {**_chat(stream=True), "priority": [1]})
+    assert status == 400 and "int_type" in err["message"]  # before any stream starts
+    status, err = post(f"{strict_url}/v1/responses", {"model": MODEL, "input": "hi", "priority": None})
+    assert status == 400 and err["error"]["type"] == "Bad Request" and "int_type" in err["error"]["message"]
+
+
+def test_generate_checks_priority_with_pydantic_then_the_json_contract(strict_url: str) -> None:
+    body = {"text": "hi", "priority": "high"}
+    expected = _flat(_fastapi_error("int_parsing", NOT_INT, "high", GENERATE_LINE), 400, "Bad Request")
+    assert post(f"{strict_url}/generate", body) == (400, expected)
+    # pydantic lets these through; the contract wants a JSON integer (`api/v1/api_types.py`)
+    for value, shown in (("5", 'string "5"'), (True, "boolean `true`"), (5.0, "floating point `5.0`")):
+        assert post(f"{strict_url}/generate", {"text": "hi", "priority": value}) == (
+            400,
+            {"error": f"invalid type: {shown}, expected i64"},
+        )
+
+
+def test_a_priority_beyond_64_bits_is_the_tokenizer_managers_value_error(strict_url: str) -> None:
+    text = "priority must be a signed 64-bit integer between -9223372036854775808 and 9223372036854775807"
+    for value in (I64, -I64 - 1):
+        assert post(f"{strict_url}/v1/chat/completions", _chat(value)) == (400, _flat(text, 400, "BadRequestError"))
+        assert post(f"{strict_url}/generate", {"text": "hi", "priority": value}) == (400, {"error": {"message": text}})
+    # the edges fit: refused by the server's policy, not by the range check
+    assert post(f"{strict_url}/v1/chat/completions", _chat(I64 - 1))[0] == 503
+
+
+@pytest.mark.skipif(not SGLANG_SOURCE.is_dir(), reason="SGLang 0.5.23's source is not unpacked")
+def test_the_type_errors_are_sglangs_own_models_errors(strict_url: str) -> None:
+    from pydantic import ValidationError
+
+    # SGLang's protocol.py loaded as the contract test loads it (imported by name: not type-checked)
+    protocol = importlib.import_module("tests.test_sim_contract").SGLang(SGLANG_SOURCE).protocol
+    cases = [
+        ("/v1/chat/completions", protocol.ChatCompletionRequest, _chat(), "flat"),
+        ("/v1/completions", protocol.CompletionRequest, {"model": MODEL, "prompt": "hi"}, "flat"),
+        ("/v1/responses", protocol.ResponsesRequest, {"model": MODEL, "input": "hi"}, "nested"),
+    ]
+    for path, model, body, shape in cases:
+        for value in ("high", 2.5, [1], {"a": 1}, "1e3"):
+            with pytest.raises(ValidationError) as exc:
+                model.model_validate({**body, "priority": value})
+            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.value.errors(include_url=False)]
+            status, err = post(f"{strict_url}{path}", {**body, "priority": value})
+            message = err["message"] if shape == "flat" else err["error"]["message"]
+            assert status == 400 and message.endswith(f" {errors}"), (path, value, message)
+            assert message.startswith(f"1 validation error:\n  {errors[0]}\n")
+
+
+def test_preemption_retracts_a_running_request_for_one_better_by_more_than_the_threshold() -> None:
+    with twin("k26-ar", "--enable-priority-scheduling", "--max-running-requests", "1") as url:
+        low = _hold(url, 0)
+        mid = Pending(url, "/v1/chat/completions", _chat(10, stream=True, max_tokens=LONG))
+        _waiting(url, 1)  # better by 10, not above the threshold: it waits
+        high = Pending(url, "/v1/chat/completions", _chat(11, stream=True, max_tokens=LONG))
+        high.wait_started()  # it got the slot: the low one went back to the queue
+        _waiting(url, 2)
+        assert _load(url)["num_running_reqs"] == 1
+        assert _drain(low) > 0  # what it streamed before it was retracted
+        high.close()
+        assert _next_started({"mid": mid, "low": low}) == "mid"  # mid (10) before low (0)
+        mid.close()
+        assert _next_started({"low": low}) == "low"  # the low stream resumes
+        low.close()
+
+
+def _drain(p: Pending) -> int:
+    """Bytes available on the socket now (a stream's frames so far)."""
+    n = 0
+    sock = p.conn.sock
+    while select.select([sock], [], [], 0.05)[0]:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        n += len(chunk)
+    return n
+
+
+def test_no_preemption_with_disable_priority_preemption_over_http() -> None:
+    flags = ("--enable-priority-scheduling", "--disable-priority-preemption", "--max-running-requests", "1")
+    with twin("k26-ar", *flags) as url:
+        low = _hold(url, 0)
+        high = Pending(url, "/v1/chat/completions", _chat(1000, stream=True, max_tokens=LONG))
+        for _ in range(5):  # several steps later it still waits
+            assert _load(url)["num_waiting_reqs"] == 1
+        assert not select.select([high.conn.sock], [], [], 0)[0]
+        low.close()
+        high.wait_started()
+        high.close()
+
+
+# ------------------------------------------------------------------------- flags and info
+
+
+PRIORITY_ARGS = (
+    "enable_priority_scheduling",
+    "disable_priority_preemption",
+    "default_priority_value",
+    "abort_on_priority_when_disabled",
+    "schedule_low_priority_values_first",
+    "priority_scheduling_preemption_threshold",
+)
+
+
+def _serve(*flags: str) -> tuple[dict[str, Any], str]:
+    """/server_info's priority fields and what the process printed, for a twin with `flags`."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = specroute("sim", "--profile", "k26-ar", "--port", str(port), "--time-scale", SCALE, *flags)
+    with running(cmd, ready_url=f"{url}/ready") as proc:
+        info = get(f"{url}/server_info")[1]
+        return {k: info[k] for k in PRIORITY_ARGS}, output(proc)
+
+
+def test_server_info_reports_the_priority_args_and_startup_warns_as_sglang() -> None:
+    info, printed = _serve()
+    assert info == {
+        "enable_priority_scheduling": False,
+        "disable_priority_preemption": False,
+        "default_priority_value": None,
+        "abort_on_priority_when_disabled": False,
+        "schedule_low_priority_values_first": False,
+        "priority_scheduling_preemption_threshold": 10,
+    }
+    assert "warning" not in printed
+    flags = ("--enable-priority-scheduling", "--schedule-low-priority-values-first")
+    info, printed = _serve(
+        *flags, "--priority-scheduling-preemption-threshold", "-2", "--abort-on-priority-when-disabled"
+    )
+    assert info["enable_priority_scheduling"] and info["schedule_low_priority_values_first"]
+    assert info["abort_on_priority_when_disabled"] and info["priority_scheduling_preemption_threshold"] == -2
+    assert "--default-priority-value is not set while --enable-priority-scheduling is enabled." in printed
+    info, printed = _serve("--default-priority-value", "-4", "--disable-priority-preemption")
+    assert info["default_priority_value"] == -4 and info["disable_priority_preemption"]
+    assert "--disable-priority-preemption has no effect without --enable-priority-scheduling" in printed
+    assert "--default-priority-value has no effect without --enable-priority-scheduling" in printed
+
+
+@pytest.mark.parametrize("flag", ["--default-priority-value", "--priority-scheduling-preemption-threshold"])
+def test_a_priority_flag_that_is_not_an_integer_is_a_one_line_error(flag: str) -> None:
+    out = subprocess.run(specroute("sim", "--profile", "k26-ar", flag, "x"), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "invalid int value: 'x'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
