@@ -17,7 +17,17 @@ import openai
 import pytest
 
 from tests.conftest import TEST_TIME_SCALE
-from tests.support import free_port, gateway_config, get_json, open_stream, output, running, specroute, wait_until
+from tests.support import (
+    free_port,
+    gateway,
+    gateway_config,
+    get_json,
+    open_stream,
+    output,
+    running,
+    specroute,
+    wait_until,
+)
 
 MSG = [{"role": "user", "content": "Write a long history of the Roman republic."}]
 
@@ -74,3 +84,52 @@ def test_queued_requests_are_served_by_priority(setup):
     # priority 5 twice (first come first served), then 1, then the default (0)
     assert [r["max_tokens"] for r in served()] == [12, 14, 13, 11]
     assert [r.get("priority") for r in served()] == [5, 5, 1, None]  # the access log says what was asked
+
+
+def test_a_priority_one_server_refuses_is_answered_by_another(tmp_path):
+    """SGLang under `--abort-on-priority-when-disabled` aborts a request carrying a priority with
+    503: the gateway retries it elsewhere as a busy answer, streamed or not; where every backend
+    refuses it, the client gets SGLang's 503 and message."""
+    refusing, plain = free_port(), free_port()
+    twins = [
+        specroute("sim", "--profile", "k26-ar", "--port", str(p), "--time-scale", TEST_TIME_SCALE, *flags)
+        for p, flags in ((refusing, ("--abort-on-priority-when-disabled",)), (plain, ()))
+    ]
+    entry = {"model": "kimi-k2.6", "strategy": "ar"}
+    with (
+        running(twins[0], ready_url=f"http://127.0.0.1:{refusing}/ready", timeout=60),
+        running(twins[1], ready_url=f"http://127.0.0.1:{plain}/ready", timeout=60),
+    ):
+        both = [
+            {"name": "refusing", "url": f"http://127.0.0.1:{refusing}", **entry},
+            {"name": "plain", "url": f"http://127.0.0.1:{plain}", **entry},
+        ]
+        policy = '[models."kimi-k2.6"]\npolicy = "round_robin"\n'
+        with gateway(tmp_path, both, policy) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+            served = []
+            for stream in (False, True, False, True):  # round robin: half of them go to `refusing` first
+                raw = client.chat.completions.with_raw_response.create(
+                    model="kimi-k2.6",
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=4,
+                    stream=stream,
+                    extra_body={"priority": 3},
+                )
+                served.append(raw.headers["x-specroute-backend"])
+                if stream:  # a whole stream, not its error frame
+                    body = raw.http_response.read()
+                    assert b'"error"' not in body and b'"choices"' in body and body.rstrip().endswith(b"data: [DONE]")
+            assert served == ["plain"] * 4
+            assert get_json(f"{url}/admin/backends")["retries"] >= 2  # refused there first, then retried
+        with gateway(tmp_path, both[:1]) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+            with pytest.raises(openai.APIStatusError) as refused:
+                client.chat.completions.create(
+                    model="kimi-k2.6", messages=[{"role": "user", "content": "hi"}], extra_body={"priority": 3}
+                )
+            assert refused.value.status_code == 503 and "priority is disabled" in refused.value.message
+            plain_answer = client.chat.completions.create(
+                model="kimi-k2.6", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert plain_answer.usage is not None and plain_answer.usage.completion_tokens == 4
