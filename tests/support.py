@@ -179,3 +179,27 @@ async def serving(app: Any) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def one_slot_gateway(
+    tmp: Path, time_scale: str, queue_timeout_s: float = 60.0
+) -> Iterator[tuple[str, str, subprocess.Popen]]:
+    """A k26-ar twin behind `specroute serve` admitting one request at a time, so the next ones
+    wait in its queue; yields (twin URL, gateway URL, the gateway's process)."""
+    twin_port, port = free_port(), free_port()
+    twin = f"http://127.0.0.1:{twin_port}"
+    config = tmp / f"gateway-{port}.toml"
+    backends = [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}]
+    config.write_text(
+        gateway_config(port, backends, f"[admission]\nmax_inflight = 1\nqueue_timeout_s = {queue_timeout_s}\n")
+    )
+    with (
+        running(
+            specroute("sim", "--profile", "k26-ar", "--port", str(twin_port), "--time-scale", time_scale),
+            ready_url=f"{twin}/ready",
+            timeout=60,
+        ),
+        running(specroute("serve", "--config", str(config)), ready_url=f"http://127.0.0.1:{port}/health") as proc,
+    ):
+        yield twin, f"http://127.0.0.1:{port}", proc

@@ -15,12 +15,11 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import TEST_TIME_SCALE
-from tests.support import free_port, gateway_config, get_json, output, running, specroute
+from tests.support import get_json, one_slot_gateway, output
 
 ABORT_DEADLINE_S = 0.5
 MSG = [{"role": "user", "content": "Write a long history of the Roman republic."}]
@@ -42,27 +41,8 @@ def _within(deadline_s: float, predicate: Callable[[], bool]) -> bool:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> Iterator[tuple[str, str, object]]:
     """A k26-ar twin behind a gateway that admits one request at a time (the next one queues)."""
-    tmp: Path = tmp_path_factory.mktemp("disconnect")
-    twin_port, port = free_port(), free_port()
-    twin = f"http://127.0.0.1:{twin_port}"
-    url = f"http://127.0.0.1:{port}"
-    config = tmp / "gateway.toml"
-    config.write_text(
-        gateway_config(
-            port,
-            [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}],
-            "[admission]\nmax_inflight = 1\nqueue_timeout_s = 60\n",
-        )
-    )
-    with (
-        running(
-            specroute("sim", "--profile", "k26-ar", "--port", str(twin_port), "--time-scale", TEST_TIME_SCALE),
-            ready_url=f"{twin}/ready",
-            timeout=60,
-        ),
-        running(specroute("serve", "--config", str(config)), ready_url=f"{url}/health") as proc,
-    ):
-        yield twin, url, proc
+    with one_slot_gateway(tmp_path_factory.mktemp("disconnect"), TEST_TIME_SCALE) as started:
+        yield started
 
 
 def _twin_busy(twin: str) -> int:

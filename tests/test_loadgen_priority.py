@@ -33,7 +33,7 @@ from loadgen.runner import Plan, execute
 from loadgen.summary import Level, PriorityLevel, RequestRecord, Run, Summary, load_summary
 from loadgen.testserver import RunningServer, ServerConfig
 from tests.conftest import TEST_TIME_SCALE
-from tests.support import free_port, gateway_config, loadgen, output, running, serving, specroute, wait_until
+from tests.support import free_port, loadgen, one_slot_gateway, output, serving, wait_until
 
 TARGET = Target(label="t", url="http://h", model="m")
 PROMPT = Prompt(messages=(Message("user", "hi"),), domain="chat")
@@ -409,20 +409,8 @@ def test_a_twin_takes_it_on_every_endpoint(twin_factory: Any) -> None:
 def capped_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A twin behind a gateway that admits one request at a time: everything else waits in its
     queue, ordered by priority (higher first)."""
-    config = tmp_path_factory.mktemp("priority-gw") / "gateway.toml"
-    twin_port, port = free_port(), free_port()
-    twin = f"http://127.0.0.1:{twin_port}"
-    backends = [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}]
-    config.write_text(gateway_config(port, backends, "[admission]\nmax_inflight = 1\nqueue_timeout_s = 120\n"))
-    with (
-        running(
-            specroute("sim", "--profile", "k26-ar", "--port", str(twin_port), "--time-scale", TEST_TIME_SCALE),
-            ready_url=f"{twin}/ready",
-            timeout=60,
-        ),
-        running(specroute("serve", "--config", str(config)), ready_url=f"http://127.0.0.1:{port}/health") as proc,
-    ):
-        yield f"http://127.0.0.1:{port}", proc
+    with one_slot_gateway(tmp_path_factory.mktemp("priority-gw"), TEST_TIME_SCALE, 120) as (_twin, url, proc):
+        yield url, proc
 
 
 def test_the_high_class_jumps_the_gateways_queue(

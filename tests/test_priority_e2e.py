@@ -20,8 +20,8 @@ from tests.conftest import TEST_TIME_SCALE
 from tests.support import (
     free_port,
     gateway,
-    gateway_config,
     get_json,
+    one_slot_gateway,
     open_stream,
     output,
     running,
@@ -34,20 +34,8 @@ MSG = [{"role": "user", "content": "Write a long history of the Roman republic."
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> Iterator[tuple[str, subprocess.Popen]]:
-    config = tmp_path_factory.mktemp("priority") / "gateway.toml"
-    twin_port, port = free_port(), free_port()
-    twin = f"http://127.0.0.1:{twin_port}"
-    backends = [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}]
-    config.write_text(gateway_config(port, backends, "[admission]\nmax_inflight = 1\nqueue_timeout_s = 60\n"))
-    with (
-        running(
-            specroute("sim", "--profile", "k26-ar", "--port", str(twin_port), "--time-scale", TEST_TIME_SCALE),
-            ready_url=f"{twin}/ready",
-            timeout=60,
-        ),
-        running(specroute("serve", "--config", str(config)), ready_url=f"http://127.0.0.1:{port}/health") as proc,
-    ):
-        yield f"http://127.0.0.1:{port}", proc
+    with one_slot_gateway(tmp_path_factory.mktemp("priority"), TEST_TIME_SCALE) as (_twin, url, proc):
+        yield url, proc
 
 
 def test_queued_requests_are_served_by_priority(setup):
