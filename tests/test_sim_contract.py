@@ -422,7 +422,7 @@ def test_invalid_tools_rejected_with_sglangs_validation_text(sgl, url, tools, to
     err = sgl.protocol.ErrorResponse.model_validate_json(raw)
     assert err.type == "Bad Request" and err.param is None and err.code == 400
     endpoint = (
-        '\n  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
+        '\n  File "sglang/srt/entrypoints/http_server.py", line 1870, in '
         "openai_v1_chat_completions\n    POST /v1/chat/completions"
     )
     # SGLang's text names its install path on the endpoint line; everything else is identical

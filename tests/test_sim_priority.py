@@ -517,7 +517,7 @@ def _fastapi_error(err_type: str, msg: str, value: Any, endpoint: str) -> str:
 
 
 CHAT_LINE = (
-    '  File "sglang/srt/entrypoints/http_server.py", line 1871, in openai_v1_chat_completions\n'
+    '  File "sglang/srt/entrypoints/http_server.py", line 1870, in openai_v1_chat_completions\n'
     "    POST /v1/chat/completions"
 )
 GENERATE_LINE = '  File "sglang/srt/entrypoints/http_server.py", line 928, in generate_request\n    POST /generate'

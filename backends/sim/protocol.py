@@ -50,10 +50,10 @@ CHAT_DEFAULT_MAX_TOKENS = 128
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
 # The route lines of FastAPI's validation text (`http_server.py`). FastAPI prints the first line of
-# the route's source (`inspect.getsourcelines`: its decorator); the twin's older lines for chat,
-# completions and responses name the `def` line below it.
+# the route's source (`fastapi/routing.py: _extract_endpoint_context`, `inspect.getsourcelines`):
+# its decorator, not its `def`.
 COMPLETIONS_ENDPOINT = (
-    '  File "sglang/srt/entrypoints/http_server.py", line 1861, in openai_v1_completions\n    POST /v1/completions'
+    '  File "sglang/srt/entrypoints/http_server.py", line 1860, in openai_v1_completions\n    POST /v1/completions'
 )
 GENERATE_ENDPOINT = '  File "sglang/srt/entrypoints/http_server.py", line 928, in generate_request\n    POST /generate'
 

@@ -57,7 +57,7 @@ __all__ = ["routes"]
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _INVALID = "invalid_request_error"
 # FastAPI's RequestValidationError names the route's function (`http_server.py`)
-_ENDPOINT = '  File "sglang/srt/entrypoints/http_server.py", line 2067, in v1_responses_request\n    POST /v1/responses'
+_ENDPOINT = '  File "sglang/srt/entrypoints/http_server.py", line 2066, in v1_responses_request\n    POST /v1/responses'
 
 
 # ------------------------------------------------------------------------------ tools (echo)

@@ -106,9 +106,9 @@ class ToolChoice(BaseModel):
 
 _TOOLS = TypeAdapter(list[Tool] | None)
 _CHOICE = TypeAdapter(ToolChoice | Literal["auto", "required", "none"])
-# FastAPI's RequestValidationError names the route's function (`http_server.py`)
+# FastAPI's RequestValidationError names the route's function and its decorator's line (`http_server.py`)
 CHAT_ENDPOINT = (
-    '  File "sglang/srt/entrypoints/http_server.py", line 1871, in '
+    '  File "sglang/srt/entrypoints/http_server.py", line 1870, in '
     "openai_v1_chat_completions\n    POST /v1/chat/completions"
 )
 
