@@ -62,6 +62,9 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # The served model's context length: from `GET /v1/models` (its model card), which /server_info
     # does not carry (its `context_length` is only the --context-length override, null by default).
     max_model_len: int | None = None
+    # The order its waiting queue serves `priority` in under --enable-priority-scheduling:
+    # "high_first", or "low_first" with --schedule-low-priority-values-first; None when off.
+    priority_order: str | None = None
 
 
 def _num(value: Any, typ: type = int) -> Any:
@@ -220,4 +223,9 @@ def parse_server_info(data: Any) -> ServerInfo | None:
         avg_spec_accept_length=_num(first.get("avg_spec_accept_length"), float),
         enable_metrics=data.get("enable_metrics") is True,
         version=data.get("version") if isinstance(data.get("version"), str) else None,
+        priority_order=(
+            ("low_first" if data.get("schedule_low_priority_values_first") is True else "high_first")
+            if data.get("enable_priority_scheduling") is True
+            else None
+        ),
     )

@@ -69,8 +69,10 @@ class BackendPoller:
         models_refresh_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
         on_cache_lost: Callable[[str], None] | None = None,
+        queue_order: Callable[[], str] | None = None,
     ) -> None:
         self.backend = backend
+        self.queue_order = queue_order  # the gateway's admission.priority_order, to compare with the server's
         self.models_refresh_s = models_refresh_s  # 0: /v1/models at start and after restarts only
         self._models_read_at: float | None = None  # monotonic; None: to be read at the next poll
         self.on_change = on_change
@@ -293,6 +295,15 @@ class BackendPoller:
                 spec.strategy.value,
                 info.speculative_algorithm,
             )
+        order = self.queue_order() if self.queue_order is not None else None
+        if info.priority_order is not None and order not in (None, "fifo", info.priority_order):
+            log.warning(
+                "backend %s schedules priority %s but admission.priority_order is %s: the gateway's queue "
+                "and the server's serve priorities in opposite orders",
+                spec.name,
+                info.priority_order,
+                order,
+            )
 
     async def _accept_gauge(self) -> float | None:
         """The windowed acceptance gauge of a speculative server that serves /metrics."""
@@ -344,10 +355,12 @@ class Poller:
         health: HealthSection,
         on_change: Callable[[], None] | None = None,
         on_cache_lost: Callable[[str], None] | None = None,
+        queue_order: Callable[[], str] | None = None,
     ) -> None:
         self.health = health
         self.on_change = on_change
         self.on_cache_lost = on_cache_lost
+        self.queue_order = queue_order
         self.pollers: dict[str, BackendPoller] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = False
@@ -376,6 +389,7 @@ class Poller:
             models_refresh_s=h.models_refresh_s,
             on_change=self.on_change,
             on_cache_lost=self.on_cache_lost,
+            queue_order=self.queue_order,
         )
         if self._running:
             self._start(backend.name)

@@ -58,7 +58,12 @@ class Runtime:
             tracing=self.tracing,
             access_log=access_log,
         )
-        self.poller = Poller(config.health, on_change=self.admission.kick, on_cache_lost=self._cache_lost)
+        self.poller = Poller(
+            config.health,
+            on_change=self.admission.kick,
+            on_cache_lost=self._cache_lost,
+            queue_order=lambda: self.admission.priority_order,
+        )
         self.retiring: dict[str, Backend] = {}
         self._retire_tasks: set[asyncio.Task[None]] = set()
         self._seeding: asyncio.Task[None] | None = None

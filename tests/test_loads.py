@@ -116,6 +116,11 @@ def test_server_info():
     ar = parse_server_info({"speculative_algorithm": None, "max_running_requests": 256, "internal_states": []})
     assert ar.speculative_algorithm is None and ar.avg_spec_accept_length is None
     assert parse_server_info("nope") is None
+    assert ar.priority_order is None  # SGLang's default: no priority scheduling
+    on = {"enable_priority_scheduling": True}
+    assert parse_server_info(on).priority_order == "high_first"
+    assert parse_server_info({**on, "schedule_low_priority_values_first": True}).priority_order == "low_first"
+    assert parse_server_info({"schedule_low_priority_values_first": True}).priority_order is None
 
 
 def _rank(moments, accept=None, kv=100_000):

@@ -20,6 +20,7 @@ from tests.conftest import TEST_TIME_SCALE
 from tests.support import (
     free_port,
     gateway,
+    gateway_config,
     get_json,
     one_slot_gateway,
     open_stream,
@@ -121,3 +122,41 @@ def test_a_priority_one_server_refuses_is_answered_by_another(tmp_path):
                 model="kimi-k2.6", messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
             assert plain_answer.usage is not None and plain_answer.usage.completion_tokens == 4
+
+
+def test_a_server_scheduling_priorities_the_other_way_is_shown_and_warned_of(tmp_path):
+    """A twin run with SGLang's --enable-priority-scheduling --schedule-low-priority-values-first
+    behind a gateway whose queue serves high values first: /admin/backends shows each server's
+    order, and the gateway warns that the two layers disagree; a server in the gateway's order
+    draws no warning."""
+    low, high = free_port(), free_port()
+    flags = {low: ("--schedule-low-priority-values-first",), high: ()}
+    twins = [
+        specroute(
+            "sim", "--profile", "k26-ar", "--port", str(p), "--time-scale", TEST_TIME_SCALE,
+            "--enable-priority-scheduling", "--default-priority-value", "0", *flags[p],
+        )
+        for p in (low, high)
+    ]  # fmt: skip
+    config = tmp_path / "gateway.toml"
+    port = free_port()
+    entry = {"model": "kimi-k2.6", "strategy": "ar"}
+    backends = [
+        {"name": "low", "url": f"http://127.0.0.1:{low}", **entry},
+        {"name": "high", "url": f"http://127.0.0.1:{high}", **entry},
+    ]
+    config.write_text(gateway_config(port, backends))
+    url = f"http://127.0.0.1:{port}"
+    with (
+        running(twins[0], ready_url=f"http://127.0.0.1:{low}/ready", timeout=60),
+        running(twins[1], ready_url=f"http://127.0.0.1:{high}/ready", timeout=60),
+        running(specroute("serve", "--config", str(config)), ready_url=f"{url}/health") as proc,
+    ):
+
+        def orders() -> dict[str, object]:
+            state = get_json(f"{url}/admin/backends")["backends"]
+            return {b["name"]: (b["server_info"] or {}).get("priority_order") for b in state}
+
+        assert wait_until(lambda: orders() == {"low": "low_first", "high": "high_first"}), orders()
+        assert wait_until(lambda: "backend low schedules priority low_first" in output(proc))
+        assert "backend high schedules" not in output(proc)
