@@ -8,7 +8,6 @@ high class first: that class's TTFT is the lower one because of queue order, not
 from __future__ import annotations
 
 import asyncio
-import io
 import itertools
 import json
 import subprocess
@@ -29,10 +28,10 @@ from loadgen.datasets import DatasetError, Message, Prompt, load_dataset
 from loadgen.driver import LevelResult, LevelSpec, run_level
 from loadgen.metrics import priority_levels, summarize
 from loadgen.report import compare, print_level, print_table
-from loadgen.runner import Plan, execute
 from loadgen.summary import Level, PriorityLevel, RequestRecord, Run, Summary, load_summary
 from loadgen.testserver import RunningServer, ServerConfig
 from tests.conftest import TEST_TIME_SCALE
+from tests.loadgen_runs import run_against_test_server
 from tests.support import free_port, loadgen, one_slot_gateway, output, serving, wait_until
 
 TARGET = Target(label="t", url="http://h", model="m")
@@ -137,25 +136,9 @@ def _run(
     cfg: ServerConfig, spec: LevelSpec, tmp_path: Path, *, dataset: str = "chat", time_scale: float = 1.0, **opts: Any
 ) -> tuple[Summary, list[dict[str, Any]]]:
     """One level against loadgen's test server, saved to `tmp_path`; the summary and the bodies."""
-
-    async def go() -> tuple[Summary, list[dict[str, Any]]]:
-        async with RunningServer(cfg) as srv:
-            plan = Plan(
-                targets=[srv.url],
-                gateway_url=srv.url,
-                model=None,
-                dataset=load_dataset(dataset),
-                levels=[spec],
-                opts=RequestOptions(**{"max_tokens": 8, **opts}),
-                output=tmp_path,
-                progress=False,
-                time_scale=time_scale,
-            )
-            summary, errors = await execute(plan, Console(file=io.StringIO()))
-            assert errors == []
-            return summary, list(srv.server.bodies)
-
-    return asyncio.run(go())
+    opts = {"max_tokens": 8, **opts}
+    summary, srv = run_against_test_server(cfg, dataset, spec, tmp_path, time_scale=time_scale, **opts)
+    return summary, list(srv.server.bodies)
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])

@@ -16,31 +16,8 @@ from loadgen.client import RequestOptions
 from loadgen.datasets import load_dataset
 from loadgen.driver import LevelResult, LevelSpec
 from loadgen.report import level_notes, turn_table
-from loadgen.runner import Plan, execute
-from loadgen.summary import Summary
 from loadgen.testserver import RunningServer, ServerConfig
-
-
-def _run(
-    cfg: ServerConfig, dataset: str, spec: LevelSpec, tmp_path: Path | None = None, **opts: object
-) -> tuple[Summary, RunningServer]:
-    async def main() -> tuple[Summary, RunningServer]:
-        async with RunningServer(cfg) as srv:
-            plan = Plan(
-                targets=[srv.url],
-                gateway_url=srv.url,
-                model=None,
-                dataset=load_dataset(dataset),
-                levels=[spec],
-                opts=RequestOptions(**{"max_tokens": 12, **opts}),
-                output=tmp_path,
-                progress=False,
-            )
-            summary, errors = await execute(plan)
-            assert errors == []
-            return summary, srv
-
-    return asyncio.run(main())
+from tests.loadgen_runs import run_against_test_server as _run
 
 
 def test_sessions_replay_the_servers_answers_one_session_per_worker(tmp_path: Path) -> None:
