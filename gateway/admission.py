@@ -21,6 +21,7 @@ behind it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import itertools
@@ -229,25 +230,14 @@ def _worse(a: _Waiter, b: _Waiter) -> bool:
 
 
 def _place(queue: collections.deque[_Waiter], waiter: _Waiter, front: bool) -> None:
-    """Insert by rank, best first: behind its equals (or, `front`, ahead of them: a woken waiter
-    that was beaten to the slot keeps its place). One comparison when all ranks are equal."""
-    rank = waiter.rank
-    if front:
-        if not queue or queue[0].rank <= rank:
-            queue.appendleft(waiter)
-            return
-        i = 1
-        while i < len(queue) and queue[i].rank > rank:
-            i += 1
-        queue.insert(i, waiter)
-    else:
-        if not queue or queue[-1].rank >= rank:
-            queue.append(waiter)
-            return
-        i = len(queue) - 1
-        while i > 0 and queue[i - 1].rank < rank:
-            i -= 1
-        queue.insert(i, waiter)
+    """Insert by rank, best first: behind its equals, or ahead of them when `front` (a woken waiter
+    that was beaten to the slot keeps its place)."""
+    insert_at = bisect.bisect_left if front else bisect.bisect_right
+    queue.insert(insert_at(queue, -waiter.rank, key=_descending_rank), waiter)
+
+
+def _descending_rank(waiter: _Waiter) -> int:
+    return -waiter.rank
 
 
 def _fits(backend: Backend, pin: str | None, adapters: frozenset[str]) -> bool:

@@ -35,7 +35,7 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_body_bytes: int = 32 * 1024 * 1024
     # aiohttp connection pool size per backend (keep-alive connections).
     upstream_connections: int = 512
-    # Origins a browser may call the gateway from (CORS); empty: no CORS headers, preflights 405.
+    # Origins a browser may call the gateway from (CORS); empty: no CORS headers at all.
     # ["*"] is what SGLang's own server allows (entrypoints/http_server.py). Read at start only.
     cors_allow_origins: list[str] = msgspec.field(default_factory=list)
 
