@@ -11,6 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from common.json_errors import JSON_DECODE_ERRORS
+from common.priority import priority_in_range
 from gateway.adapters import requested_lora_paths
 from gateway.errors import ApiError
 
@@ -128,9 +129,8 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
 
 def _priority(body: dict[str, Any]) -> int | None:
     priority: int | None = _field(body, "priority", int)
-    # SGLang's tokenizer manager refuses the same (`_set_default_priority`); refused here, it is
-    # never queued by a value no backend will take.
-    if priority is not None and not -(1 << 63) <= priority < (1 << 63):
+    # refused here, it is never queued by a value no backend will take
+    if priority is not None and not priority_in_range(priority):
         raise ApiError(400, "'priority' must be a signed 64-bit integer", param="priority")
     return priority
 

@@ -24,8 +24,9 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
+from common.priority import priority_in_range
 from loadgen.client import ENDPOINTS, RequestOptions
-from loadgen.datasets import DATASET_HELP, PRIORITY_RANGE, DatasetError, RandomSpec, load_dataset
+from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
 from loadgen.driver import LevelSpec
 from loadgen.report import make_console
 from loadgen.runner import Plan, execute
@@ -116,7 +117,7 @@ def _priority_list(text: str) -> list[int]:
         if not (digits.isascii() and digits.isdigit()):
             raise argparse.ArgumentTypeError(f"not an integer priority: {part!r}{where}")
         p = int(part)
-        if not PRIORITY_RANGE[0] <= p <= PRIORITY_RANGE[1]:
+        if not priority_in_range(p):
             raise argparse.ArgumentTypeError(f"priority must be a signed 64-bit integer: {part}{where}")
         out.append(p)
     return out

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from common.json_errors import JSON_DECODE_ERRORS
+from common.priority import priority_in_range
 from loadgen.tool_schema import ToolSchemaError, check_tool_choice, check_tools
 
 BUILTIN_DOMAINS = ("math", "code", "chat")
@@ -225,10 +226,6 @@ def load_jsonl(path: Path) -> tuple[list[Prompt], Counter[str]]:
     return _parse_jsonl(read_text(path).splitlines(), str(path), default_domain="jsonl")
 
 
-# SGLang's tokenizer manager (and the gateway) refuse a priority outside a signed 64-bit integer
-PRIORITY_RANGE = (-(1 << 63), (1 << 63) - 1)
-
-
 def check_sampling(
     where: str,
     *,
@@ -243,7 +240,7 @@ def check_sampling(
         raise DatasetError(f"{where}: 'temperature' must be within [0, 2]")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise DatasetError(f"{where}: 'top_p' must be within (0, 1]")
-    if priority is not None and not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+    if priority is not None and not priority_in_range(priority):
         raise DatasetError(f"{where}: 'priority' must be a signed 64-bit integer")
 
 
