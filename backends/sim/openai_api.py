@@ -110,6 +110,23 @@ def _abort_usage(state: SimState, completion_tokens: int) -> dict[str, Any]:
     return chunks.usage_info(0, completion_tokens, 0, 0 if state.options.enable_cache_report else None)
 
 
+async def _refused(
+    request: web.Request,
+    state: SimState,
+    e: SchedulerAbort,
+    *,
+    chat: bool,
+    stream: bool,
+    model: str,
+    options: StreamOptions | None,
+) -> web.StreamResponse:
+    """A request the scheduler aborted as it arrived: the 503, or streamed its abort tail."""
+    if not stream:
+        return flat_error(e)
+    tail = _abort_tail(state, e, chat, model, _include_usage(options), int(time.time()))
+    return await _abort_stream(request, tail)
+
+
 async def _abort_stream(request: web.Request, tail: bytes) -> web.StreamResponse:
     """A streamed request aborted before its first token: HTTP 200 and the abort's tail only (the
     first chunk `_handle_streaming_request` awaits is the error frame)."""
@@ -196,10 +213,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         else:
             gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, **admit_args)
     except SchedulerAbort as e:
-        if stream:
-            tail = _abort_tail(state, e, True, body.model, _include_usage(body.stream_options), int(time.time()))
-            return await _abort_stream(request, tail)
-        return flat_error(e)
+        return await _refused(
+            request, state, e, chat=True, stream=stream, model=body.model, options=body.stream_options
+        )
     except ApiError as e:
         return flat_error(e)
     opts = state.options
@@ -350,10 +366,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return await _completion_samples(state, body, gens)
         gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, **sampling)
     except SchedulerAbort as e:
-        if stream:
-            tail = _abort_tail(state, e, False, body.model, _include_usage(body.stream_options), int(time.time()))
-            return await _abort_stream(request, tail)
-        return flat_error(e)
+        return await _refused(
+            request, state, e, chat=False, stream=stream, model=body.model, options=body.stream_options
+        )
     except ApiError as e:
         return flat_error(e)
     stream_options = body.stream_options
