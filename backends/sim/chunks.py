@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 DONE = b"data: [DONE]\n\n"
+# the headers of every SSE answer the twin sends (chat, completions, Responses, /generate)
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _encode = msgspec.json.Encoder().encode
 
 

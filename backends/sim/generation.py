@@ -22,10 +22,9 @@ from backends.sim.prefix_cache import chain_from_text, namespace_root
 from backends.sim.runtime import Channel
 from backends.sim.state import SimState, new_rid
 from backends.sim.text import TokenStream
+from common.priority import priority_in_range
 
 __all__ = ["Generation", "QUEUE_FULL_MESSAGE", "admit", "request_priority_value", "sampling_values"]
-
-_I64 = 1 << 63
 
 
 class Generation:
@@ -215,7 +214,7 @@ def request_priority_value(state: SimState, priority: int | None) -> int | None:
     opts = state.options.priority
     if priority is None and opts.enable_priority_scheduling:
         priority = opts.default_priority_value
-    if priority is not None and not -_I64 <= priority < _I64:
+    if priority is not None and not priority_in_range(priority):
         raise TokenizerError(
             "priority must be a signed 64-bit integer between -9223372036854775808 and 9223372036854775807"
         )

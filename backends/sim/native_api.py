@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from backends.sim.chunks import SSE_HEADERS
 from backends.sim.errors import (
     ApiError,
     SchedulerAbort,
@@ -145,7 +146,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except SchedulerAbort as e:
         if not body.stream:
             return flat_error(e)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         await resp.write(_abort_output(e, 0.0, [], state.options.incremental_streaming_output))
         await resp.write_eof()
@@ -157,7 +158,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         # `serve_generate_request`'s ValueError paths.
         if not body.stream:
             return native_value_error(e)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         await resp.write(native_stream_error(e))
         await resp.write_eof()
@@ -174,7 +175,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 body=_encode({"text": detokenize(ids), "output_ids": ids, "meta_info": gen.meta_info(finished=True)}),
                 content_type="application/json",
             )
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         incremental = state.options.incremental_streaming_output
         all_ids: list[int] = []

@@ -60,7 +60,6 @@ from backends.sim.tools import (
 
 __all__ = ["routes"]
 
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 T = TypeVar("T")
 
 
@@ -130,7 +129,7 @@ async def _refused(
 async def _abort_stream(request: web.Request, tail: bytes) -> web.StreamResponse:
     """A streamed request aborted before its first token: HTTP 200 and the abort's tail only (the
     first chunk `_handle_streaming_request` awaits is the error frame)."""
-    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    resp = web.StreamResponse(headers=chunks.SSE_HEADERS)
     await resp.prepare(request)
     await resp.write(tail)
     await resp.write_eof()
@@ -270,7 +269,7 @@ async def _chat_stream(
     if gen.abort_error is not None:  # aborted while it waited (priority scheduling)
         tail_only = _abort_tail(state, gen.abort_error, True, chunker.model, include_usage, gen.created)
         return await _abort_stream(request, tail_only)
-    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    resp = web.StreamResponse(headers=chunks.SSE_HEADERS)
     await resp.prepare(request)
     try:
         chunker.cached_tokens = gen.cache_report()
@@ -565,7 +564,7 @@ class _HeadersWithFirstToken:
 
     def __init__(self, request: web.Request) -> None:
         self.request = request
-        self.response = web.StreamResponse(headers=_SSE_HEADERS)
+        self.response = web.StreamResponse(headers=chunks.SSE_HEADERS)
 
     async def write(self, data: bytes) -> None:
         if not self.response.prepared:
@@ -749,7 +748,7 @@ async def _completion_stream(
     if gen.abort_error is not None:  # aborted while it waited (priority scheduling)
         tail_only = _abort_tail(state, gen.abort_error, False, model, include_usage, gen.created)
         return await _abort_stream(request, tail_only)
-    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    resp = web.StreamResponse(headers=chunks.SSE_HEADERS)
     await resp.prepare(request)
     done = 0
     parts: list[str] = []

@@ -31,6 +31,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
 from backends.sim.chat_output import OutputScript
+from backends.sim.chunks import SSE_HEADERS
 from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import ApiError, SchedulerAbort, responses_error
 from backends.sim.generation import Generation, admit, sampling_values
@@ -54,7 +55,6 @@ from backends.sim.tools import ARG_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, S
 
 __all__ = ["routes"]
 
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _INVALID = "invalid_request_error"
 # FastAPI's RequestValidationError names the route's function (`http_server.py`)
 _ENDPOINT = '  File "sglang/srt/entrypoints/http_server.py", line 2066, in v1_responses_request\n    POST /v1/responses'
@@ -554,7 +554,7 @@ async def _respond(state: SimState, plan: _Plan) -> web.Response:
 async def _stream(request: web.Request, state: SimState, plan: _Plan) -> web.StreamResponse:
     """`_responses_stream_generator_non_harmony`: headers and the first two events at once, then
     one delta event per engine step, the items closed, the terminal event; no `[DONE]`."""
-    resp = web.StreamResponse(headers=_SSE_HEADERS)
+    resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     if plan.body.model is None:  # `from_request` raises before the first event: the connection drops
         if request.transport is not None:
