@@ -238,6 +238,7 @@ def summarize(
     answer = [r.ttft_answer_ms for r in ok if r.ttft_answer_ms is not None]
     cached = [r for r in ok if r.cached_tokens is not None and r.input_tokens]
     itl_sources = Counter(r.itl_token_counts for r in ok if r.itl_token_counts)
+    classes = priority_levels(records)
     return Level(
         max_concurrency=max_concurrency,
         completed=len(ok),
@@ -290,10 +291,10 @@ def summarize(
         tool_call_requests=sum(1 for r in ok if r.tool_calls or r.finish_reason == "tool_calls"),
         thinking=dict(Counter(_thinking_label(r.thinking) for r in records)),
         temperatures=dict(Counter(f"{r.temperature:g}" for r in records if r.temperature is not None)),
-        priorities={str(p): len(rs) for p, rs in _by_priority(records).items()},
+        priorities={str(c.priority): c.completed + c.failed for c in classes},
         sessions=len({r.session for r in records}) if any(r.session is not None for r in records) else None,
         turns=turn_levels(records),
-        by_priority=priority_levels(records),
+        by_priority=classes,
     )
 
 
