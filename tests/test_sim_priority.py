@@ -13,7 +13,6 @@ the /generate contract report them.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import importlib
 import json
@@ -41,23 +40,13 @@ from backends.sim.engine import (
 from backends.sim.options import PriorityOptions
 from backends.sim.profile import load_profile
 from tests.support import free_port, output, running, specroute, wait_until
+from tests.test_sim_server import SCALE, twin
 
 MODEL = "kimi-k2.6"
 MSG = [{"role": "user", "content": "Write a long history of the Roman republic."}]
 LONG = 100_000  # tokens: a stream that holds its slot until its client leaves
 I64 = 1 << 63
 SGLANG_SOURCE = Path.home() / ".cache" / "specroute" / "sglang-0.5.23" / "sglang"
-SCALE = "0.02"  # the twins run 50x faster than the hardware they simulate
-
-
-@contextlib.contextmanager
-def twin(profile: str, *flags: str) -> Iterator[str]:
-    """A twin process on a free loopback port, for the duration of the block."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = specroute("sim", "--profile", profile, "--port", str(port), "--time-scale", SCALE, *flags)
-    with running(cmd, ready_url=f"{url}/ready"):
-        yield url
 
 
 def _answer(req: urllib.request.Request) -> tuple[int, Any]:
