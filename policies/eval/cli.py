@@ -34,7 +34,7 @@ from policies.eval.fleet import FleetError, parse_fleet
 from policies.eval.report import markdown, print_scenario, print_targets, to_json, write_json
 from policies.eval.runner import ScenarioResult, on_fleet
 from policies.eval.scenarios import SCENARIOS, Scenario
-from policies.eval.seeds import run_seeds
+from policies.eval.seeds import parse_seeds, run_seeds
 from policies.eval.slo import DEFAULT_SLO, SloError, parse_slo
 from policies.eval.targets import Target, check_targets
 from policies.goodput import OBJECTIVES
@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--output", required=True, type=Path, help="directory for eval.json")
     ap.add_argument(
         "--seed",
-        type=_seeds,
+        type=parse_seeds,
         default=[0],
         help="seed, or comma-separated seeds whose results are averaged (default 0)",
     )
@@ -85,16 +85,6 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--slo", default=None, help=f"ttft=S,tpot=S in seconds (default {DEFAULT_SLO.label})")
     return ap
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer or comma-separated integers") from None
-    if len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"{text!r}: a seed is repeated")
-    return seeds
 
 
 def _fleets_for(

@@ -17,6 +17,7 @@ a single run.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -28,9 +29,20 @@ from policies.eval.processes import map_in_processes
 from policies.eval.runner import ScenarioResult, run_scenario
 from policies.eval.scenarios import Scenario
 
-__all__ = ["merge_results", "run_seeds"]
+__all__ = ["merge_results", "parse_seeds", "run_seeds"]
 
 _COUNTS = frozenset({"requests", "arrived", "shed", "unfinished"})
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`0,1,2` -> [0, 1, 2] (an argparse type: a bad or repeated seed is an ArgumentTypeError)."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer or comma-separated integers") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: a seed is repeated")
+    return seeds
 
 
 def _mean(values: Sequence[float]) -> float:
