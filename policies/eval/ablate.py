@@ -32,7 +32,7 @@ from policies.base import Outcome
 from policies.estimates import BackendEstimate, Estimates
 from policies.eval.metrics import phase_metrics
 from policies.eval.oracle import OracleEstimates, OracleModel
-from policies.eval.runner import on_fleet
+from policies.eval.runner import clairvoyant_rule, on_fleet
 from policies.eval.scenarios import SCENARIOS, Scenario
 from policies.eval.seeds import parse_seeds
 from policies.eval.sim import fleet_servers, simulate
@@ -129,11 +129,6 @@ class MixedEstimates:
         return {}
 
 
-def _rule(seed: int, estimates: Any) -> Goodput:
-    """Goodput's decision rule as the clairvoyant runs it: no exploration, no optimism bonus."""
-    return Goodput("latency", seed=seed, epsilon=0.0, bonus=0.0, estimates=estimates)
-
-
 def _variants(seed: int, truth_sets: Sequence[frozenset[str]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "goodput": lambda e, s: Goodput("latency", seed=seed, backends=s),
@@ -141,8 +136,10 @@ def _variants(seed: int, truth_sets: Sequence[frozenset[str]]) -> dict[str, Any]
     }
     for truths in truth_sets:
         label = "+".join(sorted(truths)) if truths else "none"
-        out[f"truths: {label}"] = (lambda t: lambda e, s: _rule(seed, MixedEstimates(e, s, t)))(truths)
-    out["clairvoyant"] = lambda e, s: _rule(seed, OracleEstimates(e))
+        out[f"truths: {label}"] = (lambda t: lambda e, s: clairvoyant_rule("latency", seed, MixedEstimates(e, s, t)))(
+            truths
+        )
+    out["clairvoyant"] = lambda e, s: clairvoyant_rule("latency", seed, OracleEstimates(e))
     return out
 
 

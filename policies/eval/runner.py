@@ -48,7 +48,7 @@ from policies.goodput import OBJECTIVES, Goodput
 from policies.simple import LeastInflight, Pinned, RoundRobin
 from policies.threshold import Threshold
 
-__all__ = ["PhaseResult", "ScenarioResult", "contestants", "on_fleet", "run_scenario"]
+__all__ = ["PhaseResult", "ScenarioResult", "clairvoyant_rule", "contestants", "on_fleet", "run_scenario"]
 
 Factory = Callable[[dict[str, Engine], list[BackendSpec]], Policy]
 RECOVERY_WINDOW_S = 20.0
@@ -95,6 +95,12 @@ def _static_names(scenario: Scenario) -> dict[str, str]:
     return out
 
 
+def clairvoyant_rule(objective: str, seed: int, estimates: Any) -> Goodput:
+    """Goodput's decision rule as the clairvoyant runs it, on `estimates` (any object with the
+    interface of `Estimates`): no exploration, no optimism bonus."""
+    return Goodput(objective, seed=seed, epsilon=0.0, bonus=0.0, estimates=estimates)
+
+
 def contestants(
     pool: Sequence[str],
     objectives: Sequence[str],
@@ -112,7 +118,7 @@ def contestants(
         return lambda e, s: Goodput(obj, seed=seed, backends=s, **opts)
 
     def clairvoyant(obj: str) -> Factory:
-        return lambda e, s: Goodput(obj, seed=seed, epsilon=0.0, bonus=0.0, estimates=OracleEstimates(e))  # type: ignore[arg-type]  # duck-typed Estimates
+        return lambda e, s: clairvoyant_rule(obj, seed, OracleEstimates(e))
 
     def peer(name: str) -> Factory:
         return lambda e, s: make_peer(name, seed)  # type: ignore[return-value]  # each peer class has choose()
