@@ -26,6 +26,7 @@ import aiohttp
 
 from gateway.errors import ApiError, translate_upstream_error
 from gateway.records import Result
+from policies.prefill import causal_pairs
 
 if TYPE_CHECKING:
     from gateway.admission import Admission
@@ -84,6 +85,7 @@ class Attempt:
         "t_dispatch",
         "_area0",
         "_prefill",
+        "_pairs",
         "abandoned",
         "_task",
         "_cancelling",
@@ -127,8 +129,12 @@ class Attempt:
         # Until its first token this request's prompt waits to be prefilled there: the policy counts
         # it in the backend's view (SGLang prefills first come, first served).
         tokens = self.decision.prefill_tokens
-        self._prefill = req.features.prompt_tokens if tokens is None else tokens
-        backend.view.pending_prefill += self._prefill
+        prompt = req.features.prompt_tokens
+        self._prefill = prompt if tokens is None else tokens
+        self._pairs = causal_pairs(prompt, self._prefill)
+        view = backend.view
+        view.pending_prefill += self._prefill
+        view.pending_pairs += self._pairs
         self.inflight = backend.inflight
         self.t_dispatch = time.perf_counter()
         self._area0 = backend.inflight_area(self.t_dispatch)
@@ -165,8 +171,14 @@ class Attempt:
     def first_token(self) -> None:
         """The backend has prefilled this request's prompt (it sent a token, or the attempt ended)."""
         if self._prefill:
-            self.backend.view.pending_prefill -= self._prefill
-            self._prefill = 0
+            view = self.backend.view
+            view.pending_prefill -= self._prefill
+            view.pending_pairs -= self._pairs
+            # what the server's prefill counters count meanwhile (policies.server_counters)
+            view.prefilled_tokens += self._prefill
+            view.prefilled_pairs += self._pairs
+            view.prefilled_prompts += 1
+            self._prefill, self._pairs = 0, 0.0
         self.answered()
 
     def streaming(self) -> None:

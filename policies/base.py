@@ -60,6 +60,16 @@ class BackendView(msgspec.Struct, kw_only=True):
     # (queued or prefilling), as each decision predicted them uncached (`Decision.prefill_tokens`).
     # SGLang prefills first come, first served: a new request's first token waits for them.
     pending_prefill: int = 0
+    pending_pairs: float = 0.0  # their attention's causal pairs (`policies.prefill.causal_pairs`)
+    # Prompt tokens, their causal pairs and the prompts of this gateway's requests here that have
+    # been prefilled, over the backend's life (caller-kept, counted at each first token), and their
+    # values when `prefill_counters` was last polled (None if a prompt of ours was pending then):
+    # over a window of the server's counters they say how long the prompts it computed were, which
+    # its busy time per token depends on (`policies.server_counters`).
+    prefilled_tokens: int = 0
+    prefilled_pairs: float = 0.0
+    prefilled_prompts: int = 0
+    prefilled_at_report: tuple[float, float, float] | None = None
     # SGLang's own cumulative counters from `/v1/loads` (0.5.23), as last polled: `decode_moments`
     # (decode steps, sums of batch, step us, batch^2, batch x us, generated tokens) and
     # (`total_prefill_busy_us`, `total_prefill_uncached_tokens`). Step time and prefill speed

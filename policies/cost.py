@@ -8,6 +8,9 @@ served) and `uncached` tokens of its own prompt that the radix cache does not ho
          | 1.5 step_s(load + 1) + prefill_stall_s(uncached)   busy: the rest of the current pass,
                                                           then its prefill rides in the next one
          + prefill_stall_s(pending)                       behind the prompts queued before it
+
+where a prefill's time counts its tokens and its attention's causal (query, key) pairs
+(`policies.prefill`): a prompt's last tokens attend to everything before them, cached or not.
          + (load + 1 - cap) / cap x decode                if the backend is full: waiting for a slot
     own  = ttft_weight x ttft + decode,   decode = out x step_s(load + 1) / accept(c)
          + slo_weight x (ttft - ttft_slo_s)               for the part of a TTFT beyond the SLO
@@ -47,9 +50,9 @@ class CostModel(Protocol):
 
     def step_s(self, load: int) -> float: ...
 
-    def prefill_s(self, uncached: int) -> float: ...
+    def prefill_s(self, uncached: int, pairs: float = 0.0) -> float: ...
 
-    def prefill_stall_s(self, uncached: int) -> float: ...
+    def prefill_stall_s(self, uncached: int, pairs: float = 0.0) -> float: ...
 
 
 def own_and_imposed_s(
@@ -65,17 +68,21 @@ def own_and_imposed_s(
     slo_weight: float = 0.0,
     *,
     sequences: int = 1,
+    pairs: float = 0.0,
+    pending_pairs: float = 0.0,
 ) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
-    what it adds to the requests running beside it."""
+    what it adds to the requests running beside it. `pairs` and `pending_pairs` are the causal
+    attention pairs of `uncached` and of `pending` (`policies.prefill.causal_pairs`)."""
     acc = est.accept_at(c)
     n1 = load + sequences
     step = est.step_s(n1)
     decode = out * step / acc
     # idle: a forward pass of its own; busy: the rest of the current pass, then its prefill rides
     # in the next one; either way after the prompts queued before it (SGLang prefills FCFS)
-    ttft = 1.5 * step + est.prefill_stall_s(uncached) if load else est.prefill_s(uncached)
-    ttft += est.prefill_stall_s(pending)
+    stall = est.prefill_stall_s(uncached, pairs)
+    ttft = 1.5 * step + stall if load else est.prefill_s(uncached, pairs)
+    ttft += est.prefill_stall_s(pending, pending_pairs)
     cap = est.max_running
     if n1 > cap:
         ttft += (n1 - cap) / cap * decode
@@ -86,11 +93,13 @@ def own_and_imposed_s(
         running = load if load < cap else cap
         slower = step - est.step_s(load)
         passes = out / acc  # passes this request shares with others (see the module docstring)
-        cost += externality * running * (est.prefill_stall_s(uncached) + passes * (slower if slower > 0 else 0.0))
+        cost += externality * running * (stall + passes * (slower if slower > 0 else 0.0))
     return cost
 
 
-def throughput_gain(est: CostModel, c: int, load: int, uncached: int, out: float, *, sequences: int = 1) -> float:
+def throughput_gain(
+    est: CostModel, c: int, load: int, uncached: int, out: float, *, sequences: int = 1, pairs: float = 0.0
+) -> float:
     """Tok/s the backend's aggregate gains with one more request (of `sequences`), less what its
     prefill costs the running ones, spread over the request's decode time."""
     acc = est.accept_at(c)
@@ -101,5 +110,5 @@ def throughput_gain(est: CostModel, c: int, load: int, uncached: int, out: float
     gain = after - before
     if load and uncached:
         decode = out * est.step_s(n1) / acc
-        gain -= before * est.prefill_stall_s(uncached) / (decode if decode > 0 else 1.0)
+        gain -= before * est.prefill_stall_s(uncached, pairs) / (decode if decode > 0 else 1.0)
     return gain

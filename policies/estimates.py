@@ -21,7 +21,7 @@ from backends import BackendSpec, Strategy
 from policies.acceptance import Acceptance, ShapeGroup
 from policies.base import Domain, Outcome
 from policies.measure import Measurement
-from policies.prefill import PrefillModel
+from policies.prefill import PrefillModel, causal_pairs
 from policies.priors import (
     CELLS_PER_DOMAIN,
     DEFAULT_PRIORS,
@@ -49,6 +49,7 @@ def _finite(x: object) -> bool:
 # What a RateModel without a prefill model of its own predicts (the strategies' shared prior).
 _PREFILL_BASE_S = DEFAULT_PRIORS[Strategy.AR].prefill_base_s
 _PREFILL_PER_TOKEN_S = DEFAULT_PRIORS[Strategy.AR].prefill_per_token_s
+_PREFILL_PAIR_S = DEFAULT_PRIORS[Strategy.AR].prefill_pair_s
 
 
 class RateModel:
@@ -69,14 +70,15 @@ class RateModel:
         """Tokens per verify pass of a request in acceptance cell `c` (`policies.priors.cell_of`)."""
         return self._acc[c // CELLS_PER_DOMAIN]
 
-    def prefill_s(self, uncached: int) -> float:
-        """Seconds from dispatch to first token when `uncached` prompt tokens must be prefilled."""
-        return _PREFILL_BASE_S + _PREFILL_PER_TOKEN_S * uncached
+    def prefill_s(self, uncached: int, pairs: float = 0.0) -> float:
+        """Seconds from dispatch to first token when `uncached` prompt tokens must be prefilled,
+        `pairs` causal (query, key) pairs of attention among them (`policies.prefill.causal_pairs`)."""
+        return _PREFILL_BASE_S + _PREFILL_PER_TOKEN_S * uncached + _PREFILL_PAIR_S * pairs
 
-    def prefill_stall_s(self, uncached: int) -> float:
+    def prefill_stall_s(self, uncached: int, pairs: float = 0.0) -> float:
         """Seconds a prefill of `uncached` tokens holds up the decode of the requests running
         beside it (its tokens ride in their passes; the fixed part of an idle prefill does not)."""
-        return _PREFILL_PER_TOKEN_S * uncached
+        return _PREFILL_PER_TOKEN_S * uncached + _PREFILL_PAIR_S * pairs
 
     def rate(self, d: int, load: int) -> float:
         """Predicted decode tok/s of one request of domain index `d` with `load` in flight
@@ -143,7 +145,7 @@ class BackendEstimate(RateModel):
         self.step_memo = self.curve.memo  # step_s per load, 0.0 = not computed (same list, cleared in place)
         self._acc = self.acceptance.values  # same lists, updated in place
         self._cells = self.acceptance.cells
-        self.prefill = PrefillModel(prior.prefill_base_s, prior.prefill_per_token_s)
+        self.prefill = PrefillModel(prior.prefill_base_s, prior.prefill_per_token_s, prior.prefill_pair_s)
         self.seen = [0] * len(DOMAINS)  # usable outcomes per domain (drives the exploration bonus)
         self.last_chosen = 0  # decision tick of the last time a policy sent a request here
         self.last_report: float | None = None
@@ -164,13 +166,16 @@ class BackendEstimate(RateModel):
     def accept_at(self, c: int) -> float:
         return self._cells[c]
 
-    def prefill_s(self, uncached: int) -> float:
+    def prefill_s(self, uncached: int, pairs: float = 0.0) -> float:
         """An idle backend's TTFT: one forward pass of its own (priced as a decode pass at batch 1,
-        so that it scales with the machine the step curve has measured) plus the prompt's tokens."""
-        return self.step_s(1) + self.prefill.per_token_s * uncached
+        so that it scales with the machine the step curve has measured) plus the prompt's tokens
+        and their attention's pairs."""
+        pre = self.prefill
+        return self.step_s(1) + pre.per_token_s * uncached + pre.pair_s * pairs
 
-    def prefill_stall_s(self, uncached: int) -> float:
-        return self.prefill.per_token_s * uncached
+    def prefill_stall_s(self, uncached: int, pairs: float = 0.0) -> float:
+        pre = self.prefill
+        return pre.per_token_s * uncached + pre.pair_s * pairs
 
     # ------------------------------------------------------------------------ updates
 
@@ -203,11 +208,18 @@ class BackendEstimate(RateModel):
     def note_idle(self) -> None:
         self.acceptance.note_idle()
 
-    def note_counters(self, moments: tuple[float, ...] | None, prefill: tuple[float, float] | None) -> None:
+    def note_counters(
+        self,
+        moments: tuple[float, ...] | None,
+        prefill: tuple[float, float] | None,
+        own: tuple[float, float, float] | None = None,
+    ) -> None:
         """A new poll of the server's own counters (`BackendView.decode_moments`,
-        `prefill_counters`): each closed window is a clean sample of step time at its mean batch,
-        and of prefill seconds per token. Once the server measures its steps, requests' own decode
-        timing (which carries other requests' prefills) no longer moves the step curve."""
+        `prefill_counters`, and `prefilled_at_report`, the gateway's own prefilled tokens, pairs and
+        prompts at that poll): each closed window is a clean sample of step time at its mean batch, and of
+        prefill seconds per token at its prompts' pairs per token. Once the server measures its
+        steps, requests' own decode timing (which carries other requests' prefills) no longer moves
+        the step curve."""
         if moments is not None and moments is not self.last_moments:
             self.last_moments = moments
             got = self.counters.decode(moments)
@@ -217,9 +229,9 @@ class BackendEstimate(RateModel):
                 self.observed += 1
         if prefill is not None and prefill is not self.last_prefill_counters:
             self.last_prefill_counters = prefill
-            rate = self.counters.prefill(prefill[0], prefill[1])
+            rate = self.counters.prefill(prefill[0], prefill[1], own)
             if rate is not None:
-                self.prefill.observe_rate(rate)
+                self.prefill.observe_rate(*rate)
 
     def note_report(self, reported_accept: float, running: int | None) -> None:
         self.last_report = reported_accept
@@ -311,7 +323,8 @@ class BackendEstimate(RateModel):
         if not isinstance(cached, int) or cached < 0:
             return
         share = (real - cached) / real if real > 0 and cached <= real else 1.0
-        self.prefill.observe(float(ttft), round(estimate * share))  # type: ignore[arg-type]
+        uncached = round(estimate * share)
+        self.prefill.observe(float(ttft), uncached, causal_pairs(estimate, uncached))  # type: ignore[arg-type]
 
     # --------------------------------------------------------------------- reporting
 

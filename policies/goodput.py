@@ -52,6 +52,7 @@ from policies.cost import own_and_imposed_s, throughput_gain
 from policies.estimates import BackendEstimate, Estimates
 from policies.lengths import OutputLengths
 from policies.measure import Measurement
+from policies.prefill import causal_pairs
 from policies.prefix_cache import TRACKED_TOKENS, PrefixCache, tracked
 from policies.priors import DOMAIN_INDEX, DOMAINS, cell_of
 from policies.steptime import StepCurve
@@ -176,7 +177,7 @@ class Goodput:
             if acc is not None and acc != est.last_report:
                 est.note_report(acc, v.reported_running)
             if v.decode_moments is not est.last_moments or v.prefill_counters is not est.last_prefill_counters:
-                est.note_counters(v.decode_moments, v.prefill_counters)
+                est.note_counters(v.decode_moments, v.prefill_counters, v.prefilled_at_report)
             uncached = prompt
             held = 0
             if depths:
@@ -185,10 +186,12 @@ class Goodput:
                     uncached -= held * TRACKED_TOKENS
                     if uncached < 0:
                         uncached = 0
+            # attention's causal pairs of the uncached part (policies.prefill.causal_pairs, inlined)
+            pairs = uncached * (prompt - 0.5 * uncached)
             # an unmeasured AR backend is predicted like its measured AR peers (Estimates.stand_in)
             guess = est if est.observed or est.speculative else self.estimates.stand_in(est)
             if not latency:
-                cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k)
+                cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
             elif type(guess) is BackendEstimate:  # policies.cost.own_and_imposed_s, inlined
                 acc = guess._cells[cell]
                 memo = guess.step_memo
@@ -200,7 +203,9 @@ class Goodput:
                 pre = guess.prefill
                 # idle: a forward pass of its own; busy: the rest of the current pass, then its
                 # prefill rides in the next one; either way after the prompts queued before it
-                ttft = (1.5 * step if load else step) + pre.per_token_s * (uncached + v.pending_prefill)
+                stall = pre.per_token_s * uncached + pre.pair_s * pairs
+                ttft = (1.5 * step if load else step) + stall
+                ttft += pre.per_token_s * v.pending_prefill + pre.pair_s * v.pending_pairs
                 cap = guess.max_running
                 if n1 > cap:
                     ttft += (n1 - cap) / cap * decode
@@ -212,10 +217,22 @@ class Goodput:
                     if not s0:
                         s0 = guess.step_s(load)
                     slower = step - s0 if step > s0 else 0.0
-                    cost += weight * (load if load < cap else cap) * (pre.per_token_s * uncached + out / acc * slower)
+                    cost += weight * (load if load < cap else cap) * (stall + out / acc * slower)
             else:
                 cost = own_and_imposed_s(
-                    guess, cell, load, uncached, out, weight, wt, v.pending_prefill, slo, over, sequences=k
+                    guess,
+                    cell,
+                    load,
+                    uncached,
+                    out,
+                    weight,
+                    wt,
+                    v.pending_prefill,
+                    slo,
+                    over,
+                    sequences=k,
+                    pairs=pairs,
+                    pending_pairs=v.pending_pairs,
                 )
             seen = est.seen[d]
             cost -= (cost if cost > 0 else -cost) * bonus_table[seen if seen < top else top]
@@ -238,7 +255,7 @@ class Goodput:
         reason = "best"
         explore = None
         if self.epsilon and self._rng.random() < self.epsilon:
-            best_e2e = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view.pending_prefill, k)
+            best_e2e = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view, request)
             explore = self._explore(cell, out, request, candidates, best_cost, best_e2e)
         if explore is not None and explore[0] is not best_view:
             best_view, best_est = explore
@@ -309,22 +326,41 @@ class Goodput:
             if est.last_chosen > stale:
                 continue
             load, uncached = view_load(v), self._uncached(v, request)
-            if self._cost(est, cell, load, uncached, out, v.pending_prefill, request.sequences) > ceiling:
+            if self._cost(est, cell, load, uncached, out, v, request) > ceiling:
                 continue
-            if self._e2e_s(est, cell, load, uncached, out, v.pending_prefill, request.sequences) > e2e_ceiling:
+            if self._e2e_s(est, cell, load, uncached, out, v, request) > e2e_ceiling:
                 continue
             if pick is None or est.last_chosen < pick[1].last_chosen:
                 pick = (v, est)
         return pick
 
     def _e2e_s(
-        self, est: BackendEstimate, cell: int, load: int, uncached: int, out: float, pending: int, sequences: int = 1
+        self,
+        est: BackendEstimate,
+        cell: int,
+        load: int,
+        uncached: int,
+        out: float,
+        v: BackendView,
+        request: RequestFeatures,
     ) -> float:
         """This request's own predicted seconds to its last token there: TTFT plus decode, nothing
         imposed on others, no weights."""
         if not est.observed:
             est = self.estimates.stand_in(est)
-        return own_and_imposed_s(est, cell, load, uncached, out, 0.0, 1.0, pending, sequences=sequences)
+        return own_and_imposed_s(
+            est,
+            cell,
+            load,
+            uncached,
+            out,
+            0.0,
+            1.0,
+            v.pending_prefill,
+            sequences=request.sequences,
+            pairs=causal_pairs(request.prompt_tokens, uncached),
+            pending_pairs=v.pending_pairs,
+        )
 
     def _cost(
         self,
@@ -333,12 +369,13 @@ class Goodput:
         load: int,
         uncached: int,
         out: float,
-        pending: int = 0,
-        sequences: int = 1,
+        v: BackendView,
+        request: RequestFeatures,
     ) -> float:
         """The objective's cost before the exploration bonus (the hot loop inlines this)."""
         if not est.observed:
             est = self.estimates.stand_in(est)
+        pairs = causal_pairs(request.prompt_tokens, uncached)
         if self._latency:
             return own_and_imposed_s(
                 est,
@@ -348,12 +385,14 @@ class Goodput:
                 out,
                 self.externality,
                 self.ttft_weight,
-                pending,
+                v.pending_prefill,
                 self.ttft_slo_s,
                 self.slo_weight,
-                sequences=sequences,
+                sequences=request.sequences,
+                pairs=pairs,
+                pending_pairs=v.pending_pairs,
             )
-        return -throughput_gain(est, cell, load, uncached, out, sequences=sequences)
+        return -throughput_gain(est, cell, load, uncached, out, sequences=request.sequences, pairs=pairs)
 
     # ------------------------------------------------------------------- learn
 
@@ -387,6 +426,9 @@ class Goodput:
             entry = out.setdefault(v.spec.name, est.describe())
             entry["load"] = load
             entry["pending_prefill"] = v.pending_prefill
+            entry["pending_pairs"] = v.pending_pairs
+            entry["prefilled_tokens"] = v.prefilled_tokens
+            entry["prefilled_prompts"] = v.prefilled_prompts
             entry["predicted_tok_s"] = {dom.value: round(est.rate(i, load + 1), 1) for i, dom in enumerate(DOMAINS)}
         if self.prefixes is not None:
             for name, blocks in self.prefixes.describe().items():

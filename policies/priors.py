@@ -92,6 +92,9 @@ class StrategyPrior(msgspec.Struct, frozen=True, kw_only=True):
     # (~12k tok/s); the fixed part is one latency-bound forward (R1: 38 ms) plus scheduling.
     prefill_base_s: float = 0.040
     prefill_per_token_s: float = 0.08e-3
+    # Assumption: attention costs K2.6 64 heads x (2 x 192 QK + 2 x 128 PV) x 61 layers = 2.5 MFLOP
+    # per causal (query, key) pair (model card: 61 layers, 64 MLA heads), at the same ~0.8 PFLOP/s.
+    prefill_pair_s: float = 3.1e-9
     # Assumption: sampling at T ~ 0.5 / T >= 0.75 keeps ~92% / ~82% of the drafts accepted at T=0
     # (lossless speculative sampling accepts min(1, p/q): fewer tokens once the target samples).
     temperature_factors: tuple[float, float, float] = (1.0, 0.92, 0.82)

@@ -172,8 +172,12 @@ def test_exploration_never_makes_a_request_twice_as_slow_to_spare_a_loaded_backe
     _teach(policy, "ar", load=1, step_s=0.038, accept=None)
     out, cell = policy.lengths.expected(MATH), cell_of(0, 0.0, 0)
     est = policy.estimates.backends
-    assert policy._cost(est["ar"], cell, 0, 0, out) < 2 * policy._cost(est["fast"], cell, 15, 0, out)
-    assert policy._e2e_s(est["ar"], cell, 0, 0, out, 0) > 2 * policy._e2e_s(est["fast"], cell, 15, 0, out, 0)
+    assert policy._cost(est["ar"], cell, 0, 0, out, ar, MATH) < 2 * policy._cost(
+        est["fast"], cell, 15, 0, out, fast, MATH
+    )
+    assert policy._e2e_s(est["ar"], cell, 0, 0, out, ar, MATH) > 2 * policy._e2e_s(
+        est["fast"], cell, 15, 0, out, fast, MATH
+    )
     assert {policy.choose(MATH, [fast, ar]).backend.name for _ in range(300)} == {"fast"}
 
 

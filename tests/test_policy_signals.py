@@ -22,8 +22,9 @@ from backends import BackendSpec, Strategy
 from backends.loads import parse_loads
 from policies import BackendView, Domain, Goodput, Outcome, RequestFeatures
 from policies.acceptance import Acceptance, ShapeGroup
+from policies.prefill import causal_pairs
 from policies.priors import cell_of
-from policies.server_counters import MIN_PREFILL_TOKENS, MIN_STEPS, CounterWindows
+from policies.server_counters import MAX_PREFILL_TOKENS, MIN_PREFILL_TOKENS, MIN_STEPS, CounterWindows
 from tests.support import gateway, get_json, wait_until
 
 CHAT = RequestFeatures(model="m", domain=Domain.CHAT, temperature=0.0, prompt_tokens=200)
@@ -53,7 +54,31 @@ def test_a_window_closes_after_enough_steps_and_restarts_when_the_counters_go_ba
     assert w.decode(_moments(10 + MIN_STEPS, 2, 0.04)) == pytest.approx((2, 0.04))
     assert w.decode((float("nan"), 1.0, 2.0)) is None
     assert w.prefill(1e6, 1000) is None
-    assert w.prefill(1e6 + 0.12e-3 * 1e6 * MIN_PREFILL_TOKENS, 1000 + MIN_PREFILL_TOKENS) == pytest.approx(0.12e-3)
+    rate, pairs, prompts = w.prefill(1e6 + 0.12e-3 * 1e6 * MIN_PREFILL_TOKENS, 1000 + MIN_PREFILL_TOKENS) or (0, 0, 0)
+    assert rate == pytest.approx(0.12e-3) and pairs is None and prompts is None  # the gateway counted nothing
+
+
+def test_a_prefill_window_carries_the_length_of_the_prompts_the_gateway_prefilled_in_it():
+    w = CounterWindows()
+    assert w.prefill(0.0, 0.0, (0.0, 0.0, 0.0)) is None
+    # two prompts of 3000 tokens, cache empty: 3000 x 1500 pairs each
+    got = w.prefill(0.8e6, 6000.0, (6000.0, 2 * causal_pairs(3000, 3000), 2.0))
+    assert got == pytest.approx((0.8 / 6000, 1500.0, 2 / 6000))
+
+
+def test_a_prefill_window_waits_for_a_report_between_the_gateways_prompts():
+    # The server counts a long prompt's chunks as it computes them; the gateway counts the prompt
+    # at its first token. A report taken while one of ours is part-way (own None) does not close
+    # an aligned window: the next report between prompts closes it over the whole prompt.
+    w = CounterWindows()
+    w.prefill(0.0, 0.0, (0.0, 0.0, 0.0))
+    assert w.prefill(2e6, 16_384.0, None) is None  # the first chunk of a 40k-token prompt
+    got = w.prefill(6e6, 40_000.0, (40_000.0, causal_pairs(40_000, 40_000), 1.0))
+    assert got == pytest.approx((6.0 / 40_000, 20_000.0, 1 / 40_000))
+    # it closes anyway once it holds MAX_PREFILL_TOKENS, its length unknown
+    assert w.prefill(6e6 + 1, 40_000.0 + MAX_PREFILL_TOKENS - 1, None) is None
+    rate, pairs, prompts = w.prefill(7e6, 40_000.0 + MAX_PREFILL_TOKENS, None) or (0, 0, 0)
+    assert rate == pytest.approx(1.0 / MAX_PREFILL_TOKENS) and pairs is None and prompts is None
 
 
 def test_the_load_report_carries_the_prefill_counters_summed_over_ranks():
@@ -239,13 +264,19 @@ def test_the_gateway_counts_a_prompt_pending_until_its_first_token_and_passes_th
         t.start()
         try:
 
+            def entry() -> dict:
+                return get_json(f"{gw}/admin/backends")["policies"]["kimi-k2.6"]["backends"]["d"]
+
             def pending() -> int:
-                return int(
-                    get_json(f"{gw}/admin/backends")["policies"]["kimi-k2.6"]["backends"]["d"].get("pending_prefill", 0)
-                )
+                return int(entry().get("pending_prefill", 0))
 
             assert wait_until(lambda: pending() > 30_000, timeout=10)  # queued/prefilling: ~40k tokens
+            # its attention's causal pairs: about 40k x 40k / 2
+            assert entry()["pending_pairs"] == pytest.approx(causal_pairs(pending(), pending()))
             assert wait_until(lambda: pending() == 0, timeout=30)  # its first token came
+            after = entry()
+            assert after["pending_pairs"] == 0 and after["prefilled_prompts"] == 1
+            assert after["prefilled_tokens"] > 30_000  # counted as prefilled, for the server's windows
             assert done.wait(60)
         finally:
             t.join(60)
@@ -260,3 +291,4 @@ def test_the_gateway_counts_a_prompt_pending_until_its_first_token_and_passes_th
             return d["step_server_windows"] >= 1 and d["prefill_server_windows"] >= 1
 
         assert wait_until(windows, timeout=30, interval=1.0)
+        assert "prefill_ms_per_mpair" in entry()  # /admin/backends shows the learned pair cost

@@ -77,11 +77,11 @@ class MixedModel:
             return self._step_at_mean_kv(load)
         return self.learned.step_s(load)
 
-    def prefill_s(self, uncached: int) -> float:
-        return (self.truth if "prefill" in self.truths else self.learned).prefill_s(uncached)
+    def prefill_s(self, uncached: int, pairs: float = 0.0) -> float:
+        return (self.truth if "prefill" in self.truths else self.learned).prefill_s(uncached, pairs)
 
-    def prefill_stall_s(self, uncached: int) -> float:
-        return (self.truth if "prefill" in self.truths else self.learned).prefill_stall_s(uncached)
+    def prefill_stall_s(self, uncached: int, pairs: float = 0.0) -> float:
+        return (self.truth if "prefill" in self.truths else self.learned).prefill_stall_s(uncached, pairs)
 
     def _step_at_mean_kv(self, load: int) -> float:
         engine: Engine = self.truth.engine

@@ -99,7 +99,12 @@ class OracleModel(RateModel):
     last_moments: tuple[float, ...] | None = None
     last_prefill_counters: tuple[float, float] | None = None
 
-    def note_counters(self, moments: tuple[float, ...] | None, prefill: tuple[float, float] | None) -> None:
+    def note_counters(
+        self,
+        moments: tuple[float, ...] | None,
+        prefill: tuple[float, float] | None,
+        own: tuple[float, float, float] | None = None,
+    ) -> None:
         pass
 
     @property
@@ -136,17 +141,25 @@ class OracleModel(RateModel):
         b = max(1, min(load, e.max_running))
         return e.step_time(b, kv_tokens=int(b * self._kv_per_request))
 
-    def prefill_s(self, uncached: int) -> float:
-        return self.engine.prefill_time(uncached, 0)
+    def prefill_s(self, uncached: int, pairs: float = 0.0) -> float:
+        return self.engine.prefill_time(uncached, 0, _cached_before(uncached, pairs))
 
-    def prefill_stall_s(self, uncached: int) -> float:
-        return self.engine.prefill_time(uncached, 1)
+    def prefill_stall_s(self, uncached: int, pairs: float = 0.0) -> float:
+        return self.engine.prefill_time(uncached, 1, _cached_before(uncached, pairs))
 
     def describe(self) -> dict[str, Any]:
         return {
             "accept_length": {d.value: round(a, 3) for d, a in zip(DOMAINS, self._accepts(), strict=False)},
             "step_ms": {str(b): round(self.step_s(b) * 1000, 2) for b in (1, 2, 4, 8, 16, 32, 64, 128)},
         }
+
+
+def _cached_before(uncached: int, pairs: float) -> int:
+    """The cached prefix that `uncached` new tokens with `pairs` causal pairs follow (the inverse
+    of `policies.prefill.causal_pairs`); 0 when the pairs are not given."""
+    if uncached <= 0 or pairs <= 0:
+        return 0
+    return max(round(pairs / uncached - uncached / 2), 0)
 
 
 class OracleEstimates:

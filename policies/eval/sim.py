@@ -51,6 +51,7 @@ from policies.eval.fleet import Server, parse_fleet, servers
 from policies.eval.peers import LoadSnapshot
 from policies.eval.scenarios import Phase, Scenario
 from policies.eval.workload import Mix, Session, Turn, draw_session, single_request
+from policies.prefill import causal_pairs
 
 __all__ = ["DRAIN_S", "MODEL", "RequestRecord", "RunResult", "build_engines", "fleet_servers", "simulate"]
 
@@ -125,16 +126,26 @@ class _Backend:
         self.integral = 0.0  # time integral of in-flight count: gives each request its mean load
         self.t_change = 0.0
         self.waiting_tokens: dict[str, int] = {}  # rid -> prompt tokens, until its first token
-        # rid -> the tokens the decision expected to be prefilled, until its first token (the
-        # gateway's BackendView.pending_prefill is their sum)
-        self.prefilling: dict[str, int] = {}
+        # rid -> the tokens the decision expected to be prefilled and their causal pairs, until its
+        # first token (the gateway's BackendView.pending_prefill and pending_pairs are their sums)
+        self.prefilling: dict[str, tuple[int, float]] = {}
 
-    def prefill_started(self, rid: str, tokens: int) -> None:
-        self.prefilling[rid] = tokens
+    def prefill_started(self, rid: str, tokens: int, prompt_tokens: int) -> None:
+        pairs = causal_pairs(prompt_tokens, tokens)
+        self.prefilling[rid] = (tokens, pairs)
         self.view.pending_prefill += tokens
+        self.view.pending_pairs += pairs
 
     def prefill_done(self, rid: str) -> None:
-        self.view.pending_prefill -= self.prefilling.pop(rid, 0)
+        if rid not in self.prefilling:
+            return
+        tokens, pairs = self.prefilling.pop(rid)
+        v = self.view
+        v.pending_prefill -= tokens
+        v.pending_pairs -= pairs
+        v.prefilled_tokens += tokens
+        v.prefilled_pairs += pairs
+        v.prefilled_prompts += 1
 
 
 class _Flight(msgspec.Struct, kw_only=True):
@@ -406,7 +417,7 @@ def simulate(
         touch(b)
         b.view.inflight += 1
         b.waiting_tokens[str(rid)] = turn.prompt_tokens
-        b.prefill_started(str(rid), prefill)
+        b.prefill_started(str(rid), prefill, features.prompt_tokens)
         inflight[str(rid)] = _Flight(
             rec=rec,
             features=features,
@@ -562,6 +573,12 @@ def simulate(
                 v.reported_inflight = v.inflight
                 v.decode_moments = st.decode_moments
                 v.prefill_counters = (float(st.total_prefill_busy_us), float(st.total_prompt_tokens))
+                # only between prompts of ours is it aligned with the server's (policies.server_counters)
+                v.prefilled_at_report = (
+                    None
+                    if v.pending_prefill
+                    else (float(v.prefilled_tokens), v.prefilled_pairs, float(v.prefilled_prompts))
+                )
             push(now + poll_s, _POLL, None)
         elif kind == _PEER_POLL:
             snaps = {}
