@@ -130,6 +130,7 @@ class Goodput:
         cell = cell_of(d, request.temperature, request.prompt_tokens)
         out = self.lengths.expected(request)
         prompt = request.prompt_tokens
+        whole_pairs = 0.5 * prompt * prompt  # of a prompt no backend holds any of
         k = request.sequences  # decoded side by side: the load it adds
         prefixes = self.prefixes
         chain = tracked(request.prefix) if prefixes is not None else ()
@@ -187,7 +188,7 @@ class Goodput:
                     if uncached < 0:
                         uncached = 0
             # attention's causal pairs of the uncached part (policies.prefill.causal_pairs, inlined)
-            pairs = uncached * (prompt - 0.5 * uncached)
+            pairs = whole_pairs if uncached == prompt else uncached * (prompt - 0.5 * uncached)
             # an unmeasured AR backend is predicted like its measured AR peers (Estimates.stand_in)
             guess = est if est.observed or est.speculative else self.estimates.stand_in(est)
             if not latency:
@@ -203,9 +204,12 @@ class Goodput:
                 pre = guess.prefill
                 # idle: a forward pass of its own; busy: the rest of the current pass, then its
                 # prefill rides in the next one; either way after the prompts queued before it
-                stall = pre.per_token_s * uncached + pre.pair_s * pairs
-                ttft = (1.5 * step if load else step) + stall
-                ttft += pre.per_token_s * v.pending_prefill + pre.pair_s * v.pending_pairs
+                per_token, per_pair = pre.per_token_s, pre.pair_s
+                ttft = (
+                    (1.5 * step if load else step)
+                    + per_token * (uncached + v.pending_prefill)
+                    + per_pair * (pairs + v.pending_pairs)
+                )
                 cap = guess.max_running
                 if n1 > cap:
                     ttft += (n1 - cap) / cap * decode
@@ -217,6 +221,7 @@ class Goodput:
                     if not s0:
                         s0 = guess.step_s(load)
                     slower = step - s0 if step > s0 else 0.0
+                    stall = per_token * uncached + per_pair * pairs
                     cost += weight * (load if load < cap else cap) * (stall + out / acc * slower)
             else:
                 cost = own_and_imposed_s(
