@@ -164,7 +164,7 @@ def test_the_exporter_process_sends_the_sdk_encoders_message():
         _send(proc, traces)
     finally:
         proc.stdin.close()  # EOF: the process exports what it holds and exits
-        assert proc.wait(20) == 0
+        assert proc.wait(60) == 0
         collector.server.shutdown()
     expected = encode_spans(to_readable(expand(traces), Resource.create({"service.name": "specroute-test"})))
     assert [path for path, _ in collector.messages] == ["/v1/traces"]
@@ -187,12 +187,12 @@ def test_the_exporter_process_batches_by_size_and_by_delay():
         traces = _traces(random.Random(1))[:6]  # 12 spans, in frames of 4
         for i in range(0, 6, 2):
             _send(proc, traces[i : i + 2])
-        assert wait_until(lambda: len(collector.spans()) == 12, timeout=10)
+        assert wait_until(lambda: len(collector.spans()) == 12, timeout=60)
         sizes = [sum(len(ss.spans) for rs in m.resource_spans for ss in rs.scope_spans) for _, m in collector.messages]
         assert max(sizes) <= 5
     finally:
         proc.stdin.close()
-        proc.wait(10)
+        proc.wait(60)
         collector.server.shutdown()
 
 
@@ -203,8 +203,8 @@ def test_a_bad_frame_is_dropped_and_the_next_one_still_exported():
         garbage = b"\xc1not msgpack"
         proc.stdin.write(struct.pack("<I", len(garbage)) + garbage)
         _send(proc, _traces(random.Random(2))[:1])
-        assert wait_until(lambda: len(collector.spans()) == 2, timeout=10)
+        assert wait_until(lambda: len(collector.spans()) == 2, timeout=60)
     finally:
         proc.stdin.close()
-        assert proc.wait(10) == 0
+        assert proc.wait(60) == 0
         collector.server.shutdown()
