@@ -260,7 +260,7 @@ class Goodput:
         reason = "best"
         explore = None
         if self.epsilon and self._rng.random() < self.epsilon:
-            best_e2e = self._e2e_s(best_est, cell, best_load, best_uncached, out, best_view, request)
+            best_e2e = self._cost(best_est, cell, best_load, best_uncached, out, best_view, request, own_only=True)
             explore = self._explore(cell, out, request, candidates, best_cost, best_e2e)
         if explore is not None and explore[0] is not best_view:
             best_view, best_est = explore
@@ -333,39 +333,11 @@ class Goodput:
             load, uncached = view_load(v), self._uncached(v, request)
             if self._cost(est, cell, load, uncached, out, v, request) > ceiling:
                 continue
-            if self._e2e_s(est, cell, load, uncached, out, v, request) > e2e_ceiling:
+            if self._cost(est, cell, load, uncached, out, v, request, own_only=True) > e2e_ceiling:
                 continue
             if pick is None or est.last_chosen < pick[1].last_chosen:
                 pick = (v, est)
         return pick
-
-    def _e2e_s(
-        self,
-        est: BackendEstimate,
-        cell: int,
-        load: int,
-        uncached: int,
-        out: float,
-        v: BackendView,
-        request: RequestFeatures,
-    ) -> float:
-        """This request's own predicted seconds to its last token there: TTFT plus decode, nothing
-        imposed on others, no weights."""
-        if not est.observed:
-            est = self.estimates.stand_in(est)
-        return own_and_imposed_s(
-            est,
-            cell,
-            load,
-            uncached,
-            out,
-            0.0,
-            1.0,
-            v.pending_prefill,
-            sequences=request.sequences,
-            pairs=causal_pairs(request.prompt_tokens, uncached),
-            pending_pairs=v.pending_pairs,
-        )
 
     def _cost(
         self,
@@ -376,23 +348,27 @@ class Goodput:
         out: float,
         v: BackendView,
         request: RequestFeatures,
+        *,
+        own_only: bool = False,
     ) -> float:
-        """The objective's cost before the exploration bonus (the hot loop inlines this)."""
+        """The objective's cost before the exploration bonus (the hot loop inlines this). With
+        `own_only`, this request's own predicted seconds to its last token there instead: TTFT plus
+        decode, nothing imposed on others, no weights."""
         if not est.observed:
             est = self.estimates.stand_in(est)
         pairs = causal_pairs(request.prompt_tokens, uncached)
-        if self._latency:
+        if own_only or self._latency:
             return own_and_imposed_s(
                 est,
                 cell,
                 load,
                 uncached,
                 out,
-                self.externality,
-                self.ttft_weight,
+                0.0 if own_only else self.externality,
+                1.0 if own_only else self.ttft_weight,
                 v.pending_prefill,
-                self.ttft_slo_s,
-                self.slo_weight,
+                math.inf if own_only else self.ttft_slo_s,
+                0.0 if own_only else self.slo_weight,
                 sequences=request.sequences,
                 pairs=pairs,
                 pending_pairs=v.pending_pairs,
