@@ -19,9 +19,12 @@ backend, would make whichever server last took a long document look seconds slow
 
 When the server reports its prefill counters (`policies.server_counters`), each window gives its
 busy seconds per computed token `r` and, from the gateway's own counts over the same window, the
-mean pairs per token `q` of what was prefilled. Over recent windows `r = a + c q` is fitted (ridge
-on `c` toward the prior, so that windows of alike prompts leave it there): `a` is the per-token
-slope and `c` the pair cost. TTFT then only teaches the fixed part.
+causal pairs `q` and the prompts `m` per token of what was prefilled. Over recent windows
+`r = a + c q + b m` is fitted (ridge on `c` and `b` toward their priors, so that windows of alike
+prompts leave them there): `a` is the per-token slope, `c` the pair cost and `b` each prefill
+pass's own forward, fitted so that it does not read as dearer tokens in windows of short prompts
+(the cost model does not price it: its TTFT formula has that pass). TTFT then only teaches the
+fixed part.
 """
 
 from __future__ import annotations
