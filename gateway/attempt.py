@@ -132,9 +132,7 @@ class Attempt:
         prompt = req.features.prompt_tokens
         self._prefill = prompt if tokens is None else tokens
         self._pairs = causal_pairs(prompt, self._prefill)
-        view = backend.view
-        view.pending_prefill += self._prefill
-        view.pending_pairs += self._pairs
+        backend.view.prefill_queued(self._prefill, self._pairs)
         self.inflight = backend.inflight
         self.t_dispatch = time.perf_counter()
         self._area0 = backend.inflight_area(self.t_dispatch)
@@ -171,13 +169,7 @@ class Attempt:
     def first_token(self) -> None:
         """The backend has prefilled this request's prompt (it sent a token, or the attempt ended)."""
         if self._prefill:
-            view = self.backend.view
-            view.pending_prefill -= self._prefill
-            view.pending_pairs -= self._pairs
-            # what the server's prefill counters count meanwhile (policies.server_counters)
-            view.prefilled_tokens += self._prefill
-            view.prefilled_pairs += self._pairs
-            view.prefilled_prompts += 1
+            self.backend.view.prefill_finished(self._prefill, self._pairs)
             self._prefill, self._pairs = 0, 0.0
         self.answered()
 

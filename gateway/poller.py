@@ -277,12 +277,7 @@ class BackendPoller:
         # the server's own step-time and prefill counters (policies/server_counters.py)
         view.decode_moments = report.decode_moments
         view.prefill_counters = report.prefill_counters
-        # only between prompts of ours is it aligned with the server's (policies.server_counters)
-        view.prefilled_at_report = (
-            None
-            if view.pending_prefill
-            else (float(view.prefilled_tokens), view.prefilled_pairs, float(view.prefilled_prompts))
-        )
+        view.note_prefill_report()
         # the report was taken somewhere between sending the poll and its answer
         view.reported_inflight = (inflight_before + backend.inflight) // 2 if report.running is not None else None
         info = backend.info

@@ -87,6 +87,29 @@ class BackendView(msgspec.Struct, kw_only=True):
     def name(self) -> str:
         return self.spec.name
 
+    def prefill_queued(self, tokens: int, pairs: float) -> None:
+        """A request of ours was dispatched here with `tokens` uncached prompt tokens, `pairs`
+        causal pairs: pending until its first token."""
+        self.pending_prefill += tokens
+        self.pending_pairs += pairs
+
+    def prefill_finished(self, tokens: int, pairs: float) -> None:
+        """That request's first token came (or it ended): no longer pending, counted prefilled."""
+        self.pending_prefill -= tokens
+        self.pending_pairs -= pairs
+        self.prefilled_tokens += tokens
+        self.prefilled_pairs += pairs
+        self.prefilled_prompts += 1
+
+    def note_prefill_report(self) -> None:
+        """`prefill_counters` were just polled: keep our prefilled counts beside them, only between
+        prompts of ours, where they align with the server's (`policies.server_counters`)."""
+        self.prefilled_at_report = (
+            None
+            if self.pending_prefill
+            else (float(self.prefilled_tokens), self.prefilled_pairs, float(self.prefilled_prompts))
+        )
+
 
 def view_load(v: BackendView) -> int:
     """Our in-flight count plus what the backend reported beyond ours at its last report.

@@ -133,19 +133,12 @@ class _Backend:
     def prefill_started(self, rid: str, tokens: int, prompt_tokens: int) -> None:
         pairs = causal_pairs(prompt_tokens, tokens)
         self.prefilling[rid] = (tokens, pairs)
-        self.view.pending_prefill += tokens
-        self.view.pending_pairs += pairs
+        self.view.prefill_queued(tokens, pairs)
 
     def prefill_done(self, rid: str) -> None:
         if rid not in self.prefilling:
             return
-        tokens, pairs = self.prefilling.pop(rid)
-        v = self.view
-        v.pending_prefill -= tokens
-        v.pending_pairs -= pairs
-        v.prefilled_tokens += tokens
-        v.prefilled_pairs += pairs
-        v.prefilled_prompts += 1
+        self.view.prefill_finished(*self.prefilling.pop(rid))
 
 
 class _Flight(msgspec.Struct, kw_only=True):
@@ -573,12 +566,7 @@ def simulate(
                 v.reported_inflight = v.inflight
                 v.decode_moments = st.decode_moments
                 v.prefill_counters = (float(st.total_prefill_busy_us), float(st.total_prompt_tokens))
-                # only between prompts of ours is it aligned with the server's (policies.server_counters)
-                v.prefilled_at_report = (
-                    None
-                    if v.pending_prefill
-                    else (float(v.prefilled_tokens), v.prefilled_pairs, float(v.prefilled_prompts))
-                )
+                v.note_prefill_report()
             push(now + poll_s, _POLL, None)
         elif kind == _PEER_POLL:
             snaps = {}
