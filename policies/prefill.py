@@ -76,15 +76,7 @@ class PrefillModel:
         if not (0 < alpha < 1):
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         self._alpha = alpha
-        self.base_s = self.per_token_s = self.pair_s = self.fixed_s = 0.0
-        self._prior_pair_s = 0.0
-        self._prior_fixed_s = base_s  # a prefill pass's fixed part, as an idle one's
-        self.samples = 0
-        self.server_rate = 0  # windows of the server's own prefill counters seen
-        self._sized = 0  # of which the gateway's counts gave the prompts' length
-        self._prior = self._data = (0.0, 0.0, 0.0, 0.0, 0.0)
-        self._xx = [[0.0] * 3 for _ in range(3)]
-        self._xr = [0.0] * 3
+        self._prior_pair_s = pair_s  # what a later reset without one keeps
         self.reset(base_s, per_token_s, pair_s)
 
     def reset(self, base_s: float, per_token_s: float, pair_s: float | None = None) -> None:
@@ -102,12 +94,13 @@ class PrefillModel:
         w = _PRIOR_WEIGHT / 2
         y1 = base_s + per_token_s * _PRIOR_X
         self._prior = (2 * w, w * _PRIOR_X, w * (base_s + y1), w * _PRIOR_X * _PRIOR_X, w * _PRIOR_X * y1)
-        self._prior_fixed_s = self.fixed_s = base_s
+        self._prior_fixed_s = self.fixed_s = base_s  # a prefill pass's fixed part, as an idle one's
         self._data = (0.0, 0.0, 0.0, 0.0, 0.0)
-        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xx = [[0.0] * 3 for _ in range(3)]  # window fit's weighted sums (x x^T, x r)
         self._xr = [0.0] * 3
         self.samples = 0
-        self.server_rate = self._sized = 0
+        self.server_rate = 0  # windows of the server's own prefill counters seen
+        self._sized = 0  # of which the gateway's counts gave the prompts' length
 
     def observe_rate(
         self, per_token_s: float, pairs_per_token: float | None = None, prompts_per_token: float | None = None
@@ -122,11 +115,13 @@ class PrefillModel:
         the long ones, and the mean length would price their time as dearer tokens."""
         if not (math.isfinite(per_token_s) and 0 < per_token_s < 1.0):
             return
-        known = pairs_per_token is not None and prompts_per_token is not None
-        if known:
-            assert pairs_per_token is not None and prompts_per_token is not None
-            known = math.isfinite(pairs_per_token + prompts_per_token) and pairs_per_token >= 0 <= prompts_per_token
-        if not known:
+        if (
+            pairs_per_token is None
+            or prompts_per_token is None
+            or not math.isfinite(pairs_per_token + prompts_per_token)
+            or pairs_per_token < 0
+            or prompts_per_token < 0
+        ):
             if self._sized:
                 return
             # the gateway counts nothing here: one cost per token, as the windows measure it
@@ -135,7 +130,6 @@ class PrefillModel:
             self.per_token_s += a * (per_token_s - self.per_token_s)
             self._fit()
             return
-        assert pairs_per_token is not None and prompts_per_token is not None
         self._sized += 1
         self.server_rate += 1
         # in units of the priors' spreads, so that the system is well scaled
