@@ -8,12 +8,12 @@ served) and `uncached` tokens of its own prompt that the radix cache does not ho
          | 1.5 step_s(load + 1) + prefill_stall_s(uncached)   busy: the rest of the current pass,
                                                           then its prefill rides in the next one
          + prefill_stall_s(pending)                       behind the prompts queued before it
-
-where a prefill's time counts its tokens and its attention's causal (query, key) pairs
-(`policies.prefill`): a prompt's last tokens attend to everything before them, cached or not.
          + (load + 1 - cap) / cap x decode                if the backend is full: waiting for a slot
     own  = ttft_weight x ttft + decode,   decode = out x step_s(load + 1) / accept(c)
          + slo_weight x (ttft - ttft_slo_s)               for the part of a TTFT beyond the SLO
+
+where a prefill's time counts its tokens and its attention's causal (query, key) pairs
+(`policies.prefill`): a prompt's last tokens attend to everything before them, cached or not.
 
 A request of `k` sequences (`n` > 1, a completions batch) decodes them side by side: `load + 1`
 above becomes `load + k`, its prefill is done once, and it is one request's own time.
