@@ -41,6 +41,14 @@ def test_poisson_and_bursty_arrivals_keep_the_mean_rate_and_bursty_is_burstier()
     assert statistics.variance(b) / statistics.mean(b) > 3.0
 
 
+def test_a_short_bursty_phase_carries_its_rate_on_average():
+    """A phase samples a process that has been running: it starts in a burst with the burst's
+    share of the time. Starting every phase quiet carried ~5% fewer requests in 90 s."""
+    horizon, rate = 90.0, 4.0
+    counts = [len(_gaps("bursty", rate, horizon, seed=s)) for s in range(3000)]
+    assert statistics.mean(counts) / (rate * horizon) == pytest.approx(1.0, abs=0.03)
+
+
 def test_arrivals_refuse_impossible_shapes():
     with pytest.raises(ValueError, match="positive"):
         Arrivals("poisson", 0.0, 0.0, random.Random(0))

@@ -49,8 +49,15 @@ class Arrivals:
         else:
             self.rates = (rate, rate)
             self.hold = (math.inf, math.inf)
+        # A phase is a sample of a process that has been running: it starts in a burst with the
+        # burst's share of the time, and (holding times being memoryless) a state's remaining time
+        # is drawn like a whole one. Always starting quiet would carry about 5% fewer requests
+        # than the rate in a 90-120 s phase of the default shape.
         self.state = 0
-        self.state_until = start_s + (rng.expovariate(1 / self.hold[0]) if math.isfinite(self.hold[0]) else math.inf)
+        self.state_until = math.inf
+        if kind == "bursty":
+            self.state = 1 if rng.random() < shape.duty else 0
+            self.state_until = start_s + rng.expovariate(1 / self.hold[self.state])
 
     def next_after(self, t: float) -> float:
         """Thinning-free MMPP sampling: an exponential gap at the current state's rate, redrawn
