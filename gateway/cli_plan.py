@@ -64,7 +64,11 @@ def parser() -> argparse.ArgumentParser:
         "1T-parameter model's weights, drafter, CUDA graphs, warm-up)",
     )
     ap.add_argument(
-        "--sample-s", type=float, default=90.0, help="simulated seconds of steady traffic per phase (default 90)"
+        "--sample-s",
+        type=float,
+        default=90.0,
+        help="simulated seconds of steady traffic per phase (default 90; a bursty phase five burst cycles at "
+        "least, 300 s at the default shape)",
     )
     ap.add_argument("--shortlist", type=int, default=3, help="mixed fleets simulated after the fluid ranking")
     ap.add_argument("--jobs", type=int, default=None, help="simulations in parallel (default: cores, at most 8)")

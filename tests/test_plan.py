@@ -2,11 +2,14 @@
 
 import json
 
+import msgspec
 import pytest
 
 from gateway.cli_plan import main
-from policies.eval.plan import compositions, plan
+from policies.eval.plan import BURST_CYCLES, compositions, plan, sample_length
+from policies.eval.sim import simulate
 from policies.eval.traffic import TrafficError, load_traffic
+from policies.simple import LeastInflight
 
 TINY = [
     {"settings": {"min_tokens": 64, "max_tokens": 128}},
@@ -48,6 +51,41 @@ def test_a_tiny_plan_ranks_fleets_against_the_best_homogeneous_and_matches_exhau
     assert res.exhaustive.gap >= -0.03  # within 3% of the best on seeds neither was chosen on
     assert any("restart" in a for a in res.assumptions) and any("fractions" in a for a in res.assumptions)
     assert res.reshape is not None and set(res.reshape.schedule) == {"quiet", "busy"}
+
+
+def test_phases_are_sampled_for_sample_s_and_a_bursty_one_for_several_burst_cycles(tmp_path):
+    rows = [*TINY, {"name": "bursts", "hours": 1, "rate": 3.0, "arrival": "bursty"}]
+    phases = load_traffic(str(_traffic(tmp_path, rows))).scenario.phases
+    assert [sample_length(p, 600.0) for p in phases] == [600.0, 600.0, 600.0]  # longer than a phase's default
+    assert sample_length(phases[0], 30.0) == 30.0
+    assert sample_length(phases[2], 30.0) == BURST_CYCLES * 60.0  # the default shape's 60 s cycles
+
+
+def test_a_phase_simulated_alone_gets_the_requests_it_got_in_the_whole_run(tmp_path):
+    """plan's reshape compares fleets on one phase alone and scales the whole run's figure by
+    their ratio: a different draw of a bursty phase's arrivals (a burst or none in 90 s) would
+    make that ratio, and the advice, a coin toss."""
+    rows = [*TINY[:2], {"name": "busy", "hours": 2, "rate": 6.0, "arrival": "bursty"}]
+    traffic = load_traffic(str(_traffic(tmp_path, rows)))
+    scenario = msgspec.structs.replace(traffic.scenario, pool=("k26-dflash",))
+    rates = [traffic.rate_of(i, 1) for i in range(2)]
+
+    def policy(engines, specs):
+        return LeastInflight()
+
+    def requests(run, phase, start):
+        return sorted(
+            (round(r.t_send - start, 6), r.prompt_tokens) for r in run.records + run.failed if r.phase == phase
+        )
+
+    whole = simulate(scenario, policy, phase_rates=rates)
+    busy = msgspec.structs.replace(scenario, phases=scenario.phases[1:])
+    alone = simulate(busy, policy, phase_rates=rates[1:], first_phase=1)
+    expected = requests(whole, 1, whole.phase_starts[1])
+    assert len(expected) > 50
+    assert requests(alone, 0, alone.phase_starts[0]) == expected
+    other = simulate(busy, policy, phase_rates=rates[1:])  # as the first phase of a run: other draws
+    assert requests(other, 0, other.phase_starts[0]) != expected
 
 
 def test_plan_cli_prints_the_ranking_and_what_it_assumed(tmp_path, capsys):

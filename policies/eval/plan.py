@@ -7,9 +7,10 @@
    and the best homogeneous fleet with one server swapped for each other type (what the fluid
    model's domain-blind split cannot value: a server that takes the long contexts or the peak's
    overflow), are simulated on the virtual clock (`policies.eval.sim`) over a `sample_s` sample of
-   each phase, each with its best policy: goodput (latency and throughput objectives) for mixed
-   fleets; goodput and SGLang's router's cache_aware (`policies.eval.peers`) for homogeneous ones,
-   since a user's real alternative is a homogeneous fleet behind SGLang's router.
+   each phase (a bursty one `BURST_CYCLES` burst cycles at least), each with its best policy:
+   goodput (latency and throughput objectives) for mixed fleets; goodput and SGLang's router's
+   cache_aware (`policies.eval.peers`) for homogeneous ones, since a user's real alternative is a
+   homogeneous fleet behind SGLang's router.
 3. Each fleet takes the policy with the best score among those whose worst phase meets the SLO
    within `SLO_PARITY` of its best policy's, and fleets whose worst phase falls more than that below
    the best homogeneous fleet's are ranked after those that do not. Fleets are ranked by the
@@ -19,7 +20,8 @@
    is not speed; with `objective="goodput"`, of the requests/s that met the SLO.
    The margin is over the best homogeneous fleet with its best policy.
 4. Reshape: for each phase, the composition the fluid model ranks best *for that phase alone* is
-   simulated on it; where it beats the day's winner, the schedule switches. The switches cost
+   simulated on it, and so is the winner, both on the requests the phase gets in the whole
+   traffic's run; where it beats the day's winner, the schedule switches. The switches cost
    what restarting servers costs: each server whose type changes is down for `restart_s` (rolling,
    one at a time), and the fleet serves that phase one server short meanwhile (fluid model). The
    day wraps around (the last phase is followed by the first).
@@ -37,12 +39,13 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
+from policies.eval.arrivals import BurstShape
 from policies.eval.fleet import FleetError, Member, fleet_label, parse_member
 from policies.eval.fluid import PhaseGrid, fleet_value, type_curve
 from policies.eval.metrics import PhaseMetrics, phase_metrics
 from policies.eval.processes import map_in_processes
 from policies.eval.runner import contestants
-from policies.eval.scenarios import Scenario
+from policies.eval.scenarios import Phase, Scenario
 from policies.eval.sim import fleet_servers, simulate
 from policies.eval.slo import DEFAULT_SLO, SLO
 from policies.eval.traffic import Traffic
@@ -64,6 +67,9 @@ RESTART_S = 15 * 60.0
 MAX_SERVERS = 16
 SLO_PARITY = 0.03  # SLO attainment (share of requests) a faster policy or fleet may give up
 RESHAPE_HINT = 0.03  # a phase's own best fleet is simulated when the fluid model puts it this far ahead
+# A bursty phase's sample spans at least this many burst cycles: 90 s of the default shape (60 s
+# cycles) holds 0.5x to 1.5x the phase's rate from one draw to the next, which decided the ranking.
+BURST_CYCLES = 5
 MIXED_POLICIES = ("goodput/latency", "goodput/throughput")
 # On a homogeneous fleet the SGLang router's best policy in every evaluation run was cache_aware
 # (prefix affinity), and goodput's latency objective the best of specroute's; the evaluation runs
@@ -161,12 +167,13 @@ class _Task(msgspec.Struct, frozen=True):
     policy: str
     seed: int
     slo: SLO
+    first_phase: int = 0  # the scenario's phases start at this index of the traffic's
 
 
 def _run(task: _Task) -> list[PhaseMetrics]:
     names = [s.name for s in fleet_servers(task.scenario)]
     _, factory = contestants(names, ("latency", "throughput"), task.seed, statics={})[task.policy]
-    run = simulate(task.scenario, factory, seed=task.seed, phase_rates=list(task.rates))
+    run = simulate(task.scenario, factory, seed=task.seed, phase_rates=list(task.rates), first_phase=task.first_phase)
     return phase_metrics(run, task.scenario, names, slo=task.slo)
 
 
@@ -189,6 +196,13 @@ def _members(types: Sequence[Member], counts: Sequence[int]) -> tuple[Member, ..
 
 def _label(types: Sequence[Member], counts: Sequence[int]) -> str:
     return fleet_label(_members(types, counts))
+
+
+def sample_length(phase: Phase, sample_s: float) -> float:
+    """Simulated seconds of `phase`: `sample_s`, and for bursty arrivals `BURST_CYCLES` cycles at least."""
+    if phase.arrival != "bursty":
+        return sample_s
+    return max(sample_s, BURST_CYCLES * (phase.burst or BurstShape()).cycle_s)
 
 
 def _phase_score(m: PhaseMetrics, objective: str) -> float:
@@ -228,7 +242,7 @@ class _Planner:
         self.seed = seed
         self.log = log
         base = traffic.scenario
-        self.phases = [msgspec.structs.replace(p, duration_s=min(p.duration_s, sample_s)) for p in base.phases]
+        self.phases = [msgspec.structs.replace(p, duration_s=sample_length(p, sample_s)) for p in base.phases]
         self.base = msgspec.structs.replace(base, phases=tuple(self.phases), degrade=None)
         self.rates = [traffic.rate_of(i, n) for i in range(len(self.phases))]
         self.spans = [p.span_s for p in self.phases]
@@ -248,6 +262,8 @@ class _Planner:
 
     # --------------------------------------------------------------- simulate
     def task(self, counts: Sequence[int], policy: str, phase_index: int | None = None) -> _Task:
+        """The whole traffic on fleet `counts` under `policy`, or phase `phase_index` alone, with
+        the requests it gets in the whole traffic's run."""
         members = _members(self.types, counts)
         pool = tuple(m.label if m.count == 1 else f"{m.count}x{m.label}" for m in members)
         scenario = msgspec.structs.replace(self.base, pool=pool)
@@ -255,7 +271,14 @@ class _Planner:
         if phase_index is not None:
             scenario = msgspec.structs.replace(scenario, phases=(self.phases[phase_index],))
             rates = [self.rates[phase_index]]
-        return _Task(scenario=scenario, rates=tuple(rates), policy=policy, seed=self.seed, slo=self.slo)
+        return _Task(
+            scenario=scenario,
+            rates=tuple(rates),
+            policy=policy,
+            seed=self.seed,
+            slo=self.slo,
+            first_phase=phase_index or 0,
+        )
 
     def run_all(self, tasks: Sequence[_Task]) -> list[list[PhaseMetrics]]:
         self.simulated += len(tasks)
@@ -446,8 +469,10 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
             if all(r is not None for r in p.traffic.rates)
             else f" (loads are fractions of {p.n} x {ref}'s saturation rate on each phase's traffic)"
         ),
-        f"each phase simulated for {sample_s:.0f} s of steady traffic, weighed by the part of the day it "
-        "stands for; results are one seed's",
+        "each phase simulated for "
+        + ", ".join(f"{ph.duration_s:.0f} s ({ph.name})" for ph in p.phases)
+        + f" of steady traffic ({sample_s:.0f} s, a bursty phase {BURST_CYCLES} burst cycles at least), "
+        "weighed by the part of the day it stands for; results are one seed's",
         f"score: span-weighted mean request decode tok/s, a request missing the SLO ({p.slo.label}: shed, "
         "unfinished or late) counting 0"
         if p.objective == "tok_s"

@@ -203,6 +203,7 @@ def simulate(
     phase_rates: list[float] | None = None,
     ignore_delays: bool = False,
     share: tuple[int, int] | None = None,
+    first_phase: int = 0,
 ) -> RunResult:
     """Run `scenario` under the policy `make_policy(engines, specs)` builds; deterministic in seed.
 
@@ -210,7 +211,10 @@ def simulate(
     scenario's reference capacity; `ignore_delays` sends a session's next turn at once (the
     capacity measurement: work per request, not user pacing). `share = (k, n)` starts only the
     open-loop sessions whose arrival index is k modulo n, at the times they arrive in the full
-    run: n runs with k = 0 .. n-1 serve the full run's sessions between them, each once."""
+    run: n runs with k = 0 .. n-1 serve the full run's sessions between them, each once.
+    `first_phase = i`: the scenario's phases are those from index i on of a longer run and draw
+    that run's random streams (arrivals, sessions), so a phase simulated alone gets the requests
+    it got there."""
     if share is not None and not 0 <= share[0] < share[1]:
         raise ValueError(f"share (k, n) needs 0 <= k < n, got {share}")
     engines = build_engines(scenario, seed)
@@ -297,9 +301,9 @@ def simulate(
         if client is not None:
             k = started_by.get((phase, client), 0)
             started_by[(phase, client)] = k + 1
-            tag = f"{seed}:{scenario.name}:{phase}:{client}:{k}"
+            tag = f"{seed}:{scenario.name}:{phase + first_phase}:{client}:{k}"
         else:
-            tag = f"{seed}:{scenario.name}:{phase}:open:{arrived}"
+            tag = f"{seed}:{scenario.name}:{phase + first_phase}:open:{arrived}"
         if ph.mix is None:  # a closed loop's single greedy prompt, drawn as it always was
             rng = random.Random(tag)
             dom = rng.choices(domains, weights)[0]
@@ -543,7 +547,11 @@ def simulate(
                 mix = ph.mix or Mix()
                 session_rate = rates[phase] / mix.mean_turns
                 arrivals = Arrivals(
-                    ph.arrival, session_rate, now, random.Random(f"{seed}:{scenario.name}:{phase}:arrivals"), ph.burst
+                    ph.arrival,
+                    session_rate,
+                    now,
+                    random.Random(f"{seed}:{scenario.name}:{phase + first_phase}:arrivals"),
+                    ph.burst,
                 )
                 first = arrivals.next_after(now)
                 if first < now + ph.duration_s:
