@@ -210,11 +210,17 @@ def main(argv: list[str]) -> int:
             return 1
         print_verify(check, sys.stdout)
         status = 0 if check.agrees else 1
+        if args.output is not None:
+            _write_json(args.output / "verify.json", check)
     if args.output is not None:
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(res), indent=1) + b"\n")
+        _write_json(args.output / "plan.json", res)
         print(f"wrote {args.output / 'plan.json'} ({time.perf_counter() - t0:.0f} s)")
     return status
+
+
+def _write_json(path: Path, value: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(value), indent=1) + b"\n")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ tools and long documents of the full traffic are the virtual clock's): (a) on th
 fleet says, acceleration `time_scale`), a gateway (`specroute serve`) with the fleet's specroute
 policy (goodput for the winner; the best of goodput and least_inflight for the homogeneous fleet,
 since SGLang's router is not installed here, `make bench-routers` runs it) and loadgen as the
-open-loop client at the phase's Poisson rate. The load is the phase's fraction of the reference
-capacity for these single requests, so the fleets are as loaded as in the plan.
+open-loop client at the phase's mean rate, Poisson on both sides (loadgen's process: a bursty
+phase is checked at its mean rate). The load is the phase's fraction of the reference capacity
+for these single requests, so the fleets are as loaded as in the plan.
 
 It passes when the winner / homogeneous ratio of mean request tok/s over HTTP is within
 `TOLERANCE` of the virtual clock's: the ranking the plan printed holds on real processes.
@@ -96,6 +97,7 @@ def _http_run(
     seed: int,
     out: Path,
     log: Callable[[str], None],
+    phase_s: float,
 ) -> tuple[float, float, int, int]:
     """(mean request tok/s, e2e p99 s, requests, errors) in simulated units."""
     servers = fleet_servers(
@@ -107,7 +109,7 @@ def _http_run(
     rng = random.Random(f"{seed}:verify")
     names, weights = list(domains), list(domains.values())
     prompts = {d: _domain_prompts(d) for d in names}
-    n_items = int(rate * PHASE_S * 1.5) + 50
+    n_items = int(rate * phase_s * 1.5) + 50
     dataset = out / "dataset.jsonl"
     with dataset.open("w") as f:
         for i in range(n_items):
@@ -149,7 +151,7 @@ def _http_run(
         procs.start("gateway", [specroute, "serve", "--config", str(config)])
         procs.wait_ready({"gateway": gw + "/health"})
         _wait_backends_healthy(gw)
-        log(f"  verify {fleet} behind {policy}: {rate:.2f} req/s for {PHASE_S:.0f} simulated s")
+        log(f"  verify {fleet} behind {policy}: {rate:.2f} req/s for {phase_s:.0f} simulated s")
         _loadgen(
             [
                 "--target",
@@ -163,14 +165,14 @@ def _http_run(
                 "--concurrency",
                 "inf",
                 "--duration",
-                repr(PHASE_S * time_scale),
+                repr(phase_s * time_scale),
                 "--dataset",
                 f"jsonl:{dataset}",
                 "--max-tokens",
                 str(tokens[1]),
             ],
             out / "loadgen",
-            timeout=120 + 20 * PHASE_S * time_scale,
+            timeout=120 + 20 * phase_s * time_scale,
         )
     recs = _records(out / "loadgen")
     ok = [r for r in recs if r.get("ok") and r.get("decode_throughput")]
@@ -197,12 +199,15 @@ def verify(
     seed: int,
     output: Path,
     log: Callable[[str], None] = lambda s: None,
+    phase_s: float = PHASE_S,
 ) -> VerifyResult:
     if not 0 < time_scale <= 1:
         raise RuntimeError(f"--verify-time-scale must be in (0, 1], got {time_scale}")
     scenario = traffic.scenario
     i = max(range(len(scenario.phases)), key=lambda k: res.rates_rps[scenario.phases[k].name])
-    ph = msgspec.structs.replace(scenario.phases[i], mix=None, duration_s=PHASE_S, represents_s=0.0)
+    ph = msgspec.structs.replace(
+        scenario.phases[i], mix=None, arrival="poisson", burst=None, duration_s=phase_s, represents_s=0.0
+    )
     # the virtual clock's prompts as long as loadgen's (the twin counts a token per 4 characters)
     lengths = [len(f"user: {t}\n") // 4 for d in ph.domains for t in _domain_prompts(d)]
     single = msgspec.structs.replace(
@@ -240,6 +245,7 @@ def verify(
             seed,
             output / label,
             log,
+            phase_s,
         )
         runs.append(
             FleetRun(
@@ -270,7 +276,7 @@ def verify(
 
 def print_verify(v: VerifyResult, out: TextIO) -> None:
     out.write(
-        f"\n== verify over HTTP: phase {v.phase} as single requests at {v.rate_rps:.2f} req/s "
+        f"\n== verify over HTTP: phase {v.phase} as single requests, Poisson at {v.rate_rps:.2f} req/s "
         f"(twins at {v.time_scale}x real time)\n"
     )
     out.write(f"{'fleet':44s} {'policy':18s} {'virtual':>8s} {'http':>8s} {'e2e p99 v/h s':>14s} {'errors':>6s}\n")
