@@ -469,10 +469,13 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
             if all(r is not None for r in p.traffic.rates)
             else f" (loads are fractions of {p.n} x {ref}'s saturation rate on each phase's traffic)"
         ),
-        "each phase simulated for "
-        + ", ".join(f"{ph.duration_s:.0f} s ({ph.name})" for ph in p.phases)
-        + f" of steady traffic ({sample_s:.0f} s, a bursty phase {BURST_CYCLES} burst cycles at least), "
-        "weighed by the part of the day it stands for; results are one seed's",
+        f"each phase simulated for {sample_s:.0f} s of steady traffic"
+        + "".join(
+            f", {ph.name} for {ph.duration_s:.0f} s ({BURST_CYCLES} burst cycles)"
+            for ph in p.phases
+            if ph.duration_s != sample_s
+        )
+        + ", weighed by the part of the day it stands for; results are one seed's",
         f"score: span-weighted mean request decode tok/s, a request missing the SLO ({p.slo.label}: shed, "
         "unfinished or late) counting 0"
         if p.objective == "tok_s"
