@@ -1,6 +1,7 @@
 """`specroute plan`: fleet search on the virtual clock, its bad-input errors and traffic files."""
 
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -114,6 +115,15 @@ def test_plan_cli_prints_the_ranking_and_what_it_assumed(tmp_path, capsys):
     assert "winner:" in out and "vs best homog." in out and "assumed:" in out and "over the day:" in out
     doc = json.loads((out_dir / "plan.json").read_text())
     assert doc["servers"] == 2 and doc["ranked"][0]["fleet"] in out
+
+
+def test_the_documented_example_traffic_file_loads():
+    path = Path(__file__).parent.parent / "docs" / "examples" / "two-phase.jsonl"
+    traffic = load_traffic(str(path))
+    assert [p.name for p in traffic.scenario.phases] == ["night", "peak"]
+    assert [p.arrival for p in traffic.scenario.phases] == ["poisson", "bursty"]
+    assert traffic.rates == (2.5, None) and traffic.scenario.phases[0].mix is not None
+    assert path.read_text() in (Path(__file__).parent.parent / "docs" / "evaluation.md").read_text()
 
 
 def test_plan_help_says_what_is_assumed(capsys):
