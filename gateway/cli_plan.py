@@ -106,7 +106,7 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
     )
     out.write(
         "phases: "
-        + ", ".join(f"{n} {r:.2f} req/s x {res.spans_s[n] / 3600:g} h" for n, r in res.rates_rps.items())
+        + ", ".join(f"{n} {r:.2f} req/s x {_span(res.spans_s[n])}" for n, r in res.rates_rps.items())
         + "\n"
     )
     out.write(
@@ -216,6 +216,11 @@ def main(argv: list[str]) -> int:
         _write_json(args.output / "plan.json", res)
         print(f"wrote {args.output / 'plan.json'} ({time.perf_counter() - t0:.0f} s)")
     return status
+
+
+def _span(seconds: float) -> str:
+    """How long a phase stands for: hours, or minutes below one."""
+    return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds / 60:.3g} min"
 
 
 def _write_json(path: Path, value: object) -> None:
