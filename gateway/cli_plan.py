@@ -105,9 +105,7 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
         f"{res.compositions} compositions, {res.simulated} simulations, {res.wall_s:.0f} s)\n"
     )
     out.write(
-        "phases: "
-        + ", ".join(f"{n} {r:.2f} req/s x {_span(res.spans_s[n])}" for n, r in res.rates_rps.items())
-        + "\n"
+        "phases: " + ", ".join(f"{n} {r:.2f} req/s x {_span(res.spans_s[n])}" for n, r in res.rates_rps.items()) + "\n"
     )
     out.write(
         f"{'rank':4s} {'fleet':44s} {'policy':20s} {metric:>10s} {'vs best homog.':>14s} "
