@@ -126,6 +126,10 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
         f"\nwinner: {win.fleet} with {win.policy}: {win.score:.2f} {metric}, {_pct(win.margin)} over the best "
         f"homogeneous fleet {hom.fleet} behind {hom.policy} ({hom.score:.2f})\n"
     )
+    if res.fresh is not None:
+        margins = ", ".join(_pct(m) for m in res.fresh.margins)
+        verdict = "a tie within one seed's noise: either fleet will do" if res.fresh.tie else "ahead on every seed"
+        out.write(f"on fresh seeds {res.fresh.seeds}: {margins} over the same homogeneous fleet, {verdict}\n")
     out.write(f"{'phase':12s} {'winner':>10s} {'homog.':>10s} {'ratio':>6s}\n")
     for name, p in win.phases.items():
         h = hom.phases[name]

@@ -1,13 +1,14 @@
 """`specroute plan`: fleet search on the virtual clock, its bad-input errors and traffic files."""
 
+import io
 import json
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from gateway.cli_plan import main
-from policies.eval.plan import BURST_CYCLES, compositions, plan, sample_length
+from gateway.cli_plan import main, print_plan
+from policies.eval.plan import BURST_CYCLES, FreshSeeds, compositions, plan, sample_length
 from policies.eval.sim import simulate
 from policies.eval.traffic import TrafficError, load_traffic
 from policies.simple import LeastInflight
@@ -52,6 +53,20 @@ def test_a_tiny_plan_ranks_fleets_against_the_best_homogeneous_and_matches_exhau
     assert res.exhaustive.gap >= -0.03  # within 3% of the best on seeds neither was chosen on
     assert any("restart" in a for a in res.assumptions) and any("fractions" in a for a in res.assumptions)
     assert res.reshape is not None and set(res.reshape.schedule) == {"quiet", "busy"}
+    # a mixed winner's margin is simulated again on two fresh seeds; a homogeneous winner has none
+    assert (res.fresh is None) == res.ranked[0].homogeneous
+    if res.fresh is not None:
+        assert res.fresh.seeds == [1, 2] and len(res.fresh.margins) == 2
+
+
+def test_a_margin_that_changes_sign_on_fresh_seeds_is_printed_as_a_tie(tmp_path):
+    traffic = load_traffic(str(_traffic(tmp_path, TINY)))
+    res = plan(2, traffic, types=("k26-ar", "k26-dflash"), sample_s=20.0, jobs=1)
+    for margins, verdict in (([0.04, -0.01], "a tie"), ([0.04, 0.02], "ahead on every seed")):
+        out = io.StringIO()
+        print_plan(msgspec.structs.replace(res, fresh=FreshSeeds(seeds=[1, 2], margins=margins)), out)
+        line = next(x for x in out.getvalue().splitlines() if x.startswith("on fresh seeds [1, 2]:"))
+        assert f"{100 * margins[0]:+.1f}%, {100 * margins[1]:+.1f}%" in line and verdict in line
 
 
 def test_phases_are_sampled_for_sample_s_and_a_bursty_one_for_several_burst_cycles(tmp_path):

@@ -25,6 +25,8 @@
    what restarting servers costs: each server whose type changes is down for `restart_s` (rolling,
    one at a time), and the fleet serves that phase one server short meanwhile (fluid model). The
    day wraps around (the last phase is followed by the first).
+5. A mixed winner's margin over the best homogeneous fleet is simulated again on `CONFIRM_SEEDS`
+   fresh seeds (`FreshSeeds`): a margin that changes sign between seeds is a tie.
 
 `exhaustive=True` simulates every composition instead (the check that the short list finds the
 best: within 3%, the target).
@@ -50,7 +52,7 @@ from policies.eval.sim import fleet_servers, simulate
 from policies.eval.slo import DEFAULT_SLO, SLO
 from policies.eval.traffic import Traffic
 
-__all__ = ["DEFAULT_TYPES", "RESTART_S", "FleetFigures", "PlanResult", "Reshape", "compositions", "plan"]
+__all__ = ["DEFAULT_TYPES", "RESTART_S", "FleetFigures", "FreshSeeds", "PlanResult", "Reshape", "compositions", "plan"]
 
 # The K2.6 family: AR, EAGLE-3, DFlash and DDTree at three budgets (32 is the profile's own).
 DEFAULT_TYPES: tuple[str, ...] = (
@@ -142,6 +144,20 @@ class PlanResult(msgspec.Struct, kw_only=True):
     wall_s: float = 0.0
     exhaustive_best: FleetFigures | None = None
     exhaustive: Exhaustive | None = None
+    fresh: FreshSeeds | None = None  # the winner's margin again, on seeds it was not chosen on
+
+
+class FreshSeeds(msgspec.Struct, kw_only=True):
+    """The winner and the best homogeneous fleet, each with the policy it was ranked with,
+    simulated again on seeds neither was chosen on: one seed's sample of a phase is noisy (a
+    session mix, a burst or none), and a margin that changes sign from seed to seed is a tie."""
+
+    seeds: list[int]
+    margins: list[float]  # winner / best homogeneous - 1, per seed
+
+    @property
+    def tie(self) -> bool:
+        return min(self.margins, default=0.0) <= 0.0
 
 
 class Exhaustive(msgspec.Struct, kw_only=True):
@@ -279,6 +295,11 @@ class _Planner:
             slo=self.slo,
             first_phase=phase_index or 0,
         )
+
+    def scores_on(self, fleets: Sequence[tuple[tuple[int, ...], str]], seed: int) -> list[float]:
+        """The score of each (fleet, policy) on another seed."""
+        tasks = [msgspec.structs.replace(self.task(c, pol), seed=seed) for c, pol in fleets]
+        return [self.weighted([_phase_score(m, self.objective) for m in ms]) for ms in self.run_all(tasks)]
 
     def run_all(self, tasks: Sequence[_Task]) -> list[list[PhaseMetrics]]:
         self.simulated += len(tasks)
@@ -546,6 +567,12 @@ def plan(
     ranked = sorted(figures.values(), key=lambda f: (not f.slo_parity, -f.score))
     winner_counts = next(c for c, f in figures.items() if f is ranked[0])
     reshape = p.reshape(winner_counts, ranked[0], fluid_phase, restart_s) if len(p.phases) > 1 else None
+    fresh = None
+    if ranked[0] is not best_h:
+        homog_counts = next(c for c, f in figures.items() if f is best_h)
+        seeds = [seed + 1 + k for k in range(CONFIRM_SEEDS)]
+        pairs = [p.scores_on([(winner_counts, ranked[0].policy), (homog_counts, best_h.policy)], s) for s in seeds]
+        fresh = FreshSeeds(seeds=seeds, margins=[round(w / h - 1, 4) if h > 0 else 0.0 for w, h in pairs])
     exhaustive_best = None
     check: Exhaustive | None = None
     if exhaustive:
@@ -575,4 +602,5 @@ def plan(
         wall_s=time.perf_counter() - t0,
         exhaustive_best=exhaustive_best,
         exhaustive=check,
+        fresh=fresh,
     )
