@@ -32,16 +32,22 @@ def test_verify_runs_both_fleets_over_http_and_reports_the_ratio(tmp_path, capsy
     plan = json.loads((out / "plan.json").read_text())
     check = json.loads((out / "verify.json").read_text())
     assert check["phase"] == "busy" and check["rate_rps"] == 2.0 and check["agrees"] == (code == 0)
-    winner, homogeneous = check["runs"]
+    winner, rival = check["runs"]
     assert winner["fleet"] == plan["ranked"][0]["fleet"]
-    assert homogeneous["fleet"] == plan["best_homogeneous"]["fleet"]
-    for label, run in (("winner", winner), ("homogeneous", homogeneous)):
+    # against the best homogeneous fleet, or the runner-up when that is the winner: never itself
+    if plan["best_homogeneous"]["fleet"] != winner["fleet"]:
+        assert check["versus"] == "homogeneous" and rival["fleet"] == plan["best_homogeneous"]["fleet"]
+    else:
+        assert check["versus"] == "runner-up" and rival["fleet"] == plan["ranked"][1]["fleet"]
+    for label, run in (("winner", winner), (check["versus"], rival)):
         lines = (out / label / "loadgen" / "requests.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         assert len(records) == run["http_requests"] >= 60  # ~180 arrivals in 90 simulated s
         assert run["http_errors"] == 0 and all(r["ok"] for r in records)
         assert all(r["backend"].startswith(TYPES) for r in records)  # the fleet's twins, through the gateway
         assert run["http_tok_s"] > 0 and run["virtual_tok_s"] > 0
-    ratio = winner["http_tok_s"] / homogeneous["http_tok_s"]
+    ratio = winner["http_tok_s"] / rival["http_tok_s"]
     assert math.isclose(check["http_ratio"], ratio, rel_tol=1e-9)
-    assert f"http {check['http_ratio']:.3f}" in printed
+    assert (
+        f"winner / {check['versus']}: virtual {check['virtual_ratio']:.3f}, http {check['http_ratio']:.3f}" in printed
+    )
