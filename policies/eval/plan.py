@@ -277,9 +277,11 @@ class _Planner:
         return sum(v * s for v, s in zip(values, spans, strict=False)) / sum(spans)
 
     # --------------------------------------------------------------- simulate
-    def task(self, counts: Sequence[int], policy: str, phase_index: int | None = None) -> _Task:
+    def task(
+        self, counts: Sequence[int], policy: str, phase_index: int | None = None, seed: int | None = None
+    ) -> _Task:
         """The whole traffic on fleet `counts` under `policy`, or phase `phase_index` alone, with
-        the requests it gets in the whole traffic's run."""
+        the requests it gets in the whole traffic's run; on the plan's seed unless given another."""
         members = _members(self.types, counts)
         pool = tuple(m.label if m.count == 1 else f"{m.count}x{m.label}" for m in members)
         scenario = msgspec.structs.replace(self.base, pool=pool)
@@ -291,27 +293,29 @@ class _Planner:
             scenario=scenario,
             rates=tuple(rates),
             policy=policy,
-            seed=self.seed,
+            seed=self.seed if seed is None else seed,
             slo=self.slo,
             first_phase=phase_index or 0,
         )
 
     def scores_on(self, fleets: Sequence[tuple[tuple[int, ...], str]], seed: int) -> list[float]:
         """The score of each (fleet, policy) on another seed."""
-        tasks = [msgspec.structs.replace(self.task(c, pol), seed=seed) for c, pol in fleets]
+        tasks = [self.task(c, pol, seed=seed) for c, pol in fleets]
         return [self.weighted([_phase_score(m, self.objective) for m in ms]) for ms in self.run_all(tasks)]
 
     def run_all(self, tasks: Sequence[_Task]) -> list[list[PhaseMetrics]]:
         self.simulated += len(tasks)
         return map_in_processes(_run, tasks, self.jobs)
 
-    def figures_all(self, fleets: Sequence[tuple[tuple[int, ...], float]]) -> dict[tuple[int, ...], FleetFigures]:
+    def figures_all(
+        self, fleets: Sequence[tuple[tuple[int, ...], float]], seed: int | None = None
+    ) -> dict[tuple[int, ...], FleetFigures]:
         """Simulate each fleet under each of its candidate policies (in parallel) and keep the best."""
         jobs: list[tuple[tuple[int, ...], str]] = []
         for counts, _ in fleets:
             homogeneous = sum(1 for k in counts if k) == 1
             jobs += [(counts, pol) for pol in (HOMOGENEOUS_POLICIES if homogeneous else MIXED_POLICIES)]
-        results = self.run_all([self.task(c, pol) for c, pol in jobs])
+        results = self.run_all([self.task(c, pol, seed=seed) for c, pol in jobs])
         tried: dict[tuple[int, ...], dict[str, tuple[float, list[PhaseMetrics]]]] = {}
         for (counts, pol), ms in zip(jobs, results, strict=True):
             tried.setdefault(counts, {})[pol] = (self.weighted([_phase_score(m, self.objective) for m in ms]), ms)
@@ -459,12 +463,9 @@ def _confirm(
     fleets = list(dict.fromkeys([*leaders, pick]))
     seeds = [p.seed + 1 + k for k in range(CONFIRM_SEEDS)]
     means = {c: 0.0 for c in fleets}
-    base_seed = p.seed
     for s in seeds:
-        p.seed = s
-        for c, f in p.figures_all([(c, fluid[c]) for c in fleets]).items():
+        for c, f in p.figures_all([(c, fluid[c]) for c in fleets], seed=s).items():
             means[c] += f.score / len(seeds)
-    p.seed = base_seed
     best = max(fleets, key=lambda c: means[c])
     gap = means[pick] / means[best] - 1 if means[best] > 0 else 0.0
     return Exhaustive(
