@@ -83,25 +83,47 @@ def test_a_phase_simulated_alone_gets_the_requests_it_got_in_the_whole_run(tmp_p
     make that ratio, and the advice, a coin toss."""
     rows = [*TINY[:2], {"name": "busy", "hours": 2, "rate": 6.0, "arrival": "bursty"}]
     traffic = load_traffic(str(_traffic(tmp_path, rows)))
-    scenario = msgspec.structs.replace(traffic.scenario, pool=("k26-dflash",))
+    # a named traffic's streams are keyed by the phase's index, as here
+    scenario = msgspec.structs.replace(traffic.scenario, pool=("k26-dflash",), streams_by_phase_name=False)
     rates = [traffic.rate_of(i, 1) for i in range(2)]
-
-    def policy(engines, specs):
-        return LeastInflight()
-
-    def requests(run, phase, start):
-        return sorted(
-            (round(r.t_send - start, 6), r.prompt_tokens) for r in run.records + run.failed if r.phase == phase
-        )
-
-    whole = simulate(scenario, policy, phase_rates=rates)
+    whole = simulate(scenario, _least_inflight, phase_rates=rates)
     busy = msgspec.structs.replace(scenario, phases=scenario.phases[1:])
-    alone = simulate(busy, policy, phase_rates=rates[1:], first_phase=1)
-    expected = requests(whole, 1, whole.phase_starts[1])
+    alone = simulate(busy, _least_inflight, phase_rates=rates[1:], first_phase=1)
+    expected = _requests(whole, 1)
     assert len(expected) > 50
-    assert requests(alone, 0, alone.phase_starts[0]) == expected
-    other = simulate(busy, policy, phase_rates=rates[1:])  # as the first phase of a run: other draws
-    assert requests(other, 0, other.phase_starts[0]) != expected
+    assert _requests(alone, 0) == expected
+    other = simulate(busy, _least_inflight, phase_rates=rates[1:])  # as the first phase of a run: other draws
+    assert _requests(other, 0) != expected
+
+
+def test_a_traffic_file_draws_its_phases_requests_by_phase_name(tmp_path):
+    """The same phase in a file of another name, or after a phase inserted before it, gets the
+    same requests: a user comparing edits of a traffic file compares fleets, not draws."""
+    busy = {"name": "busy", "hours": 2, "rate": 6.0, "domains": {"chat": 1}}
+
+    def busy_requests(rows, name):
+        traffic = load_traffic(str(_traffic(tmp_path, rows, name)))
+        scenario = msgspec.structs.replace(traffic.scenario, pool=("k26-dflash",))
+        rates = [traffic.rate_of(i, 1) for i in range(len(rows) - 1)]
+        run = simulate(scenario, _least_inflight, phase_rates=rates)
+        return _requests(run, len(rows) - 2)
+
+    expected = busy_requests([TINY[0], busy], "a.jsonl")
+    assert len(expected) > 50
+    assert busy_requests([TINY[0], busy], "b.jsonl") == expected
+    assert busy_requests([*TINY[:2], busy], "a.jsonl") == expected  # "quiet" inserted before it
+    renamed = {**busy, "name": "peak"}  # another phase name: other draws
+    assert busy_requests([TINY[0], renamed], "a.jsonl") != expected
+
+
+def _least_inflight(engines, specs):
+    return LeastInflight()
+
+
+def _requests(run, phase):
+    """(send time from the phase's start, prompt tokens) of each request of phase `phase`."""
+    start = run.phase_starts[phase]
+    return sorted((round(r.t_send - start, 6), r.prompt_tokens) for r in run.records + run.failed if r.phase == phase)
 
 
 def test_plan_cli_prints_the_ranking_and_what_it_assumed(tmp_path, capsys):

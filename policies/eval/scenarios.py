@@ -104,6 +104,18 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True):
     max_queued: int | None = None  # SGLang --max-queued-requests per server
     reference: str = "k26-dflash"  # open-loop loads are fractions of N servers of this profile
     prompt_tokens: tuple[int, int] = (50, 400)  # a single request's prompt (phases without a mix)
+    # The random streams of a phase (its arrivals and sessions) are keyed by the scenario's name
+    # and the phase's index; with `streams_by_phase_name`, by the phase's name alone, so that a
+    # traffic file draws the same requests under any file name and a phase keeps its requests when
+    # others are added, removed or reordered (a file's phase names are unique).
+    streams_by_phase_name: bool = False
+
+    def stream_key(self, index: int, first_phase: int = 0) -> str:
+        """The key of phase `index`'s random streams; `first_phase`: this scenario's phases start
+        at that index of a longer run's (whose streams they draw)."""
+        if self.streams_by_phase_name:
+            return f"phase:{self.phases[index].name}"
+        return f"{self.name}:{index + first_phase}"
 
     @property
     def duration_s(self) -> float:

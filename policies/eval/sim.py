@@ -213,8 +213,8 @@ def simulate(
     open-loop sessions whose arrival index is k modulo n, at the times they arrive in the full
     run: n runs with k = 0 .. n-1 serve the full run's sessions between them, each once.
     `first_phase = i`: the scenario's phases are those from index i on of a longer run and draw
-    that run's random streams (arrivals, sessions), so a phase simulated alone gets the requests
-    it got there."""
+    that run's random streams (arrivals, sessions; `Scenario.stream_key`), so a phase simulated
+    alone gets the requests it got there."""
     if share is not None and not 0 <= share[0] < share[1]:
         raise ValueError(f"share (k, n) needs 0 <= k < n, got {share}")
     engines = build_engines(scenario, seed)
@@ -236,6 +236,7 @@ def simulate(
         else [_phase_rate(scenario, ph, len(backends)) if ph.open_loop else 0.0 for ph in scenario.phases]
     )
     answer = (scenario.min_tokens, scenario.max_tokens)
+    stream_keys = [scenario.stream_key(i, first_phase) for i in range(len(scenario.phases))]
     heap: list[tuple[float, int, int, Any]] = []
     seq = 0
 
@@ -301,9 +302,9 @@ def simulate(
         if client is not None:
             k = started_by.get((phase, client), 0)
             started_by[(phase, client)] = k + 1
-            tag = f"{seed}:{scenario.name}:{phase + first_phase}:{client}:{k}"
+            tag = f"{seed}:{stream_keys[phase]}:{client}:{k}"
         else:
-            tag = f"{seed}:{scenario.name}:{phase + first_phase}:open:{arrived}"
+            tag = f"{seed}:{stream_keys[phase]}:open:{arrived}"
         if ph.mix is None:  # a closed loop's single greedy prompt, drawn as it always was
             rng = random.Random(tag)
             dom = rng.choices(domains, weights)[0]
@@ -550,7 +551,7 @@ def simulate(
                     ph.arrival,
                     session_rate,
                     now,
-                    random.Random(f"{seed}:{scenario.name}:{phase + first_phase}:arrivals"),
+                    random.Random(f"{seed}:{stream_keys[phase]}:arrivals"),
                     ph.burst,
                 )
                 first = arrivals.next_after(now)

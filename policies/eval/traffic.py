@@ -170,6 +170,7 @@ def load_traffic(spec: str) -> Traffic:
             max_tokens=int(settings.get("max_tokens", 640)),
             max_queued=settings.get("max_queued", 128),
             reference=str(settings.get("reference", "k26-dflash")),
+            streams_by_phase_name=True,
         )
         scenario.validate()
         from policies.eval.fleet import parse_member
