@@ -84,12 +84,9 @@ class Admission:
             if pin is not None or adapters:
                 up = [b for b in up if _fits(b, pin, adapters)]
             if not up:
-                what = f"backend {pin!r}" if pin else f"no backend of model {model!r}"
-                if adapters:
-                    what += f" with LoRA adapter(s) {sorted(adapters)} loaded"
-                raise ApiError(
-                    503, f"{what} is available (down, draining or circuit open)", headers={"Retry-After": "1"}
-                )
+                loaded = f" with LoRA adapter(s) {sorted(adapters)} loaded" if adapters else ""
+                what = f"backend {pin!r}{loaded} is not" if pin else f"no backend of model {model!r}{loaded} is"
+                raise ApiError(503, f"{what} available (down, draining or circuit open)", headers={"Retry-After": "1"})
             if self.inflight < self.max_inflight:
                 room = [b for b in up if b.has_room]
                 if room:

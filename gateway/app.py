@@ -122,7 +122,7 @@ def create_app(
 
     @get("/metrics")
     async def prometheus() -> Response[bytes]:
-        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4")  # litestar appends the charset
 
     @get("/server_info")
     async def server_info() -> Response[bytes]:

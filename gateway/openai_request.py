@@ -6,6 +6,7 @@ reach the upstream untouched.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import msgspec
@@ -16,6 +17,8 @@ from gateway.adapters import requested_lora_paths
 from gateway.errors import ApiError
 
 Kind = Literal["chat", "completion", "responses"]
+# Samples one request may ask for (`n`): OpenAI's documented maximum. SGLang has none.
+MAX_N = 128
 _decoder = msgspec.json.Decoder()
 
 
@@ -86,22 +89,25 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         if max_tokens is not None:  # SGLang keeps 2 of them as headroom (ResponsesRequest.to_sampling_params)
             max_tokens = max(0, max_tokens - 2)
     else:
-        max_tokens = _field(body, "max_completion_tokens", int) if kind == "chat" else None
+        limit = "max_completion_tokens"
+        max_tokens = _field(body, limit, int) if kind == "chat" else None
         if max_tokens is None:
-            max_tokens = _field(body, "max_tokens", int)
-    if max_tokens is not None and max_tokens < 0:
-        raise ApiError(400, "'max_tokens' must be >= 0", param="max_tokens")
+            limit = "max_tokens"
+            max_tokens = _field(body, limit, int)
+        if max_tokens is not None and max_tokens < 0:
+            raise ApiError(400, f"'{limit}' must be >= 0", param=limit)
     stream_options = _field(body, "stream_options", dict)
     if stream_options is not None and not stream:
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     # A Responses stream always ends with its usage (`response.completed`): the client's, untouched.
     wants_usage = kind == "responses" or bool(stream_options and stream_options.get("include_usage") is True)
     wants_spec = _field(body, "return_spec_tokens_details", bool) or False
-    temperature = body.get("temperature")
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
-        temperature = None
-    n = body.get("n")  # a bad `n` is the backend's to refuse, with its own message
-    per_prompt = n if type(n) is int and n > 1 else 1
+    temperature = _number(body, "temperature", 0.0, math.inf, "must be >= 0")
+    if "top_p" in body:
+        _number(body, "top_p", 0.0, 1.0, "must be in (0, 1]", open_below=True)
+    per_prompt = _sequences_per_prompt(body)
+    if "tools" in body:
+        _field(body, "tools", list)
     # At most 15 keyword arguments: CPython 3.11 compiles a call with more through a dict built for
     # it (STACK_USE_GUIDELINE), which measured +9k instructions a request. The rarer ones are set after.
     parsed = ParsedRequest(
@@ -111,7 +117,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         stream=stream,
         prompt_text=prompt_text,
         max_tokens=max_tokens,
-        temperature=None if temperature is None else float(temperature),
+        temperature=temperature,
         client_wants_usage=wants_usage,
         client_wants_spec=wants_spec,
         thinking=_thinking(body["chat_template_kwargs"]) if "chat_template_kwargs" in body else None,
@@ -133,6 +139,32 @@ def _priority(body: dict[str, Any]) -> int | None:
     if priority is not None and not priority_in_range(priority):
         raise ApiError(400, "'priority' must be a signed 64-bit integer", param="priority")
     return priority
+
+
+def _sequences_per_prompt(body: dict[str, Any]) -> int:
+    """`n`, checked here because SGLang admits any count: one request asking for billions of
+    samples would take a server's memory, and the gateway's retry would take the next one's."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if type(n) is not int or not 1 <= n <= MAX_N:
+        raise ApiError(400, f"'n' must be an integer from 1 to {MAX_N}, got {n!r}"[:200], param="n")
+    return n
+
+
+def _number(
+    body: dict[str, Any], name: str, low: float, high: float, rule: str, *, open_below: bool = False
+) -> float | None:
+    """A sampling parameter as a float, within SGLang's range (`SamplingParams.verify`): a bad
+    one is refused here with its name rather than after a backend was chosen for it."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a number, got {type(value).__name__}", param=name)
+    if not (low < value <= high if open_below else low <= value <= high):
+        raise ApiError(400, f"'{name}' {rule}, got {value!r}", param=name)
+    return float(value)
 
 
 def _thinking(kwargs: Any) -> bool | None:
@@ -188,6 +220,10 @@ def _messages_text(messages: list[Any]) -> str:
             raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
         if not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}].role must be a string", param=f"messages[{i}].role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            where = f"messages[{i}].content"
+            raise ApiError(400, f"{where} must be a string or an array of content parts", param=where)
         _add_text(parts, m.get("content"))
     return "\n".join(parts)
 

@@ -250,7 +250,10 @@ def test_metrics_are_consistent_with_the_requests_sent(tmp_path, k26):
             list(client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=10, stream=i % 2 == 0))
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="nope", messages=MATH)
-        text = __import__("urllib.request").request.urlopen(f"{url}/metrics").read().decode()
+        with __import__("urllib.request").request.urlopen(f"{url}/metrics") as r:
+            text = r.read().decode()
+            content_type = r.headers["content-type"]
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format, said once
     families = {f.name: f for f in text_string_to_metric_families(text)}
     requests = {
         (s.labels["backend"], s.labels["status"]): s.value

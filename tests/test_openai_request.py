@@ -34,8 +34,7 @@ def test_a_good_body_names_its_model() -> None:
     [
         ("chat", {"n": 3}, 3),
         ("chat", {}, 1),
-        ("chat", {"n": True}, 1),  # not a count: the backend refuses it, with its own message
-        ("chat", {"n": 0}, 1),
+        ("chat", {"n": None}, 1),
         ("completion", {"prompt": "a b c", "n": 2}, 2),
         ("completion", {"prompt": ["a", "b", "c"], "n": 2}, 6),  # a batch: n per prompt
         ("completion", {"prompt": [[1, 2], [3, 4]]}, 2),  # a batch of token-id prompts
@@ -45,6 +44,51 @@ def test_a_good_body_names_its_model() -> None:
 def test_the_sequences_a_request_asks_for_are_counted(kind, fields, sequences) -> None:
     body = {"model": "m", **({"messages": [{"role": "user", "content": "hi"}]} if kind == "chat" else {}), **fields}
     assert parse(json.dumps(body).encode(), kind).sequences == sequences
+
+
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    "kind,fields,param,words",
+    [
+        # SGLang admits any n: one request asking for 10^20 samples took a twin's memory, then the
+        # next backend's when the gateway moved it there
+        ("chat", {"n": 99999999999999999999}, "n", "from 1 to 128"),
+        ("chat", {"n": 129}, "n", "from 1 to 128"),
+        ("completion", {"prompt": "a", "n": 0}, "n", "from 1 to 128"),
+        ("chat", {"n": True}, "n", "an integer"),
+        ("chat", {"n": "2"}, "n", "an integer"),
+        ("chat", {"n": 1.5}, "n", "an integer"),
+        ("chat", {"max_completion_tokens": -1}, "max_completion_tokens", ">= 0"),
+        ("chat", {"max_tokens": -1}, "max_tokens", ">= 0"),
+        ("completion", {"prompt": "a", "max_tokens": -1}, "max_tokens", ">= 0"),
+        ("chat", {"temperature": "hot"}, "temperature", "a number"),
+        ("chat", {"temperature": True}, "temperature", "a number"),
+        ("chat", {"temperature": -1}, "temperature", ">= 0"),
+        ("chat", {"top_p": 0}, "top_p", "(0, 1]"),
+        ("chat", {"top_p": 1.5}, "top_p", "(0, 1]"),
+        ("chat", {"top_p": "x"}, "top_p", "a number"),
+        ("chat", {"tools": 5}, "tools", "an array"),
+        ("chat", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "a string or an array"),
+    ],
+)
+def test_a_bad_field_is_refused_by_name(kind, fields, param, words) -> None:
+    body = {**(_CHAT if kind == "chat" else {"model": "m"}), **fields}
+    with pytest.raises(ApiError) as info:
+        parse(json.dumps(body).encode(), kind)
+    assert info.value.status == 400 and info.value.param == param and words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fields,temperature",
+    [({"temperature": 0}, 0.0), ({"temperature": 2.5, "top_p": 1}, 2.5), ({"temperature": None}, None), ({}, None)],
+)
+def test_good_sampling_fields_pass(fields, temperature) -> None:
+    parsed = parse(
+        json.dumps({**_CHAT, "messages": [{"role": "assistant", "content": None}], **fields}).encode(), "chat"
+    )
+    assert parsed.temperature == temperature
 
 
 def test_token_id_prompts_are_counted_exactly() -> None:

@@ -368,6 +368,17 @@ def test_temperature_is_validated(url):
     assert status == 400 and "top_p must be in (0, 1]" in err["message"]
 
 
+def test_a_sample_count_the_host_cannot_hold_is_refused(url):
+    """Not SGLang's behaviour (it admits any n): the twin's guard, so that one request cannot take
+    the memory of the machine it shares with the tests."""
+    for n, words in ((0, "at least 1"), (1025, "at most 1024")):
+        status, err = post(f"{url}/v1/chat/completions", {**_chat("x"), "n": n})
+        assert status == 400 and words in err["message"] and err["param"] == "n"
+    for body in ({"prompt": "x", "n": 1025}, {"prompt": "x", "n": 0}):
+        status, err = post(f"{url}/v1/completions", {"model": "kimi-k2.6", **body})
+        assert status == 400 and err["param"] == "n"
+
+
 # ------------------------------------------------------------- queue full, first byte
 
 

@@ -175,8 +175,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             tools, tool_choice = validate_tools(body.tools, body.tool_choice)
         except ToolError as e:
             raise ApiError(e.message, err_type="Bad Request" if e.schema else None) from None
-        if body.n < 1:
-            raise ApiError("n must be at least 1", param="n")
+        _check_samples(body.n)
         if body.return_meta_info and body.stream:
             raise ApiError("return_meta_info is only supported for non-streaming requests", param="return_meta_info")
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
@@ -350,8 +349,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         priority = request_priority(body.priority, COMPLETIONS_ENDPOINT)
         if body.max_tokens is not None and body.max_tokens <= 0:
             raise _max_tokens_error(body.max_tokens)
-        if body.n < 1:
-            raise ApiError("n must be at least 1", param="n")
+        _check_samples(body.n)
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
         lora = resolve_lora_path(body.model, state.served_model_name, body.lora_path)
@@ -396,6 +394,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.Response(body=resp_body, content_type="application/json")
     finally:
         gen.release()
+
+
+# Assumption, not SGLang's behaviour: SGLang admits any `n` and would try to hold them all. The
+# twin refuses more so that one request cannot take its host's memory (the gateway allows 128).
+MAX_SAMPLES = 1024
+
+
+def _check_samples(n: int) -> None:
+    if n < 1:
+        raise ApiError("n must be at least 1", param="n")
+    if n > MAX_SAMPLES:
+        raise ApiError(f"n must be at most {MAX_SAMPLES} (a limit of the twin, not of SGLang)", param="n")
 
 
 async def _admit_samples(
