@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from common.output_dir import output_dir
 from gateway.config import ConfigError
 
 # Seconds of traffic per level and target. Aggregate tok/s is tokens over the level's wall time
@@ -49,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"seconds of traffic per level and target (default {DEMO_LEVEL_S})",
     )
     d.add_argument("--sim-time-scale", type=float, default=None, help="the twins' time scale (default 1: real time)")
-    d.add_argument("--output", default=None, help="directory for loadgen outputs (default: a temp dir)")
+    d.add_argument(
+        "--output", type=output_dir, default=None, help="directory for loadgen outputs (default: a temp dir)"
+    )
     return p
 
 

@@ -19,6 +19,7 @@ from typing import TextIO
 
 import msgspec
 
+from common.output_dir import output_dir
 from policies.eval.fleet import FleetError
 from policies.eval.plan import DEFAULT_TYPES, MAX_SERVERS, RESTART_S, PlanResult, plan
 from policies.eval.slo import DEFAULT_SLO, SloError, parse_slo
@@ -73,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--shortlist", type=int, default=3, help="mixed fleets simulated after the fluid ranking")
     ap.add_argument("--jobs", type=int, default=None, help="simulations in parallel (default: cores, at most 8)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--output", type=Path, default=None, help="directory for plan.json")
+    ap.add_argument("--output", type=output_dir, default=None, help="directory for plan.json")
     ap.add_argument(
         "--exhaustive",
         action="store_true",

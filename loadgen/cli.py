@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
+from common.output_dir import output_dir
 from common.priority import priority_in_range
 from loadgen.client import ENDPOINTS, RequestOptions
 from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model name to request (default: the backend's, else /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
     p.add_argument(
-        "--output", type=Path, default=None, help="directory for summary.json, summary.csv, requests.jsonl, plots"
+        "--output", type=output_dir, default=None, help="directory for summary.json, summary.csv, requests.jsonl, plots"
     )
     p.add_argument(
         "--stream", action=argparse.BooleanOptionalAction, default=True, help="stream responses (default on)"

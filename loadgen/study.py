@@ -35,6 +35,7 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
+from common.output_dir import output_dir
 from loadgen import checks
 from loadgen.client import RequestOptions
 from loadgen.datasets import DatasetError, load_dataset
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("name", nargs="?", help="study name (see --list)")
     p.add_argument("--list", action="store_true", help="list the studies and their references")
-    p.add_argument("--output", type=Path, default=None, help="output directory (default out/studies/NAME)")
+    p.add_argument("--output", type=output_dir, default=None, help="output directory (default out/studies/NAME)")
     p.add_argument(
         "--target",
         default=None,

@@ -187,6 +187,31 @@ def test_bad_input_is_refused_naming_the_culprit(args, culprit, capsys):
     assert culprit in capsys.readouterr().err
 
 
+def test_an_output_that_cannot_be_a_directory_is_refused_before_the_run(tmp_path, capsys):
+    from loadgen.cli import main as loadgen_main
+    from policies.eval.cli import main as eval_main
+
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for run, args in (
+        (main, ["--servers", "2", "--traffic", "day"]),
+        (eval_main, ["--scenario", "steady-1"]),
+        (loadgen_main, ["--target", "gateway"]),
+    ):
+        assert _exit_code(run, [*args, "--output", str(taken)]) == 2
+        assert "cannot be the output directory" in capsys.readouterr().err
+    made = tmp_path / "new" / "dir"  # refused for its --servers, after --output was read
+    assert _exit_code(main, ["--traffic", "day", "--output", str(made), "--servers", "x"]) == 2
+    assert made.is_dir()
+
+
+def _exit_code(main_function, argv):
+    try:
+        return main_function(argv)
+    except SystemExit as ex:
+        return ex.code
+
+
 @pytest.mark.parametrize(
     ("lines", "line", "culprit"),
     [
@@ -201,6 +226,14 @@ def test_bad_input_is_refused_naming_the_culprit(args, culprit, capsys):
         (['{"name": "a", "load": 0.5, "arrival": "closed"}'], 2, "open loop"),
         (['{"name": "a", "load": 0.5}', '{"settings": {"min_tokens": 8}}'], 3, "comes first"),
         (['{"settings": {"color": 1}}'], 2, "unknown setting 'color'"),
+        (['{"name": "a", "load": 0.5, "domains": "math"}'], 2, "domains: Expected `object`"),
+        (['{"name": "a", "load": 0.5, "domains": {"math": "x"}}'], 2, "domains: Expected `float`"),
+        (['{"name": "a", "load": 0.5, "arrival": 5}'], 2, "arrival: Expected `str`"),
+        (['{"name": "a", "load": 0.5, "mix": "agent"}'], 2, "mix: Expected `object"),
+        (['{"settings": {"max_queued": "x"}}', '{"name": "a", "load": 0.5}'], 2, "at `$.max_queued`"),
+        (['{"settings": {"min_tokens": "abc"}}', '{"name": "a", "load": 0.5}'], 2, "at `$.min_tokens`"),
+        (['{"settings": {"max_queued": 1.5}}', '{"name": "a", "load": 0.5}'], 2, "at `$.max_queued`"),
+        (['{"settings": {"min_tokens": 900}}', '{"name": "a", "load": 0.5}'], 2, "min_tokens <= max_tokens"),
         (["[1, 2]"], 2, "JSON object"),
     ],
 )

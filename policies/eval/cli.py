@@ -25,11 +25,11 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from common.output_dir import output_dir
 from policies.eval.fleet import FleetError, parse_fleet
 from policies.eval.report import markdown, print_scenario, print_targets, to_json, write_json
 from policies.eval.runner import ScenarioResult, on_fleet
@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--scenario", default="all", help=f"scenario name(s), comma-separated, or 'all' (known: {', '.join(SCENARIOS)})"
     )
-    ap.add_argument("--output", required=True, type=Path, help="directory for eval.json")
+    ap.add_argument("--output", required=True, type=output_dir, help="directory for eval.json")
     ap.add_argument(
         "--seed",
         type=parse_seeds,

@@ -39,11 +39,20 @@ __all__ = ["Traffic", "TrafficError", "load_traffic", "named_traffic", "traffic_
 
 DEFAULT_SAMPLE_S = 120.0
 _PHASE_KEYS = {"name", "hours", "minutes", "rate", "load", "arrival", "domains", "mix", "sample_s"}
-_SETTINGS_KEYS = {"reference", "min_tokens", "max_tokens", "max_queued"}
 
 
 class TrafficError(ValueError):
     pass
+
+
+class _Settings(msgspec.Struct, kw_only=True):
+    reference: str = "k26-dflash"
+    min_tokens: int = 384
+    max_tokens: int = 640
+    max_queued: int | None = 128
+
+
+_SETTINGS_KEYS = set(_Settings.__struct_fields__)
 
 
 class Traffic(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,13 +107,13 @@ def _phase(where: str, obj: dict[str, Any], index: int) -> tuple[Phase, float | 
     if not isinstance(name, str) or not name:
         raise TrafficError(f"{where}: name must be a non-empty string")
     try:
-        mix = msgspec.convert(obj["mix"], Mix) if "mix" in obj else None
+        mix = _typed(obj, "mix", Mix | None, None)
         phase = Phase(
             name=name,
             duration_s=sample,
-            arrival=obj.get("arrival", "poisson"),
+            arrival=_typed(obj, "arrival", str, "poisson"),
             load=load if load is not None else 1.0,
-            domains=obj.get("domains", {"math": 1.0, "code": 1.0, "chat": 1.0}),
+            domains=_typed(obj, "domains", dict[str, float], {"math": 1.0, "code": 1.0, "chat": 1.0}),
             mix=mix,
             represents_s=span,
         )
@@ -114,6 +123,16 @@ def _phase(where: str, obj: dict[str, Any], index: int) -> tuple[Phase, float | 
     except (msgspec.ValidationError, ValueError, TypeError) as e:
         raise TrafficError(f"{where}: {e}") from None
     return phase, rate
+
+
+def _typed(obj: dict[str, Any], key: str, typ: Any, default: Any) -> Any:
+    """`obj[key]` as `typ` (or `default` when absent); a ValueError naming the key otherwise."""
+    if key not in obj:
+        return default
+    try:
+        return msgspec.convert(obj[key], typ)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"{key}: {e}") from None
 
 
 def load_traffic(spec: str) -> Traffic:
@@ -129,7 +148,8 @@ def load_traffic(spec: str) -> Traffic:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TrafficError(f"{spec}: cannot read: {e}") from None
-    settings: dict[str, Any] = {}
+    settings = _Settings()
+    settings_at = spec
     phases: list[Phase] = []
     rates: list[float | None] = []
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -144,13 +164,16 @@ def load_traffic(spec: str) -> Traffic:
         if not isinstance(obj, dict):
             raise TrafficError(f"{where}: each line is a JSON object")
         if "settings" in obj:
-            if phases or settings or len(obj) != 1 or not isinstance(obj["settings"], dict):
+            if phases or settings_at != spec or len(obj) != 1 or not isinstance(obj["settings"], dict):
                 raise TrafficError(f'{where}: a settings object comes first, alone: {{"settings": {{...}}}}')
-            settings = obj["settings"]
-            unknown = sorted(set(settings) - _SETTINGS_KEYS)
+            unknown = sorted(set(obj["settings"]) - _SETTINGS_KEYS)
             if unknown:
                 raise TrafficError(f"{where}: unknown setting {unknown[0]!r} ({', '.join(sorted(_SETTINGS_KEYS))})")
-            settings["_line"] = where
+            try:
+                settings = msgspec.convert(obj["settings"], _Settings)
+            except msgspec.ValidationError as e:
+                raise TrafficError(f"{where}: settings: {e}") from None
+            settings_at = where
             continue
         ph, rate = _phase(where, obj, len(phases))
         if any(p.name == ph.name for p in phases):
@@ -159,17 +182,17 @@ def load_traffic(spec: str) -> Traffic:
         rates.append(rate)
     if not phases:
         raise TrafficError(f"{spec}: no phases (one JSON object per line)")
-    where = settings.pop("_line", spec)
+    where = settings_at
     try:
         scenario = Scenario(
             name=path.stem,
             description=f"traffic file {spec}",
             pool=("k26-dflash",),
             phases=tuple(phases),
-            min_tokens=int(settings.get("min_tokens", 384)),
-            max_tokens=int(settings.get("max_tokens", 640)),
-            max_queued=settings.get("max_queued", 128),
-            reference=str(settings.get("reference", "k26-dflash")),
+            min_tokens=settings.min_tokens,
+            max_tokens=settings.max_tokens,
+            max_queued=settings.max_queued,
+            reference=settings.reference,
             streams_by_phase_name=True,
         )
         scenario.validate()
