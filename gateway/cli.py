@@ -17,6 +17,14 @@ from gateway.config import ConfigError
 DEMO_LEVEL_S = 20
 
 
+def _levels(text: str) -> str:
+    """The demo's concurrency levels, checked before it starts anything (loadgen reads them)."""
+    for part in text.split(","):
+        if not part.strip().isdigit() or int(part) < 1:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specroute", description="Speculative-decoding-aware LLM gateway.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -41,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)", add_help=False)
     d = sub.add_parser("demo", help="start twins + gateway, sweep through both, print the table")
-    d.add_argument("--concurrency", default="1,4,32", help="closed-loop levels (default 1,4,32)")
+    d.add_argument("--concurrency", type=_levels, default="1,4,32", help="closed-loop levels (default 1,4,32)")
     d.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
     d.add_argument(
         "--level-seconds",

@@ -72,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
         "least, 300 s at the default shape)",
     )
     ap.add_argument("--shortlist", type=int, default=3, help="mixed fleets simulated after the fluid ranking")
-    ap.add_argument("--jobs", type=int, default=None, help="simulations in parallel (default: cores, at most 8)")
+    ap.add_argument(
+        "--jobs", type=_at_least_one, default=None, help="simulations in parallel (default: cores, at most 8)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", type=output_dir, default=None, help="directory for plan.json")
     ap.add_argument(
@@ -93,6 +95,16 @@ def parser() -> argparse.ArgumentParser:
         "smaller is faster but needs CPU headroom for twins, gateway and loadgen)",
     )
     return ap
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def _pct(x: float) -> str:

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_concurrency_list,
         default=[1],
         help="comma-separated levels, e.g. 1,4,32: requests in flight (closed loop), "
-        "or the cap with --request-rate ('inf' = uncapped) (default 1)",
+        "or the cap with --request-rate ('inf', 'none' or 0 = uncapped) (default 1)",
     )
     p.add_argument(
         "--request-rate",

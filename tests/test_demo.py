@@ -31,3 +31,16 @@ def test_demo_sweeps_the_gateway_and_each_backend_of_its_model(tmp_path: Path) -
     gateway_level = runs[0]["levels"][0]
     assert set(gateway_level["backends"]) <= set(expected[1:])
     assert (out / "gateway.log").stat().st_size > 0
+
+
+def test_bad_levels_are_refused_before_anything_starts(capsys) -> None:
+    from gateway.cli import main
+
+    for levels in ("abc", "4,0", "1,,4"):
+        try:
+            code = main(["demo", "--concurrency", levels])
+        except SystemExit as ex:
+            code = ex.code
+        assert code == 2
+        err = capsys.readouterr()
+        assert "expected comma-separated integers >= 1" in err.err and "starting" not in err.out

@@ -179,6 +179,7 @@ def test_plan_help_says_what_is_assumed(capsys):
         (["--servers", "2", "--traffic", "day", "--slo", "ttft=fast"], "ttft='fast'"),
         (["--servers", "2", "--traffic", "day", "--slo", "latency=3"], "latency=3"),
         (["--servers", "2", "--traffic", "no-such-traffic"], "unknown traffic 'no-such-traffic'"),
+        (["--servers", "2", "--traffic", "day", "--jobs", "0"], "--jobs: expected an integer >= 1, got '0'"),
         (["--servers", "2", "--traffic", "missing/file.jsonl"], "no such traffic file"),
     ],
 )

@@ -101,6 +101,7 @@ def test_list_prints_every_profile():
     [
         ["--profile", "nope"],
         ["--port", "x", "--profile", "k26-ar"],
+        ["--port", "70000", "--profile", "k26-ar"],
         ["--bogus"],
         [],
         ["--profile", "k26-ar", "--ddtree-budget", "8"],

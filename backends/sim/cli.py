@@ -44,7 +44,7 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -52,6 +52,8 @@ def _int_at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if v < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}: {text}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}: {text}")
         return v
 
     return parse
@@ -69,7 +71,7 @@ def _server_parser() -> _Parser:
     p.add_argument("--list", action="store_true", help="list the profiles and exit")
     p.add_argument("--profile", help="profile name (see --list) or path to a profile .toml")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_int_at_least(0), default=30000)
+    p.add_argument("--port", type=_int_at_least(0, 65535), default=30000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
     p.add_argument(
