@@ -19,7 +19,15 @@ import tomllib
 from pathlib import Path
 
 from gateway.cli_usage import UsageError, UsageParser
-from gateway.config import Config, ConfigError, GatewaySection, config_from_dict, load_config
+from gateway.config import (
+    Config,
+    ConfigError,
+    GatewaySection,
+    config_from_dict,
+    load_config,
+    parse_listen,
+    url_problem,
+)
 
 __all__ = ["main", "render_config"]
 
@@ -95,8 +103,9 @@ def _parse_backends(specs: list[str]) -> list[_Backend]:
             raise UsageError(f"--from-profiles: expected NAME=URL, got {item!r}")
         name, colon, profile = left.partition(":")
         profile = profile if colon else name
-        if not url.startswith(("http://", "https://")):
-            raise UsageError(f"--from-profiles: {left}: expected an http:// or https:// URL, got {url!r}")
+        problem = url_problem(url)
+        if problem:
+            raise UsageError(f"--from-profiles: {left}: {problem}")
         model, strategy, source = _profile_facts(profile)
         out.append(_Backend(name, profile, url.rstrip("/"), model, strategy, source))
     if not out:
@@ -140,6 +149,14 @@ def render_config(backends: list[_Backend], *, listen: str, policy: str, otlp_en
 
 
 def _init(args: argparse.Namespace) -> int:
+    try:
+        parse_listen(args.listen, "--listen")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if args.otlp_endpoint is not None:
+        problem = url_problem(args.otlp_endpoint)
+        if problem:
+            raise UsageError(f"--otlp-endpoint: {problem}")
     backends = _parse_backends(args.from_profiles)
     text = render_config(backends, listen=args.listen, policy=args.policy, otlp_endpoint=args.otlp_endpoint)
     config_from_dict(tomllib.loads(text), args.output or "config")  # refuses what `serve` would refuse

@@ -6,9 +6,13 @@ prints it as one line and exits non-zero (no traceback).
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -116,6 +120,7 @@ class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     epsilon: float | None = None  # goodput exploration probability
     hysteresis: float | None = None  # goodput: margin a challenger needs over the incumbent
     externality: float | None = None  # goodput: weight of the time a request imposes on others (0 = selfish)
+    ttft_weight: float | None = None  # goodput: seconds of TTFT counted as this many seconds of decode (1)
     prefix_tracking: bool | None = None  # goodput: prefix-cache affinity (default on)
     ttft_slo_s: float | None = None  # goodput: the TTFT past which each predicted second costs slo_weight more (5)
     slo_weight: float | None = None  # goodput: that weight (1; 0: no SLO term; higher: less tail, less mean speed)
@@ -177,35 +182,79 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return (section.policy if section and section.policy else None) or self.gateway.policy
 
     def policy_options(self, model: str, policy: str) -> dict[str, Any]:
-        """Options for `make_policy`: only those the named policy takes, model section over gateway."""
+        """Options for `make_policy`: only those the named policy takes, model section over gateway.
+
+        Loading refuses a model section's option that its policy does not take (`_check_model_options`),
+        except, with `gateway.allow_policy_header`, one that a policy a client may choose takes: that
+        option is for the policy the header names, and is left out here for the others."""
         section = self.models.get(model) or ModelSection()
-        options: dict[str, Any] = {
-            "pinned_backend": section.pinned_backend,
-            "threshold": section.threshold,
-            "epsilon": section.epsilon,
-            "hysteresis": section.hysteresis,
-            "externality": section.externality,
-            "prefix_tracking": section.prefix_tracking,
-            "ttft_slo_s": section.ttft_slo_s,
-            "slo_weight": section.slo_weight,
-            "seed": section.seed,
-            "objective": section.objective or self.gateway.objective,
-        }
-        return {k: v for k, v in options.items() if v is not None and k in POLICY_OPTIONS.get(policy, ())}
+        options = _section_options(section)
+        options.setdefault("objective", self.gateway.objective)
+        return {k: v for k, v in options.items() if k in POLICY_OPTIONS.get(policy, ())}
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
+# ModelSection fields that are policy options (all but `policy`), under the names `make_policy` takes.
+MODEL_OPTIONS: tuple[str, ...] = tuple(f for f in ModelSection.__struct_fields__ if f != "policy")
+# Policies a client may choose with x-specroute-policy (gateway/proxy.py refuses `pinned` there).
+HEADER_POLICIES: tuple[str, ...] = tuple(p for p in KNOWN_POLICIES if p != "pinned")
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _section_options(section: ModelSection) -> dict[str, Any]:
+    """The options a model section sets (None: not set)."""
+    return {k: v for k in MODEL_OPTIONS if (v := getattr(section, k)) is not None}
+
+
+def model_key(model: str) -> str:
+    """A served model's section as TOML names it: `models.m`, or `models."kimi-k2.6"` (quoted: not a bare key)."""
+    return f"models.{model}" if re.fullmatch(r"[A-Za-z0-9_-]+", model) else f"models.{json.dumps(model)}"
+
+
+def parse_listen(listen: str, key: str = "gateway.listen") -> tuple[str, int]:
+    """(host, port) of a listen address; a ConfigError names `key` (the config key, or `--listen`).
+
+    The port is 1..65535: the gateway announces the address it serves on and probes call it there,
+    so port 0 (any free port) is refused too."""
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ConfigError(f"gateway.listen: expected HOST:PORT, got {listen!r}")
+    if not sep or not port.isascii() or not port.isdigit() or not host.strip("[]"):
+        raise ConfigError(f"{key}: expected HOST:PORT, got {listen!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: expected a port in 1..65535, got {listen!r}")
     return host.strip("[]"), int(port)
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with an http(s) base URL (a backend's, an OTLP endpoint), or None if nothing.
+
+    It needs the scheme http or https, a host, and a port in 1..65535 if it gives one; it may carry
+    a path (a prefix the gateway's paths go after), but no query or fragment."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a broken [IPv6] host
+        return f"expected an http:// or https:// URL with a valid host, got {url!r}"
+    if parts.scheme not in ("http", "https") or not url.lower().startswith(("http://", "https://")):
+        return f"expected an http:// or https:// URL, got {url!r}"
+    if not parts.hostname:
+        return f"expected a host after {parts.scheme}://, got {url!r}"
+    if any(c.isspace() for c in url):
+        return f"expected a URL without spaces, got {url!r}"
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or above 65535
+        return f"expected a port in 1..65535 after the host, got {url!r}"
+    if port == 0:
+        return f"expected a port in 1..65535 after the host, got {url!r}"
+    if parts.query or parts.fragment or url.rstrip("/").endswith(("?", "#")):
+        return f"expected a base URL without a query or fragment, got {url!r}"
+    return None
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
     try:
         config = msgspec.convert(data, Config)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{source}: {_humanize(str(e))}") from None
+        model_error = _model_error(data) if "- at `$.models[...]" in str(e) else None
+        raise ConfigError(f"{source}: {model_error or _humanize(str(e))}") from None
     _check(config, source)
     return config
 
@@ -223,19 +272,38 @@ def load_config(path: str | Path) -> Config:
     return config_from_dict(data, str(path))
 
 
-def _humanize(message: str) -> str:
+def _humanize(message: str, prefix: str = "") -> str:
     # msgspec says "Expected `int`, got `str` - at `$.gateway.listen`"; lead with the key.
     text, sep, where = message.partition(" - at `")
     text = text.replace("Object contains unknown field", "unknown key")
     if sep:
-        key = where.rstrip("`").removeprefix("$.").removeprefix("$")
+        key = where.rstrip("`").removeprefix("$")
+        key = prefix + key if prefix else key.removeprefix(".")
         return f"{key or '(top level)'}: {text}"
-    return text
+    return f"{prefix}: {text}" if prefix else text
+
+
+def _model_error(data: dict[str, Any]) -> str | None:
+    """The first bad model section's error, naming the model: msgspec says `models[...]`."""
+    models = data.get("models")
+    if not isinstance(models, dict):
+        return None
+    for model, section in models.items():
+        try:
+            msgspec.convert(section, ModelSection)
+        except msgspec.ValidationError as e:
+            return _humanize(str(e), model_key(str(model)))
+    return None
 
 
 def _check(config: Config, source: str) -> None:
-    parse_listen(config.gateway.listen)
-    _check_positive(config, source)
+    try:
+        parse_listen(config.gateway.listen)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    _check_ranges(config, source)
+    if config.logging.level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"{source}: logging.level: expected one of {list(LOG_LEVELS)}, got {config.logging.level!r}")
     if config.tracing.exporter not in ("none", "otlp", "console"):
         raise ConfigError(
             f"{source}: tracing.exporter: expected one of ['none', 'otlp', 'console'], got {config.tracing.exporter!r}"
@@ -244,6 +312,10 @@ def _check(config: Config, source: str) -> None:
         raise ConfigError(
             f"{source}: tracing.protocol: expected 'http/protobuf' or 'grpc', got {config.tracing.protocol!r}"
         )
+    if config.tracing.endpoint is not None:
+        problem = _endpoint_problem(config.tracing.endpoint, config.tracing.protocol)
+        if problem:
+            raise ConfigError(f"{source}: tracing.endpoint: {problem}")
     strategies = {s.value for s in Strategy}
     seen: set[str] = set()
     for i, b in enumerate(config.backends):
@@ -251,57 +323,110 @@ def _check(config: Config, source: str) -> None:
         if b.name in seen:
             raise ConfigError(f"{where}.name: duplicate backend name {b.name!r}")
         seen.add(b.name)
-        if "@" in b.name or not b.name:
+        if "@" in b.name or not b.name.strip():
             raise ConfigError(f"{where}.name: expected a non-empty name without '@', got {b.name!r}")
-        if not b.url.startswith(("http://", "https://")):
-            raise ConfigError(f"{where}.url: expected an http:// or https:// URL, got {b.url!r}")
+        problem = url_problem(b.url)
+        if problem:
+            raise ConfigError(f"{where}.url: {problem}")
+        if not b.model.strip():
+            raise ConfigError(f"{where}.model: expected the non-empty name of the model it serves, got {b.model!r}")
         if b.strategy not in strategies:
             raise ConfigError(f"{where}.strategy: expected one of {sorted(strategies)}, got {b.strategy!r}")
     policies = [("gateway.policy", config.gateway.policy)]
-    policies += [(f"models.{m}.policy", s.policy) for m, s in config.models.items() if s.policy]
+    policies += [(f"{model_key(m)}.policy", s.policy) for m, s in config.models.items() if s.policy]
     for key, name in policies:
         if name not in KNOWN_POLICIES:
             raise ConfigError(f"{source}: {key}: unknown policy {name!r}, expected one of {list(KNOWN_POLICIES)}")
     models = {b.model for b in config.backends}
     for model, section in config.models.items():
         if model not in models:
-            raise ConfigError(f"{source}: models.{model}: no backend serves model {model!r}")
+            raise ConfigError(f"{source}: {model_key(model)}: no backend serves model {model!r}")
         if section.pinned_backend and section.pinned_backend not in seen:
-            raise ConfigError(f"{source}: models.{model}.pinned_backend: unknown backend {section.pinned_backend!r}")
+            raise ConfigError(
+                f"{source}: {model_key(model)}.pinned_backend: unknown backend {section.pinned_backend!r}"
+            )
+        _check_model_options(config, model, section, source)
     for model in models:  # build each policy once: its own checks (objective, options) name the key
         policy = config.policy_for(model)
-        key = f"models.{model}" if model in config.models else "gateway"
+        key = model_key(model) if model in config.models else "gateway"
         try:
             make_policy(policy, **config.policy_options(model, policy))
         except (ValueError, TypeError) as e:
             raise ConfigError(f"{source}: {key}: policy {policy!r}: {e}") from None
 
 
-def _check_positive(config: Config, source: str) -> None:
-    checks = {
-        "gateway.max_body_bytes": config.gateway.max_body_bytes,
-        "gateway.upstream_connections": config.gateway.upstream_connections,
-        "timeouts.connect_s": config.timeouts.connect_s,
-        "timeouts.first_byte_s": config.timeouts.first_byte_s,
-        "timeouts.idle_stream_s": config.timeouts.idle_stream_s,
-        "timeouts.request_s": config.timeouts.request_s,
-        "retry.attempts": config.retry.attempts,
-        "health.interval_s": config.health.interval_s,
-        "health.unhealthy_after": config.health.unhealthy_after,
-        "health.healthy_after": config.health.healthy_after,
-        "health.circuit_failures": config.health.circuit_failures,
-        "health.engine_check_timeout_s": config.health.engine_check_timeout_s,
-        "admission.max_inflight": config.admission.max_inflight,
-    }
-    for key, value in checks.items():
-        if value <= 0:
-            raise ConfigError(f"{source}: {key}: expected a value > 0, got {value}")
-    for key, value in {
-        "admission.max_queue": config.admission.max_queue,
-        "health.engine_check_s": config.health.engine_check_s,
-        "health.models_refresh_s": config.health.models_refresh_s,
-        "admission.backend_max_inflight": config.admission.backend_max_inflight,
-        "auth.rate_limit_rps": config.auth.rate_limit_rps,
-    }.items():
-        if value < 0:
-            raise ConfigError(f"{source}: {key}: expected a value >= 0, got {value}")
+def _endpoint_problem(endpoint: str, protocol: str) -> str | None:
+    """An OTLP endpoint: a base URL; over gRPC also HOST:PORT, as the OTLP gRPC exporter takes it."""
+    if protocol == "grpc" and "://" not in endpoint:
+        try:
+            parse_listen(endpoint, "endpoint")
+        except ConfigError:
+            return f"expected an http:// or https:// URL or HOST:PORT (a port in 1..65535), got {endpoint!r}"
+        return None
+    return url_problem(endpoint)
+
+
+def _check_model_options(config: Config, model: str, section: ModelSection, source: str) -> None:
+    """A model section's option its policy does not take is refused by name, not ignored. With
+    `gateway.allow_policy_header` an option of a policy a client may choose is kept for that one."""
+    policy = config.policy_for(model)
+    takes = POLICY_OPTIONS.get(policy, frozenset())
+    chosen = HEADER_POLICIES if config.gateway.allow_policy_header else ()
+    for option in _section_options(section):
+        if option in takes or any(option in POLICY_OPTIONS[p] for p in chosen):
+            continue
+        own = sorted(takes & set(MODEL_OPTIONS))
+        raise ConfigError(
+            f"{source}: {model_key(model)}: {option}: not an option of policy {policy}"
+            f" ({'its options: ' + ', '.join(own) if own else 'it takes none'})"
+        )
+    for option in ("epsilon", "hysteresis", "externality", "ttft_weight", "ttft_slo_s", "slo_weight"):
+        value = getattr(section, option)
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{source}: {model_key(model)}.{option}: expected a finite number, got {value}")
+
+
+# Every numeric key: (lowest, lowest allowed itself?, highest or None). Floats must be finite too
+# (TOML has nan and inf; `nan <= 0` is false, so a bare comparison would let it through).
+_RANGES: dict[str, tuple[float, bool, float | None]] = {
+    "gateway.shutdown_grace_s": (0, True, None),  # 0: end what is open at once
+    "gateway.max_body_bytes": (1, True, None),
+    "gateway.upstream_connections": (1, True, None),
+    "timeouts.connect_s": (0, False, None),
+    "timeouts.first_byte_s": (0, False, None),
+    "timeouts.idle_stream_s": (0, False, None),
+    "timeouts.request_s": (0, False, None),
+    "retry.attempts": (1, True, None),  # 1: no retry
+    "retry.backoff_initial_s": (0, True, None),
+    "retry.backoff_max_s": (0, True, None),
+    "retry.deadline_s": (0, False, None),
+    "health.interval_s": (0, False, None),
+    "health.unhealthy_after": (1, True, None),
+    "health.healthy_after": (1, True, None),
+    "health.circuit_failures": (1, True, None),
+    "health.circuit_cooldown_s": (0, True, None),  # 0: the probe may go at once
+    "health.engine_check_s": (0, True, None),  # 0: never
+    "health.engine_check_timeout_s": (0, False, None),
+    "health.models_refresh_s": (0, True, None),  # 0: at start and restarts only
+    "admission.max_inflight": (1, True, None),
+    "admission.backend_max_inflight": (0, True, None),  # 0: the backend's max_running_requests
+    "admission.max_queue": (0, True, None),  # 0: no queue, 429 at once
+    "admission.queue_timeout_s": (0, True, None),
+    "auth.rate_limit_rps": (0, True, None),  # 0: off
+    "auth.rate_limit_burst": (0, True, None),  # 0: max(1, rps)
+    "tracing.sample_ratio": (0, True, 1),  # None: unset
+}
+
+
+def _check_ranges(config: Config, source: str) -> None:
+    for key, (low, low_ok, high) in _RANGES.items():
+        section, _, name = key.partition(".")
+        value = getattr(getattr(config, section), name)
+        if value is None:
+            continue
+        bound = f"{'>=' if low_ok else '>'} {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+        what = "a finite number" if isinstance(value, float) else "a whole number"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{source}: {key}: expected {what} {bound}, got {value}")
+        if value < low or (value == low and not low_ok) or (high is not None and value > high):
+            raise ConfigError(f"{source}: {key}: expected a value {bound}, got {value}")

@@ -19,6 +19,8 @@ from gateway.topology import SEED_SYSTEMS, embedded_config
 
 
 def serve(config_path: str | None, listen: str | None, sim_time_scale: float | None = None) -> int:
+    if listen:
+        parse_listen(listen, "--listen")  # before anything starts; the error names the flag
     with ProcessGroup() as twins:
         if config_path:
             config = load_config(config_path)

@@ -1,7 +1,10 @@
 """Policy construction by name, as written in the config.
 
 Options are keyword arguments (`objective`, `threshold`, `seed`, ...); an option a policy does
-not take is refused by name, so a typo in config fails at startup instead of being ignored.
+not take is refused by name, so a typo in config fails at startup instead of being ignored. The
+config (`gateway.config`) refuses a `[models."NAME"]` option that the model's policy does not take
+the same way, naming the key and the policy; only with `gateway.allow_policy_header` does it keep an
+option another policy a client may choose takes, for that policy.
 """
 
 from __future__ import annotations

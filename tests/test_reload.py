@@ -316,3 +316,27 @@ def test_reload_applies_the_tracing_sample_ratio(tmp_path, twin_factory):
         path.write_text(gateway_config(port, [_entry("a", a)], tracing.format(1.0)))
         assert _post(f"{url}/admin/reload")[0] == 200
         assert all(traced(url) for _ in range(5))
+
+
+def test_reload_refuses_a_nan_health_interval_and_the_poller_keeps_running(tmp_path, twin_factory):
+    """`interval_s = nan` used to be accepted on reload and the poller died on it. Refused now, by
+    POST /admin/reload and by SIGHUP, and the readiness checks keep coming at the running interval."""
+    a = twin_factory("k26-ar")
+    with _gateway_over(tmp_path, a) as (url, path, port, proc):
+        path.write_text(gateway_config(port, [_entry("a", a)], "[health]\ninterval_s = 0.05\n"))
+        assert _post(f"{url}/admin/reload")[0] == 200
+
+        def checks() -> int:
+            return get_json(f"{url}/admin/backends")["backends"][0]["health_checks"]
+
+        path.write_text(gateway_config(port, [_entry("a", a)], "[health]\ninterval_s = nan\n"))
+        status, body = _post(f"{url}/admin/reload")
+        assert status == 400 and "health.interval_s" in body["error"]["message"], body
+        assert "finite" in body["error"]["message"]
+        start = checks()
+        assert wait_until(lambda: checks() >= start + 3)
+        os.kill(proc.pid, signal.SIGHUP)
+        assert wait_until(lambda: "SIGHUP reload" in output(proc) and "health.interval_s" in output(proc))
+        start = checks()
+        assert wait_until(lambda: checks() >= start + 3)
+        assert [x["name"] for x in get_json(f"{url}/admin/backends")["backends"]] == ["a"]
