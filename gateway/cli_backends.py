@@ -29,6 +29,7 @@ from backends.launch.profile import (
     shell_line,
 )
 from gateway.cli_usage import UsageError, UsageParser
+from gateway.config import url_problem
 
 __all__ = ["main"]
 
@@ -87,7 +88,7 @@ def _parser() -> UsageParser:
     s.add_argument("--user", default="sglang", help="User= of the unit (default sglang)")
     s.add_argument("--hf-home", help="HF_HOME for the model cache")
     s = sub.add_parser("check", help="probe a live SGLang server and print what the gateway will see")
-    s.add_argument("url", help="base URL, e.g. http://gpu-a:30000")
+    s.add_argument("url", type=_base_url, help="base URL, e.g. http://gpu-a:30000")
     s.add_argument("--profile", help="also compare what it reports with this launch profile")
     s.add_argument("--api-key", help="the server's --api-key, if any")
     s.add_argument("--max-tokens", type=int, default=32, help="tokens of the test generation (default 32)")
@@ -161,6 +162,14 @@ def _expected(profile: LaunchProfile) -> dict[str, object]:
         "tp_size": int(values["--tp-size"]) if "--tp-size" in values else None,
         "draft_model_path": values.get("--speculative-draft-model-path"),
     }
+
+
+def _base_url(text: str) -> str:
+    """A server's base URL, checked as a config's backend URL is (a traceback from urllib otherwise)."""
+    problem = url_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _check(args: argparse.Namespace) -> int:

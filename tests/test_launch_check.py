@@ -169,3 +169,12 @@ def test_check_unreachable_exits_1(capsys):
         pass  # closed: nothing listens there any more
     assert backends_main(["check", url, "--timeout", "2"]) == 1
     assert "unreachable" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://host:bad", "http://host:70000", "http://"])
+def test_check_refuses_a_url_that_is_not_a_server_s_base_url(url, capsys):
+    try:
+        code = backends_main(["check", url])
+    except SystemExit as ex:
+        code = ex.code
+    assert code == 2 and "argument url: expected" in capsys.readouterr().err
