@@ -676,7 +676,14 @@ class Proxy:
         adapter, as SGLang's `model` does."""
         pin = pin_header or None
         if model not in self.pools.by_model and "@" in model:
-            model, _, pin = model.rpartition("@")
+            model, _, named = model.rpartition("@")
+            if pin is not None and named != pin:
+                raise ApiError(
+                    400,
+                    f"the model pins backend {named!r} and the {BACKEND_HEADER} header {pin!r}: name one",
+                    param="model",
+                )
+            pin = named
         adapter = None
         if model not in self.pools.by_model:
             model, adapter = split_model(model, self.pools.by_model)

@@ -94,6 +94,16 @@ def test_pin_by_model_suffix_and_by_header(client):
         model="kimi-k2.6", messages=MSG, max_tokens=4, extra_headers={"x-specroute-backend": "k26-ar"}
     )
     assert raw.headers["x-specroute-backend"] == "k26-ar"
+    same = {"x-specroute-backend": "k26-eagle3"}  # both ways, naming one backend: fine
+    raw = client.chat.completions.with_raw_response.create(
+        model="kimi-k2.6@k26-eagle3", messages=MSG, max_tokens=4, extra_headers=same
+    )
+    assert raw.headers["x-specroute-backend"] == "k26-eagle3"
+    with pytest.raises(openai.BadRequestError) as info:  # two backends: which one is a guess
+        client.chat.completions.create(
+            model="kimi-k2.6@k26-eagle3", messages=MSG, max_tokens=4, extra_headers={"x-specroute-backend": "k26-ar"}
+        )
+    assert info.value.param == "model" and "'k26-eagle3'" in str(info.value) and "'k26-ar'" in str(info.value)
 
 
 def test_unknown_model_and_unknown_pin_are_404_in_openai_shape(client):
