@@ -43,6 +43,8 @@ BUSY = frozenset({429, 503})
 _WRAPPED_503 = "503: "
 NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 STALLED = "stopped stepping (SGLang's engine check failed)"
+# Failures of a backend while it held the request: each makes the request more suspect (gateway/suspects.py).
+FAILED_UNDER = frozenset({"lost", "broken_response", "engine_stalled"})
 
 
 class UpstreamFailure(Exception):
@@ -147,7 +149,11 @@ class Attempt:
         except NET_ERRORS as e:
             if isinstance(e, asyncio.TimeoutError):
                 raise self.failure("timeout", 504, f"timed out before answering: {type(e).__name__}") from None
-            raise self.failure("connect", 502, f"unreachable: {type(e).__name__}") from None
+            if isinstance(e, aiohttp.ClientConnectorError):  # never reached it
+                raise self.failure("connect", 502, f"unreachable: {type(e).__name__}") from None
+            # The request went out and the connection broke before an answer: a server that died
+            # with it (SGLang sends no header before a non-streamed answer or a stream's first token).
+            raise self.failure("lost", 502, f"dropped the connection before answering: {type(e).__name__}") from None
         self.response = resp
         if resp.status == 200:
             return resp

@@ -65,6 +65,11 @@ class RetrySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 1.0
     deadline_s: float = 15.0
+    # A request in flight on this many backends that failed under it (died, stopped stepping, or
+    # dropped its connection) is not retried, and the same body is refused for quarantine_s
+    # (gateway/suspects.py); 0: never
+    quarantine_after: int = 2
+    quarantine_s: float = 600.0
 
 
 class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -400,6 +405,8 @@ _RANGES: dict[str, tuple[float, bool, float | None]] = {
     "retry.backoff_initial_s": (0, True, None),
     "retry.backoff_max_s": (0, True, None),
     "retry.deadline_s": (0, False, None),
+    "retry.quarantine_after": (0, True, None),  # 0: never
+    "retry.quarantine_s": (0, True, None),
     "health.interval_s": (0, False, None),
     "health.unhealthy_after": (1, True, None),
     "health.healthy_after": (1, True, None),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -42,7 +43,16 @@ from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
 from gateway.adapters import split_model
 from gateway.admission import Admission
-from gateway.attempt import BUSY, NET_ERRORS, REQUEST_ID_HEADER, RETRYABLE, STALLED, Attempt, UpstreamFailure
+from gateway.attempt import (
+    BUSY,
+    FAILED_UNDER,
+    NET_ERRORS,
+    REQUEST_ID_HEADER,
+    RETRYABLE,
+    STALLED,
+    Attempt,
+    UpstreamFailure,
+)
 from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
 from gateway.errors import ApiError, model_not_found, sse_error_event
@@ -54,6 +64,7 @@ from gateway.relay import SseRelay, StreamRelay
 from gateway.response_owners import ResponseOwners
 from gateway.responses_relay import ResponsesRelay, read_response
 from gateway.stream_deadline import StreamDeadline
+from gateway.suspects import Suspects
 from gateway.tracing import Trace, Tracing
 from policies import POLICY_NAMES, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
 from policies.prefix import message_blocks, namespace, text_blocks, token_blocks
@@ -98,6 +109,7 @@ class Request:
         "last",
         "recorded",
         "shut_down",
+        "fingerprint",
     )
 
     def __init__(
@@ -134,6 +146,7 @@ class Request:
         self.last: Attempt | None = None
         self.recorded = False
         self.shut_down = False  # ended by the gateway's shutdown, not by its client or its backend
+        self.fingerprint = 0  # hash of the body's bytes: the same request sent again (gateway/suspects.py)
 
 
 class Proxy:
@@ -164,6 +177,11 @@ class Proxy:
     def configure(self, config: Config) -> None:
         """(Re)read the settings the request path uses; called again on reload."""
         self.retry = config.retry
+        suspects = getattr(self, "suspects", None)  # a reload keeps what the gateway suspects
+        if suspects is None:
+            self.suspects = Suspects(config.retry.quarantine_after, config.retry.quarantine_s)
+        else:
+            suspects.after, suspects.for_s = config.retry.quarantine_after, config.retry.quarantine_s
         self.include_prompts = config.logging.include_prompts
         self.allow_policy_header = config.gateway.allow_policy_header
         self._config = config
@@ -205,6 +223,7 @@ class Proxy:
             parsed = parse(raw, kind)
             model = parsed.model[:256]  # for the record only: a client may send any string
             req = self._request(parsed, kind, headers, request_id, trace, t_received)
+            req.fingerprint = hash(raw)
         except ApiError as error:
             self._write_record(
                 RequestRecord(
@@ -269,6 +288,8 @@ class Proxy:
 
     async def _attempt(self, req: Request, client: Downstream) -> None:
         """One attempt: wait for capacity, let the policy choose, then try that backend."""
+        if self.suspects:
+            self._refuse_if_suspect(req)
         if req.tried:
             self.retries += 1
             self.metrics.retries.labels(req.model).inc()
@@ -338,12 +359,14 @@ class Proxy:
             if not started:
                 raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None
             broken = f"upstream stream broke: {type(e).__name__}"
+            self.suspects.failed_under(req.fingerprint, backend.name)
         except asyncio.CancelledError:  # given up by `Attempt.abandon`, or the client left
             if not attempt.taken_back():
                 raise
             if not started:
                 raise attempt.stalled_failure() from None
             broken = STALLED
+            self.suspects.failed_under(req.fingerprint, backend.name)
         if broken is None and not result.done:
             broken = "upstream stream ended without [DONE]"
         if broken is not None:
@@ -423,10 +446,22 @@ class Proxy:
 
     # ---- ends of attempts and of the request (called by Attempt's exit) ------------------------------
 
+    def _refuse_if_suspect(self, req: Request) -> None:
+        left = self.suspects.refused_for(req.fingerprint)
+        if left:
+            raise ApiError(
+                422,
+                f"this request was in flight on {self.suspects.after} backends that failed while serving it;"
+                f" it may be what makes them fail, so it is not sent to another one for {math.ceil(left)} s",
+                code="request_quarantined",
+            )
+
     def attempt_failed(self, attempt: Attempt, failure: UpstreamFailure) -> None:
         """An attempt failed before the first byte: the circuit, the metrics and the policy hear of it."""
         backend, req = attempt.backend, attempt.req
         req.last = attempt
+        if failure.kind in FAILED_UNDER:
+            self.suspects.failed_under(req.fingerprint, backend.name)
         if failure.health:
             backend.circuit.record_failure()
         self.metrics.upstream_errors.labels(backend.name, failure.kind).inc()

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 
 import aiohttp
+import openai
 import pytest
 
 from tests.conftest import TEST_TIME_SCALE
@@ -434,3 +435,26 @@ def test_a_restarted_backend_is_not_credited_with_the_prefixes_it_held(tmp_path,
         assert wait_until(ready)
         assert held() == 0
         assert wait_until(lambda: cap() == 7)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_that_crashes_the_servers_it_reaches_costs_two_of_them_not_the_pool(tmp_path, twins, stream):
+    """A query of death: the twins exit when a prompt holds POISON. Without the quarantine the
+    gateway retried it on every backend (retry.attempts: 3), and the client's SDK sent it again."""
+    pool = [twins("k26-ar", "--fault-crash-on-prompt", "POISON") for _ in range(3)]
+    backends = [t.entry(f"t{i}") for i, t in enumerate(pool)]
+    with gateway(tmp_path, backends) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=2)  # the SDK retries too
+        poison = [{"role": "user", "content": "Tell me about POISON."}]
+        for _ in range(2):  # the second time, as a client resending it: refused at once
+            with pytest.raises(openai.UnprocessableEntityError) as info:
+                if stream:
+                    list(client.chat.completions.create(model="kimi-k2.6", messages=poison, max_tokens=4, stream=True))
+                else:
+                    client.chat.completions.create(model="kimi-k2.6", messages=poison, max_tokens=4)
+            assert info.value.code == "request_quarantined" and "2 backends" in str(info.value)
+        assert sum(t.proc.poll() is not None for t in pool) == 2  # the third never saw it
+        answer = client.chat.completions.create(model="kimi-k2.6", messages=MSG, max_tokens=4)
+        assert answer.usage.completion_tokens == 4  # the survivor serves everyone else
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    assert 'kind="lost"' in metrics

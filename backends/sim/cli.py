@@ -157,6 +157,7 @@ def _server_parser() -> _Parser:
     f.add_argument("--fault-error-rate", type=_fraction, default=0.0)
     f.add_argument("--fault-crash-after-tokens", type=_int_at_least(1))
     f.add_argument("--fault-hang-after-tokens", type=_int_at_least(1))
+    f.add_argument("--fault-crash-on-prompt", metavar="TEXT", help="exit when a prompt contains TEXT")
     f.add_argument("--fault-slow-ready", type=_positive_float, default=0.0, metavar="S")
     f.add_argument("--fault-accept-drop-at", type=_positive_float, metavar="S")
     f.add_argument("--fault-accept-drop-to", type=_fraction, default=0.5, metavar="F")
@@ -230,6 +231,7 @@ def _run_server(args: argparse.Namespace) -> int:
         latency_ms=args.fault_latency_ms,
         error_rate=args.fault_error_rate,
         crash_after_tokens=args.fault_crash_after_tokens,
+        crash_on_prompt=args.fault_crash_on_prompt,
         hang_after_tokens=args.fault_hang_after_tokens,
         slow_ready_s=args.fault_slow_ready,
         accept_drop_at_s=args.fault_accept_drop_at,

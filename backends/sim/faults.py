@@ -4,6 +4,8 @@
 - error rate: that fraction of generation requests gets a 5xx before the first byte (a seeded
   RNG, so a test with a fixed seed sees a fixed pattern);
 - crash after N tokens: the process exits abruptly (no clean shutdown, connections drop);
+- crash on a prompt: a generation request whose prompt contains the text makes the process exit
+  abruptly before it answers (a request that crashes the server it is sent to, a "query of death");
 - hang after N tokens: the step loop stops; requests in flight and new ones never progress (/ready
   stays 200, as SGLang's does, until a /health check has timed out);
 - slow ready: /ready, /health and generation answer 503 for S seconds after start (server.py);
@@ -58,9 +60,13 @@ class Faults:
         if o.hang_after_tokens is not None and self._delivered >= o.hang_after_tokens:
             self.runtime.hang()
 
-    async def before_generation(self) -> None:
-        """Added latency, then maybe an injected 5xx (before any byte of the response)."""
+    async def before_generation(self, prompt_text: str = "") -> None:
+        """Added latency, then maybe an injected 5xx (before any byte of the response), or a crash
+        when the prompt holds `crash_on_prompt`."""
         o = self.options
+        if o.crash_on_prompt and o.crash_on_prompt in prompt_text:
+            print("specroute sim: injected crash on a prompt", file=sys.stderr, flush=True)
+            os._exit(CRASH_EXIT_CODE)
         if o.latency_ms > 0:
             await asyncio.sleep(o.latency_ms / 1000.0)
         if o.error_rate > 0 and self._rng.random() < o.error_rate:

@@ -270,7 +270,7 @@ async def admit(
                 " the completion. Please reduce the number of tokens in the input messages or the"
                 " completion to fit within the limit."
             )
-        await state.faults.before_generation()
+        await state.faults.before_generation(prompt_text)
         rid = rid or new_rid()
         if max_new_tokens == 0:
             return Generation(state, rid, None, None, prompt_tokens, 0, prompt_text, lease)

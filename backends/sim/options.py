@@ -39,6 +39,7 @@ class FaultOptions(msgspec.Struct, kw_only=True):
     error_rate: float = 0.0  # fraction of generation requests answered 5xx before the first byte
     crash_after_tokens: int | None = None  # process exits once this many tokens were delivered
     hang_after_tokens: int | None = None  # step loop stops (requests hang) after this many tokens
+    crash_on_prompt: str | None = None  # process exits when a generation request's prompt contains this
     slow_ready_s: float = 0.0  # /ready, /health answer 503 for this many seconds after start
     accept_drop_at_s: float | None = None  # wall seconds after start when acceptance drops
     accept_drop_to: float = 0.5  # acceptance multiplier after the drop
