@@ -561,6 +561,10 @@ class Proxy:
         self, req: Request, attempt: Attempt, result: Result, rec: RequestRecord, mean_inflight: float | None
     ) -> Outcome:
         u = result.usage
+        # Without chunk timing (non-streaming, or a stream whose output was held back) the
+        # upstream's whole answer time stands in for decode time: it includes prefill and queueing,
+        # so it slightly understates decode speed.
+        untimed = not rec.stream or _held_back(req, result)
         return Outcome(
             backend=attempt.backend.name,
             domain=req.features.domain,
@@ -568,12 +572,10 @@ class Proxy:
             prompt_tokens=rec.prompt_tokens,
             completion_tokens=rec.completion_tokens,
             sequences=rec.sequences,
-            ttft_s=(result.t_first - attempt.t_dispatch) if result.t_first is not None else None,
-            # Without chunk timing (non-streaming) the upstream's whole answer time stands in for
-            # decode time: it includes prefill and queueing, so it slightly understates decode speed.
+            ttft_s=(result.t_first - attempt.t_dispatch) if result.t_first is not None and not untimed else None,
             decode_s=rec.decode_s
             if rec.decode_s is not None
-            else (time.perf_counter() - attempt.t_dispatch if not rec.stream else None),
+            else (time.perf_counter() - attempt.t_dispatch if untimed else None),
             verify_ct=rec.verify_ct,
             accept_length=rec.accept_length,
             finish_reason=result.finish_reason,
@@ -601,7 +603,8 @@ class Proxy:
         n = u.completion_tokens if u else 0
         sequences = req.parsed.sequences
         per_sequence = n / sequences  # sequences decode side by side, in the same passes
-        decode_s = (t_last - t_first) if t_first is not None and t_last is not None else None
+        timed = not _held_back(req, result)
+        decode_s = (t_last - t_first) if timed and t_first is not None and t_last is not None else None
         decode_tok_s = (per_sequence - 1) / decode_s if decode_s and per_sequence > 1 else None
         backend = attempt.backend if attempt is not None else None
         decision = attempt.decision if attempt is not None else None
@@ -641,7 +644,7 @@ class Proxy:
             ttft_answer_s=(result.t_first_answer - req.t_received) if result.t_first_answer is not None else None,
             decode_s=decode_s,
             decode_tok_s=decode_tok_s,
-            tpot_s=(now - t_first) / (per_sequence - 1) if t_first is not None and per_sequence > 1 else None,
+            tpot_s=(now - t_first) / (per_sequence - 1) if timed and t_first is not None and per_sequence > 1 else None,
             accept_length=spec.accept_length if spec else None,
             verify_ct=spec.verify_ct if spec else None,
             baseline_tok_s=baseline,
@@ -831,6 +834,15 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(value) if all(v is None or isinstance(v, (str, int)) for v in value) else None
     return value if value is None or isinstance(value, (str, int)) else None
+
+
+def _held_back(req: Request, result: Result) -> bool:
+    """Whether a stream's chunk times hide its decode pace: SGLang's tool-call parsers buffer the
+    tokens of a call until they can parse it (`function_call/*_detector.py`,
+    `parse_streaming_increment`), and its Responses API sends a request with tools its output
+    events only at the end (`serving_responses.py`). Then the first token arrives late and the
+    rest in a burst: a decode speed from those times is fiction (measured: 1.6M tok/s)."""
+    return result.finish_reason == "tool_calls" or (req.kind == "responses" and req.parsed.tools)
 
 
 def _request_id(headers: Mapping[str, str]) -> str:

@@ -4,6 +4,7 @@ tool calls and cached tokens arrive at the client as the twin (and SGLang) sent 
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +65,35 @@ def test_tool_call_through_the_gateway(client):
     (call,) = choice.message.tool_calls
     assert call.id == "functions.get_weather:0"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def _decode_samples(client: openai.OpenAI) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=10).read().decode()
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "specroute_decode_tokens_per_second"
+        for s in f.samples
+        if s.name.endswith("_count")
+    )
+
+
+def test_a_streamed_tool_call_gets_no_decode_speed(client):
+    """SGLang's tool parser holds a call's tokens back until it can parse them: the chunks arrive
+    late and together, and a decode speed from their times was three times the server's."""
+    before = _decode_samples(client)
+    ask = {"model": "kimi-k2.6", "max_tokens": 4000, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = list(
+        client.chat.completions.create(
+            **ask, tools=[WEATHER], tool_choice="required", messages=[{"role": "user", "content": "Paris weather?"}]
+        )
+    )
+    assert any(c.choices and c.choices[0].finish_reason == "tool_calls" for c in chunks)
+    assert _decode_samples(client) == before
+    list(client.chat.completions.create(**ask, messages=[{"role": "user", "content": "Tell me about Lyon."}]))
+    assert _decode_samples(client) == before + 1  # a text stream is timed
 
 
 def test_cached_tokens_through_the_gateway(client):
