@@ -134,15 +134,18 @@ class _Level:
         if self.on_record is not None:
             self.on_record(rec)
 
-    async def run(self, i: int, work: Work) -> None:
+    async def run(self, i: int, work: Work, waited_s: float | None = None) -> None:
+        """`waited_s`: how long its arrival waited for a free slot (open loop with a cap)."""
         if isinstance(work, Session):
-            await self._session(i, work)
+            await self._session(i, work, waited_s)
             return
         rec = self.record(i, work.domain)
+        if waited_s is not None:
+            rec.client_wait_ms = waited_s * 1000
         sent = await send(self.http, self.target, work, self.opts, rec, index=i)
         self.done(rec, sent.gaps)
 
-    async def _session(self, i: int, s: Session) -> None:
+    async def _session(self, i: int, s: Session, waited_s: float | None = None) -> None:
         """The turns of one conversation in order, each with the answers the server gave so far.
         A failed turn ends its session (later turns would carry a history that never happened);
         after the level's deadline no new turn starts."""
@@ -163,6 +166,8 @@ class _Level:
             )
             rec = self.record(next(self._turn_index), s.domain)
             rec.session, rec.turn = i, turn
+            if turn == 0 and waited_s is not None:  # the session's arrival; later turns follow its answers
+                rec.client_wait_ms = waited_s * 1000
             if chain:
                 rec.previous_response_id = previous
             sent = await send(
@@ -241,12 +246,12 @@ async def _open(lv: _Level, it: Iterator[tuple[int, Work]], rng: random.Random) 
     slots = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
     rate = spec.request_rate or math.inf
 
-    async def gated(i: int, work: Work) -> None:
+    async def gated(i: int, work: Work, due: float) -> None:
         if slots is None:
             await lv.run(i, work)
             return
         async with slots:
-            await lv.run(i, work)
+            await lv.run(i, work, max(time.perf_counter() - due, 0.0))
 
     tasks: list[asyncio.Task[None]] = []
     for (i, work), offset in zip(it, arrival_offsets(rate, rng), strict=False):
@@ -254,5 +259,5 @@ async def _open(lv: _Level, it: Iterator[tuple[int, Work]], rng: random.Random) 
         if lv.deadline is not None and due >= lv.deadline:
             break
         await sleep_until(due)
-        tasks.append(asyncio.create_task(gated(i, work)))
+        tasks.append(asyncio.create_task(gated(i, work, due)))
     await asyncio.gather(*tasks)

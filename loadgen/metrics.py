@@ -239,6 +239,7 @@ def summarize(
     cached = [r for r in ok if r.cached_tokens is not None and r.input_tokens]
     itl_sources = Counter(r.itl_token_counts for r in ok if r.itl_token_counts)
     classes = priority_levels(records)
+    waits = [r.client_wait_ms for r in records if r.client_wait_ms is not None]
     return Level(
         max_concurrency=max_concurrency,
         completed=len(ok),
@@ -257,6 +258,8 @@ def summarize(
         backends=dict(Counter(r.backend for r in records if r.backend)),
         mode=mode,
         request_rate=request_rate,
+        mean_client_wait_ms=_mean(waits),
+        p99_client_wait_ms=percentile(waits, 99),
         total_input_tokens=sum(r.input_tokens or 0 for r in ok),
         median_request_output_throughput=percentile(single, 50),
         mean_decode_throughput=_mean(decode),

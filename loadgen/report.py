@@ -88,6 +88,15 @@ def level_notes(level: Level) -> list[str]:
     """One line per thing a level's row does not show: how ITL knew tokens per chunk, thinking,
     tool calls."""
     notes = []
+    if level.request_rate is not None and level.duration > 0:
+        achieved = (level.completed + level.failed) / level.duration
+        wait = level.p99_client_wait_ms
+        if wait is not None and wait >= 100:  # arrivals queued in the client: the row's latencies exclude it
+            notes.append(
+                f"open loop: {achieved:.2f} requests/s sent of {level.request_rate:g}/s asked; arrivals waited for "
+                f"one of the {level.max_concurrency} slots, mean {level.mean_client_wait_ms:,.0f} ms, p99 "
+                f"{wait:,.0f} ms, before being sent (latencies count from the send)"
+            )
     if level.itl_token_counts in ("text_length", "mixed"):
         exact = level.itl_exact_requests
         notes.append(

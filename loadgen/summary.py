@@ -22,6 +22,9 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     request_rate: float | None
     domain: str
     start_s: float  # when it was sent, seconds after the level started
+    # Open loop with a concurrency cap: how long its arrival waited for a free slot before it was
+    # sent (latencies count from the send, as SGLang's bench_serving does); None otherwise.
+    client_wait_ms: float | None = None
     ok: bool
     error: str | None = None  # kind: http_<status> | timeout | connect | stream_error | broken_stream | bad_response
     error_detail: str | None = None
@@ -116,6 +119,9 @@ class Level(msgspec.Struct, kw_only=True):
     # --- additions to the original schema ---
     mode: str = "closed"  # closed | open
     request_rate: float | None = None
+    # Open loop with a cap: arrivals' waits for a free slot, which no latency above includes
+    mean_client_wait_ms: float | None = None
+    p99_client_wait_ms: float | None = None
     total_input_tokens: int = 0
     median_request_output_throughput: float | None = None
     mean_decode_throughput: float | None = None

@@ -52,6 +52,8 @@ LEVEL_TIME_FIELDS = frozenset(
         "p99_ttft_answer_ms",
         "mean_ttft_answer_ms",
         "median_ttft_reasoning_ms",
+        "mean_client_wait_ms",
+        "p99_client_wait_ms",
     }
 )
 LEVEL_RATE_FIELDS = frozenset(
@@ -106,6 +108,7 @@ PRIORITY_UNSCALED_FIELDS = frozenset({"priority", "completed", "failed", "errors
 RECORD_TIME_FIELDS = frozenset(
     {
         "start_s",
+        "client_wait_ms",
         "ttft_ms",
         "e2e_ms",
         "tpot_ms",

@@ -19,7 +19,7 @@ from rich.console import Console
 from loadgen.client import RequestOptions, Target
 from loadgen.datasets import DatasetError, RandomSpec, load_dataset
 from loadgen.driver import LevelSpec, arrival_offsets, run_level
-from loadgen.report import compare
+from loadgen.report import compare, level_notes
 from loadgen.runner import Plan, execute
 from loadgen.summary import Level, Run, Summary
 from loadgen.targets import TargetError, resolve
@@ -66,6 +66,33 @@ def test_open_loop_cap_bounds_in_flight() -> None:
     result, stats = _level(cfg, LevelSpec(concurrency=3, request_rate=float("inf"), num_prompts=20))
     assert result.level.completed == 20
     assert stats.max_inflight == 3
+
+
+def test_a_capped_open_loop_reports_how_long_arrivals_waited_for_a_slot() -> None:
+    # all 20 arrive at once and 3 run at a time: the later ones wait in the client, not the server
+    cfg = ServerConfig(hold_until_inflight=3, chunk_delay=0.001)
+    result, _ = _level(cfg, LevelSpec(concurrency=3, request_rate=float("inf"), num_prompts=20))
+    waits = sorted(r.client_wait_ms for r in result.records)
+    by_start = sorted(result.records, key=lambda r: r.start_s)
+    # all are due at the level's start: each waited from then until just before it was sent
+    assert all(0 <= r.client_wait_ms <= r.start_s * 1000 for r in by_start)
+    assert [r.client_wait_ms for r in by_start] == waits
+    assert waits[-1] > waits[0] and result.level.p99_client_wait_ms >= result.level.mean_client_wait_ms > 0
+    closed, _ = _level(ServerConfig(), LevelSpec(concurrency=2, num_prompts=4))
+    assert all(r.client_wait_ms is None for r in closed.records) and closed.level.mean_client_wait_ms is None
+
+
+def test_a_capped_open_loop_that_fell_behind_says_so_under_its_row() -> None:
+    level = Level(
+        max_concurrency=1, completed=30, failed=0, duration=10.0, total_output_tokens=0, output_throughput=0.0,
+        request_throughput=3.0, mean_request_output_throughput=None, median_ttft_ms=40.0, p99_ttft_ms=50.0,
+        mean_tpot_ms=None, median_itl_ms=None, mean_e2e_latency_ms=None, accept_length=None, backends={},
+        mode="open", request_rate=6.0, mean_client_wait_ms=2100.0, p99_client_wait_ms=4900.0,
+    )  # fmt: skip
+    (note,) = [n for n in level_notes(level) if n.startswith("open loop")]
+    assert "3.00 requests/s sent of 6/s asked" in note and "p99 4,900 ms" in note
+    quiet = msgspec.structs.replace(level, p99_client_wait_ms=3.0, mean_client_wait_ms=1.0)
+    assert not [n for n in level_notes(quiet) if n.startswith("open loop")]
 
 
 def test_uncapped_open_loop_sends_everything_at_once() -> None:
