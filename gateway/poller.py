@@ -89,6 +89,7 @@ class BackendPoller:
         self._fails = 0
         self._successes = 0
         self.checks = 0  # readiness checks done; /ready waits for the first
+        self.first_checked = asyncio.Event()
         self._info_stale = False  # /server_info to be read again (the backend may have restarted)
         self.window = AcceptanceWindow()
 
@@ -216,6 +217,7 @@ class BackendPoller:
                 backend.ready = False
         if backend.up != was_up and self.on_change is not None:
             self.on_change()
+        self.first_checked.set()
 
     async def _server_info(self) -> ServerInfo | None:
         for path in ("/server_info", "/get_server_info"):
@@ -402,6 +404,13 @@ class Poller:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def first_check(self, name: str, timeout_s: float) -> None:
+        """Until backend `name`'s first readiness check has run (at most `timeout_s`)."""
+        poller = self.pollers.get(name)
+        if poller is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(poller.first_checked.wait(), timeout_s)
 
     def checked(self, name: str) -> bool:
         poller = self.pollers.get(name)

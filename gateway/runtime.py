@@ -74,7 +74,9 @@ class Runtime:
 
     # ------------------------------------------------------------------ backends
 
-    def _add(self, entry: BackendEntry) -> Backend:
+    def _add(self, entry: BackendEntry, checked_first: bool = False) -> Backend:
+        """`checked_first`: out of the pool until its first readiness check passes (a backend added
+        to a running gateway; at start the gateway's own readiness waits for every first check)."""
         config = self.config
         spec = Config(backends=[entry]).backend_specs()[0]
         backend = Backend(
@@ -85,6 +87,9 @@ class Runtime:
             CircuitBreaker(config.health.circuit_failures, config.health.circuit_cooldown_s),
             cap=config.admission.backend_max_inflight,
         )
+        if checked_first:
+            backend.ready = False
+            backend.refresh_view()
         self.pools.add(backend)
         self.poller.add(backend)
         self.proxy.baseline.register(backend)
@@ -132,8 +137,11 @@ class Runtime:
         entries = [msgspec_entry(b) for b in self.config.backends] + [data]
         new = config_from_dict({**self._config_dict(), "backends": entries}, "backend")
         self.config = new
-        backend = self._add(new.backends[-1])
+        backend = self._add(new.backends[-1], checked_first=True)
         self._build_policies()
+        # Answer with the backend in or out of the pool, not as a guess: requests sent to it before
+        # its first check would fail on a URL that does not answer.
+        await self.poller.first_check(backend.name, max(1.0, 2 * new.health.interval_s) + new.timeouts.connect_s)
         self.admission.kick()
         return backend
 
@@ -162,9 +170,11 @@ class Runtime:
         for name in removed:
             await self._retire(name)
         for name in added:
-            self._add(fresh[name])
+            self._add(fresh[name], checked_first=True)
         self._apply_settings(new)
         self._build_policies()
+        wait_s = max(1.0, 2 * new.health.interval_s) + new.timeouts.connect_s
+        await asyncio.gather(*(self.poller.first_check(name, wait_s) for name in added))
         self.admission.kick()
         log.warning("config reloaded: added %s, removed %s", added, removed)
         return {"added": added, "removed": removed}

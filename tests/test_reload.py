@@ -178,7 +178,15 @@ def test_admin_add_drain_remove(tmp_path, twin_factory):
         status, body = _post(f"{url}/admin/backends", {"name": "c", "url": "ftp://x", "model": "m"})
         assert status == 400 and "url" in body["error"]["message"]
         status, _ = _post(f"{url}/v1/chat/completions", {"model": "kimi-k2.6@b", "messages": MSG, "max_tokens": 4})
-        assert status == 200  # the added backend serves at once
+        assert status == 200  # the added backend serves at once: the answer waited for its first check
+        # one that does not answer is out of the pool from the start, not tried until checks fail
+        dead = {"name": "dead", "url": f"http://127.0.0.1:{free_port()}", "model": "m3", "strategy": "ar"}
+        status, body = _post(f"{url}/admin/backends", dead)
+        assert status == 201 and body["up"] is False
+        assert "m3" in _post(f"{url}/ready", method="GET")[1]["models_without_backend"]
+        status, body = _post(f"{url}/v1/chat/completions", {"model": "m3", "messages": MSG, "max_tokens": 4})
+        assert status == 503, body
+        assert _post(f"{url}/admin/backends/dead", None, "DELETE")[0] == 200
 
         async def scenario() -> dict:
             stream = asyncio.create_task(_stream(url, "kimi-k2.6@b", 600))
