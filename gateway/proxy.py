@@ -620,7 +620,7 @@ class Proxy:
             trace_id=req.trace_id,
             model=req.model,
             kind=req.kind,
-            max_tokens=parsed.max_tokens,
+            max_tokens=parsed.body.get("max_output_tokens") if req.kind == "responses" else parsed.max_tokens,
             temperature=parsed.temperature,
             priority=parsed.priority,
             stream=parsed.stream,

@@ -86,11 +86,17 @@ class SpanRecord(msgspec.Struct, gc=False):
 _request_decoder = msgspec.json.Decoder(RequestRecord)
 
 
+# Routes with a path parameter (gateway/app.py): prefix -> the parameter's name
+_TEMPLATED = (("/admin/backends/", "{name}"), ("/v1/responses/", "{response_id}"))
+
+
 def route_template(path: str) -> str:
-    """Span names use the route, not the path, so admin calls do not make a name per backend."""
-    if path.startswith("/admin/backends/"):
-        rest = path[len("/admin/backends/") :].split("/", 1)
-        return "/admin/backends/{name}" + ("/" + rest[1] if len(rest) > 1 else "")
+    """Span names use the route, not the path, so that admin calls do not make a name per backend
+    nor stored Responses one per response (span names must be few)."""
+    for prefix, parameter in _TEMPLATED:
+        if path.startswith(prefix) and len(path) > len(prefix):
+            rest = path[len(prefix) :].split("/", 1)
+            return prefix + parameter + ("/" + rest[1] if len(rest) > 1 else "")
     return path
 
 

@@ -323,17 +323,20 @@ def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_p
             )
             ids.append(raw.headers["x-request-id"])
             raw.parse() if i % 2 == 0 else list(raw.parse())
+        # the Responses API: routed on SGLang's budget (2 less), logged as asked
+        client.responses.create(model="kimi-k2.6", input="Say hi.", max_output_tokens=9, store=False)
 
         def lines():
             return [json.loads(line) for line in output(proc).splitlines() if line.startswith('{"ts"')]
 
-        assert wait_until(lambda: len(lines()) == 4)
-        log = lines()
+        assert wait_until(lambda: len(lines()) == 5)
+        *log, responses = lines()
         text = output(proc)
     assert [r["request_id"] for r in log] == ids
     assert all(r["status"] == 200 and r["model"] == "kimi-k2.6" and r["completion_tokens"] == 6 for r in log)
     assert all(r["backend"] in k26 and r["policy"] and "duration_s" in r for r in log)
     assert [(r["max_tokens"], r["temperature"]) for r in log] == [(6, i / 2) for i in range(4)]  # as asked
+    assert responses["kind"] == "responses" and responses["max_tokens"] == 9
     assert "sk-secret-key" not in text and "apples" not in text  # no key, no prompt text by default
 
 

@@ -208,3 +208,13 @@ def test_a_bad_frame_is_dropped_and_the_next_one_still_exported():
         proc.stdin.close()
         assert proc.wait(60) == 0
         collector.server.shutdown()
+
+
+def test_span_names_use_the_route_so_that_there_are_few_of_them():
+    from gateway.spans import route_template
+
+    assert route_template("/v1/responses/resp_55df0a") == "/v1/responses/{response_id}"
+    assert route_template("/v1/responses/resp_55df0a/cancel") == "/v1/responses/{response_id}/cancel"
+    assert route_template("/admin/backends/k26-ar/drain") == "/admin/backends/{name}/drain"
+    assert route_template("/v1/responses") == "/v1/responses"  # no parameter: the path is the route
+    assert route_template("/admin/backends") == "/admin/backends"
