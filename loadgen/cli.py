@@ -96,6 +96,16 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0: {text}")
+    return v
+
+
 def _temperature_list(text: str) -> list[float]:
     out = []
     for part in text.split(","):
@@ -234,6 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="session datasets: replay at most this many user turns of each conversation",
     )
     p.add_argument(
+        "--think-time",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="session datasets: mean seconds between an answer and the next turn, a user's reading and "
+        "typing (exponential, seeded by --seed and the session; default 0: at once)",
+    )
+    p.add_argument(
         "--endpoint",
         choices=ENDPOINTS,
         default="chat",
@@ -310,6 +328,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         max(args.num_prompts or 0, 2 * max((c or 32) for c in args.concurrency)),
     )
     dataset = load_dataset(args.dataset, seed=args.seed, random_spec=random_spec, max_turns=args.max_turns)
+    if args.think_time and not dataset.is_sessions:
+        raise UsageError("--think-time needs a session dataset (--dataset sessions or sessions:FILE)")
     if args.chain_responses and not dataset.is_sessions:
         raise UsageError("--chain-responses needs a session dataset (--dataset sessions or sessions:FILE)")
     levels = [
@@ -339,6 +359,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         api_key=args.api_key,
         timeout=args.timeout,
         chain_responses=args.chain_responses,
+        think_time_s=args.think_time,
     )
     return Plan(
         targets=targets,

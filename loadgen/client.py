@@ -55,6 +55,8 @@ class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
     # responses + sessions: store every turn on the server, send later ones as previous_response_id
     # plus the new user message (the driver's session loop; see loadgen/responses.py)
     chain_responses: bool = False
+    # sessions: mean seconds from an answer to the next turn (exponential); 0: at once
+    think_time_s: float = 0.0
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):

@@ -105,8 +105,10 @@ class _Level:
         *,
         deadline: float | None = None,
         on_record: OnRecord | None = None,
+        seed: int = 0,
     ) -> None:
         self.http, self.target, self.opts, self.spec = http, target, opts, spec
+        self.seed = seed
         self.deadline = deadline
         self.on_record = on_record
         self.t0 = time.perf_counter()
@@ -152,7 +154,11 @@ class _Level:
         history: list[Message] = []
         chain = self.opts.chain_responses
         previous: str | None = None  # chain: the last turn's response id
+        think = self.opts.think_time_s
+        pauses = random.Random(f"{self.seed}:think:{i}") if think else None
         for turn in range(len(s.turns)):
+            if turn and pauses is not None:
+                await asyncio.sleep(pauses.expovariate(1 / think))
             if turn and self.expired():
                 return
             prompt = Prompt(
@@ -211,7 +217,7 @@ async def run_level(
         warm = dataset.take(spec.warmup, offset=size // 2)
         await _closed(_Level(session, target, opts, spec), iter(enumerate(warm)), width)
     deadline = time.perf_counter() + spec.duration if spec.duration is not None else None
-    lv = _Level(session, target, opts, spec, deadline=deadline, on_record=on_record)
+    lv = _Level(session, target, opts, spec, deadline=deadline, on_record=on_record, seed=seed)
     it = _work(dataset, spec)
     if spec.request_rate is None:
         await _closed(lv, it, spec.concurrency or 1)

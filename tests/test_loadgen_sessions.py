@@ -5,6 +5,7 @@ per-turn, reasoning, tool and cache figures reach summary.json and requests.json
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 
@@ -49,6 +50,21 @@ def test_sessions_replay_the_servers_answers_one_session_per_worker(tmp_path: Pa
     assert all(ts == list(range(len(ts))) for ts in by_session.values())  # in order
     assert all(r["cached_tokens"] is not None for r in records)
     assert "per turn (4 sessions)" in str(turn_table(lv).title)
+
+
+def test_think_time_pauses_each_session_between_an_answer_and_its_next_turn(tmp_path: Path) -> None:
+    import random
+
+    think = 0.05
+    _run(ServerConfig(), "sessions", LevelSpec(concurrency=2, num_prompts=2), tmp_path, think_time_s=think)
+    records = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    for session in {r["session"] for r in records}:
+        turns = sorted((r for r in records if r["session"] == session), key=lambda r: r["turn"])
+        assert len(turns) >= 2
+        pauses = random.Random(f"0:think:{session}")  # seeded by --seed (0) and the session
+        for before, after in itertools.pairwise(turns):
+            answered = before["start_s"] + before["e2e_ms"] / 1000
+            assert after["start_s"] - answered >= pauses.expovariate(1 / think) - 0.002
 
 
 def test_a_failed_turn_ends_its_session() -> None:
@@ -124,3 +140,21 @@ def test_turn_figures_rescale_with_time() -> None:
     for a, b in zip(result.level.turns, sim.level.turns, strict=True):
         assert b.median_ttft_ms == pytest.approx((a.median_ttft_ms or 0) / 0.5)
         assert b.mean_input_tokens == a.mean_input_tokens
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--think-time", "2", "--dataset", "math"), "--think-time needs a session dataset"),
+        (("--think-time", "-1", "--dataset", "sessions"), "argument --think-time: must be a number of seconds"),
+        (("--think-time", "inf", "--dataset", "sessions"), "argument --think-time: must be a number of seconds"),
+    ],
+)
+def test_think_time_errors_exit_2(args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadgen.cli import main
+
+    try:
+        code = main(["--target", "http://127.0.0.1:9", *args])
+    except SystemExit as ex:
+        code = ex.code
+    assert code == 2 and message in capsys.readouterr().err
