@@ -164,6 +164,7 @@ class Proxy:
         self.pools = pools
         self.admission = admission
         self.policies = policies  # shared with the runtime: a reload swaps policies in place
+        self.suspects = Suspects()  # kept across reloads, which set its thresholds (configure)
         self.configure(config)
         self.metrics = metrics or GatewayMetrics()
         self.tracing = tracing or Tracing(config.tracing)
@@ -177,11 +178,7 @@ class Proxy:
     def configure(self, config: Config) -> None:
         """(Re)read the settings the request path uses; called again on reload."""
         self.retry = config.retry
-        suspects = getattr(self, "suspects", None)  # a reload keeps what the gateway suspects
-        if suspects is None:
-            self.suspects = Suspects(config.retry.quarantine_after, config.retry.quarantine_s)
-        else:
-            suspects.after, suspects.for_s = config.retry.quarantine_after, config.retry.quarantine_s
+        self.suspects.after, self.suspects.for_s = config.retry.quarantine_after, config.retry.quarantine_s
         self.include_prompts = config.logging.include_prompts
         self.allow_policy_header = config.gateway.allow_policy_header
         self._config = config
