@@ -154,6 +154,14 @@ def test_bad_fleets_name_the_culprit(text, culprit):
         parse_fleet(text)
 
 
+def test_a_profile_file_that_does_not_load_says_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-profile.toml").write_text('[build-system]\nrequires = ["x"]\n')
+    with pytest.raises(FleetError) as err:
+        parse_fleet("my-profile.toml")
+    assert "build-system" in str(err.value) and "unknown profile" not in str(err.value)
+
+
 def test_slo_parse_and_judge():
     slo = parse_slo("ttft=2,tpot=0.05s")
     assert slo == SLO(ttft_s=2.0, tpot_s=0.05)

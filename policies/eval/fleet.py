@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 
@@ -109,7 +110,9 @@ def parse_member(text: str) -> Member:
         raise FleetError(f"fleet member {text!r}: a member needs at least one server, got {count}")
     try:
         profile = load_profile(name)
-    except ProfileError:
+    except ProfileError as e:
+        if Path(name).is_file():  # a profile file that does not load: say why
+            raise FleetError(f"fleet member {text!r}: {e}") from None
         raise FleetError(
             f"fleet member {text!r}: unknown profile {name!r} (known: {', '.join(profile_names())})"
         ) from None
