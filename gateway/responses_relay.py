@@ -41,7 +41,8 @@ def read_response(result: Result, response: Any) -> None:
     if isinstance(status, str):
         details = response.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
-        result.finish_reason = _FINISH.get(status, status) if reason in (None, "max_output_tokens") else reason
+        # a status that is no ending (queued, in_progress: a background answer, a stream cut short) has none
+        result.finish_reason = _FINISH.get(status) if reason in (None, "max_output_tokens") else reason
     if isinstance(response.get("id"), str):
         result.response_id = response["id"]
     if isinstance(response.get("model"), str):

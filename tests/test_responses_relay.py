@@ -125,3 +125,18 @@ def test_response_owners_stay_bounded_and_keep_the_recently_used():
         owners.record(f"resp_{i}", "b9")
     assert len(owners) == 1000
     assert owners.owner("resp_0") == "b0" and owners.owner("resp_1") is None and owners.owner("resp_1499") == "b9"
+
+
+def test_a_status_that_is_no_ending_gives_no_finish_reason():
+    from gateway.records import Result
+    from gateway.responses_relay import read_response
+
+    cut = ResponsesRelay()  # a stream cut after its first events: it never finished
+    cut.feed(_event("response.created", response=_response("in_progress")))
+    assert cut.result.response_id == "resp_1" and cut.result.finish_reason is None
+    queued = Result()  # a background request's immediate answer
+    read_response(queued, _response("queued"))
+    assert queued.finish_reason is None
+    cancelled = Result()
+    read_response(cancelled, _response("cancelled"))
+    assert cancelled.finish_reason == "abort"
