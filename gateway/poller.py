@@ -54,6 +54,7 @@ from gateway.pool import Backend
 log = logging.getLogger("specroute.poller")
 _decoder = msgspec.json.Decoder()
 _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+_HEALTH_FALLBACK_S = 5.0  # the `/health` call of a server without `/ready`
 
 
 class BackendPoller:
@@ -190,13 +191,18 @@ class BackendPoller:
                 gauge = await self._accept_gauge() if report.source != "metrics" else None
                 self._apply_load(report, inflight_before, gauge)
 
+    @property
+    def ready_timeout_s(self) -> float:
+        """The longest one readiness call may take."""
+        return max(1.0, self.interval_s * 2)
+
     async def _check_ready(self) -> None:
         ok = False
         try:
-            status, _ = await self.backend.client.get(self._ready_path, timeout_s=max(1.0, self.interval_s * 2))
+            status, _ = await self.backend.client.get(self._ready_path, timeout_s=self.ready_timeout_s)
             if status == 404 and self._ready_path == "/ready":
                 self._ready_path = "/health"  # very old servers: no /ready
-                status, _ = await self.backend.client.get(self._ready_path, timeout_s=5.0)
+                status, _ = await self.backend.client.get(self._ready_path, timeout_s=_HEALTH_FALLBACK_S)
             ok = status == 200
         except _NET_ERRORS:
             ok = False
@@ -405,12 +411,12 @@ class Poller:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def first_check(self, name: str, timeout_s: float) -> None:
-        """Until backend `name`'s first readiness check has run (at most `timeout_s`)."""
+    async def first_check(self, name: str) -> None:
+        """Until backend `name`'s first readiness check has run, at most as long as one can take."""
         poller = self.pollers.get(name)
         if poller is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(poller.first_checked.wait(), timeout_s)
+                await asyncio.wait_for(poller.first_checked.wait(), poller.ready_timeout_s + _HEALTH_FALLBACK_S)
 
     def checked(self, name: str) -> bool:
         poller = self.pollers.get(name)

@@ -141,7 +141,7 @@ class Runtime:
         self._build_policies()
         # Answer with the backend in or out of the pool, not as a guess: requests sent to it before
         # its first check would fail on a URL that does not answer.
-        await self.poller.first_check(backend.name, max(1.0, 2 * new.health.interval_s) + new.timeouts.connect_s)
+        await self.poller.first_check(backend.name)
         self.admission.kick()
         return backend
 
@@ -173,8 +173,7 @@ class Runtime:
             self._add(fresh[name], checked_first=True)
         self._apply_settings(new)
         self._build_policies()
-        wait_s = max(1.0, 2 * new.health.interval_s) + new.timeouts.connect_s
-        await asyncio.gather(*(self.poller.first_check(name, wait_s) for name in added))
+        await asyncio.gather(*(self.poller.first_check(name) for name in added))
         self.admission.kick()
         log.warning("config reloaded: added %s, removed %s", added, removed)
         return {"added": added, "removed": removed}
