@@ -377,7 +377,8 @@ def _check_model_options(config: Config, model: str, section: ModelSection, sour
     policy = config.policy_for(model)
     takes = POLICY_OPTIONS.get(policy, frozenset())
     chosen = HEADER_POLICIES if config.gateway.allow_policy_header else ()
-    for option in _section_options(section):
+    options = _section_options(section)
+    for option in options:
         if option in takes or any(option in POLICY_OPTIONS[p] for p in chosen):
             continue
         own = sorted(takes & set(MODEL_OPTIONS))
@@ -385,9 +386,8 @@ def _check_model_options(config: Config, model: str, section: ModelSection, sour
             f"{source}: {model_key(model)}: {option}: not an option of policy {policy}"
             f" ({'its options: ' + ', '.join(own) if own else 'it takes none'})"
         )
-    for option in ("epsilon", "hysteresis", "externality", "ttft_weight", "ttft_slo_s", "slo_weight"):
-        value = getattr(section, option)
-        if value is not None and not math.isfinite(value):
+    for option, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{source}: {model_key(model)}.{option}: expected a finite number, got {value}")
 
 
