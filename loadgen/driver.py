@@ -119,7 +119,8 @@ class _Level:
     def expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() >= self.deadline
 
-    def record(self, index: int, domain: str) -> RequestRecord:
+    def record(self, index: int, domain: str, waited_s: float | None = None) -> RequestRecord:
+        """`waited_s`: how long its arrival waited for a free slot (open loop with a cap)."""
         return RequestRecord(
             index=index,
             target=self.target.label,
@@ -128,6 +129,7 @@ class _Level:
             domain=domain,
             start_s=time.perf_counter() - self.t0,
             ok=False,
+            client_wait_ms=None if waited_s is None else waited_s * 1000,
         )
 
     def done(self, rec: RequestRecord, gaps: list[Gap]) -> None:
@@ -141,9 +143,7 @@ class _Level:
         if isinstance(work, Session):
             await self._session(i, work, waited_s)
             return
-        rec = self.record(i, work.domain)
-        if waited_s is not None:
-            rec.client_wait_ms = waited_s * 1000
+        rec = self.record(i, work.domain, waited_s)
         sent = await send(self.http, self.target, work, self.opts, rec, index=i)
         self.done(rec, sent.gaps)
 
@@ -170,10 +170,9 @@ class _Level:
                 top_p=s.top_p,
                 priority=s.priority,
             )
-            rec = self.record(next(self._turn_index), s.domain)
+            # the session's arrival waited, its first turn; later turns follow their answers
+            rec = self.record(next(self._turn_index), s.domain, waited_s if turn == 0 else None)
             rec.session, rec.turn = i, turn
-            if turn == 0 and waited_s is not None:  # the session's arrival; later turns follow its answers
-                rec.client_wait_ms = waited_s * 1000
             if chain:
                 rec.previous_response_id = previous
             sent = await send(
