@@ -109,6 +109,16 @@ def loadgen(*args: str) -> list[str]:
     return [str(BIN / "loadgen"), *args]
 
 
+class Clock:
+    """A fake clock for what takes one (`clock=`): it reads `now`, which the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def gateway_config(port: int, backends: list[dict], extra: str = "", gateway_keys: str = "") -> str:
     """TOML for a gateway on `port` with `backends` ({name, url, model, strategy}); `extra` appended,
     `gateway_keys` added to the [gateway] table."""

@@ -1,14 +1,7 @@
 """Circuit breaker state machine on a fake clock."""
 
 from gateway.circuit import CircuitBreaker, CircuitState
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import Clock
 
 
 def test_opens_after_consecutive_failures_only():

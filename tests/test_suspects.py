@@ -3,14 +3,7 @@
 import pytest
 
 from gateway.suspects import Suspects
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support import Clock
 
 
 def test_a_request_is_refused_after_the_second_failure_under_it_until_it_expires():
@@ -21,9 +14,9 @@ def test_a_request_is_refused_after_the_second_failure_under_it_until_it_expires
     assert s.failed_under(7, "a") == 1 and s.refused_for(7) == 0.0  # many copies of a body on one server
     assert s.failed_under(7, "b") == 2 and s.refused_for(7) == pytest.approx(600.0)
     assert s.refused_for(8) == 0.0  # another request is not suspect
-    clock.t += 599.0
+    clock.now += 599.0
     assert s.refused_for(7) == pytest.approx(1.0)
-    clock.t += 2.0
+    clock.now += 2.0
     assert s.refused_for(7) == 0.0 and len(s) == 0  # expired, and forgotten
     assert s.failed_under(7, "b") == 1  # counting starts again
 
@@ -32,7 +25,7 @@ def test_a_failure_long_after_the_first_does_not_add_to_it():
     clock = Clock()
     s = Suspects(after=2, for_s=60.0, clock=clock)
     s.failed_under(1, "a")
-    clock.t += 61.0
+    clock.now += 61.0
     assert s.failed_under(1, "b") == 1 and s.refused_for(1) == 0.0
 
 
