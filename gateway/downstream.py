@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from gateway.asgi import Message, Receive, Send
-from gateway.errors import ApiError
+from gateway.errors import ApiError, sse_error_event
+
+# A stream's last event when it fails after its first byte: (message, type, code) -> its bytes.
+FailureEvent = Callable[[str, str, object], bytes]
 
 LISTEN_AFTER_S = 0.02  # see DisconnectWatch
 JSON = b"application/json"
@@ -41,7 +45,7 @@ class Downstream:
     """One client connection's answer. `complete` turns True just before the last byte is handed to
     the server: from then on a disconnect is the server's end-of-response notice, not a client leaving."""
 
-    __slots__ = ("receive", "_send", "t_received", "complete", "status")
+    __slots__ = ("receive", "_send", "t_received", "complete", "status", "_failure_event")
 
     def __init__(self, receive: Receive, send: Send) -> None:
         self.receive = receive
@@ -50,6 +54,7 @@ class Downstream:
         self.t_received = time.perf_counter()
         self.complete = False
         self.status = 0  # sent so far; 0 until the response starts
+        self._failure_event: FailureEvent = sse_error_event
 
     async def send_json(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.status = status
@@ -60,8 +65,11 @@ class Downstream:
     async def send_error(self, error: ApiError) -> None:
         await self.send_json(error.status, error.headers, error.body())
 
-    async def start_stream(self, headers: dict[str, str]) -> None:
+    async def start_stream(self, headers: dict[str, str], failure_event: FailureEvent = sse_error_event) -> None:
+        """Starts an event stream; `failure_event` is how it ends if it fails (`fail_stream`): chat
+        and completions end with an error event and [DONE], the Responses API with its own event."""
         self.status = 200
+        self._failure_event = failure_event
         await self._send(
             {"type": "http.response.start", "status": 200, "headers": raw_headers(headers, EVENT_STREAM, None)}
         )
@@ -72,6 +80,11 @@ class Downstream:
     async def end_stream(self) -> None:
         self.complete = True
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def fail_stream(self, message: str, type: str, code: object = None) -> None:
+        """Ends a started stream that cannot go on, in the shape its API's clients read as a failure."""
+        await self.send_chunk(self._failure_event(message, type, code))
+        await self.end_stream()
 
     def watch(self) -> DisconnectWatch:
         return DisconnectWatch(self)

@@ -62,7 +62,7 @@ def error_body(message: str, type: str, param: str | None = None, code: Any = No
     return msgspec.json.encode({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
-def sse_error_event(message: str, type: str = "upstream_error", code: Any = None) -> bytes:
+def sse_error_event(message: str, type: str = "upstream_error", code: object = None) -> bytes:
     """What a client sees when a stream fails after its first byte: an error event, then [DONE]."""
     return b"data: " + error_body(message, type, None, code) + b"\n\ndata: [DONE]\n\n"
 

@@ -26,7 +26,7 @@ from litestar.utils import normalize_path
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.downstream import Downstream
-from gateway.errors import ApiError, sse_error_event
+from gateway.errors import ApiError
 from gateway.openai_request import Kind
 
 if TYPE_CHECKING:
@@ -100,8 +100,7 @@ class FastRoutes:
             if client.status == 0:
                 await client.send_error(ApiError(500, "internal gateway error", type="api_error"))
             elif not client.complete:  # a stream already started: end it the way a broken one ends
-                await client.send_chunk(sse_error_event("internal gateway error", "api_error"))
-                await client.end_stream()
+                await client.fail_stream("internal gateway error", "api_error")
         return client.status
 
     async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:

@@ -55,7 +55,7 @@ from gateway.attempt import (
 )
 from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
-from gateway.errors import ApiError, model_not_found, sse_error_event
+from gateway.errors import ApiError, model_not_found
 from gateway.metrics import GatewayMetrics
 from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Pools
@@ -332,7 +332,7 @@ class Proxy:
                 first = await self._first_token(attempt, resp, relay)
                 deadline.first_token()
                 attempt.first_token()
-                await client.start_stream(self._reply_headers(attempt, stream=True))
+                await client.start_stream(self._reply_headers(attempt, stream=True), relay.failure_event)
                 started, result.status = True, 200  # what the client saw, whatever follows
                 attempt.streaming()  # from here `abandon` ends the stream, never retries it
                 if first:
@@ -370,12 +370,12 @@ class Proxy:
             backend.circuit.record_failure()
             self.metrics.upstream_errors.labels(backend.name, "broken_stream").inc()
             result.error, result.error_type = broken, "broken_stream"
-            await client.send_chunk(sse_error_event(f"backend {backend.name}: {broken}"))
-        else:
-            backend.circuit.record_success()
-            attempt.reusable = True
-            if result.error is not None:
-                result.error_type = "upstream_error"
+            await client.fail_stream(f"backend {backend.name}: {broken}", "upstream_error")
+            return
+        backend.circuit.record_success()
+        attempt.reusable = True
+        if result.error is not None:
+            result.error_type = "upstream_error"
         await client.end_stream()
 
     async def _first_token(self, attempt: Attempt, resp: aiohttp.ClientResponse, relay: StreamRelay) -> bytes:
@@ -524,8 +524,7 @@ class Proxy:
         if client.status == 0:
             await self._send_error(client, ApiError(503, SHUTDOWN_MESSAGE, headers={"Retry-After": "1"}), request_id)
         elif not client.complete:
-            await client.send_chunk(sse_error_event(SHUTDOWN_MESSAGE, "service_unavailable", 503))
-            await client.end_stream()
+            await client.fail_stream(SHUTDOWN_MESSAGE, "service_unavailable", 503)
 
     def _finish(
         self, req: Request, attempt: Attempt | None, result: Result, mean_inflight: float | None = None

@@ -23,6 +23,7 @@ import msgspec
 
 from backends.telemetry import usage
 from common.json_errors import JSON_DECODE_ERRORS
+from gateway.errors import sse_error_event
 from gateway.records import Result
 
 _decoder = msgspec.json.Decoder()
@@ -46,6 +47,10 @@ class StreamRelay(Protocol):
     def feed(self, chunk: bytes) -> bytes: ...
 
     def leftover(self) -> bytes: ...
+
+    def failure_event(self, message: str, type: str, code: object) -> bytes:
+        """The stream's last event when the gateway must end it after its first byte."""
+        ...
 
 
 class ClockedRelay:
@@ -89,6 +94,9 @@ class SseRelay(ClockedRelay):
         super().__init__(clock, result)
         self.keep_usage = keep_usage
         self.keep_spec = keep_spec
+
+    def failure_event(self, message: str, type: str, code: object) -> bytes:
+        return sse_error_event(message, type, code)
 
     def feed(self, chunk: bytes) -> bytes:
         # Exactly one whole event, the usual read: it ends with the blank line and has no other

@@ -8,10 +8,18 @@ docs/metrics.md, as for chat. The stream ends with a terminal event, `response.c
 `response.incomplete` or `response.failed`, which carries the response with its usage; only
 those, `response.created` (the id) and errors are decoded. Nothing is removed: a Responses
 stream's usage is the client's own.
+
+A stream the gateway must cut (its backend broke, the gateway is shutting down) ends as SGLang ends
+one that fails while streaming (`_responses_stream_generator_non_harmony`'s `except`): a
+`response.failed` event whose response has status "failed" and an error with code "server_error",
+numbered after the events sent (SGLang numbers them from 0, one each). No `[DONE]`: a Responses
+stream has none.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -22,6 +30,7 @@ from gateway.records import Result
 from gateway.relay import ClockedRelay
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 
 _ANSWER_DELTAS = (b"event: response.output_text.delta", b"event: response.function_call_arguments.delta")
 _REASONING_DELTAS = (b"event: response.reasoning_text.delta", b"event: response.reasoning_summary_text.delta")
@@ -61,16 +70,38 @@ class ResponsesRelay(ClockedRelay):
     """Feed it upstream bytes; it returns the bytes to send on (possibly empty) and fills
     `result` as the events go by. `result.done` once the terminal event has arrived."""
 
-    __slots__ = ()
+    __slots__ = ("_events",)
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, result: Result | None = None) -> None:
+        super().__init__(clock, result)
+        self._events = 0  # sent on: the next event's sequence number
 
     def feed(self, chunk: bytes) -> bytes:
         buf = self._buf + chunk if self._buf else chunk
         start = 0
         while (end := buf.find(b"\n\n", start)) >= 0:
             self._event(buf[start : end + 2])
+            self._events += 1
             start = end + 2
         self._buf = buf[start:]
         return buf[:start]
+
+    def failure_event(self, message: str, type: str, code: object) -> bytes:
+        """`response.failed` for the response being streamed. `type` and `code` (the gateway's
+        vocabulary) are not a Responses error's fields: its code is always "server_error"."""
+        r = self.result
+        response: dict[str, Any] = {
+            "id": r.response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": r.response_model,
+            "status": "failed",
+            "error": {"code": "server_error", "message": message},
+            "output": [],
+            "usage": None,
+        }
+        event = {"type": "response.failed", "sequence_number": self._events, "response": response}
+        return b"event: response.failed\ndata: " + _encoder.encode(event) + b"\n\n"
 
     def _event(self, event: bytes) -> None:
         if event.startswith(_ANSWER_DELTAS):

@@ -302,6 +302,26 @@ def test_stalled_stream_ends_with_an_error_event_after_idle_stream_s(tmp_path, t
     assert 0.5 <= elapsed < 5
 
 
+def test_a_stalled_responses_stream_ends_with_response_failed_as_sglang_ends_one(tmp_path, twins):
+    """A Responses stream the gateway must cut ends in the Responses API's own shape (SGLang's
+    `response.failed`, numbered after the events sent), which the openai SDK reads as a typed event,
+    not in chat's error-then-[DONE] shape."""
+    hung = twins("k26-ar", "--fault-hang-after-tokens", "5")
+    with gateway(tmp_path, [hung.entry("hung")], "[timeouts]\nidle_stream_s = 0.5\n") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        events = list(client.responses.create(model="kimi-k2.6", input="Tell me about Rome.", stream=True))
+        assert wait_until(lambda: get_json(f"{url}/admin/backends")["inflight"] == 0)
+    assert [e.type for e in events[:1]] == ["response.created"]
+    assert any(e.type == "response.output_text.delta" for e in events)
+    last = events[-1]
+    assert last.type == "response.failed", [e.type for e in events]
+    assert last.response.status == "failed" and last.response.error is not None
+    assert last.response.error.code == "server_error"
+    assert "upstream stream idle for more than 0.5s" in last.response.error.message
+    assert last.response.id == events[0].response.id
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 def test_a_streamed_queue_full_answer_is_retried_like_a_503(tmp_path, twins):
     """SGLang answers a stream that finds its queue full with HTTP 200, an error event with code
     503, then [DONE]. Nothing has reached the client yet: the gateway tries another backend, and
