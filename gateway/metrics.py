@@ -161,8 +161,9 @@ class GatewayMetrics:
         op = "text_completion" if rec.kind == "completion" else "chat"
         c(self.duration, backend).observe(rec.duration_s)
         c(self.genai_duration, op, rec.model, "sglang").observe(rec.duration_s)
-        c(self.genai_tokens, op, rec.model, "input").observe(rec.prompt_tokens)
-        c(self.genai_tokens, op, rec.model, "output").observe(rec.completion_tokens)
+        if rec.completion_tokens is not None:  # a stream cut before its usage: not known, so not 0
+            c(self.genai_tokens, op, rec.model, "input").observe(rec.prompt_tokens or 0)
+            c(self.genai_tokens, op, rec.model, "output").observe(rec.completion_tokens)
         if rec.ttft_s is not None:
             c(self.ttft, backend).observe(rec.ttft_s)
             c(self.genai_ttft, op, rec.model).observe(rec.ttft_s)

@@ -61,8 +61,9 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     inflight: int = 0  # on the chosen backend at dispatch, this request included
     attempt: int = 1
     queue_s: float = 0.0  # waiting for capacity (admission)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0  # all generated tokens, reasoning included (over all sequences)
+    # The upstream's usage; None when it reported none (a stream cut before its end, a refusal).
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None  # all generated tokens, reasoning included (over all sequences)
     sequences: int = 1  # generated side by side for it (`n`, a completions batch)
     reasoning_tokens: int | None = None  # of completion_tokens, the thinking segment's (when reported)
     cached_tokens: int | None = None  # of prompt_tokens, served by the prefix cache (when reported)

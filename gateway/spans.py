@@ -156,9 +156,9 @@ def _request_attributes(attrs: dict[str, Any], r: RequestRecord) -> None:
     attrs["specroute.decision.reason"] = r.reason
     attrs["specroute.domain"] = r.domain
     attrs["specroute.inflight_at_dispatch"] = r.inflight
-    attrs["gen_ai.usage.input_tokens"] = r.prompt_tokens
-    attrs["gen_ai.usage.output_tokens"] = r.completion_tokens
     for key, value in (
+        ("gen_ai.usage.input_tokens", r.prompt_tokens),  # not reported: not known, so not 0
+        ("gen_ai.usage.output_tokens", r.completion_tokens),
         ("specroute.decision.score", r.score),
         ("gen_ai.response.id", r.response_id),
         ("gen_ai.response.model", r.response_model),

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -175,6 +176,29 @@ def test_failed_attempt_is_an_error_span_and_the_retry_its_sibling(twin_factory)
         assert a["specroute.backend"] == "bad" and a["error.type"].startswith("http_5")
         siblings = [s for s in spans if s.parent.span_id == f.parent.span_id and s is not f]
         assert any(dict(s.attributes)["specroute.attempt"] == a["specroute.attempt"] + 1 for s in siblings)
+
+
+def test_a_stream_cut_before_its_usage_reports_no_token_counts_rather_than_zero(twin_factory):
+    """The upstream sends usage only at a stream's end: one that broke before it has no known token
+    counts, so its span and the token histograms leave them out instead of saying 0."""
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingSection(), exporter=exporter)
+    crashy = twin_factory("k26-ar", "--fault-crash-after-tokens", "5")
+    with serve_in_thread(_config({"crashy": (crashy, "ar")}), tracing=tracing, access_log=AccessLog(False)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError):
+            list(client.chat.completions.create(model="kimi-k2.6", messages=MATH, max_tokens=50, stream=True))
+        tracing.force_flush()
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    (span,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    a = dict(span.attributes)
+    assert not span.status.is_ok and a["specroute.backend"] == "crashy"
+    assert "gen_ai.usage.output_tokens" not in a and "gen_ai.usage.input_tokens" not in a
+    counted = [x.value for x in families["gen_ai_client_token_usage"].samples if x.name.endswith("_count")]
+    assert sum(counted) == 0
+    requests = [x for x in families["specroute_requests"].samples if x.name == "specroute_requests_total"]
+    assert [(x.labels["backend"], x.labels["status"], x.value) for x in requests] == [("crashy", "200", 1.0)]
 
 
 class _OtlpReceiver(BaseHTTPRequestHandler):
