@@ -181,6 +181,14 @@ def print_table(
         last = i + 1 == len(rows) or _level_key(rows[i + 1][1]) != _level_key(lv)
         _row(t, run, lv, end_section=last)
     console.print(t)
+    for key in keys:
+        issued = {run.target: lv.completed + lv.failed for run, lv in rows if _level_key(lv) == key}
+        if len(set(issued.values())) > 1:
+            counts = ", ".join(f"{target} {n}" for target, n in issued.items())
+            console.print(
+                f"[yellow]{key}: the targets were sent different numbers of requests ({counts}; --duration "
+                "sends until time is up): their per-request figures average over different prompts[/]"
+            )
     with_priority = [(run, lv) for run, lv in rows if lv.by_priority]
     if with_priority:
         console.print(priority_table(with_priority, title="per priority", keys=True))

@@ -180,6 +180,13 @@ def test_print_table_side_by_side(tmp_path: Path) -> None:
     # grouped by level: both targets at C=1, then both at C=2
     assert [r.split("│")[1].strip() for r in rows] == ["1", "1", "2", "2"]
     assert "b1:2" in text
+    assert "different numbers of requests" not in text  # the same prompts went to both targets
+    # as after --duration, where a faster target is sent more requests in the same time
+    summary.runs[1].levels[1].completed += 3
+    console = Console(record=True, width=200)
+    print_table(summary, console)
+    (note,) = [ln for ln in console.export_text().splitlines() if "different numbers of requests" in ln]
+    assert note.startswith("2:") and f"{summary.runs[1].target} 5" in note
 
 
 # --- the CLI as a process ------------------------------------------------------------------------
