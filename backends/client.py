@@ -11,6 +11,7 @@ import aiohttp
 from yarl import URL
 
 from backends.descriptor import BackendSpec
+from common.keep_alive import CLIENT_KEEP_ALIVE_S
 
 
 class SGLangClient:
@@ -27,7 +28,9 @@ class SGLangClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=60, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(
+                limit=self._connections, keepalive_timeout=CLIENT_KEEP_ALIVE_S, ttl_dns_cache=300
+            )
             # auto_decompress off: bytes are relayed as they come; skip_auto_headers keeps requests small.
             self._session = aiohttp.ClientSession(
                 connector=connector,

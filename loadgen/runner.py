@@ -17,6 +17,7 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from common.keep_alive import CLIENT_KEEP_ALIVE_S
 from loadgen import report, timescale
 from loadgen.client import RequestOptions
 from loadgen.datasets import Dataset
@@ -79,7 +80,12 @@ async def execute(
     if plan.opts.endpoint == "responses":
         console.print(f"  {RESPONSES_NOTE}")
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=plan.opts.timeout)
-    connector = aiohttp.TCPConnector(limit=connection_limit(plan.levels), limit_per_host=0, ttl_dns_cache=300)
+    connector = aiohttp.TCPConnector(
+        limit=connection_limit(plan.levels),
+        limit_per_host=0,
+        ttl_dns_cache=300,
+        keepalive_timeout=CLIENT_KEEP_ALIVE_S,  # a target may be an SGLang server
+    )
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
         for word in plan.targets:
             label = plan.labels.get(word, word)

@@ -132,10 +132,10 @@ def _gateway_config(path: Path, backends: list[tuple[str, str, str, str]], extra
     (path / "specroute.toml").chmod(0o644)  # readable by the image's uid 10001
 
 
-def _run_twin(engine, network: str, name: str, profile: str) -> None:
-    engine.docker(
-        "run",
-        "-d",
+def _hardened(name: str, network: str) -> tuple[str, ...]:
+    """`docker run` options every container of these tests shares: named, labelled for clean-up,
+    on the test network, read-only with a /tmp, without capabilities or a way to gain them."""
+    return (
         "--name",
         name,
         "--network",
@@ -149,6 +149,14 @@ def _run_twin(engine, network: str, name: str, profile: str) -> None:
         "ALL",
         "--security-opt",
         "no-new-privileges:true",
+    )
+
+
+def _run_twin(engine, network: str, name: str, profile: str) -> None:
+    engine.docker(
+        "run",
+        "-d",
+        *_hardened(name, network),
         "--health-cmd",
         TWIN_HEALTH,
         "--health-interval",
@@ -173,19 +181,7 @@ def _run_gateway(engine, network: str, name: str, config_dir: Path, *extra: str)
     engine.docker(
         "run",
         "-d",
-        "--name",
-        name,
-        "--network",
-        network,
-        "--label",
-        LABEL,
-        "--read-only",
-        "--tmpfs",
-        "/tmp",
-        "--cap-drop",
-        "ALL",
-        "--security-opt",
-        "no-new-privileges:true",
+        *_hardened(name, network),
         "--health-interval",
         "1s",
         "--health-start-period",

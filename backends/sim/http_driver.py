@@ -24,6 +24,7 @@ import aiohttp
 import msgspec
 
 from backends.sim.virtual import DEFAULT_PROMPTS, LevelResult
+from common.keep_alive import CLIENT_KEEP_ALIVE_S
 
 __all__ = ["HttpDriver", "TwinProcess"]
 
@@ -143,7 +144,7 @@ async def _closed_loop(
             issued += 1
             records.append(await _one(session, url, prompts[i % len(prompts)], max_tokens))
 
-    conn = aiohttp.TCPConnector(limit=concurrency)
+    conn = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=CLIENT_KEEP_ALIVE_S)
     async with aiohttp.ClientSession(connector=conn) as session:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,21 @@ __all__ = ["build_app", "serve"]
 log = logging.getLogger("backends.sim")
 
 _SHUTDOWN_GRACE_S = 1.0  # in-flight requests are aborted at shutdown; this bounds the rest
+KEEP_ALIVE_ENV, KEEP_ALIVE_DEFAULT_S = "SGLANG_TIMEOUT_KEEP_ALIVE", 5
+
+
+def keep_alive_s() -> int:
+    """How long an idle connection stays open, as SGLang sets uvicorn's `timeout_keep_alive`
+    (`entrypoints/http_server.py`) from SGLANG_TIMEOUT_KEEP_ALIVE, an integer, default 5
+    (`environ.py`). A client that keeps connections longer meets closed ones."""
+    raw = os.environ.get(KEEP_ALIVE_ENV)
+    if raw is None:
+        return KEEP_ALIVE_DEFAULT_S
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"specroute sim: {KEEP_ALIVE_ENV}: {raw!r} is not a valid integer value") from None
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -106,7 +122,13 @@ def build_app(profile: Profile, options: ServerOptions) -> web.Application:
 
 
 async def _run(app: web.Application, host: str, port: int) -> int:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_GRACE_S)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=_SHUTDOWN_GRACE_S,
+        keepalive_timeout=keep_alive_s(),
+    )
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
