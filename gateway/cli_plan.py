@@ -21,7 +21,7 @@ import msgspec
 
 from common.output_dir import output_dir
 from policies.eval.fleet import FleetError
-from policies.eval.plan import DEFAULT_TYPES, MAX_SERVERS, RESTART_S, PlanResult, plan
+from policies.eval.plan import CONFIRM_SEEDS, DEFAULT_TYPES, MAX_SERVERS, RESTART_S, PlanResult, plan
 from policies.eval.slo import DEFAULT_SLO, SloError, parse_slo
 from policies.eval.traffic import TrafficError, load_traffic, traffic_names
 
@@ -75,7 +75,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--jobs", type=_at_least_one, default=None, help="simulations in parallel (default: cores, at most 8)"
     )
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the traffic sample the fleets are ranked on (default 0); a mixed pick is then simulated "
+        f"again, beside the best homogeneous fleet, on the next {CONFIRM_SEEDS} seeds, and a margin that changes "
+        "sign between them is reported as a tie",
+    )
     ap.add_argument("--output", type=output_dir, default=None, help="directory for plan.json")
     ap.add_argument(
         "--exhaustive",
