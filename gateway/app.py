@@ -29,6 +29,7 @@ from gateway.errors import ApiError, model_not_found
 from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
 from gateway.proxy import BACKEND_HEADER, TRACE_ID_HEADER
+from gateway.response_holders import check_response_id, find_holder
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
 
@@ -143,33 +144,45 @@ def create_app(
             }
         )
 
-    async def _at_holder(response_id: str, method: str, path: str) -> Response[bytes]:
-        """A stored Response is known only to the backend that made it (gateway.response_owners)."""
-        holder = rt.proxy.response_owners.owner(response_id)
+    async def _at_holder(response_id: str, action: str = "") -> Response[bytes]:
+        """A stored Response is known only to the backend that made it (gateway.response_owners);
+        one this gateway has no record of is looked for on every backend (gateway.response_holders)."""
+        check_response_id(response_id)
+        path = f"/v1/responses/{response_id}{action}"
+        owners = rt.proxy.response_owners
+        holder = owners.owner(response_id)
         backend = rt.pools.by_name.get(holder) if holder is not None else None
         if backend is None:
-            raise ApiError(
-                404,
-                f"response {response_id!r} is not stored on any backend this gateway knows of",
-                param="response_id",
-                code="response_not_found",
-            )
+            found = await find_holder(response_id, rt.pools.by_name.values(), owners)
+            if found is None:
+                raise ApiError(
+                    404,
+                    f"Response with id {response_id!r} not found on any backend of this gateway.",
+                    param="response_id",
+                    code="response_not_found",
+                )
+            backend, body = found
+            if not action:  # the lookup's answer is the retrieval's
+                return Response(
+                    body, status_code=200, media_type="application/json", headers={BACKEND_HEADER: backend.name}
+                )
         try:
-            status, body = await backend.client.call(method, path)
+            status, body = await backend.client.call("POST" if action else "GET", path)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            # as for a follow-up whose holder is down: only that backend can answer, later
             what = f"backend {backend.name}, which holds the response, is unreachable: {type(e).__name__}"
-            raise ApiError(502, what) from None
+            raise ApiError(503, what, headers={"Retry-After": "1"}) from None
         return Response(body, status_code=status, media_type="application/json", headers={BACKEND_HEADER: backend.name})
 
     @get("/v1/responses/{response_id:str}")
     async def retrieve_response(response_id: FromPath[str]) -> Response[bytes]:
         """`client.responses.retrieve`: asked of the backend that stored it."""
-        return await _at_holder(response_id, "GET", f"/v1/responses/{response_id}")
+        return await _at_holder(response_id)
 
     @post("/v1/responses/{response_id:str}/cancel", status_code=200)
     async def cancel_response(response_id: FromPath[str]) -> Response[bytes]:
         """`client.responses.cancel` of a background Response, at the backend running it."""
-        return await _at_holder(response_id, "POST", f"/v1/responses/{response_id}/cancel")
+        return await _at_holder(response_id, "/cancel")
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:

@@ -61,6 +61,7 @@ from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Pools
 from gateway.records import RequestRecord, Result
 from gateway.relay import SseRelay, StreamRelay
+from gateway.response_holders import find_holder
 from gateway.response_owners import ResponseOwners
 from gateway.responses_relay import ResponsesRelay, read_response
 from gateway.stream_deadline import StreamDeadline
@@ -219,6 +220,8 @@ class Proxy:
         try:
             parsed = parse(raw, kind)
             model = parsed.model[:256]  # for the record only: a client may send any string
+            if kind == "responses":
+                await self._find_previous(parsed)
             req = self._request(parsed, kind, headers, request_id, trace, t_received)
             req.fingerprint = hash(raw)
         except ApiError as error:
@@ -731,10 +734,17 @@ class Proxy:
                 )
         return model, pin, adapter
 
+    async def _find_previous(self, parsed: ParsedRequest) -> None:
+        """A `previous_response_id` this gateway has no record of (relayed by another replica, or
+        before a restart) is looked for on the backends (gateway.response_holders)."""
+        previous = parsed.body.get("previous_response_id")
+        if isinstance(previous, str) and self.response_owners.owner(previous) is None:
+            await find_holder(previous, self.pools.by_name.values(), self.response_owners)
+
     def _holder_of_previous(self, parsed: ParsedRequest, model: str) -> str | None:
         """The backend holding `previous_response_id`'s stored Response: the follow-up can be
-        answered only there. None when unknown (stored via another gateway replica, forgotten, or
-        never stored): the backend that gets it answers whether it knows it."""
+        answered only there. None when no backend has it (never stored, or lost with its server's
+        restart): the backend that gets it answers that it does not know it."""
         previous = parsed.body.get("previous_response_id")
         holder = self.response_owners.owner(previous) if isinstance(previous, str) else None
         backend = self.pools.by_name.get(holder) if holder is not None else None

@@ -10,21 +10,64 @@ import urllib.request
 import openai
 import pytest
 
-from tests.support import gateway
+from tests.support import gateway, get_json, wait_until
 
 ROUND_ROBIN = 'policy = "round_robin"\n'  # a policy that would move every follow-up if it could
 
 
-@pytest.fixture
-def stored_pair(tmp_path, twin_factory):
+def _stored_backends(twin_factory) -> list[dict]:
     a = twin_factory("k26-dflash", "--enable-response-store")
     b = twin_factory("k26-eagle3", "--enable-response-store")
-    backends = [
+    return [
         {"name": "a", "url": a, "model": "kimi-k2.6", "strategy": "dflash"},
         {"name": "b", "url": b, "model": "kimi-k2.6", "strategy": "eagle3"},
     ]
-    with gateway(tmp_path, backends, gateway_keys=ROUND_ROBIN) as url:
+
+
+@pytest.fixture
+def stored_pair(tmp_path, twin_factory):
+    with gateway(tmp_path, _stored_backends(twin_factory), gateway_keys=ROUND_ROBIN) as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def test_a_replica_that_did_not_relay_a_response_finds_it_on_its_backend(tmp_path, twin_factory):
+    """Two gateway replicas over the same backends (or one, restarted): the second has no record of
+    what the first relayed, and finds it where it is stored for retrieve, follow-ups and cancel."""
+    backends = _stored_backends(twin_factory)
+    with (
+        gateway(tmp_path, backends, gateway_keys=ROUND_ROBIN) as one,
+        gateway(tmp_path, backends, gateway_keys=ROUND_ROBIN) as two,
+    ):
+        assert wait_until(lambda: all(b["ready"] for b in get_json(f"{two}/admin/backends")["backends"]))
+        first = openai.OpenAI(base_url=f"{one}/v1", api_key="x", max_retries=0, timeout=30)
+        second = openai.OpenAI(base_url=f"{two}/v1", api_key="x", max_retries=0, timeout=30)
+        raws = [
+            first.responses.with_raw_response.create(model="kimi-k2.6", input=f"Hi {i}.", max_output_tokens=4)
+            for i in range(2)
+        ]
+        held = {r.parse().id: r.headers["x-specroute-backend"] for r in raws}
+        assert set(held.values()) == {"a", "b"}  # round robin: one on each
+        for rid, holder in held.items():
+            got = second.responses.with_raw_response.retrieve(rid)
+            assert got.parse().id == rid and got.headers["x-specroute-backend"] == holder
+        for rid, holder in held.items():  # follow-ups the second replica's round robin would move
+            for _ in range(2):
+                raw = second.responses.with_raw_response.create(
+                    model="kimi-k2.6", input="And then?", previous_response_id=rid, max_output_tokens=4
+                )
+                assert raw.headers["x-specroute-backend"] == holder
+        background = first.responses.with_raw_response.create(
+            model="kimi-k2.6", input="A long essay.", max_output_tokens=4000, background=True
+        )
+        cancelled = second.responses.with_raw_response.cancel(background.parse().id)
+        assert cancelled.headers["x-specroute-backend"] == background.headers["x-specroute-backend"]
+        assert cancelled.parse().status == "cancelled"
+        with pytest.raises(openai.NotFoundError) as missing:
+            second.responses.retrieve("resp_held_nowhere")
+        with pytest.raises(openai.BadRequestError) as invalid:
+            second.responses.retrieve("not-a-response-id")
+    assert missing.value.body["code"] == "response_not_found"
+    assert invalid.value.body["param"] == "response_id" and "begins with 'resp'" in invalid.value.body["message"]
 
 
 def test_a_response_and_a_stream_through_the_gateway(stored_pair):
