@@ -13,9 +13,9 @@ priority, when a strictly better request arrives, as SGLang's `_abort_on_queued_
 
 Wake-ups are targeted: a released slot wakes the first waiter of that backend's model that could
 use that backend (and, when the gateway-wide cap was the limit, the first waiter of every other
-model), never the whole queue. A request pinned to a backend, or needing a LoRA adapter only some
-backends have loaded, is not woken for a slot it cannot take, so it never holds back the waiters
-behind it.
+model), never the whole queue. A request pinned to a backend, needing a LoRA adapter only some
+backends have loaded, or needing room for more sequences (`n`) than the slot gives, is not woken
+for a slot it cannot take, so it never holds back the waiters behind it.
 """
 
 from __future__ import annotations
@@ -68,10 +68,11 @@ class Admission:
         exclude: Collection[str] = (),
         adapters: frozenset[str] = frozenset(),
         priority: int | None = None,
+        sequences: int = 1,
     ) -> list[Backend]:
-        """Backends of `model` that can take a request now, waiting for room if needed: the pinned
-        one if `pin`, those with every LoRA adapter in `adapters` loaded. A request that waits is
-        placed by its `priority` (None: `default_priority`).
+        """Backends of `model` that can take a request of `sequences` (its `n`) now, waiting for
+        room if needed: the pinned one if `pin`, those with every LoRA adapter in `adapters` loaded.
+        A request that waits is placed by its `priority` (None: `default_priority`).
 
         Untried backends (not in `exclude`) are preferred; tried ones are used only when nothing else
         is left, so a retry goes to another member of the pool whenever one exists.
@@ -88,13 +89,13 @@ class Admission:
                 what = f"backend {pin!r}{loaded} is not" if pin else f"no backend of model {model!r}{loaded} is"
                 raise ApiError(503, f"{what} available (down, draining or circuit open)", headers={"Retry-After": "1"})
             if self.inflight < self.max_inflight:
-                room = [b for b in up if b.has_room]
+                room = [b for b in up if b.has_room_for(sequences)]
                 if room:
                     return [b for b in room if b.name not in exclude] or room
             if deadline is None:
                 deadline = time.monotonic() + self.queue_timeout_s
                 rank, arrival = self._rank(priority), next(self._arrivals)
-            waiter = _Waiter(asyncio.get_running_loop().create_future(), pin, adapters, rank, arrival)
+            waiter = _Waiter(asyncio.get_running_loop().create_future(), pin, adapters, rank, arrival, sequences)
             await self._wait(model, waiter, deadline, front)
             front = True  # woken but beaten to the slot: keep our place at the head of the queue
 
@@ -202,7 +203,7 @@ class Admission:
             waiter = queue[i]
             if waiter.future.done():  # popped and resolved, or left: drop it
                 del queue[i]
-            elif freed is None or _fits(freed, waiter.pin, waiter.adapters):
+            elif freed is None or (_fits(freed, waiter.pin, waiter.adapters) and freed.has_room_for(waiter.sequences)):
                 del queue[i]
                 waiter.future.set_result(True)
                 return
@@ -219,6 +220,7 @@ class _Waiter(NamedTuple):
     adapters: frozenset[str]
     rank: int
     arrival: int
+    sequences: int = 1  # it needs room for this many (`n`); a smaller request behind it may go first
 
 
 def _worse(a: _Waiter, b: _Waiter) -> bool:

@@ -91,10 +91,11 @@ class Backend:
         """Could take traffic if it had room: ready, circuit not open, not draining."""
         return self.ready and not self.draining and self.circuit.allows()
 
-    @property
-    def has_room(self) -> bool:
-        cap = self.cap
-        return cap == 0 or self.view.inflight < cap
+    def has_room_for(self, sequences: int) -> bool:
+        """Its cap (in sequences) can take `sequences` more; an idle backend takes a request of any
+        size, which otherwise no backend could ever run."""
+        cap, inflight = self.cap, self.view.inflight
+        return cap == 0 or inflight == 0 or inflight + sequences <= cap
 
     def refresh_view(self) -> None:
         """Policies read `view.healthy`; keep it the single flag they need."""

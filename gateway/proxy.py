@@ -296,7 +296,12 @@ class Proxy:
         t_wait = time.perf_counter()
         try:
             candidates = await self.admission.candidates(
-                req.model, req.pin, exclude=req.tried, adapters=req.adapters, priority=req.parsed.priority
+                req.model,
+                req.pin,
+                exclude=req.tried,
+                adapters=req.adapters,
+                priority=req.parsed.priority,
+                sequences=req.parsed.sequences,
             )
         finally:  # a request refused or left in the queue waited too
             req.queue_s += time.perf_counter() - t_wait

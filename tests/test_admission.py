@@ -204,3 +204,36 @@ def test_a_bad_priority_is_a_400_naming_it():
         assert e.value.status == 400 and e.value.param == "priority"
     ok = parse(b'{"model": "m", "prompt": "hi", "priority": -7}', "completion")
     assert ok.priority == -7 and ok.body["priority"] == -7  # and it goes upstream untouched
+
+
+def test_a_request_of_n_sequences_waits_until_its_backend_has_room_for_all_of_them():
+    """The per-backend cap counts sequences: a request with n = 4 on a backend holding 3 of its 4
+    waits (a smaller one still goes in beside them) until the backend has room for 4, or is idle,
+    where a request of any size runs (otherwise one larger than the cap never could)."""
+
+    async def scenario() -> list[object]:
+        spec = BackendSpec(name="a", url="http://127.0.0.1:9", model="kimi-k2.6", strategy=Strategy.AR)
+        a = Backend(spec, SGLangClient(spec), cap=4)
+        admission = Admission(Pools([a]), max_inflight=100, max_queue=10, queue_timeout_s=60)
+        seen: list[object] = []
+        three = admission.lease(a, 3)
+        big = asyncio.create_task(admission.candidates("kimi-k2.6", sequences=4))
+        await asyncio.sleep(0)
+        seen.append(("big waits", not big.done(), admission.waiting))
+        small = await asyncio.wait_for(admission.candidates("kimi-k2.6", sequences=1), 5)
+        one = admission.lease(small[0], 1)
+        three.release()  # 1 of 4 held: no room for 4 yet
+        await asyncio.sleep(0)
+        seen.append(("still waits", not big.done(), a.view.inflight))
+        one.release()  # idle
+        seen.append(("runs", [b.name for b in await asyncio.wait_for(big, 5)]))
+        huge = await asyncio.wait_for(admission.candidates("kimi-k2.6", sequences=128), 5)
+        seen.append(("idle takes any size", [b.name for b in huge]))
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        ("big waits", True, 1),
+        ("still waits", True, 1),
+        ("runs", ["a"]),
+        ("idle takes any size", ["a"]),
+    ]
