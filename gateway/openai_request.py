@@ -85,17 +85,18 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
 
     stream = _field(body, "stream", bool) or False
     if kind == "responses":
-        max_tokens = _field(body, "max_output_tokens", int)
-        if max_tokens is not None:  # SGLang keeps 2 of them as headroom (ResponsesRequest.to_sampling_params)
-            max_tokens = max(0, max_tokens - 2)
+        limit = "max_output_tokens"
+        max_tokens = _field(body, limit, int)
     else:
         limit = "max_completion_tokens"
         max_tokens = _field(body, limit, int) if kind == "chat" else None
         if max_tokens is None:
             limit = "max_tokens"
             max_tokens = _field(body, limit, int)
-        if max_tokens is not None and max_tokens < 0:
-            raise ApiError(400, f"'{limit}' must be >= 0", param=limit)
+    if max_tokens is not None and max_tokens < 0:
+        raise ApiError(400, f"'{limit}' must be >= 0", param=limit)
+    if max_tokens is not None and kind == "responses":
+        max_tokens = max(0, max_tokens - 2)  # SGLang keeps 2 as headroom (ResponsesRequest.to_sampling_params)
     stream_options = _field(body, "stream_options", dict)
     if stream_options is not None and not stream:
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")

@@ -14,6 +14,7 @@ from gateway.openai_request import parse
     [
         (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "\xff"}]}', "not valid JSON"),
         (b"{not json", "not valid JSON"),
+        (b'{"model": "m", "messages": [], "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "not valid JSON"),  # too deep
         (b"   ", "empty"),
         (b"[1]", "JSON object"),
     ],
@@ -63,6 +64,7 @@ _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         ("chat", {"max_completion_tokens": -1}, "max_completion_tokens", ">= 0"),
         ("chat", {"max_tokens": -1}, "max_tokens", ">= 0"),
         ("completion", {"prompt": "a", "max_tokens": -1}, "max_tokens", ">= 0"),
+        ("responses", {"input": "a", "max_output_tokens": -5}, "max_output_tokens", ">= 0"),
         ("chat", {"temperature": "hot"}, "temperature", "a number"),
         ("chat", {"temperature": True}, "temperature", "a number"),
         ("chat", {"temperature": -1}, "temperature", ">= 0"),
