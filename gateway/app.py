@@ -313,6 +313,7 @@ def serving_asgi(app: Litestar) -> ASGIApp:
     fast = FastRoutes(
         inner,
         lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace, client),
+        lambda kind, headers, error, t_received: rt.proxy.refused(kind, error, t_received, headers=headers),
         config.gateway.max_body_bytes,
         rt.tracing,
     )

@@ -44,14 +44,19 @@ _HOST = re.compile(rb"\A[0-9A-Za-z!$&'()*+,;=\-._~:\[\]@%]*\Z", re.IGNORECASE)
 
 
 Serve = Callable[[bytes, Kind, Mapping[str, str], "Trace | None", Downstream], Awaitable[None]]
+# The record of a request refused here, before `Serve`: (kind, headers, error, time received).
+Refused = Callable[[Kind, Mapping[str, str], ApiError, float], None]
 
 
 class FastRoutes:
     """ASGI: the generation routes handled directly, the rest passed to `app` (litestar)."""
 
-    def __init__(self, app: ASGIApp, serve: Serve, max_body_bytes: int, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, serve: Serve, refused: Refused, max_body_bytes: int, tracing: Tracing | None = None
+    ) -> None:
         self.app = app
         self.serve = serve
+        self.refused = refused
         self.max_body = max_body_bytes
         self._too_large = f"request body too large: over {max_body_bytes} bytes (gateway.max_body_bytes)"
         self.tracing = tracing if tracing is not None and tracing.enabled else None
@@ -65,7 +70,10 @@ class FastRoutes:
                 if scope["method"] == "POST":
                     return await self._route(scope, kind, receive, send)
                 # as litestar answers a known route's other methods
-                return await Downstream(receive, send).send_error(ApiError(405, "method not allowed for this route"))
+                client = Downstream(receive, send)
+                error = ApiError(405, "method not allowed for this route", headers={"Allow": "POST"})
+                self.refused(kind, _headers(scope["headers"]), error, client.t_received)
+                return await client.send_error(error)
         return await self.app(scope, receive, send)
 
     async def _route(self, scope: Scope, kind: Kind, receive: Receive, send: Send) -> None:
@@ -92,6 +100,11 @@ class FastRoutes:
         client = Downstream(receive, send)
         try:
             body = await self._body(headers, receive)
+        except ApiError as e:
+            self.refused(kind, headers, e, client.t_received)
+            await client.send_error(e)
+            return client.status
+        try:
             await self.serve(body, kind, headers, trace, client)
         except ApiError as e:
             await client.send_error(e)
@@ -128,8 +141,8 @@ class FastRoutes:
                     chunks.append(part)
                 if not event.get("more_body", False):
                     break
-            elif event["type"] == "http.disconnect":
-                raise ApiError(500, "client disconnected prematurely")
+            elif event["type"] == "http.disconnect":  # nobody to answer: the status is for the record
+                raise ApiError(499, "client disconnected before sending its whole body", type="client_disconnected")
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -225,21 +225,13 @@ class Proxy:
             req = self._request(parsed, kind, headers, request_id, trace, t_received)
             req.fingerprint = hash(raw)
         except ApiError as error:
-            self._write_record(
-                RequestRecord(
-                    request_id=request_id,
-                    trace_id=trace.trace_id if trace else None,
-                    model=model,
-                    kind=kind,
-                    stream=False,
-                    status=error.status,
-                    duration_s=time.perf_counter() - t_received,
-                    error=error.message,
-                    error_type=error.type,
-                ),
-                None,
-            )
+            self.refused(kind, error, t_received, request_id, trace, model)
             return await self._send_error(client, error, request_id)
+        except Exception as error:  # a bug: the caller answers 500; the request still gets its record
+            self.refused(
+                kind, ApiError(500, "internal gateway error", type=type(error).__name__), t_received, request_id
+            )
+            raise
         watch = client.watch()
         self._open[watch] = req
         try:
@@ -513,6 +505,32 @@ class Proxy:
             result.status = result.status or 499
             result.error, result.error_type = "client disconnected", "client_disconnected"
         return result
+
+    def refused(
+        self,
+        kind: Kind,
+        error: ApiError,
+        t_received: float,
+        request_id: str | None = None,
+        trace: Trace | None = None,
+        model: str = "",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """The record of a request refused before any attempt: at the door (its host or body,
+        gateway.fast_routes) or once read (its fields, its model), so that it counts in the access
+        log and the metrics like any other."""
+        rec = RequestRecord(
+            request_id=request_id or _request_id(headers or {}),
+            trace_id=trace.trace_id if trace else None,
+            model=model,
+            kind=kind,
+            stream=False,
+            status=error.status,
+            duration_s=time.perf_counter() - t_received,
+            error=error.message,
+            error_type=error.type,
+        )
+        self._write_record(rec, None)
 
     def shut_down_open_requests(self) -> int:
         """Ends every request still being answered; returns how many. For the end of a shutdown's grace

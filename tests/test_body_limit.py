@@ -57,3 +57,38 @@ def test_a_body_over_the_limit_is_a_413_naming_it(twin_factory, chunked):
         metrics = r.read().decode()
     (served,) = [line for line in metrics.splitlines() if line.startswith("sglang:num_requests_total")]
     assert float(served.split()[-1]) == 1  # the small one only: the big body never reached the backend
+
+
+def test_requests_refused_at_the_door_are_counted_like_any_other(twin_factory):
+    """A body over the limit, a bad Host header and a GET on a generation route are answered before
+    the request is read, and still get their record: /metrics counts them by status."""
+    url = twin_factory("k26-dflash")
+    config = config_from_dict(
+        {
+            "gateway": {"max_body_bytes": LIMIT},
+            "backends": [{"name": "d", "url": url, "model": "kimi-k2.6", "strategy": "dflash"}],
+        }
+    )
+    big = {"model": "kimi-k2.6", "messages": [{"role": "user", "content": "x" * 2 * LIMIT}]}
+    with serve_in_thread(config, access_log=AccessLog(False)) as gw:
+        assert _post(gw, json.dumps(big).encode(), chunked=False)[0] == 413
+        assert _post(gw, json.dumps(big).encode(), chunked=True)[0] == 413
+        u = urlsplit(gw)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("GET", "/v1/chat/completions")
+        wrong_method = conn.getresponse()
+        wrong_method.read()
+        conn.request("POST", "/v1/chat/completions", body=b"{}", headers={"Host": "bad host"})
+        bad_host = conn.getresponse()
+        bad_host.read()
+        conn.close()
+        with urllib.request.urlopen(f"{gw}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    assert wrong_method.status == 405 and wrong_method.getheader("Allow") == "POST"
+    assert bad_host.status == 400
+    counted = {
+        line.split('status="')[1].split('"')[0]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("specroute_requests_total{")
+    }
+    assert counted == {"413": 2.0, "405": 1.0, "400": 1.0}
