@@ -316,6 +316,7 @@ def serving_asgi(app: Litestar) -> ASGIApp:
         lambda kind, headers, error, t_received: rt.proxy.refused(kind, error, t_received, headers=headers),
         config.gateway.max_body_bytes,
         rt.tracing,
+        config.timeouts.client_body_s,
     )
     gate = AuthGate(fast, config.auth, lambda: rt.config.auth)
     origins = config.gateway.cors_allow_origins

@@ -56,6 +56,9 @@ class TimeoutsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     idle_stream_s: float = 60.0
     # Non-streaming requests: the whole upstream response.
     request_s: float = 900.0
+    # A client's request body, from its first byte to its last: one that trickles in (slow-loris)
+    # would otherwise hold a connection and its buffer as long as it likes. 32 MB at 10 Mbit/s: 27 s.
+    client_body_s: float = 60.0
 
 
 class RetrySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -401,6 +404,7 @@ _RANGES: dict[str, tuple[float, bool, float | None]] = {
     "timeouts.first_byte_s": (0, False, None),
     "timeouts.idle_stream_s": (0, False, None),
     "timeouts.request_s": (0, False, None),
+    "timeouts.client_body_s": (0, False, None),
     "retry.attempts": (1, True, None),  # 1: no retry
     "retry.backoff_initial_s": (0, True, None),
     "retry.backoff_max_s": (0, True, None),

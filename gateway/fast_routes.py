@@ -17,6 +17,7 @@ the litestar app for the other routes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -52,12 +53,19 @@ class FastRoutes:
     """ASGI: the generation routes handled directly, the rest passed to `app` (litestar)."""
 
     def __init__(
-        self, app: ASGIApp, serve: Serve, refused: Refused, max_body_bytes: int, tracing: Tracing | None = None
+        self,
+        app: ASGIApp,
+        serve: Serve,
+        refused: Refused,
+        max_body_bytes: int,
+        tracing: Tracing | None = None,
+        body_timeout_s: float = 60.0,
     ) -> None:
         self.app = app
         self.serve = serve
         self.refused = refused
         self.max_body = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self._too_large = f"request body too large: over {max_body_bytes} bytes (gateway.max_body_bytes)"
         self.tracing = tracing if tracing is not None and tracing.enabled else None
 
@@ -130,19 +138,29 @@ class FastRoutes:
                 raise ApiError(413, self._too_large)
         chunks: list[bytes] = []
         total = 0
-        while True:
-            event = await receive()
-            if event["type"] == "http.request":
-                part = event.get("body", b"")
-                if part:
-                    total += len(part)
-                    if total > self.max_body:
-                        raise ApiError(413, self._too_large)
-                    chunks.append(part)
-                if not event.get("more_body", False):
-                    break
-            elif event["type"] == "http.disconnect":  # nobody to answer: the status is for the record
-                raise ApiError(499, "client disconnected before sending its whole body", type="client_disconnected")
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    event = await receive()
+                    if event["type"] == "http.request":
+                        part = event.get("body", b"")
+                        if part:
+                            total += len(part)
+                            if total > self.max_body:
+                                raise ApiError(413, self._too_large)
+                            chunks.append(part)
+                        if not event.get("more_body", False):
+                            break
+                    elif event["type"] == "http.disconnect":  # nobody to answer: the status is for the record
+                        raise ApiError(
+                            499, "client disconnected before sending its whole body", type="client_disconnected"
+                        )
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"request body not received within {self.body_timeout_s:g}s (timeouts.client_body_s)",
+                headers={"Connection": "close"},
+            ) from None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import urllib.request
 from urllib.parse import urlsplit
 
@@ -92,3 +93,29 @@ def test_requests_refused_at_the_door_are_counted_like_any_other(twin_factory):
         if line.startswith("specroute_requests_total{")
     }
     assert counted == {"413": 2.0, "405": 1.0, "400": 1.0}
+
+
+def test_a_body_that_trickles_in_is_cut_after_client_body_s(twin_factory):
+    """A client that announces a body and then sends it a byte at a time, or not at all, holds a
+    connection and a buffer: after timeouts.client_body_s it gets a 408 and the connection closes."""
+    url = twin_factory("k26-dflash")
+    config = config_from_dict(
+        {
+            "timeouts": {"client_body_s": 0.5},
+            "backends": [{"name": "d", "url": url, "model": "kimi-k2.6", "strategy": "dflash"}],
+        }
+    )
+    with serve_in_thread(config, access_log=AccessLog(False)) as gw:
+        u = urlsplit(gw)
+        with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+            s.sendall(b'POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000\r\n\r\n{"model"')
+            answer = b""
+            while chunk := s.recv(65536):  # until the gateway closes the connection
+                answer += chunk
+        with urllib.request.urlopen(f"{gw}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert "not received within 0.5s" in error["message"] and "client_body_s" in error["message"]
+    assert 'specroute_requests_total{backend="none",model="unknown",status="408"} 1.0' in metrics
