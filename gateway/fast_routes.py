@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from litestar.utils import normalize_path
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send
+from gateway.body_deadline import BodyDeadlines
 from gateway.downstream import Downstream
 from gateway.errors import ApiError
 from gateway.openai_request import Kind
@@ -65,7 +66,7 @@ class FastRoutes:
         self.serve = serve
         self.refused = refused
         self.max_body = max_body_bytes
-        self.body_timeout_s = body_timeout_s
+        self._body_deadlines = BodyDeadlines(body_timeout_s)
         self._too_large = f"request body too large: over {max_body_bytes} bytes (gateway.max_body_bytes)"
         self.tracing = tracing if tracing is not None and tracing.enabled else None
 
@@ -138,29 +139,32 @@ class FastRoutes:
                 raise ApiError(413, self._too_large)
         chunks: list[bytes] = []
         total = 0
+        deadlines = self._body_deadlines
+        task = deadlines.begin()
         try:
-            async with asyncio.timeout(self.body_timeout_s):
-                while True:
-                    event = await receive()
-                    if event["type"] == "http.request":
-                        part = event.get("body", b"")
-                        if part:
-                            total += len(part)
-                            if total > self.max_body:
-                                raise ApiError(413, self._too_large)
-                            chunks.append(part)
-                        if not event.get("more_body", False):
-                            break
-                    elif event["type"] == "http.disconnect":  # nobody to answer: the status is for the record
-                        raise ApiError(
-                            499, "client disconnected before sending its whole body", type="client_disconnected"
-                        )
-        except TimeoutError:
+            while True:
+                event = await receive()
+                if event["type"] == "http.request":
+                    part = event.get("body", b"")
+                    if part:
+                        total += len(part)
+                        if total > self.max_body:
+                            raise ApiError(413, self._too_large)
+                        chunks.append(part)
+                    if not event.get("more_body", False):
+                        break
+                elif event["type"] == "http.disconnect":  # nobody to answer: the status is for the record
+                    raise ApiError(499, "client disconnected before sending its whole body", type="client_disconnected")
+        except asyncio.CancelledError:
+            if not deadlines.expired(task):
+                raise
             raise ApiError(
                 408,
-                f"request body not received within {self.body_timeout_s:g}s (timeouts.client_body_s)",
+                f"request body not received within {deadlines.timeout_s:g}s (timeouts.client_body_s)",
                 headers={"Connection": "close"},
             ) from None
+        finally:
+            deadlines.end(task)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
