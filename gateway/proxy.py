@@ -365,7 +365,8 @@ class Proxy:
             broken = STALLED
             self.suspects.failed_under(req.fingerprint, backend.name)
         if broken is None and not result.done:
-            broken = "upstream stream ended without [DONE]"
+            end = "its terminal event" if req.kind == "responses" else "[DONE]"
+            broken = f"upstream stream ended without {end}"
         if broken is not None:
             backend.circuit.record_failure()
             self.metrics.upstream_errors.labels(backend.name, "broken_stream").inc()

@@ -70,11 +70,12 @@ class ResponsesRelay(ClockedRelay):
     """Feed it upstream bytes; it returns the bytes to send on (possibly empty) and fills
     `result` as the events go by. `result.done` once the terminal event has arrived."""
 
-    __slots__ = ("_events",)
+    __slots__ = ("_events", "_created")
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter, result: Result | None = None) -> None:
         super().__init__(clock, result)
         self._events = 0  # sent on: the next event's sequence number
+        self._created: dict[str, Any] | None = None  # the response as `response.created` announced it
 
     def feed(self, chunk: bytes) -> bytes:
         buf = self._buf + chunk if self._buf else chunk
@@ -87,19 +88,22 @@ class ResponsesRelay(ClockedRelay):
         return buf[:start]
 
     def failure_event(self, message: str, type: str, code: object) -> bytes:
-        """`response.failed` for the response being streamed. `type` and `code` (the gateway's
-        vocabulary) are not a Responses error's fields: its code is always "server_error"."""
+        """`response.failed` for the response being streamed: the one `response.created` announced
+        (its id, creation time, model, tools, metadata...), failed, as SGLang makes its own from
+        the request. `type` and `code` (the gateway's vocabulary) are not a Responses error's
+        fields: its code is always "server_error"."""
         r = self.result
-        response: dict[str, Any] = {
-            "id": r.response_id,
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": r.response_model,
-            "status": "failed",
-            "error": {"code": "server_error", "message": message},
-            "output": [],
-            "usage": None,
-        }
+        response: dict[str, Any] = (
+            dict(self._created)
+            if self._created is not None
+            else {
+                "id": r.response_id,
+                "object": "response",
+                "created_at": int(time.time()),
+                "model": r.response_model,
+            }
+        )
+        response.update(status="failed", error={"code": "server_error", "message": message}, output=[], usage=None)
         event = {"type": "response.failed", "sequence_number": self._events, "response": response}
         return b"event: response.failed\ndata: " + _encoder.encode(event) + b"\n\n"
 
@@ -133,7 +137,10 @@ class ResponsesRelay(ClockedRelay):
             read_response(r, obj.get("response"))
             r.done = True
         elif kind == "response.created":
-            read_response(r, obj.get("response"))
+            created = obj.get("response")
+            read_response(r, created)
+            if isinstance(created, dict):
+                self._created = created
         elif kind == "error" or ("error" in obj and kind is None):
             err = obj.get("error", obj)
             message = err.get("message") if isinstance(err, dict) else err

@@ -319,6 +319,10 @@ def test_a_stalled_responses_stream_ends_with_response_failed_as_sglang_ends_one
     assert last.response.error.code == "server_error"
     assert "upstream stream idle for more than 0.5s" in last.response.error.message
     assert last.response.id == events[0].response.id
+    # the response `response.created` announced, failed: its creation time, model and request fields kept
+    created = events[0].response
+    assert (last.response.created_at, last.response.model) == (created.created_at, created.model)
+    assert last.response.tools == created.tools and last.response.output == []
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
