@@ -692,8 +692,17 @@ class Proxy:
         t_received: float,
     ) -> Request:
         model, pin, adapter = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
-        if kind == "responses" and pin is None:
-            pin = self._holder_of_previous(parsed, model)
+        if kind == "responses":
+            chosen = parsed.body.get("request_id")
+            if isinstance(chosen, str) and chosen in self.response_owners:
+                raise ApiError(
+                    409,
+                    f"a Response with id {chosen!r} exists already; a new one cannot take its id",
+                    param="request_id",
+                    code="response_exists",
+                )
+            if pin is None:
+                pin = self._holder_of_previous(parsed, model)
         if adapter is not None:
             self._check_adapters(model, pin, frozenset((adapter,)), "model")
         elif parsed.lora_paths:

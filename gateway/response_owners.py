@@ -7,6 +7,10 @@ there. The gateway remembers the backend of every Response it relayed that asked
 (`store`, true by default), in bounded memory: the least recently used are forgotten first.
 A backend that restarted has lost its store, but no other has it either, so nothing is forgotten
 on a restart: the follow-up still goes to the one place that could answer it.
+
+A client may name the Response it asks for (`request_id`, `protocol.py: ResponsesRequest`). A name
+this map holds already is refused (409): taking it would move the id's owner, and send the
+follow-ups of whoever made the first one into the second's conversation.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ class ResponseOwners:
 
     def __len__(self) -> int:
         return len(self._owners)
+
+    def __contains__(self, response_id: object) -> bool:
+        return response_id in self._owners
 
     def record(self, response_id: str, backend: str) -> None:
         self._owners[response_id] = backend

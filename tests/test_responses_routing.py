@@ -109,6 +109,13 @@ def test_follow_ups_go_to_the_backend_that_stored_the_previous_response(stored_p
             previous = raw.parse().id
     stored = client.responses.retrieve(previous)
     assert stored.id == previous and stored.previous_response_id
+    # a new Response may not take a known one's id: its owner would move, and its follow-ups with it
+    with pytest.raises(openai.ConflictError) as taken:
+        client.responses.create(
+            model="kimi-k2.6", input="Mine now.", max_output_tokens=2, extra_body={"request_id": previous}
+        )
+    assert taken.value.body["param"] == "request_id" and taken.value.body["code"] == "response_exists"
+    assert client.responses.with_raw_response.retrieve(previous).headers["x-specroute-backend"] == holder
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve("resp_unknown")
     assert e.value.body["code"] == "response_not_found"
