@@ -340,10 +340,9 @@ def test_errors_in_the_responses_envelope(url):
         "logprobs",
         "invalid_request_error",
     )
+    # the router's own 404 is starlette's HTTPException, which SGLang's handler (fastapi's) misses
     status, body = get(f"{url}/v1/responses/resp_x/nothing")
-    assert status == 404 and body == {
-        "error": {"message": "Not Found", "type": "Not Found", "param": None, "code": 404}
-    }
+    assert status == 404 and body == {"detail": "Not Found"}
 
 
 def test_context_length_exceeded(url):
@@ -543,3 +542,15 @@ def test_tools_are_echoed_and_hold_the_message_until_the_end(url):
             "format": None,
         }
     ]
+
+
+def test_sampling_errors_are_the_generations(url):
+    """SGLang checks sampling values when generation is asked for (`SamplingParams.verify`): a 400
+    `invalid_request_error` unstreamed; streamed, the stream is already open and ends failed."""
+    body = {"model": SERVED, "input": "x", "temperature": -1}
+    status, err = post(f"{url}/v1/responses", body)
+    assert status == 400 and err["error"]["type"] == "invalid_request_error"
+    assert "temperature must be" in err["error"]["message"]
+    evs, _ = events(url, {**body, "top_p": 0.5})
+    assert [k for k, _ in evs] == ["response.created", "response.in_progress", "response.failed"]
+    assert evs[-1][1]["response"]["error"] == {"code": "server_error", "message": err["error"]["message"]}

@@ -254,8 +254,6 @@ class _Plan:
     prompt: str
     prompt_tokens: int
     max_new_tokens: int
-    temperature: float
-    top_p: float
     domain: str
     key: int
     thinking: bool
@@ -357,7 +355,6 @@ def _plan(state: SimState, body: ResponsesRequest) -> _Plan:
     domain = classify(conversation)
     key = prompt_key(prompt)
     thinking = _thinking(state, body)
-    temperature, top_p = sampling_values(state, body.temperature, body.top_p)
     effort = body.reasoning.effort if body.reasoning is not None else None
     echo = {
         "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
@@ -388,8 +385,6 @@ def _plan(state: SimState, body: ResponsesRequest) -> _Plan:
         prompt=prompt,
         prompt_tokens=count_prompt_tokens(prompt),
         max_new_tokens=max_new,
-        temperature=temperature,
-        top_p=top_p,
         domain=domain,
         key=key,
         thinking=thinking,
@@ -405,7 +400,10 @@ def _plan(state: SimState, body: ResponsesRequest) -> _Plan:
 async def _admit(state: SimState, plan: _Plan) -> Generation:
     """The chat route's admission (limits, faults, prefix cache, engine); the rid is the response id.
     No priority: `serving_responses.py` never forwards the request's (the server's default applies,
-    `tokenizer_manager.py: _set_default_priority`)."""
+    `tokenizer_manager.py: _set_default_priority`). Sampling values are checked here, as
+    `SamplingParams.verify` checks them once generation is asked for: an error is then the
+    generation's (a 400 unstreamed, `response.failed` in an open stream)."""
+    temperature, top_p = sampling_values(state, plan.body.temperature, plan.body.top_p)
     return await admit(
         state,
         plan.rid,
@@ -414,8 +412,8 @@ async def _admit(state: SimState, plan: _Plan) -> Generation:
         plan.max_new_tokens,
         domain=plan.domain,
         key=plan.key,
-        temperature=plan.temperature,
-        top_p=plan.top_p,
+        temperature=temperature,
+        top_p=top_p,
     )
 
 

@@ -43,7 +43,6 @@ def keep_alive_s() -> int:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses"})
-_PHRASES = {404: "Not Found", 405: "Method Not Allowed"}
 
 
 @web.middleware
@@ -60,10 +59,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         response: web.StreamResponse = await handler(request)
         return response
     except web.HTTPException as e:
-        if responses and e.status in _PHRASES:
-            # `http_server.py`: an HTTPException under /v1/responses is nested, `type` the phrase
-            phrase = _PHRASES[e.status]
-            return responses_error(ApiError(phrase, status=e.status, err_type=phrase))
+        # The router's own 404 and 405 are starlette's HTTPException, which SGLang's handler (for
+        # fastapi's subclass, `http_server.py`) does not catch: FastAPI's default `{"detail"}`, under
+        # /v1/responses too.
         if e.status == 404:
             return web.Response(status=404, body=b'{"detail":"Not Found"}', content_type="application/json")
         if e.status == 405:
