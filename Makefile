@@ -116,4 +116,4 @@ scaleout: install
 	$(BIN)/python deploy/local/scaleout.py
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(FLOORS) $(ROUTER) build *.egg-info
+	rm -rf $(VENV) $(TOOLS) $(FLOORS) $(ROUTER) .venv-bench build *.egg-info
