@@ -11,10 +11,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeAlias
 
+from litestar.utils import normalize_path
+
 Scope: TypeAlias = MutableMapping[str, Any]
 Message: TypeAlias = MutableMapping[str, Any]
 Receive: TypeAlias = Callable[[], Awaitable[Message]]
 Send: TypeAlias = Callable[[Message], Awaitable[None]]
 ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["Scope", "Message", "Receive", "Send", "ASGIApp"]
+__all__ = ["Scope", "Message", "Receive", "Send", "ASGIApp", "routed_path"]
+
+
+def routed_path(scope: Scope) -> str:
+    """The path as litestar's router matches it: without the root_path, slashes normalised
+    (`//admin/backends` is `/admin/backends`). What decides a route must be decided on this path,
+    not on the raw one."""
+    path: str = scope["path"]
+    if root_path := scope.get("root_path", ""):
+        path = path.split(root_path, maxsplit=1)[-1]
+    return normalize_path(path)

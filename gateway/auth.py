@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send
+from gateway.asgi import ASGIApp, Receive, Scope, Send, routed_path
 from gateway.config import AuthSection
 from gateway.errors import ApiError
 
@@ -64,10 +64,14 @@ class AuthGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._current is not None and (section := self._current()) is not self._section:
             self._configure(section)  # keys changed by a reload
-        if scope["type"] != "http" or not self.enabled or scope["path"] in self.public:
+        if scope["type"] != "http" or not self.enabled:
+            return await self.app(scope, receive, send)
+        # the path the router will route, not the raw one: `//admin/...` is an admin route too
+        path = routed_path(scope)
+        if path in self.public:
             return await self.app(scope, receive, send)
         token = _bearer(scope["headers"])
-        if scope["path"].startswith("/admin"):
+        if path.startswith("/admin"):
             # The admin key when one is set; otherwise any API key may administer.
             allowed = [self.admin_key] if self.admin_key else self.keys
             if token is None or _match(token, allowed) < 0:

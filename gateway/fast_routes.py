@@ -23,9 +23,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
-from litestar.utils import normalize_path
-
-from gateway.asgi import ASGIApp, Receive, Scope, Send
+from gateway.asgi import ASGIApp, Receive, Scope, Send, routed_path
 from gateway.body_deadline import BodyDeadlines
 from gateway.downstream import Downstream
 from gateway.errors import ApiError
@@ -74,7 +72,7 @@ class FastRoutes:
         if scope["type"] == "http":
             kind = ROUTES.get(scope["path"])
             if kind is None and "completions" in scope["path"]:  # under a root_path, or another spelling
-                kind = ROUTES.get(_litestar_path(scope))
+                kind = ROUTES.get(routed_path(scope))
             if kind is not None:
                 if scope["method"] == "POST":
                     return await self._route(scope, kind, receive, send)
@@ -176,11 +174,3 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
         if key not in out:
             out[key] = value.decode("latin-1")
     return out
-
-
-def _litestar_path(scope: Scope) -> str:
-    """The path as litestar's router matches it: without the root_path, slashes normalised."""
-    path: str = scope["path"]
-    if root_path := scope.get("root_path", ""):
-        path = path.split(root_path, maxsplit=1)[-1]
-    return normalize_path(path)

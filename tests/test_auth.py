@@ -57,11 +57,15 @@ def test_routes_need_a_valid_key(secured, method, path, body):
     assert status == (404 if path == "/no/such/route" else 200)
 
 
-def test_admin_routes_need_the_admin_key(secured):
-    assert _call(secured, "GET", "/admin/backends", None, None)[0] == 401
-    assert _call(secured, "GET", "/admin/backends", None, "key-one")[0] == 403
-    status, data, _ = _call(secured, "GET", "/admin/backends", None, "admin-secret")
+@pytest.mark.parametrize("path", ["/admin/backends", "//admin/backends", "/admin//backends/"])
+def test_admin_routes_need_the_admin_key(secured, path):
+    """However the path is spelt: the router routes `//admin/backends` to the admin API too."""
+    assert _call(secured, "GET", path, None, None)[0] == 401
+    assert _call(secured, "GET", path, None, "key-one")[0] == 403
+    status, data, _ = _call(secured, "GET", path, None, "admin-secret")
     assert status == 200 and data["backends"][0]["name"] == "a"
+    assert _call(secured, "POST", f"/{path}/a/drain", None, "key-one")[0] == 403
+    assert not _call(secured, "GET", "/admin/backends", None, "admin-secret")[1]["backends"][0]["draining"]
 
 
 def test_probes_stay_public(secured):
