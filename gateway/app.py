@@ -67,6 +67,13 @@ def create_app(
                 new = load_config(config_path)
             except ConfigError as e:  # the old config stays
                 raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
+            if not new.backends:  # a half-written file, most likely: it would take every model offline
+                raise ApiError(
+                    400,
+                    f"config rejected, the running one is kept: {config_path} has no backends, which would take "
+                    "every model offline (to remove backends, take them out one by one: DELETE /admin/backends/{name})",
+                    code="invalid_config",
+                )
             return await rt.reload(new)
 
     def _model_card(model: str, adapter: str | None = None) -> dict[str, Any]:
@@ -196,7 +203,7 @@ def create_app(
                 spans_dropped=rt.tracing.dropped,
                 policies=_policies(rt),
                 backends=[_backend_state(b, rt) for b in rt.pools.by_name.values()],
-                retiring=[_backend_state(b, rt) for b in rt.retiring.values()],
+                retiring=[_backend_state(b, rt) for b in rt.retiring],
             )
         )
 
@@ -208,18 +215,26 @@ def create_app(
             raise ApiError(400, f"request body is not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "expected a JSON object with name, url, model, strategy")
-        if data.get("name") in rt.pools.by_name:
-            raise ApiError(409, f"backend {data['name']!r} exists already", code="backend_exists")
-        try:
-            backend = await rt.add_backend(data)
-        except ConfigError as e:
-            raise ApiError(400, str(e), code="invalid_backend") from None
+        name = data.get("name")
+        if not isinstance(name, str):
+            raise ApiError(400, f"'name' must be a string, got {name!r}", param="name", code="invalid_backend")
+        async with reload_lock:  # one change of the pool at a time: a reload replaces the whole config
+            if name in rt.pools.by_name:
+                raise ApiError(409, f"backend {name!r} exists already", code="backend_exists")
+            try:
+                backend = await rt.add_backend(data)
+            except ConfigError as e:
+                raise ApiError(400, str(e), code="invalid_backend") from None
         return _json(_backend_state(backend, rt), 201)
 
     @delete("/admin/backends/{name:str}", status_code=200)
     async def remove_backend(name: FromPath[str]) -> Response[bytes]:
-        backend = _backend(name)
-        await rt.remove_backend(name)
+        async with reload_lock:
+            backend = _backend(name)
+            try:
+                await rt.remove_backend(name)
+            except ConfigError as e:  # the config without it does not hold, e.g. a model pinned to it
+                raise ApiError(409, f"backend {name!r} cannot be removed: {e}", code="backend_in_use") from None
         return _json({"removed": name, "inflight_finishing": backend.inflight})
 
     @post("/admin/backends/{name:str}/drain", status_code=200)

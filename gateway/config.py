@@ -331,8 +331,9 @@ def _check(config: Config, source: str) -> None:
         if b.name in seen:
             raise ConfigError(f"{where}.name: duplicate backend name {b.name!r}")
         seen.add(b.name)
-        if "@" in b.name or not b.name.strip():
-            raise ConfigError(f"{where}.name: expected a non-empty name without '@', got {b.name!r}")
+        if "@" in b.name or "/" in b.name or not b.name.strip():
+            # '@' separates a model from the backend it names; '/' would break the admin API's paths
+            raise ConfigError(f"{where}.name: expected a non-empty name without '@' or '/', got {b.name!r}")
         problem = url_problem(b.url)
         if problem:
             raise ConfigError(f"{where}.url: {problem}")

@@ -64,7 +64,11 @@ class Runtime:
             on_cache_lost=self._cache_lost,
             queue_order=lambda: self.admission.priority_order,
         )
-        self.retiring: dict[str, Backend] = {}
+        # Out of the pool, finishing their requests: a list, since a name can leave twice before
+        # the first one is done (a URL changed, then changed back).
+        self.retiring: list[Backend] = []
+        # [models] sections of models whose last backend the admin API removed: back with one of theirs
+        self._parked_sections: dict[str, Any] = {}
         self._retire_tasks: set[asyncio.Task[None]] = set()
         self._seeding: asyncio.Task[None] | None = None
         self._shutdown_timer: asyncio.TimerHandle | None = None
@@ -101,7 +105,7 @@ class Runtime:
         backend.draining = True
         await self.poller.remove(name)
         self._cache_lost(name)  # no request goes there any more: what it holds is not an asset
-        self.retiring[name] = backend
+        self.retiring.append(backend)
         task = asyncio.create_task(self._close_when_idle(backend))
         self._retire_tasks.add(task)
         task.add_done_callback(self._retire_tasks.discard)
@@ -112,7 +116,7 @@ class Runtime:
         while backend.inflight > 0:  # noqa: ASYNC110
             await asyncio.sleep(poll_s)
         await backend.client.close()
-        self.retiring.pop(backend.name, None)
+        self.retiring.remove(backend)
         log.warning("backend %s removed", backend.name)
 
     def _build_policies(self) -> None:
@@ -135,8 +139,15 @@ class Runtime:
     async def add_backend(self, data: dict[str, Any]) -> Backend:
         """Admin API: add one backend (same fields as a `[[backends]]` entry)."""
         entries = [msgspec_entry(b) for b in self.config.backends] + [data]
-        new = config_from_dict({**self._config_dict(), "backends": entries}, "backend")
+        current = self._config_dict()
+        sections = dict(current.get("models", {}))
+        model = data.get("model")
+        if isinstance(model, str) and model in self._parked_sections and model not in sections:
+            sections[model] = self._parked_sections[model]
+        new = config_from_dict({**current, "backends": entries, "models": sections}, "backend")
         self.config = new
+        if isinstance(model, str):
+            self._parked_sections.pop(model, None)
         backend = self._add(new.backends[-1], checked_first=True)
         self._build_policies()
         # Answer with the backend in or out of the pool, not as a guess: requests sent to it before
@@ -151,14 +162,19 @@ class Runtime:
             raise KeyError(name)
         entries = [msgspec_entry(b) for b in self.config.backends if b.name != name]
         models = {e["model"] for e in entries}
-        sections = {m: s for m, s in self._config_dict().get("models", {}).items() if m in models}
-        self.config = config_from_dict({**self._config_dict(), "backends": entries, "models": sections}, "backend")
+        current = self._config_dict()
+        sections = {m: s for m, s in current.get("models", {}).items() if m in models}
+        self.config = config_from_dict({**current, "backends": entries, "models": sections}, "backend")
+        # a model left without backends keeps its section for when one comes back (a config must
+        # not name a model nobody serves)
+        self._parked_sections.update({m: s for m, s in current.get("models", {}).items() if m not in models})
         await self._retire(name)
         self._build_policies()
 
     # ------------------------------------------------------------------ reload
 
     async def reload(self, new: Config) -> dict[str, list[str]]:
+        self._parked_sections.clear()  # the file is the whole truth again
         old = {b.name: b for b in self.config.backends}
         fresh = {b.name: b for b in new.backends}
         removed = [n for n in old if n not in fresh or old[n] != fresh[n]]
@@ -227,7 +243,7 @@ class Runtime:
         for task in list(self._retire_tasks):
             task.cancel()
         await self.pools.close()
-        for b in self.retiring.values():
+        for b in self.retiring:
             await b.client.close()
         self.tracing.shutdown()
         self.proxy.access_log.close()

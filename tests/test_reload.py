@@ -348,3 +348,34 @@ def test_reload_refuses_a_nan_health_interval_and_the_poller_keeps_running(tmp_p
         start = checks()
         assert wait_until(lambda: checks() >= start + 3)
         assert [x["name"] for x in get_json(f"{url}/admin/backends")["backends"]] == ["a"]
+
+
+def test_admin_changes_that_would_break_the_pool_are_refused_with_reasons(tmp_path, twin_factory):
+    """A reload of a file with no backends (a half-written save), removing the backend a model is
+    pinned to, a name that is not a string or has a '/': each refused by name, the pool untouched.
+    A model whose only backend is removed and added back keeps its [models] section."""
+    a, q = twin_factory("k26-ar"), twin_factory("k26-ar")
+    port = free_port()
+    path = tmp_path / "g.toml"
+    backends = [_entry("a", a), _entry("a2", a), {"name": "q", "url": q, "model": "qwen", "strategy": "ar"}]
+    sections = '[models."kimi-k2.6"]\npolicy = "pinned"\npinned_backend = "a"\n[models.qwen]\npolicy = "threshold"\n'
+    path.write_text(gateway_config(port, backends, sections))
+    url = f"http://127.0.0.1:{port}"
+    with running(specroute("serve", "--config", str(path)), ready_url=f"{url}/health"):
+        text = path.read_text()
+        path.write_text(text.split("[[backends]]")[0])
+        status, body = _post(f"{url}/admin/reload")
+        assert status == 400 and "has no backends" in body["error"]["message"]
+        path.write_text(text)
+        status, body = _post(f"{url}/admin/backends/a", None, "DELETE")
+        assert (
+            status == 409 and body["error"]["code"] == "backend_in_use" and "pinned_backend" in body["error"]["message"]
+        )
+        status, body = _post(f"{url}/admin/backends", {"name": ["x"], "url": a, "model": "kimi-k2.6"})
+        assert status == 400 and body["error"]["param"] == "name"
+        status, body = _post(f"{url}/admin/backends", {"name": "a/b", "url": a, "model": "kimi-k2.6"})
+        assert status == 400 and "without '@' or '/'" in body["error"]["message"]
+        assert [b["name"] for b in get_json(f"{url}/admin/backends")["backends"]] == ["a", "a2", "q"]
+        assert _post(f"{url}/admin/backends/q", None, "DELETE")[0] == 200
+        assert _post(f"{url}/admin/backends", {"name": "q", "url": q, "model": "qwen", "strategy": "ar"})[0] == 201
+        assert get_json(f"{url}/admin/backends")["policies"]["qwen"]["name"] == "threshold"
