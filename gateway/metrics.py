@@ -142,6 +142,19 @@ class GatewayMetrics:
 
         self._children: dict[tuple[Any, ...], Any] = {}
         self._pools: Pools | None = None
+        # The metrics labelled by backend, with their label names in order (`forget_backend`).
+        self._by_backend: list[tuple[Any, tuple[str, ...]]] = [
+            (self.requests, ("model", "backend", "status")),
+            (self.ttft, ("backend",)),
+            (self.duration, ("backend",)),
+            (self.tpot, ("backend",)),
+            (self.decode, ("backend", "domain")),
+            (self.accept, ("backend", "domain")),
+            (self.speedup, ("backend", "domain")),
+            (self.upstream_errors, ("backend", "kind")),
+            (self.decisions, ("model", "policy", "backend")),
+            (self.telemetry_skipped, ("backend",)),
+        ]
 
     def watch(self, pools: Pools, admission: Admission) -> None:
         self._pools = pools
@@ -187,6 +200,21 @@ class GatewayMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def forget_backend(self, name: str) -> None:
+        """A backend that left the pool takes its series with it: names come and go (admin API,
+        reloads, a URL changed), and kept, they would grow /metrics with every backend ever added.
+        Prometheus keeps what it scraped."""
+        for metric, labelnames in self._by_backend:
+            gone = {
+                tuple(sample.labels[n] for n in labelnames)
+                for family in metric.collect()
+                for sample in family.samples
+                if sample.labels.get("backend") == name
+            }
+            for values in gone:
+                metric.remove(*values)
+        self._children = {key: child for key, child in self._children.items() if name not in key[1]}
 
     def decision(self, model: str, policy: str, backend: str) -> None:
         self._child(self.decisions, model, policy, backend).inc()

@@ -117,6 +117,8 @@ class Runtime:
             await asyncio.sleep(poll_s)
         await backend.client.close()
         self.retiring.remove(backend)
+        if backend.name not in self.pools.by_name and all(b.name != backend.name for b in self.retiring):
+            self.proxy.metrics.forget_backend(backend.name)  # not back under the same name meanwhile
         log.warning("backend %s removed", backend.name)
 
     def _build_policies(self) -> None:

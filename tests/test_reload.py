@@ -56,6 +56,11 @@ async def _stream(url: str, model: str, max_tokens: int) -> dict:
     }
 
 
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
 def _entry(name: str, url: str, strategy: str = "ar") -> dict:
     return {"name": name, "url": url, "model": "kimi-k2.6", "strategy": strategy}
 
@@ -197,6 +202,11 @@ def test_admin_add_drain_remove(tmp_path, twin_factory):
 
         assert asyncio.run(scenario()) == {"done": True, "error": False, "tokens": 600}
         assert [x["name"] for x in get_json(f"{url}/admin/backends")["backends"]] == ["a"]
+        # its series leave /metrics with it (names come and go: kept, they would grow without bound)
+        assert wait_until(
+            lambda: 'backend="b"' not in _metrics(url) and not get_json(f"{url}/admin/backends")["retiring"]
+        )
+        assert 'specroute_requests_total{backend="none",model="m3",status="503"} 1.0' in _metrics(url)  # the rest stays
         status, body = _post(f"{url}/v1/chat/completions", {"model": "kimi-k2.6@b", "messages": MSG})
         assert status == 404
         assert _post(f"{url}/admin/backends/zzz", None, "DELETE")[0] == 404
