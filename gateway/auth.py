@@ -63,7 +63,12 @@ class AuthGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._current is not None and (section := self._current()) is not self._section:
-            self._configure(section)  # keys changed by a reload
+            # a reload (or an admin change) made a new config: keys and limits are reset only if
+            # they changed, so that a rate-limited key does not get a fresh bucket with each one
+            if section != self._section:
+                self._configure(section)
+            else:
+                self._section = section
         if scope["type"] != "http" or not self.enabled:
             return await self.app(scope, receive, send)
         # the path the router will route, not the raw one: `//admin/...` is an admin route too

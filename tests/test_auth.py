@@ -81,6 +81,10 @@ def test_per_key_rate_limit(tmp_path, twin_factory):
         codes = [_call(url, "GET", "/v1/models", None, "k1")[0] for _ in range(3)]
         status, data, headers = _call(url, "GET", "/v1/models", None, "k1")
         other = _call(url, "GET", "/v1/models", None, "k2")[0]
-    assert codes == [200, 200, 429] and status == 429
+        # a change of the pool makes a new config with the same [auth]: k1's bucket is not refilled
+        added = {"name": "b", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}
+        assert _call(url, "POST", "/admin/backends", added, "k2")[0] == 201
+        after_change = _call(url, "GET", "/v1/models", None, "k1")[0]
+    assert codes == [200, 200, 429] and status == 429 and after_change == 429
     assert data["error"]["type"] == "rate_limit_error" and int(headers["retry-after"]) >= 1
     assert other == 200  # buckets are per key
