@@ -329,9 +329,8 @@ def serving_asgi(app: Litestar) -> ASGIApp:
         inner,
         lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace, client),
         lambda kind, headers, error, t_received: rt.proxy.refused(kind, error, t_received, headers=headers),
-        config.gateway.max_body_bytes,
+        lambda: rt.config,
         rt.tracing,
-        config.timeouts.client_body_s,
     )
     gate = AuthGate(fast, config.auth, lambda: rt.config.auth)
     origins = config.gateway.cors_allow_origins

@@ -30,6 +30,7 @@ from gateway.errors import ApiError
 from gateway.openai_request import Kind
 
 if TYPE_CHECKING:
+    from gateway.config import Config
     from gateway.tracing import Trace, Tracing
 
 log = logging.getLogger("specroute.app")
@@ -52,21 +53,28 @@ class FastRoutes:
     """ASGI: the generation routes handled directly, the rest passed to `app` (litestar)."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        serve: Serve,
-        refused: Refused,
-        max_body_bytes: int,
-        tracing: Tracing | None = None,
-        body_timeout_s: float = 60.0,
+        self, app: ASGIApp, serve: Serve, refused: Refused, config: Callable[[], Config], tracing: Tracing | None = None
     ) -> None:
+        """`config`: the running config, read per request (a reload replaces it): its body limit
+        (`gateway.max_body_bytes`) and deadline (`timeouts.client_body_s`)."""
         self.app = app
         self.serve = serve
         self.refused = refused
-        self.max_body = max_body_bytes
-        self._body_deadlines = BodyDeadlines(body_timeout_s)
-        self._too_large = f"request body too large: over {max_body_bytes} bytes (gateway.max_body_bytes)"
+        self._config = config
+        self._limits_of: Config | None = None
+        self.max_body = 0
+        self._body_deadlines = BodyDeadlines(60.0)
+        self._too_large = ""
         self.tracing = tracing if tracing is not None and tracing.enabled else None
+
+    def _limits(self) -> None:
+        """The body limits of the running config: looked up again only when it was replaced."""
+        config = self._config()
+        if config is not self._limits_of:
+            self._limits_of = config
+            self.max_body = config.gateway.max_body_bytes
+            self._body_deadlines.timeout_s = config.timeouts.client_body_s
+            self._too_large = f"request body too large: over {self.max_body} bytes (gateway.max_body_bytes)"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -124,6 +132,7 @@ class FastRoutes:
         return client.status
 
     async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
+        self._limits()
         host = headers.get("host")
         if host is not None and _HOST.match(host.encode("latin-1")) is None:
             raise ApiError(400, "Invalid host header")

@@ -389,3 +389,13 @@ def test_admin_changes_that_would_break_the_pool_are_refused_with_reasons(tmp_pa
         assert _post(f"{url}/admin/backends/q", None, "DELETE")[0] == 200
         assert _post(f"{url}/admin/backends", {"name": "q", "url": q, "model": "qwen", "strategy": "ar"})[0] == 201
         assert get_json(f"{url}/admin/backends")["policies"]["qwen"]["name"] == "threshold"
+
+
+def test_reload_applies_the_request_body_limit(tmp_path, twin_factory):
+    with _gateway_over(tmp_path, twin_factory("k26-ar")) as (url, path, _port, _):
+        body = {"model": "kimi-k2.6", "messages": [{"role": "user", "content": "x" * 4096}], "max_tokens": 2}
+        assert _post(f"{url}/v1/chat/completions", body)[0] == 200
+        path.write_text(path.read_text().replace("[gateway]\n", "[gateway]\nmax_body_bytes = 2048\n", 1))
+        assert _post(f"{url}/admin/reload")[0] == 200
+        status, error = _post(f"{url}/v1/chat/completions", body)
+    assert status == 413 and "over 2048 bytes" in error["error"]["message"]
