@@ -29,4 +29,6 @@ def routed_path(scope: Scope) -> str:
     path: str = scope["path"]
     if root_path := scope.get("root_path", ""):
         path = path.split(root_path, maxsplit=1)[-1]
+    elif path[:1] == "/" and "//" not in path and (len(path) == 1 or path[-1] != "/"):
+        return path  # already normal: the usual request, without normalize_path's regex (5k instructions)
     return normalize_path(path)
