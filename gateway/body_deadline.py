@@ -21,19 +21,19 @@ SWEEP_S = 0.25
 
 
 class BodyDeadlines:
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self) -> None:
         self._reading: dict[asyncio.Task[object], tuple[float, int]] = {}  # deadline, cancellations before
         self._expired: dict[asyncio.Task[object], int] = {}
         self._sweep: asyncio.TimerHandle | None = None
 
-    def begin(self) -> asyncio.Task[object]:
-        """The current task starts reading a body; returns the task, for `end` and `expired`."""
+    def begin(self, timeout_s: float) -> asyncio.Task[object]:
+        """The current task starts reading a body, which must be in within `timeout_s`; returns the
+        task, for `end` and `expired`."""
         task = asyncio.current_task()
         assert task is not None, "a body is read inside a task"
-        self._reading[task] = (time.monotonic() + self.timeout_s, task.cancelling())
+        self._reading[task] = (time.monotonic() + timeout_s, task.cancelling())
         if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(min(SWEEP_S, self.timeout_s), self._run)
+            self._sweep = asyncio.get_running_loop().call_later(min(SWEEP_S, timeout_s), self._run)
         return task
 
     def end(self, task: asyncio.Task[object]) -> None:

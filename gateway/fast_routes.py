@@ -61,20 +61,8 @@ class FastRoutes:
         self.serve = serve
         self.refused = refused
         self._config = config
-        self._limits_of: Config | None = None
-        self.max_body = 0
-        self._body_deadlines = BodyDeadlines(60.0)
-        self._too_large = ""
+        self._body_deadlines = BodyDeadlines()
         self.tracing = tracing if tracing is not None and tracing.enabled else None
-
-    def _limits(self) -> None:
-        """The body limits of the running config: looked up again only when it was replaced."""
-        config = self._config()
-        if config is not self._limits_of:
-            self._limits_of = config
-            self.max_body = config.gateway.max_body_bytes
-            self._body_deadlines.timeout_s = config.timeouts.client_body_s
-            self._too_large = f"request body too large: over {self.max_body} bytes (gateway.max_body_bytes)"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -132,7 +120,8 @@ class FastRoutes:
         return client.status
 
     async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
-        self._limits()
+        config = self._config()
+        max_body, timeout_s = config.gateway.max_body_bytes, config.timeouts.client_body_s
         host = headers.get("host")
         if host is not None and _HOST.match(host.encode("latin-1")) is None:
             raise ApiError(400, "Invalid host header")
@@ -142,12 +131,12 @@ class FastRoutes:
                 length = int(announced)
             except ValueError:
                 raise ApiError(400, f"Invalid content-length: {announced!r}") from None
-            if length > self.max_body:
-                raise ApiError(413, self._too_large)
+            if length > max_body:
+                raise _too_large(max_body)
         chunks: list[bytes] = []
         total = 0
         deadlines = self._body_deadlines
-        task = deadlines.begin()
+        task = deadlines.begin(timeout_s)
         try:
             while True:
                 event = await receive()
@@ -155,8 +144,8 @@ class FastRoutes:
                     part = event.get("body", b"")
                     if part:
                         total += len(part)
-                        if total > self.max_body:
-                            raise ApiError(413, self._too_large)
+                        if total > max_body:
+                            raise _too_large(max_body)
                         chunks.append(part)
                     if not event.get("more_body", False):
                         break
@@ -167,12 +156,16 @@ class FastRoutes:
                 raise
             raise ApiError(
                 408,
-                f"request body not received within {deadlines.timeout_s:g}s (timeouts.client_body_s)",
+                f"request body not received within {timeout_s:g}s (timeouts.client_body_s)",
                 headers={"Connection": "close"},
             ) from None
         finally:
             deadlines.end(task)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(max_body: int) -> ApiError:
+    return ApiError(413, f"request body too large: over {max_body} bytes (gateway.max_body_bytes)")
 
 
 def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -10,7 +10,7 @@ from gateway.body_deadline import BodyDeadlines
 
 def _read(deadlines: BodyDeadlines, body: asyncio.Future[bytes]) -> asyncio.Task[str]:
     async def read() -> str:
-        task = deadlines.begin()
+        task = deadlines.begin(0.05)
         try:
             await body
             return "read"
@@ -27,7 +27,7 @@ def _read(deadlines: BodyDeadlines, body: asyncio.Future[bytes]) -> asyncio.Task
 def test_a_read_past_its_deadline_is_cut_and_one_within_it_is_not():
     async def scenario() -> tuple[str, str, int]:
         loop = asyncio.get_running_loop()
-        deadlines = BodyDeadlines(0.05)
+        deadlines = BodyDeadlines()
         slow = _read(deadlines, loop.create_future())  # its body never comes
         quick_body = loop.create_future()
         quick = _read(deadlines, quick_body)
@@ -42,7 +42,7 @@ def test_another_cancellation_at_the_same_time_goes_on():
     swallow that cancellation."""
 
     async def scenario() -> bool:
-        deadlines = BodyDeadlines(0.05)
+        deadlines = BodyDeadlines()
         reader = _read(deadlines, asyncio.get_running_loop().create_future())
         await asyncio.sleep(0)
         deadlines.sweep(now=time.monotonic() + 1)  # its deadline passes ...
