@@ -17,12 +17,20 @@ from common.keep_alive import CLIENT_KEEP_ALIVE_S
 class SGLangClient:
     """Talks to one upstream. The session is created lazily inside the running event loop."""
 
-    def __init__(self, spec: BackendSpec, *, connections: int = 512, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        spec: BackendSpec,
+        *,
+        connections: int = 512,
+        connect_timeout_s: float = 5.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """`headers`: sent with every request (a gateway's `Via`); a request's own override them."""
         self.spec = spec
         self._connections = connections
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
-        self._auth = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        self._headers = {**(headers or {}), **({"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {})}
         self._urls: dict[str, URL] = {}
 
     @property
@@ -48,7 +56,7 @@ class SGLangClient:
         timeouts: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
         """Send a JSON body; the caller owns the response and must release (or close) it."""
-        merged = {"Content-Type": "application/json", **self._auth, **(headers or {})}
+        merged = {"Content-Type": "application/json", **self._headers, **(headers or {})}
         url = self.url(path)
         if timeouts is None:
             return await self.session.post(url, data=body, headers=merged)
@@ -65,15 +73,18 @@ class SGLangClient:
     async def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         """A small GET for probes and polling: (status, body); network errors propagate."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self.session.get(self.url(path), headers=self._auth, timeout=timeout) as r:
+        async with self.session.get(self.url(path), headers=self._headers, timeout=timeout) as r:
             return r.status, await r.read()
 
-    async def call(self, method: str, path: str, timeout_s: float = 30.0) -> tuple[int, bytes]:
+    async def call(
+        self, method: str, path: str, timeout_s: float = 30.0, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
         """A small bodiless request to a path that names something (a stored Response): (status,
         body); network errors propagate. Its URL is not kept: such paths are unbounded in number."""
         url = URL(self.spec.url.rstrip("/") + path, encoded=False)
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self.session.request(method, url, headers=self._auth, timeout=timeout) as r:
+        merged = {**self._headers, **headers} if headers else self._headers
+        async with self.session.request(method, url, headers=merged, timeout=timeout) as r:
             return r.status, await r.read()
 
     async def close(self) -> None:

@@ -30,6 +30,8 @@ class BackendState(msgspec.Struct, kw_only=True):
     health_checks: int | None = None  # readiness checks done so far; None with no poller
     engine_ok: bool | None = None  # the last SGLang engine check (/health_generate) passed, or none has run
     adapters: list[str] = []  # LoRA adapters loaded there (its /v1/models)
+    # its last readiness check came back to this gateway (508): its URL leads here
+    loop_detected: bool | None = None
 
     @property
     def checked(self) -> bool:

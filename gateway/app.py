@@ -32,6 +32,7 @@ from gateway.proxy import BACKEND_HEADER, TRACE_ID_HEADER
 from gateway.response_holders import check_response_id, find_holder
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
+from gateway.via import LoopGuard, forwarded_via
 
 log = logging.getLogger("specroute.app")
 _encoder = msgspec.json.Encoder()
@@ -151,16 +152,17 @@ def create_app(
             }
         )
 
-    async def _at_holder(response_id: str, action: str = "") -> Response[bytes]:
+    async def _at_holder(request: Request[Any, Any, Any], response_id: str, action: str = "") -> Response[bytes]:
         """A stored Response is known only to the backend that made it (gateway.response_owners);
         one this gateway has no record of is looked for on every backend (gateway.response_holders)."""
         check_response_id(response_id)
+        via = {"Via": forwarded_via(request.headers.get("via"))}
         path = f"/v1/responses/{response_id}{action}"
         owners = rt.proxy.response_owners
         holder = owners.owner(response_id)
         backend = rt.pools.by_name.get(holder) if holder is not None else None
         if backend is None:
-            found = await find_holder(response_id, rt.pools.by_name.values(), owners)
+            found = await find_holder(response_id, rt.pools.by_name.values(), owners, via=via["Via"])
             if found is None:
                 raise ApiError(
                     404,
@@ -174,7 +176,7 @@ def create_app(
                     body, status_code=200, media_type="application/json", headers={BACKEND_HEADER: backend.name}
                 )
         try:
-            status, body = await backend.client.call("POST" if action else "GET", path)
+            status, body = await backend.client.call("POST" if action else "GET", path, headers=via)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             # as for a follow-up whose holder is down: only that backend can answer, later
             what = f"backend {backend.name}, which holds the response, is unreachable: {type(e).__name__}"
@@ -182,14 +184,14 @@ def create_app(
         return Response(body, status_code=status, media_type="application/json", headers={BACKEND_HEADER: backend.name})
 
     @get("/v1/responses/{response_id:str}")
-    async def retrieve_response(response_id: FromPath[str]) -> Response[bytes]:
+    async def retrieve_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         """`client.responses.retrieve`: asked of the backend that stored it."""
-        return await _at_holder(response_id)
+        return await _at_holder(request, response_id)
 
     @post("/v1/responses/{response_id:str}/cancel", status_code=200)
-    async def cancel_response(response_id: FromPath[str]) -> Response[bytes]:
+    async def cancel_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         """`client.responses.cancel` of a background Response, at the backend running it."""
-        return await _at_holder(response_id, "/cancel")
+        return await _at_holder(request, response_id, "/cancel")
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
@@ -323,6 +325,7 @@ def serving_asgi(app: Litestar) -> ASGIApp:
     # SERVER spans (tracing on): FastRoutes makes those of the generation routes, the middleware
     # those of litestar's routes but probes and scrapes.
     inner = rt.tracing.server_span_middleware(litestar_app) if rt.tracing.enabled else litestar_app
+    inner = LoopGuard(inner)
     # The generation routes (POST /v1/chat/completions, /v1/completions, under any root_path) are
     # answered by FastRoutes alone; rt.proxy is looked up per request (a reload may replace it).
     fast = FastRoutes(
@@ -376,6 +379,7 @@ def _backend_state(b: Backend, rt: Runtime) -> BackendState:
         load_source=poller.load_source if poller else None,
         health_checks=poller.checks if poller else None,
         engine_ok=poller.engine_ok if poller else None,
+        loop_detected=poller.looped if poller else None,
         adapters=sorted(b.adapters),
     )
 

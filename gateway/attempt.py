@@ -26,6 +26,7 @@ import aiohttp
 
 from gateway.errors import ApiError, translate_upstream_error
 from gateway.records import Result
+from gateway.via import LOOP_STATUS, forwarded_via
 from policies.prefill import causal_pairs
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class Attempt:
 
     async def __aenter__(self) -> Attempt:
         backend, req = self.backend, self.req
-        headers = {REQUEST_ID_HEADER: req.request_id}
+        headers = {REQUEST_ID_HEADER: req.request_id, "Via": forwarded_via(req.headers.get("via"))}
         for h in ("traceparent", "tracestate"):  # passed on as they came, unless tracing replaces them
             if h in req.headers:
                 headers[h] = req.headers[h]
@@ -162,6 +163,8 @@ class Attempt:
             self.reusable = True
         except NET_ERRORS:
             raw = b""
+        if resp.status == LOOP_STATUS:  # a gateway that had forwarded it before: never an answer there
+            raise self.failure("loop", 502, "forwards back to this gateway (508 Loop Detected): check its URL")
         error = translate_upstream_error(resp.status, raw, backend.name)
         if resp.status in RETRYABLE:
             raise UpstreamFailure(f"http_{resp.status}", error, health=resp.status not in BUSY)

@@ -6,13 +6,14 @@ per request. `POST /v1/chat/completions`, `/v1/completions` and `/v1/responses` 
 are answered here, under any root_path and path spelling litestar would route to them (its own
 path normalisation); every other route and method goes to litestar unchanged.
 
-What litestar did for these routes is kept, byte for byte on the wire: the host header check
-(400), the body size limit (413 on the announced content-length, or on the bytes received), error
-bodies in OpenAI's shape with their headers, `content-type` after the route's own headers (with
-`; charset=utf-8` for the event stream), an unexpected exception logged and answered 500. The
-request itself runs in `Proxy.serve`, which watches for the client leaving (gateway.downstream).
-With tracing on, these routes make their SERVER span here; `Tracing.server_span_middleware` wraps
-the litestar app for the other routes.
+A request this gateway forwarded before is refused with 508 (gateway.via). What litestar did for
+these routes is kept, byte for byte on the wire: the host header check (400), the body size limit
+(413 on the announced content-length, or on the bytes received), error bodies in OpenAI's shape
+with their headers, `content-type` after the route's own headers (with `; charset=utf-8` for the
+event stream), an unexpected exception logged and answered 500. The request itself runs in
+`Proxy.serve`, which watches for the client leaving (gateway.downstream). With tracing on, these
+routes make their SERVER span here; `Tracing.server_span_middleware` wraps the litestar app for
+the other routes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateway.body_deadline import BodyDeadlines
 from gateway.downstream import Downstream
 from gateway.errors import ApiError
 from gateway.openai_request import Kind
+from gateway.via import forwarding_loop, has_looped
 
 if TYPE_CHECKING:
     from gateway.config import Config
@@ -125,6 +127,8 @@ class FastRoutes:
         host = headers.get("host")
         if host is not None and _HOST.match(host.encode("latin-1")) is None:
             raise ApiError(400, "Invalid host header")
+        if "via" in headers and has_looped(headers["via"]):
+            raise forwarding_loop()
         announced = headers.get("content-length")
         if announced is not None:
             try:

@@ -50,6 +50,7 @@ from backends.loads import (
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.config import HealthSection
 from gateway.pool import Backend
+from gateway.via import LOOP_STATUS
 
 log = logging.getLogger("specroute.poller")
 _decoder = msgspec.json.Decoder()
@@ -90,6 +91,7 @@ class BackendPoller:
         self._fails = 0
         self._successes = 0
         self.checks = 0  # readiness checks done; /ready waits for the first
+        self.looped = False  # the last readiness check came back to this gateway (gateway.via)
         self.first_checked = asyncio.Event()
         self._info_stale = False  # /server_info to be read again (the backend may have restarted)
         self.window = AcceptanceWindow()
@@ -205,11 +207,23 @@ class BackendPoller:
                 status, _ = await self.backend.client.get(self._ready_path, timeout_s=_HEALTH_FALLBACK_S)
             ok = status == 200
         except _NET_ERRORS:
-            ok = False
+            ok, status = False, None
         backend = self.backend
         self.checks += 1
         was_up = backend.up
-        if ok:
+        looped, self.looped = self.looped, status == LOOP_STATUS
+        if self.looped:
+            # its URL leads back to this gateway: out at once, not after unhealthy_after checks
+            if not looped:
+                log.error(
+                    "backend %s (%s) forwards back to this gateway (508 Loop Detected): its URL points at "
+                    "this gateway, or at a gateway that forwards here; it gets no requests",
+                    backend.name,
+                    backend.spec.url,
+                )
+            self._successes, self._fails = 0, self._fails + 1
+            backend.ready = False
+        elif ok:
             self._fails, self._successes = 0, self._successes + 1
             backend.circuit.record_ready()
             if not backend.ready and self._successes >= self.healthy_after and self.engine_ok:

@@ -67,6 +67,7 @@ from gateway.responses_relay import ResponsesRelay, read_response
 from gateway.stream_deadline import StreamDeadline
 from gateway.suspects import Suspects
 from gateway.tracing import Trace, Tracing
+from gateway.via import forwarded_via
 from policies import POLICY_NAMES, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
 from policies.prefix import message_blocks, namespace, text_blocks, token_blocks
 from policies.simple import Pinned
@@ -221,7 +222,7 @@ class Proxy:
             parsed = parse(raw, kind)
             model = parsed.model[:256]  # for the record only: a client may send any string
             if kind == "responses":
-                await self._find_previous(parsed)
+                await self._find_previous(parsed, headers.get("via"))
             req = self._request(parsed, kind, headers, request_id, trace, t_received)
             req.fingerprint = hash(raw)
         except ApiError as error:
@@ -767,12 +768,13 @@ class Proxy:
                 )
         return model, pin, adapter
 
-    async def _find_previous(self, parsed: ParsedRequest) -> None:
+    async def _find_previous(self, parsed: ParsedRequest, via: str | None) -> None:
         """A `previous_response_id` this gateway has no record of (relayed by another replica, or
-        before a restart) is looked for on the backends (gateway.response_holders)."""
+        before a restart) is looked for on the backends (gateway.response_holders). `via`: the
+        request's Via header, which the lookups carry on (gateway.via)."""
         previous = parsed.body.get("previous_response_id")
         if isinstance(previous, str) and self.response_owners.owner(previous) is None:
-            await find_holder(previous, self.pools.by_name.values(), self.response_owners)
+            await find_holder(previous, self.pools.by_name.values(), self.response_owners, via=forwarded_via(via))
 
     def _holder_of_previous(self, parsed: ParsedRequest, model: str) -> str | None:
         """The backend holding `previous_response_id`'s stored Response: the follow-up can be

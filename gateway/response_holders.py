@@ -39,17 +39,25 @@ def check_response_id(response_id: str) -> None:
 
 
 async def find_holder(
-    response_id: str, backends: Iterable[Backend], owners: ResponseOwners, timeout_s: float = LOOKUP_TIMEOUT_S
+    response_id: str,
+    backends: Iterable[Backend],
+    owners: ResponseOwners,
+    timeout_s: float = LOOKUP_TIMEOUT_S,
+    *,
+    via: str,
 ) -> tuple[Backend, bytes] | None:
     """The backend holding `response_id` and its answer to the GET, asked of every ready backend
-    at once; None when none has it. The holder is recorded in `owners`."""
+    at once; None when none has it. The holder is recorded in `owners`. `via`: the lookups' Via
+    header (gateway.via), so that gateways that are each other's backends do not ask each other
+    round and round."""
     asked = [b for b in backends if b.ready]
     if not asked or not response_id.startswith(ID_PREFIX):
         return None
     path = f"/v1/responses/{response_id}"  # the client's encodes it (`SGLangClient.call`)
+    headers = {"Via": via}
 
     async def ask(backend: Backend) -> tuple[Backend, int, bytes]:
-        status, body = await backend.client.call("GET", path, timeout_s)
+        status, body = await backend.client.call("GET", path, timeout_s, headers)
         return backend, status, body
 
     tasks = [asyncio.ensure_future(ask(b)) for b in asked]

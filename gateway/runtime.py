@@ -25,6 +25,7 @@ from gateway.pool import Backend, Pools
 from gateway.proxy import Proxy
 from gateway.seeding import start_seeding
 from gateway.tracing import Tracing
+from gateway.via import VIA_ENTRY
 from policies import Policy, make_policy
 
 log = logging.getLogger("specroute.runtime")
@@ -86,7 +87,10 @@ class Runtime:
         backend = Backend(
             spec,
             SGLangClient(
-                spec, connections=config.gateway.upstream_connections, connect_timeout_s=config.timeouts.connect_s
+                spec,
+                connections=config.gateway.upstream_connections,
+                connect_timeout_s=config.timeouts.connect_s,
+                headers={"Via": VIA_ENTRY},
             ),
             CircuitBreaker(config.health.circuit_failures, config.health.circuit_cooldown_s),
             cap=config.admission.backend_max_inflight,

@@ -1,0 +1,63 @@
+"""The gateway's `Via` header, and the forwarding loops it stops.
+
+RFC 9110 §7.6.3 asks a gateway to add a `Via` entry to each request it forwards. Each process
+names itself with a pseudonym drawn at start (`VIA_ENTRY`), so a request that comes back to the
+process that forwarded it can be told apart from any other. That happens when a backend's URL
+points at this gateway (its own port, where SGLang's was meant), or at another gateway that
+forwards to this one. Forwarded again, such a request would take a slot and a connection at
+every hop until the admission limits refused it. It is answered `508 Loop Detected` instead
+(RFC 5842 §7.2), which the hop that sent it takes as that backend's failure: its readiness
+checks fail at once, and a request already sent there is tried on another backend.
+
+An incoming `Via` is kept and this gateway's entry appended, so a loop through several gateways
+is caught too. The polls and lookups this gateway starts itself carry its entry alone.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from gateway.asgi import ASGIApp, Receive, Scope, Send
+from gateway.downstream import Downstream
+from gateway.errors import ApiError
+
+__all__ = ["LOOP_STATUS", "VIA_ENTRY", "LoopGuard", "forwarded_via", "forwarding_loop", "has_looped"]
+
+LOOP_STATUS = 508
+# "1.1" is the protocol the request came in on to this hop, as RFC 9110's Via syntax wants; the
+# received-by part is a pseudonym, since the host and port a client used need not be this one's.
+VIA_ENTRY = f"1.1 specroute-{secrets.token_hex(6)}"
+
+
+def forwarded_via(incoming: str | None) -> str:
+    """The `Via` to send upstream with a request that came in with `incoming` (None: none)."""
+    return f"{incoming}, {VIA_ENTRY}" if incoming else VIA_ENTRY
+
+
+def has_looped(incoming: str | None) -> bool:
+    """This gateway forwarded the request before: its entry is in the `Via` it came with."""
+    return incoming is not None and VIA_ENTRY in incoming
+
+
+def forwarding_loop() -> ApiError:
+    return ApiError(
+        LOOP_STATUS,
+        "this gateway forwarded this request before (its Via header names this gateway): "
+        "a backend's URL leads back here",
+        code="loop_detected",
+    )
+
+
+class LoopGuard:
+    """Answers 508 to a request that came back, for the routes litestar answers (readiness checks
+    and Response lookups from a gateway whose backend this is); FastRoutes checks its own."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"via" and has_looped(value.decode("latin-1")):
+                    return await Downstream(receive, send).send_error(forwarding_loop())
+        await self.app(scope, receive, send)
