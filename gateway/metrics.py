@@ -142,18 +142,18 @@ class GatewayMetrics:
 
         self._children: dict[tuple[Any, ...], Any] = {}
         self._pools: Pools | None = None
-        # The metrics labelled by backend, with their label names in order (`forget_backend`).
-        self._by_backend: list[tuple[Any, tuple[str, ...]]] = [
-            (self.requests, ("model", "backend", "status")),
-            (self.ttft, ("backend",)),
-            (self.duration, ("backend",)),
-            (self.tpot, ("backend",)),
-            (self.decode, ("backend", "domain")),
-            (self.accept, ("backend", "domain")),
-            (self.speedup, ("backend", "domain")),
-            (self.upstream_errors, ("backend", "kind")),
-            (self.decisions, ("model", "policy", "backend")),
-            (self.telemetry_skipped, ("backend",)),
+        # The metrics labelled by backend (`forget_backend`).
+        self._by_backend: list[Counter | Histogram] = [
+            self.requests,
+            self.ttft,
+            self.duration,
+            self.tpot,
+            self.decode,
+            self.accept,
+            self.speedup,
+            self.upstream_errors,
+            self.decisions,
+            self.telemetry_skipped,
         ]
 
     def watch(self, pools: Pools, admission: Admission) -> None:
@@ -205,15 +205,8 @@ class GatewayMetrics:
         """A backend that left the pool takes its series with it: names come and go (admin API,
         reloads, a URL changed), and kept, they would grow /metrics with every backend ever added.
         Prometheus keeps what it scraped."""
-        for metric, labelnames in self._by_backend:
-            gone = {
-                tuple(sample.labels[n] for n in labelnames)
-                for family in metric.collect()
-                for sample in family.samples
-                if sample.labels.get("backend") == name
-            }
-            for values in gone:
-                metric.remove(*values)
+        for metric in self._by_backend:
+            metric.remove_by_labels({"backend": name})
         self._children = {key: child for key, child in self._children.items() if name not in key[1]}
 
     def decision(self, model: str, policy: str, backend: str) -> None:
