@@ -2,6 +2,12 @@
 
 The body is decoded once (msgspec) into a dict so that unknown fields, SGLang extras included,
 reach the upstream untouched.
+
+SGLang validates its bodies with pydantic in lax mode (FastAPI's default): a JSON `"10"` or
+`10.0` is the integer 10, `"0.5"` the number 0.5, `"true"` or `1` a boolean, `true` the integer 1.
+The fields read here follow the same rules (pydantic itself decides, off the common path), so a
+body SGLang takes is not refused by the gateway, and one SGLang would refuse is refused here, with
+the field's name. The body still goes upstream as it came.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import math
 from typing import Any, Literal
 
 import msgspec
+from pydantic import TypeAdapter, ValidationError
 
 from common.json_errors import JSON_DECODE_ERRORS
 from common.priority import priority_in_range
@@ -20,6 +27,7 @@ Kind = Literal["chat", "completion", "responses"]
 # Samples one request may ask for (`n`): OpenAI's documented maximum. SGLang has none.
 MAX_N = 128
 _decoder = msgspec.json.Decoder()
+_LAX: dict[type, TypeAdapter[Any]] = {t: TypeAdapter(t) for t in (int, float, bool)}
 
 
 class ParsedRequest(msgspec.Struct, kw_only=True):
@@ -101,7 +109,10 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     if stream_options is not None and not stream:
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     # A Responses stream always ends with its usage (`response.completed`): the client's, untouched.
-    wants_usage = kind == "responses" or bool(stream_options and stream_options.get("include_usage") is True)
+    include_usage = stream_options.get("include_usage") if stream_options else None
+    if include_usage is not None and type(include_usage) is not bool:
+        include_usage = _lax("stream_options.include_usage", include_usage, bool)
+    wants_usage = kind == "responses" or include_usage is True
     wants_spec = _field(body, "return_spec_tokens_details", bool) or False
     temperature = _number(body, "temperature", 0.0, math.inf, "must be >= 0")
     if "top_p" in body:
@@ -148,7 +159,9 @@ def _sequences_per_prompt(body: dict[str, Any]) -> int:
     n = body.get("n")
     if n is None:
         return 1
-    if type(n) is not int or not 1 <= n <= MAX_N:
+    if type(n) is not int:
+        n = _lax("n", n, int)
+    if not 1 <= n <= MAX_N:
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_N}, got {n!r}"[:200], param="n")
     return n
 
@@ -162,7 +175,7 @@ def _number(
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be a number, got {type(value).__name__}", param=name)
+        value = _lax(name, value, float)
     if not (low < value <= high if open_below else low <= value <= high):
         raise ApiError(400, f"'{name}' {rule}, got {value!r}", param=name)
     return float(value)
@@ -178,7 +191,14 @@ def _thinking(kwargs: Any) -> bool | None:
     return None
 
 
-_TYPE_NAMES = {str: "a string", list: "an array", dict: "an object", bool: "a boolean", int: "an integer"}
+_TYPE_NAMES = {
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+}
 
 
 def _field(body: dict[str, Any], name: str, typ: type, required: bool = False) -> Any:
@@ -187,10 +207,23 @@ def _field(body: dict[str, Any], name: str, typ: type, required: bool = False) -
         if required:
             raise ApiError(400, f"missing required field '{name}'", param=name)
         return None
-    # bool is a subclass of int: `max_tokens: true` is a type error, not 1.
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+    if type(value) is typ:
+        return value
+    if typ in _LAX:  # bool is a subclass of int, but `max_tokens: true` is 1 by pydantic's rules
+        return _lax(name, value, typ)
+    if not isinstance(value, typ):
         raise ApiError(400, f"'{name}' must be {_TYPE_NAMES[typ]}, got {type(value).__name__}", param=name)
     return value
+
+
+def _lax(name: str, value: Any, typ: type) -> Any:
+    """`value` as SGLang's pydantic models take it for a field of type `typ`, or the 400 for it."""
+    try:
+        return _LAX[typ].validate_python(value)
+    except ValidationError:
+        raise ApiError(
+            400, f"'{name}' must be {_TYPE_NAMES[typ]}, got {type(value).__name__} {value!r}"[:200], param=name
+        ) from None
 
 
 def _responses_text(body: dict[str, Any]) -> str:

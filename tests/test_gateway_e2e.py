@@ -129,13 +129,39 @@ def test_missing_field_is_400_naming_it(client):
         (b'{"messages": [{"role": "user", "content": "hi"}]}', "model"),
         (b'{"model": "kimi-k2.6", "messages": "hi"}', "messages"),
         (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}', "max_tokens"),
-        (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream"),
+        (b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "stream": "maybe"}', "stream"),
     ],
 )
 def test_bad_bodies_are_400_in_openai_shape(gateway_url, body, param):
     status, data = _post_raw(f"{gateway_url}/v1/chat/completions", body)
     assert status == 400
     assert set(data["error"]) == {"message", "type", "param", "code"} and data["error"]["param"] == param
+
+
+def test_a_body_sglang_converts_is_routed_and_answered_as_sglang_reads_it(gateway_url):
+    """pydantic's lax mode (FastAPI's default) reads "true" as true and "6" or 2.0 as integers:
+    the gateway streams this body, with two samples of 6 tokens, and usage it was asked for."""
+    body = {
+        "model": "kimi-k2.6",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": "6",
+        "stream": "true",
+        "stream_options": {"include_usage": "true"},
+        "n": 2.0,
+        "temperature": "0",
+    }
+    req = urllib.request.Request(
+        f"{gateway_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        frames = [f[len("data: ") :] for f in r.read().decode().split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(f) for f in frames[:-1]]
+    assert {c["index"] for chunk in chunks for c in chunk["choices"]} == {0, 1}
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
 
 
 def test_upstream_validation_error_is_translated_with_its_status(client):

@@ -58,15 +58,25 @@ _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         ("chat", {"n": 99999999999999999999}, "n", "from 1 to 128"),
         ("chat", {"n": 129}, "n", "from 1 to 128"),
         ("completion", {"prompt": "a", "n": 0}, "n", "from 1 to 128"),
-        ("chat", {"n": True}, "n", "an integer"),
-        ("chat", {"n": "2"}, "n", "an integer"),
+        ("chat", {"n": "two"}, "n", "an integer"),
         ("chat", {"n": 1.5}, "n", "an integer"),
+        ("chat", {"n": "129"}, "n", "from 1 to 128"),
+        ("chat", {"max_tokens": 10.5}, "max_tokens", "an integer"),
+        ("chat", {"stream": "maybe"}, "stream", "a boolean"),
+        ("chat", {"stream": 2}, "stream", "a boolean"),
+        ("chat", {"priority": [1]}, "priority", "an integer"),
+        (
+            "chat",
+            {"stream": True, "stream_options": {"include_usage": "often"}},
+            "stream_options.include_usage",
+            "a boolean",
+        ),
         ("chat", {"max_completion_tokens": -1}, "max_completion_tokens", ">= 0"),
         ("chat", {"max_tokens": -1}, "max_tokens", ">= 0"),
         ("completion", {"prompt": "a", "max_tokens": -1}, "max_tokens", ">= 0"),
         ("responses", {"input": "a", "max_output_tokens": -5}, "max_output_tokens", ">= 0"),
         ("chat", {"temperature": "hot"}, "temperature", "a number"),
-        ("chat", {"temperature": True}, "temperature", "a number"),
+        ("chat", {"temperature": [0.5]}, "temperature", "a number"),
         ("chat", {"temperature": -1}, "temperature", ">= 0"),
         ("chat", {"top_p": 0}, "top_p", "(0, 1]"),
         ("chat", {"top_p": 1.5}, "top_p", "(0, 1]"),
@@ -91,6 +101,29 @@ def test_good_sampling_fields_pass(fields, temperature) -> None:
         json.dumps({**_CHAT, "messages": [{"role": "assistant", "content": None}], **fields}).encode(), "chat"
     )
     assert parsed.temperature == temperature
+
+
+def test_fields_are_read_as_sglangs_pydantic_models_read_them() -> None:
+    """FastAPI validates in pydantic's lax mode: these bodies reach SGLang's handler as numbers and
+    booleans, so the gateway must route them, not refuse them."""
+    body = {
+        **_CHAT,
+        "max_tokens": "10",
+        "stream": "true",
+        "stream_options": {"include_usage": 1},
+        "temperature": "0.5",
+        "top_p": "1",
+        "n": 2.0,
+        "priority": "3",
+    }
+    parsed = parse(json.dumps(body).encode(), "chat")
+    assert (parsed.max_tokens, parsed.stream, parsed.client_wants_usage) == (10, True, True)
+    assert (parsed.temperature, parsed.sequences, parsed.priority) == (0.5, 2, 3)
+    assert parsed.body == body  # it goes upstream as it came: SGLang converts it the same way
+    flags = parse(json.dumps({**_CHAT, "max_tokens": True, "stream": "off", "n": "1"}).encode(), "chat")
+    assert (flags.max_tokens, flags.stream, flags.sequences) == (1, False, 1)
+    responses = parse(json.dumps({"model": "m", "input": "a", "max_output_tokens": 12.0}).encode(), "responses")
+    assert responses.max_tokens == 10
 
 
 def test_token_id_prompts_are_counted_exactly() -> None:
