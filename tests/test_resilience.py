@@ -74,7 +74,8 @@ async def _chat(
     headers: dict | None = None,
     on_stream_start=None,
 ) -> dict:
-    body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "stream": stream}
+    # ignore_eos: the answer runs its whole budget (the twin ends an answer at its EOS otherwise)
+    body = {"model": model, "messages": MSG, "max_tokens": max_tokens, "stream": stream, "ignore_eos": True}
     if stream:
         body["stream_options"] = {"include_usage": True}
     async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}) as r:

@@ -335,6 +335,20 @@ def test_bad_request_is_flat_400(spec_url, path, body, needle):
     assert err["type"] == "Bad Request" and needle in err["message"]
 
 
+def test_fields_are_converted_as_pydantics_lax_mode_converts_them_but_on_generate(spec_url):
+    # FastAPI validates SGLang's OpenAI bodies in pydantic's lax mode
+    body = {**CHAT, "max_tokens": "5", "n": 2.0, "temperature": "0", "ignore_eos": "true"}
+    status, done = post(f"{spec_url}/v1/chat/completions", body)
+    assert status == 200 and done["usage"]["completion_tokens"] == 10
+    status, done = post(f"{spec_url}/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 3.0})
+    assert status == 200 and done["usage"]["completion_tokens"] == 3
+    status, err = post(f"{spec_url}/v1/chat/completions", {**CHAT, "max_tokens": 5.5})
+    assert status == 400 and "max_tokens" in err["message"]
+    # /generate's JSON contract then wants JSON's own types (entrypoints/api_contract.py)
+    status, _ = post(f"{spec_url}/generate", {"text": "x", "stream": "false"})
+    assert status == 400
+
+
 @pytest.mark.parametrize("prompt", ["", [], [""]])
 def test_completion_with_empty_prompt_is_400(spec_url, prompt):
     status, err = post(f"{spec_url}/v1/completions", {"model": "m", "prompt": prompt})

@@ -79,6 +79,9 @@ __all__ = [
 ]
 
 MAX_PREFILL_TOKENS = 16384  # SGLang's default --max-prefill-tokens: prompt tokens prefilled per step
+# Output tokens a waiting request is counted to need for admission, at most: SGLang's estimate clips
+# max_new_tokens there (`schedule_policy.py: CLIP_MAX_NEW_TOKENS`, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION).
+CLIP_MAX_NEW_TOKENS = 4096
 # SGLang publishes its speculative gauges every `decode_log_interval` (40) decode batches
 # (observability/metrics_reporter.py): the windowed figures cover that interval, the lifetime
 # average in /v1/loads is refreshed then.
@@ -687,7 +690,7 @@ class Engine:
         retracted: list[SimRequest] = []
         while self._waiting and budget > 0 and self._chunked is None:
             req = self._waiting[0]
-            need = req.prompt_tokens + req.max_new_tokens
+            need = req.prompt_tokens + min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
             if room <= 0:
                 # The batch is full. Under priority preemption the request may retract running
                 # ones (`scheduler.py: get_new_batch_prefill` -> `preempt_to_schedule`).

@@ -19,6 +19,7 @@ from backends.sim.engine import QUEUE_FULL_MESSAGE, RequestAborted, SimRequest
 from backends.sim.errors import ApiError, SchedulerAbort, TokenizerError
 from backends.sim.lora import Lease, LoraPath
 from backends.sim.prefix_cache import chain_from_text, namespace_root
+from backends.sim.protocol import CHAT_DEFAULT_MAX_TOKENS
 from backends.sim.runtime import Channel
 from backends.sim.state import SimState, new_rid
 from backends.sim.text import TokenStream
@@ -219,6 +220,19 @@ def request_priority_value(state: SimState, priority: int | None) -> int | None:
             "priority must be a signed 64-bit integer between -9223372036854775808 and 9223372036854775807"
         )
     return priority
+
+
+def unbounded_budget(state: SimState, prompt_tokens: int) -> int:
+    """The budget of a chat or Responses request that sets no max_tokens. SGLang passes none, and
+    its scheduler clamps it to the request length the server allows (`scheduler.py:
+    init_req_max_new_tokens`: `max_req_len - input_len - 1`, `tp_worker.py`: `max_req_len` is the
+    smaller of context length and KV pool, less 1); the model's EOS ends the answer long before.
+    A profile with no answer lengths has no EOS to end it: 128 tokens then (assumption)."""
+    profile = state.profile
+    if profile.answer is None:
+        return CHAT_DEFAULT_MAX_TOKENS
+    max_req_len = min(profile.context_length, profile.max_total_num_tokens) - 1
+    return max(0, max_req_len - prompt_tokens - 1)
 
 
 def sampling_values(state: SimState, temperature: float | None, top_p: float | None) -> tuple[float, float]:

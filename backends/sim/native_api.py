@@ -17,7 +17,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from backends.sim.answers import answer_tokens
 from backends.sim.chunks import SSE_HEADERS
+from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import (
     ApiError,
     SchedulerAbort,
@@ -121,7 +123,7 @@ def _max_new_tokens(params: dict[str, Any]) -> int:
 async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     try:  # the request contract: `generate_contract_error` answers `{"error": "<text>"}`
-        body: GenerateRequest = await decode_body(request, GenerateRequest)
+        body: GenerateRequest = await decode_body(request, GenerateRequest, strict=True)
         priority = _priority(body.priority)
         text, ntok = _prompt(body)
         params = body.sampling_params
@@ -132,12 +134,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         # SamplingParams: temperature 1.0 and top_p 1.0 when unset
         temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0), _number(params, "top_p", 1.0))
+        domain, key = classify(text), prompt_key(text)
+        # SamplingParams.ignore_eos, False when unset: the model ends its answer by itself
+        answer = None if params.get("ignore_eos") is True else answer_tokens(state.profile.answer, domain, key)
         gen = await admit(
             state,
             body.rid,
             text,
             ntok,
             max_new_tokens,
+            domain=domain,
+            key=key,
+            stop_after_tokens=answer,
             temperature=temperature,
             top_p=top_p,
             lora=body.lora_path,

@@ -26,10 +26,11 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from backends.sim import chunks
+from backends.sim.answers import answer_tokens
 from backends.sim.chat_output import EOS_TOKEN_ID, ChatChunker, OutputScript
 from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import ApiError, SchedulerAbort, flat_error
-from backends.sim.generation import Generation, admit, sampling_values
+from backends.sim.generation import Generation, admit, sampling_values, unbounded_budget
 from backends.sim.lora import resolve_lora_path
 from backends.sim.protocol import (
     COMPLETIONS_ENDPOINT,
@@ -162,6 +163,18 @@ def _thinking(state: SimState, body: ChatRequest) -> bool:
     return thinking is not False
 
 
+def _natural_length(state: SimState, script: OutputScript, domain: str, key: int, ignore_eos: bool) -> int | None:
+    """Output tokens after which the model stops by itself: a tool call's end, else (unless the
+    client ignores EOS) its reasoning and the answer's length (backends.sim.answers); None: the
+    output runs to its budget."""
+    if script.natural_length is not None:
+        return script.natural_length
+    if ignore_eos:
+        return None
+    answer = answer_tokens(state.profile.answer, domain, key)
+    return script.reasoning_tokens + answer if answer is not None else None
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     stream = False
@@ -193,23 +206,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if tools and tool_choice != "none"
             else None
         )
-        script_len = OutputScript(0, reasoning, call).natural_length
         admit_args: dict[str, Any] = dict(
             domain=domain,
             key=key,
             temperature=temperature,
             top_p=top_p,
-            stop_after_tokens=script_len,
+            stop_after_tokens=_natural_length(state, OutputScript(0, reasoning, call), domain, key, body.ignore_eos),
             lora=resolve_lora_path(body.model, state.served_model_name, body.lora_path),
             priority=priority,
         )
         ntok = count_prompt_tokens(text)
+        budget = body.requested_max_tokens
+        if budget is None:
+            budget = unbounded_budget(state, ntok)
         if body.n > 1:
-            gens = await _admit_samples(
-                state, body.n, text, ntok, body.requested_max_tokens, stream=body.stream, **admit_args
-            )
+            gens = await _admit_samples(state, body.n, text, ntok, budget, stream=body.stream, **admit_args)
         else:
-            gen = await admit(state, body.rid, text, ntok, body.requested_max_tokens, **admit_args)
+            gen = await admit(state, body.rid, text, ntok, budget, **admit_args)
     except SchedulerAbort as e:
         return await _refused(
             request, state, e, chat=True, stream=stream, model=body.model, options=body.stream_options
@@ -353,7 +366,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
         text, ntok = _completion_prompt(body.prompt)
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
         lora = resolve_lora_path(body.model, state.served_model_name, body.lora_path)
-        sampling: dict[str, Any] = dict(temperature=temperature, top_p=top_p, lora=lora, priority=priority)
+        domain, key = classify(text), prompt_key(text)
+        answer = None if body.ignore_eos else answer_tokens(state.profile.answer, domain, key)
+        sampling: dict[str, Any] = dict(
+            domain=domain,
+            key=key,
+            temperature=temperature,
+            top_p=top_p,
+            stop_after_tokens=answer,
+            lora=lora,
+            priority=priority,
+        )
         if body.n > 1:
             gens = await _admit_samples(
                 state, body.n, text, ntok, body.requested_max_tokens, stream=body.stream, **sampling

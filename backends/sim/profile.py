@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from backends.descriptor import Strategy
+from backends.sim.answers import AnswerModel
 from backends.sim.sampling import TemperatureModel
 from backends.sim.thinking import ReasoningModel
 
@@ -118,6 +119,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     acceptance: AcceptanceModel | None = None
     temperature: TemperatureModel | None = None  # acceptance vs sampling temperature
     reasoning: ReasoningModel | None = None  # a thinking model behind a reasoning parser
+    answer: AnswerModel | None = None  # where the model ends an answer (EOS) unless ignore_eos; None: never
     # Temperature when a request sets none: SGLang's protocol default (1.0) unless the model's
     # generation_config.json says otherwise (entrypoints/openai/protocol.py).
     default_temperature: float = 1.0

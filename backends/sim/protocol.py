@@ -101,12 +101,11 @@ class ChatRequest(_Common, kw_only=True):
     reasoning_effort: str | float | None = None
 
     @property
-    def requested_max_tokens(self) -> int:
+    def requested_max_tokens(self) -> int | None:
+        """The client's budget; None when it sets none (`generation.unbounded_budget`)."""
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
-        if self.max_tokens is not None:
-            return self.max_tokens
-        return CHAT_DEFAULT_MAX_TOKENS
+        return self.max_tokens
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -214,18 +213,23 @@ def message_text(msg: ChatMessage) -> str:
     return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
 
 
-async def decode_body(request: web.Request, typ: type) -> Any:
+async def decode_body(request: web.Request, typ: type, *, strict: bool = False) -> Any:
     """Parse a JSON body into `typ`; non-JSON content type, bad JSON or bad fields -> 400.
 
     Errors are SGLang's request-schema errors: FastAPI's handler turns them into a flat body with
     `type: "Bad Request"` and `param: null`. Bad JSON is reported as FastAPI reports it (a
     `json_invalid` error at the byte offset); field errors carry msgspec's description.
+
+    Values are converted as pydantic's lax mode (FastAPI's default) converts them: `"10"` and
+    `10.0` are 10, `"0.5"` is 0.5, `"true"` and `1` are true (msgspec's `strict=False`; unlike
+    pydantic it refuses `true` for a number). `strict`: JSON's own types only, as `/generate`'s
+    JSON contract has them (`entrypoints/api_contract.py`, checked after pydantic's parse).
     """
     if request.content_type != "application/json":
         raise ApiError("Unsupported Media Type: Only 'application/json' is allowed", err_type="Bad Request")
     raw = await request.read()
     try:
-        return msgspec.json.decode(raw, type=typ)
+        return msgspec.json.decode(raw, type=typ, strict=strict)
     except msgspec.ValidationError as e:
         raise ApiError(f"1 validation error:\n  {e}", err_type="Bad Request") from None
     except JSON_DECODE_ERRORS:

@@ -30,13 +30,14 @@ import msgspec
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
+from backends.sim.answers import answer_tokens
 from backends.sim.chat_output import OutputScript
 from backends.sim.chunks import SSE_HEADERS
 from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import ApiError, SchedulerAbort, responses_error
-from backends.sim.generation import Generation, admit, sampling_values
+from backends.sim.generation import Generation, admit, sampling_values, unbounded_budget
 from backends.sim.lora import parse_model_parameter
-from backends.sim.protocol import CHAT_DEFAULT_MAX_TOKENS, ResponsesRequest, decode_body, request_priority
+from backends.sim.protocol import ResponsesRequest, decode_body, request_priority
 from backends.sim.responses_output import (
     ECHOABLE_REASONING_EFFORTS,
     ResponseEvents,
@@ -372,9 +373,11 @@ def _plan(state: SimState, body: ResponsesRequest) -> _Plan:
         "user": body.user,
         "metadata": body.metadata or {},
     }
-    # `to_sampling_params`: max_output_tokens less 2 of headroom for BOS/EOS; without it, the
-    # chat route's default (assumption there: SamplingParams' 128; SGLang clamps to the context)
-    max_new = body.max_output_tokens - 2 if body.max_output_tokens is not None else CHAT_DEFAULT_MAX_TOKENS
+    # `to_sampling_params`: max_output_tokens less 2 of headroom for BOS/EOS; without it none, as
+    # on the chat route (`generation.unbounded_budget`)
+    prompt_tokens = count_prompt_tokens(prompt)
+    max_new = body.max_output_tokens - 2 if body.max_output_tokens is not None else None
+    max_new = unbounded_budget(state, prompt_tokens) if max_new is None else max_new
     return _Plan(
         body=body,
         rid=body.request_id or f"resp_{uuid.uuid4().hex}",
@@ -383,7 +386,7 @@ def _plan(state: SimState, body: ResponsesRequest) -> _Plan:
         history=history,
         persist=store_on and bool(body.store),
         prompt=prompt,
-        prompt_tokens=count_prompt_tokens(prompt),
+        prompt_tokens=prompt_tokens,
         max_new_tokens=max_new,
         domain=domain,
         key=key,
@@ -404,6 +407,8 @@ async def _admit(state: SimState, plan: _Plan) -> Generation:
     `SamplingParams.verify` checks them once generation is asked for: an error is then the
     generation's (a 400 unstreamed, `response.failed` in an open stream)."""
     temperature, top_p = sampling_values(state, plan.body.temperature, plan.body.top_p)
+    # `ResponsesRequest` has no ignore_eos: the answer always ends where the model ends it
+    answer = answer_tokens(state.profile.answer, plan.domain, plan.key)
     return await admit(
         state,
         plan.rid,
@@ -414,6 +419,7 @@ async def _admit(state: SimState, plan: _Plan) -> Generation:
         key=plan.key,
         temperature=temperature,
         top_p=top_p,
+        stop_after_tokens=plan.reasoning + answer if answer is not None else None,
     )
 
 

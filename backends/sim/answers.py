@@ -1,0 +1,52 @@
+"""How long an answer runs before the model ends it with EOS: one pure function of (model, domain, key).
+
+A real server stops a request at the first of: EOS, a stop string, `max_tokens`. A client that
+sends `ignore_eos` (SGLang's `bench_serving` does, unless `--disable-ignore-eos`, and so does
+loadgen) gets exactly `max_tokens`; any other client gets the model's own answer length, which
+the gateway cannot know in advance and learns from the answers it relays
+(`policies.lengths.OutputLengths`). The twin stops such a request after `answer_tokens` content
+tokens (after any reasoning), with SGLang's `finish_reason: "stop"` and the EOS token as
+`matched_stop`.
+
+Lengths are log-normal per domain around a median (`[answer]` in a profile), drawn from the
+prompt key, so one prompt always gets the same length. The medians are assumptions (no published
+per-domain answer-length table for Kimi K2.6 or Qwen3.6 was found), set around the roughly 512
+tokens per request of the studies' sweeps; the log-normal shape is the usual fit of answer
+lengths in chat logs.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import msgspec
+
+from backends.sim.thinking import reasoning_uniform
+
+__all__ = ["AnswerModel", "answer_tokens"]
+
+_STD_NORMAL = NormalDist()
+# Decorrelates the answer's draw from the reasoning length's, which comes from the same key.
+_SALT = 0xA5A5_5A5A_C3C3_3C3C
+
+
+class AnswerModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The median answer (content) tokens per domain, and the log-normal's sigma."""
+
+    math: int = 0
+    code: int = 0
+    chat: int = 0
+    spread: float = 0.0  # sigma of the log-normal (0: every prompt gets the median)
+
+
+def answer_tokens(model: AnswerModel | None, domain: str, key: int) -> int | None:
+    """Content tokens after which the model emits EOS for a prompt of `domain` with prompt key
+    `key`; None when the profile states no answer length (the answer runs to its budget)."""
+    if model is None:
+        return None
+    median = getattr(model, domain, 0)
+    if median <= 0:
+        return None
+    z = _STD_NORMAL.inv_cdf(reasoning_uniform(key ^ _SALT)) if model.spread > 0 else 0.0
+    return max(1, round(median * math.exp(model.spread * z)))
