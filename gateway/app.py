@@ -28,6 +28,7 @@ from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError, model_not_found
 from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
+from gateway.probe_head import ProbeHead
 from gateway.proxy import BACKEND_HEADER, TRACE_ID_HEADER
 from gateway.response_holders import check_response_id, find_holder
 from gateway.runtime import Runtime
@@ -325,7 +326,7 @@ def serving_asgi(app: Litestar) -> ASGIApp:
     # SERVER spans (tracing on): FastRoutes makes those of the generation routes, the middleware
     # those of litestar's routes but probes and scrapes.
     inner = rt.tracing.server_span_middleware(litestar_app) if rt.tracing.enabled else litestar_app
-    inner = LoopGuard(inner)
+    inner = ProbeHead(LoopGuard(inner))
     # The generation routes (POST /v1/chat/completions, /v1/completions, under any root_path) are
     # answered by FastRoutes alone; rt.proxy is looked up per request (a reload may replace it).
     fast = FastRoutes(

@@ -175,6 +175,26 @@ def test_upstream_validation_error_is_translated_with_its_status(client):
     assert set(info.value.response.json()["error"]) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize("path", ["/health", "/ready", "/metrics", "/v1/models"])
+def test_head_on_a_probe_route_is_its_get_without_the_body(gateway_url, path):
+    import http.client
+
+    host, port = gateway_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", path)
+    got = conn.getresponse()
+    body = got.read()
+    conn.request("HEAD", path)  # the same connection: a body after HEAD would corrupt the next answer
+    head = conn.getresponse()
+    assert head.read() == b"" and head.status == got.status
+    assert head.getheader("content-type") == got.getheader("content-type")
+    if path != "/metrics":  # the scrape's counters move between the two
+        assert int(head.getheader("content-length")) == len(body)
+    conn.request("GET", "/health")
+    assert conn.getresponse().read() == b'{"status":"ok"}'
+    conn.close()
+
+
 def test_unknown_route_and_wrong_method(gateway_url):
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"{gateway_url}/v1/nothing", timeout=5)
