@@ -92,7 +92,7 @@ class BackendPoller:
         self._successes = 0
         self.checks = 0  # readiness checks done; /ready waits for the first
         self.looped = False  # the last readiness check came back to this gateway (gateway.via)
-        self.first_checked = asyncio.Event()
+        self.first_checked = asyncio.Event()  # set once the first poll is done (`Poller.first_check`)
         self._info_stale = False  # /server_info to be read again (the backend may have restarted)
         self.window = AcceptanceWindow()
 
@@ -104,6 +104,8 @@ class BackendPoller:
                     await self.poll_once()
                 except Exception:  # a bug, or an answer no parser foresaw: never the end of polling
                     log.exception("polling backend %s failed", self.backend.name)
+                # the first poll is done: readiness, and /server_info, /v1/models, /v1/loads when it answers
+                self.first_checked.set()
                 await asyncio.sleep(self.interval_s)
 
     async def _engine_checks(self) -> None:
@@ -237,7 +239,6 @@ class BackendPoller:
                 backend.ready = False
         if backend.up != was_up and self.on_change is not None:
             self.on_change()
-        self.first_checked.set()
 
     async def _server_info(self) -> ServerInfo | None:
         for path in ("/server_info", "/get_server_info"):
@@ -426,7 +427,8 @@ class Poller:
                 await task
 
     async def first_check(self, name: str) -> None:
-        """Until backend `name`'s first readiness check has run, at most as long as one can take."""
+        """Until backend `name`'s first poll is done (its readiness, and what it says of itself),
+        at most as long as a readiness check can take."""
         poller = self.pollers.get(name)
         if poller is not None:
             with contextlib.suppress(TimeoutError):

@@ -179,6 +179,8 @@ def test_admin_add_drain_remove(tmp_path, twin_factory):
         assert state.backends[0].health_checks >= 1 and state.inflight == 0
         status, body = _post(f"{url}/admin/backends", _entry("b", b, "dflash"))
         assert status == 201 and body["name"] == "b" and body["strategy"] == "dflash"
+        # the answer comes after its first poll: what the server says of itself is in it
+        assert body["server_info"]["speculative_algorithm"] == "DFLASH" and body["cap"] > 0
         assert _post(f"{url}/admin/backends", _entry("b", b, "dflash"))[0] == 409
         status, body = _post(f"{url}/admin/backends", {"name": "c", "url": "ftp://x", "model": "m"})
         assert status == 400 and "url" in body["error"]["message"]
