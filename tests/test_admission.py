@@ -197,13 +197,17 @@ def test_a_full_queue_turns_away_its_newest_lowest_waiter_for_a_better_request_o
 def test_a_bad_priority_is_a_400_naming_it():
     from gateway.openai_request import parse
 
-    for raw in (b'"high"', b"true", b"1.5", str(1 << 63).encode(), str(-(1 << 63) - 1).encode()):
+    for raw in (b'"high"', b"[1]", b"1.5", str(1 << 63).encode(), str(-(1 << 63) - 1).encode()):
         body = b'{"model": "kimi-k2.6", "messages": [{"role": "user", "content": "hi"}], "priority": ' + raw + b"}"
         with pytest.raises(ApiError) as e:
             parse(body, "chat")
         assert e.value.status == 400 and e.value.param == "priority"
     ok = parse(b'{"model": "m", "prompt": "hi", "priority": -7}', "completion")
     assert ok.priority == -7 and ok.body["priority"] == -7  # and it goes upstream untouched
+    # read as SGLang's pydantic model reads it (lax mode): true and "5" are integers there
+    lax = parse(b'{"model": "m", "prompt": "hi", "priority": true}', "completion")
+    assert lax.priority == 1 and lax.body["priority"] is True
+    assert parse(b'{"model": "m", "prompt": "hi", "priority": "5"}', "completion").priority == 5
 
 
 def test_a_request_of_n_sequences_waits_until_its_backend_has_room_for_all_of_them():
