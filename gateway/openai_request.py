@@ -52,6 +52,7 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     prompt_ids: list[int] | None = None  # the prompt, when it is one prompt of token ids
     lora_paths: frozenset[str] = frozenset()  # the LoRA adapters `lora_path` names (gateway.adapters)
     priority: int | None = None  # SGLang's `priority`: the request's place in the admission queue
+    store: bool = True  # a Responses request's `store` (SGLang's default: true): its backend keeps it
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
@@ -142,6 +143,8 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         parsed.lora_paths = requested_lora_paths(body)
     if "priority" in body:
         parsed.priority = _priority(body)
+    if kind == "responses" and body.get("store") is not None:
+        parsed.store = _field(body, "store", bool)
     return parsed
 
 

@@ -491,7 +491,7 @@ class Proxy:
             result.error, result.error_type = "internal gateway error", type(error).__name__
         req = attempt.req
         req.last = attempt
-        stored = req.kind == "responses" and req.parsed.body.get("store") is not False  # SGLang's default
+        stored = req.kind == "responses" and req.parsed.store
         if stored and result.status == 200 and result.response_id is not None:
             self.response_owners.record(result.response_id, attempt.backend.name)
         self._finish(req, attempt, result, mean_inflight)

@@ -123,7 +123,9 @@ def test_fields_are_read_as_sglangs_pydantic_models_read_them() -> None:
     flags = parse(json.dumps({**_CHAT, "max_tokens": True, "stream": "off", "n": "1"}).encode(), "chat")
     assert (flags.max_tokens, flags.stream, flags.sequences) == (1, False, 1)
     responses = parse(json.dumps({"model": "m", "input": "a", "max_output_tokens": 12.0}).encode(), "responses")
-    assert responses.max_tokens == 10
+    assert responses.max_tokens == 10 and responses.store is True  # SGLang's default
+    unstored = parse(json.dumps({"model": "m", "input": "a", "store": "false"}).encode(), "responses")
+    assert unstored.store is False
 
 
 def test_token_id_prompts_are_counted_exactly() -> None:
