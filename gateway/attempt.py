@@ -18,6 +18,7 @@ single record is written (by the proxy, through `AttemptHost.attempt_ended`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,7 +27,7 @@ import aiohttp
 
 from gateway.errors import ApiError, translate_upstream_error
 from gateway.records import Result
-from gateway.via import LOOP_STATUS, forwarded_via
+from gateway.via import LOOP_STATUS, VIA_ENTRY, forwarded_via
 from policies.prefill import causal_pairs
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 REQUEST_ID_HEADER = "x-request-id"
 # Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
+log = logging.getLogger("specroute.proxy")
+
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 # 503 (a full queue) and 429 mean busy, not broken: they do not count against the circuit.
 BUSY = frozenset({429, 503})
@@ -163,8 +166,8 @@ class Attempt:
             self.reusable = True
         except NET_ERRORS:
             raw = b""
-        if resp.status == LOOP_STATUS:  # a gateway that had forwarded it before: never an answer there
-            raise self.failure("loop", 502, "forwards back to this gateway (508 Loop Detected): check its URL")
+        if resp.status == LOOP_STATUS:
+            raise self.looped(raw)
         error = translate_upstream_error(resp.status, raw, backend.name)
         if resp.status in RETRYABLE:
             raise UpstreamFailure(f"http_{resp.status}", error, health=resp.status not in BUSY)
@@ -206,6 +209,29 @@ class Attempt:
         """What an attempt given up before answering raises: another backend may take it."""
         # health=False: the engine check that gave it up has taken the backend out already
         return self.failure("engine_stalled", 503, f"{STALLED} before answering", False)
+
+    def looped(self, raw: bytes) -> UpstreamFailure:
+        """A gateway on the way had forwarded this request before (508, gateway.via). The one that
+        found the loop names itself in its answer. This one: the backend leads back here, its
+        failure, told the client as a 502. Another one: the loop is that gateway's to report, not
+        this backend's fault, and its 508 goes back as it came. Either way the request is never
+        sent there again."""
+        backend, req = self.backend, self.req
+        if VIA_ENTRY.encode() in raw:
+            if not backend.loop_reported:
+                backend.loop_reported = True
+                log.error(
+                    "backend %s (%s) forwards requests back to this gateway (508 Loop Detected): its URL, "
+                    "or a gateway it leads to, points here",
+                    backend.name,
+                    backend.spec.url,
+                )
+            failure = self.failure("loop", 502, "forwards back to this gateway (508 Loop Detected): check its URL")
+        else:
+            error = translate_upstream_error(LOOP_STATUS, raw, backend.name)
+            failure = UpstreamFailure("loop", ApiError(LOOP_STATUS, error.message, code="loop_detected"), False)
+        req.looped = {**(req.looped or {}), backend.name: failure.error}
+        return failure
 
     def failure(self, kind: str, status: int, what: str, health: bool = True) -> UpstreamFailure:
         """An UpstreamFailure naming this attempt's backend: `backend NAME <what>`."""

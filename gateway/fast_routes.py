@@ -173,10 +173,13 @@ def _too_large(max_body: int) -> ApiError:
 
 
 def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """Request headers by lower-case name; the first of repeated headers wins (as litestar's get)."""
+    """Request headers by lower-case name; the first of repeated headers wins (as litestar's get),
+    but `Via`'s lines are joined into one list (RFC 9110 §5.3): each names a hop (gateway.via)."""
     out: dict[str, str] = {}
     for name, value in raw:
         key = name.decode("latin-1").lower()
         if key not in out:
             out[key] = value.decode("latin-1")
+        elif key == "via":
+            out[key] += ", " + value.decode("latin-1")
     return out

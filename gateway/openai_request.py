@@ -99,7 +99,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     else:
         limit = "max_completion_tokens"
         max_tokens = _field(body, limit, int) if kind == "chat" else None
-        if max_tokens is None:
+        if not max_tokens:  # SGLang's `max_completion_tokens or max_tokens`: a 0 gives way too
             limit = "max_tokens"
             max_tokens = _field(body, limit, int)
     if max_tokens is not None and max_tokens < 0:

@@ -38,6 +38,7 @@ class Backend:
         "draining",
         "cap_override",
         "address",
+        "loop_reported",
         "_on_release",
         "_area",
         "_area_t",
@@ -62,6 +63,7 @@ class Backend:
         self.cap_override = cap  # 0: use the backend's own max_running_requests once known
         parts = urlsplit(spec.url)
         self.address: tuple[str, int | None] = (parts.hostname or spec.url, parts.port)
+        self.loop_reported = False  # a request sent here came back (gateway.via): logged once
         self._on_release: Callable[[Backend], None] | None = None
         # in-flight integrated over time, for each request's time-weighted mean load
         self._area = 0.0

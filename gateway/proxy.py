@@ -112,6 +112,7 @@ class Request:
         "recorded",
         "shut_down",
         "fingerprint",
+        "looped",
     )
 
     def __init__(
@@ -149,6 +150,9 @@ class Request:
         self.recorded = False
         self.shut_down = False  # ended by the gateway's shutdown, not by its client or its backend
         self.fingerprint = 0  # hash of the body's bytes: the same request sent again (gateway/suspects.py)
+        # Backends this request came back from (508, gateway.via), with the error it got there:
+        # never tried again for it, as it would come back again.
+        self.looped: dict[str, ApiError] | None = None
 
 
 class Proxy:
@@ -298,6 +302,10 @@ class Proxy:
             )
         finally:  # a request refused or left in the queue waited too
             req.queue_s += time.perf_counter() - t_wait
+        if req.looped:
+            candidates = [b for b in candidates if b.name not in req.looped]
+            if not candidates:  # every backend left leads it round: the last one's answer is final
+                raise list(req.looped.values())[-1]
         for b in candidates:
             b.refresh_view()
         try:

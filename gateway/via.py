@@ -6,8 +6,10 @@ process that forwarded it can be told apart from any other. That happens when a 
 points at this gateway (its own port, where SGLang's was meant), or at another gateway that
 forwards to this one. Forwarded again, such a request would take a slot and a connection at
 every hop until the admission limits refused it. It is answered `508 Loop Detected` instead
-(RFC 5842 §7.2), which the hop that sent it takes as that backend's failure: its readiness
-checks fail at once, and a request already sent there is tried on another backend.
+(RFC 5842 §7.2), naming the gateway that found the loop. The hop that sent it never sends the
+request there again (gateway.attempt): if the loop closed at that hop, the backend leads back to
+it (its failure; a readiness check answered 508 takes it out at once), else the 508 is passed
+back to the gateway it names.
 
 An incoming `Via` is kept and this gateway's entry appended, so a loop through several gateways
 is caught too. The polls and lookups this gateway starts itself carry its entry alone.
@@ -40,9 +42,11 @@ def has_looped(incoming: str | None) -> bool:
 
 
 def forwarding_loop() -> ApiError:
+    """The 508; it names this gateway's entry, so the gateway it goes back to can tell whether the
+    loop closed at itself (gateway.attempt)."""
     return ApiError(
         LOOP_STATUS,
-        "this gateway forwarded this request before (its Via header names this gateway): "
+        f"this gateway ({VIA_ENTRY}) forwarded this request before (its Via header names it): "
         "a backend's URL leads back here",
         code="loop_detected",
     )

@@ -3,6 +3,7 @@ forwarded it before, not forwarded round and round (gateway.via)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -29,6 +30,20 @@ def _request(url: str, body: dict | None = None, headers: dict[str, str] | None 
         return e.code, json.loads(e.read())
 
 
+def _raw_post(base_url: str, path: str, body: dict, headers: list[tuple[str, str]]) -> int:
+    """A POST with `headers` sent as given, repeated names on lines of their own."""
+    host, port = base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("POST", path)
+    raw = json.dumps(body).encode()
+    for name, value in [("Content-Type", "application/json"), ("Content-Length", str(len(raw))), *headers]:
+        conn.putheader(name, value)
+    conn.endheaders(raw)
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
 def _requests_recorded(base_url: str) -> float:
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -53,6 +68,9 @@ def test_a_request_that_names_this_gateway_in_its_via_is_refused_on_every_route(
         assert status == 508 and answer["error"]["code"] == "loop_detected"
         assert "Via" in answer["error"]["message"]
         assert _request(f"{gw}/ready", headers=looped)[0] == 508
+        # the entry on a second Via line counts as well (a list header may come on several lines)
+        two_lines = _raw_post(gw, "/v1/chat/completions", body, [("Via", "1.0 a"), ("Via", VIA_ENTRY)])
+        assert two_lines == 508
         assert _request(f"{gw}/v1/responses/resp_abc", headers=looped)[0] == 508
         # another gateway's entry is no loop: the request is served
         other = {"Via": "1.1 specroute-0123456789ab"}
@@ -109,3 +127,39 @@ def test_two_gateways_that_are_each_others_backend_answer_a_request_once_each(tm
         # A answered the client and refused the request when it came back; B forwarded it once
         assert _requests_recorded(url_a) == 2
         assert _requests_recorded(url_b) == 1
+
+
+def test_a_loop_through_a_working_path_costs_neither_gateway_its_requests(tmp_path, twin_factory):
+    """`outer`'s backends: `inner` (another gateway, whose only backend is `outer`) and a twin.
+    A request `outer` sends to `inner` comes back to `outer` (508 naming `outer`): `outer` tries
+    the twin. One a client sends to `inner` reaches `outer`, which may send it back to `inner`:
+    that 508 names `inner`, so `outer` takes it as no fault of its backend and tries the twin."""
+    twin = twin_factory("k26-dflash")
+    port_o, port_i = free_port(), free_port()
+    url_o, url_i = f"http://127.0.0.1:{port_o}", f"http://127.0.0.1:{port_i}"
+    round_robin = '[models."kimi-k2.6"]\npolicy = "round_robin"\n'
+    outer, inner = tmp_path / "outer.toml", tmp_path / "inner.toml"
+    outer.write_text(
+        gateway_config(
+            port_o,
+            [
+                {"name": "inner", "url": url_i, "model": MODEL, "strategy": "dflash"},
+                {"name": "twin", "url": twin, "model": MODEL, "strategy": "dflash"},
+            ],
+            round_robin,
+        )
+    )
+    inner.write_text(gateway_config(port_i, [{"name": "outer", "url": url_o, "model": MODEL, "strategy": "dflash"}]))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with (
+        running(specroute("serve", "--config", str(inner)), ready_url=f"{url_i}/health"),
+        running(specroute("serve", "--config", str(outer)), ready_url=f"{url_o}/health"),
+    ):
+        assert wait_until(lambda: _request(f"{url_i}/ready")[0] == 200)  # `inner` has seen `outer` up
+        for url in [url_o, url_i] * 4:
+            status, answer = _request(f"{url}/v1/chat/completions", body)
+            assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
+        # the loops cost nobody's circuit but the one whose backend leads back: `inner`'s stays closed
+        (to_outer,) = get_json(f"{url_i}/admin/backends")["backends"]
+        assert to_outer["circuit"] == "closed" and to_outer["up"]
+        assert get_json(f"{url_o}/admin/backends")["inflight"] == 0

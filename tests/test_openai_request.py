@@ -124,6 +124,10 @@ def test_fields_are_read_as_sglangs_pydantic_models_read_them() -> None:
     assert (flags.max_tokens, flags.stream, flags.sequences) == (1, False, 1)
     responses = parse(json.dumps({"model": "m", "input": "a", "max_output_tokens": 12.0}).encode(), "responses")
     assert responses.max_tokens == 10 and responses.store is True  # SGLang's default
+    # SGLang reads `max_completion_tokens or max_tokens`: a 0 gives way to max_tokens
+    zero = parse(json.dumps({**_CHAT, "max_completion_tokens": 0, "max_tokens": 50}).encode(), "chat")
+    assert zero.max_tokens == 50
+    assert parse(json.dumps({**_CHAT, "max_completion_tokens": 0}).encode(), "chat").max_tokens is None
     unstored = parse(json.dumps({"model": "m", "input": "a", "store": "false"}).encode(), "responses")
     assert unstored.store is False
 

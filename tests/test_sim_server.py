@@ -344,9 +344,22 @@ def test_fields_are_converted_as_pydantics_lax_mode_converts_them_but_on_generat
     assert status == 200 and done["usage"]["completion_tokens"] == 3
     status, err = post(f"{spec_url}/v1/chat/completions", {**CHAT, "max_tokens": 5.5})
     assert status == 400 and "max_tokens" in err["message"]
+    # every spelling pydantic takes, and only those: "yes", " 5 ", true for an integer; not "1e1"
+    body = {**CHAT, "max_tokens": " 4 ", "stream": "no", "ignore_eos": "yes", "n": True}
+    status, done = post(f"{spec_url}/v1/chat/completions", {**body, "stream_options": {"include_usage": None}})
+    assert status == 200 and done["usage"]["completion_tokens"] == 4
+    status, err = post(f"{spec_url}/v1/chat/completions", {**CHAT, "max_tokens": "1e1"})
+    assert status == 400 and "max_tokens" in err["message"]
+    # `max_completion_tokens or max_tokens` (to_sampling_params): a 0 gives way
+    status, done = post(
+        f"{spec_url}/v1/chat/completions", {**CHAT, "max_completion_tokens": 0, "max_tokens": 7, "ignore_eos": True}
+    )
+    assert status == 200 and done["usage"]["completion_tokens"] == 7
     # /generate's JSON contract then wants JSON's own types (entrypoints/api_contract.py)
     status, _ = post(f"{spec_url}/generate", {"text": "x", "stream": "false"})
     assert status == 400
+    status, err = post(f"{spec_url}/generate", {"text": "x", "sampling_params": {"ignore_eos": "true"}})
+    assert status == 400 and err == {"error": 'invalid type: string "true", expected a boolean'}
 
 
 @pytest.mark.parametrize("prompt", ["", [], [""]])

@@ -65,6 +65,15 @@ def _number(params: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
+def _ignore_eos(params: dict[str, Any]) -> bool:
+    """`sampling_params.ignore_eos`, false when unset: the model ends its answer by itself. The
+    JSON contract wants a boolean (`api/v1/api_types.py`), serde's error otherwise."""
+    value = params.get("ignore_eos")
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(f"invalid type: {_unexpected(value)}, expected a boolean")
+    return value is True
+
+
 def _unexpected(v: Any) -> str:
     """serde's `Unexpected` display, as `api/v1/api_types.py: _unexpected` writes it."""
     if v is None:
@@ -128,6 +137,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         text, ntok = _prompt(body)
         params = body.sampling_params
         max_new_tokens = _max_new_tokens(params)
+        ignore_eos = _ignore_eos(params)
     except ApiError as e:
         # schema errors (bad JSON, wrong field types) come from FastAPI's handler: flat shape
         return flat_error(e) if e.err_type == "Bad Request" else native_error(e)
@@ -135,8 +145,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         # SamplingParams: temperature 1.0 and top_p 1.0 when unset
         temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0), _number(params, "top_p", 1.0))
         domain, key = classify(text), prompt_key(text)
-        # SamplingParams.ignore_eos, False when unset: the model ends its answer by itself
-        answer = None if params.get("ignore_eos") is True else answer_tokens(state.profile.answer, domain, key)
+        answer = None if ignore_eos else answer_tokens(state.profile.answer, domain, key)
         gen = await admit(
             state,
             body.rid,

@@ -6,17 +6,19 @@ twin does not model. `tools` and `tool_choice` stay untyped here: tools.py valid
 way SGLang's pydantic models do, so that errors carry SGLang's messages. `chat_template_kwargs`
 is any JSON object; the twin reads `thinking` from it and ignores every other key. Completions
 default to `max_tokens` 16, as SGLang 0.5.23's protocol does. Chat without
-`max_tokens`/`max_completion_tokens` gets 128 new tokens: an assumption. SGLang passes no budget
-(`ChatCompletionRequest.to_sampling_params`: `max_new_tokens` None), so its scheduler clamps the
-request to the context (`scheduler.py: init_req_max_new_tokens`) and the model's end-of-sequence
-token ends it; the twin's prose has no such token, so 128 stands in for an answer's length.
-`priority` stays untyped here and is checked by `request_priority` as pydantic checks SGLang's
-`Optional[int]` (lax: "5", true and 5.0 are integers), with FastAPI's error text.
+`max_tokens`/`max_completion_tokens` gets no budget (`ChatCompletionRequest.to_sampling_params`:
+`max_new_tokens` None): the scheduler's clamp, and the answer ends at its EOS
+(`generation.unbounded_budget`, answers.py). `priority` stays untyped here and is checked by
+`request_priority` as pydantic checks SGLang's `Optional[int]` (lax: "5", true and 5.0 are
+integers), with FastAPI's error text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import types
+import typing
 from typing import Any, Literal
 
 import msgspec
@@ -59,8 +61,8 @@ GENERATE_ENDPOINT = '  File "sglang/srt/entrypoints/http_server.py", line 928, i
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: bool | None = False  # Optional[bool] in SGLang's protocol.py
+    continuous_usage_stats: bool | None = False
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -102,10 +104,9 @@ class ChatRequest(_Common, kw_only=True):
 
     @property
     def requested_max_tokens(self) -> int | None:
-        """The client's budget; None when it sets none (`generation.unbounded_budget`)."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
+        """The client's budget; None when it sets none (`generation.unbounded_budget`). As
+        `to_sampling_params` reads it: `max_completion_tokens or max_tokens`, so a 0 gives way."""
+        return self.max_completion_tokens or self.max_tokens
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -220,20 +221,61 @@ async def decode_body(request: web.Request, typ: type, *, strict: bool = False) 
     `type: "Bad Request"` and `param: null`. Bad JSON is reported as FastAPI reports it (a
     `json_invalid` error at the byte offset); field errors carry msgspec's description.
 
-    Values are converted as pydantic's lax mode (FastAPI's default) converts them: `"10"` and
-    `10.0` are 10, `"0.5"` is 0.5, `"true"` and `1` are true (msgspec's `strict=False`; unlike
-    pydantic it refuses `true` for a number). `strict`: JSON's own types only, as `/generate`'s
-    JSON contract has them (`entrypoints/api_contract.py`, checked after pydantic's parse).
+    Numbers and booleans are converted as FastAPI's pydantic models convert them, in lax mode:
+    `"10"` and `10.0` are 10, `"0.5"` is 0.5, `"true"`, `"yes"` and `1` are true, `true` is 1
+    (`_lax`: pydantic itself decides). `strict`: JSON's own types only, as `/generate`'s JSON
+    contract has them (`entrypoints/api_contract.py`, checked after pydantic's parse).
     """
     if request.content_type != "application/json":
         raise ApiError("Unsupported Media Type: Only 'application/json' is allowed", err_type="Bad Request")
     raw = await request.read()
     try:
-        return msgspec.json.decode(raw, type=typ, strict=strict)
+        if strict:
+            return msgspec.json.decode(raw, type=typ)
+        return msgspec.convert(_lax(msgspec.json.decode(raw), typ), typ)
     except msgspec.ValidationError as e:
         raise ApiError(f"1 validation error:\n  {e}", err_type="Bad Request") from None
     except JSON_DECODE_ERRORS:
         raise ApiError(_json_error_message(raw), err_type="Bad Request") from None
+
+
+# Per request type: its number and boolean fields, each with pydantic's validator for its type and
+# the types that need no conversion; and its fields that are request types themselves.
+_Scalars = list[tuple[str, TypeAdapter[Any], tuple[type, ...]]]
+_LAX_FIELDS: dict[type, tuple[_Scalars, list[tuple[str, type]]]] = {}
+_SCALARS = (int, float, bool)
+
+
+def _lax_fields(typ: type) -> tuple[_Scalars, list[tuple[str, type]]]:
+    fields = _LAX_FIELDS.get(typ)
+    if fields is None:
+        scalars: _Scalars = []
+        nested: list[tuple[str, type]] = []
+        for f in msgspec.structs.fields(typ):
+            args = typing.get_args(f.type) if isinstance(f.type, types.UnionType) else (f.type,)
+            if any(a in _SCALARS for a in args) and all(a in _SCALARS or a is type(None) for a in args):
+                scalars.append((f.encode_name, TypeAdapter(f.type), args))
+            for a in args:
+                if isinstance(a, type) and issubclass(a, msgspec.Struct):
+                    nested.append((f.encode_name, a))
+        fields = _LAX_FIELDS[typ] = (scalars, nested)
+    return fields
+
+
+def _lax(data: Any, typ: type) -> Any:
+    """`data` with its number and boolean fields converted as pydantic converts them; a value
+    pydantic refuses is left for msgspec to refuse, with its own message."""
+    if not isinstance(data, dict):
+        return data
+    scalars, nested = _lax_fields(typ)
+    for name, adapter, exact in scalars:
+        if name in data and type(data[name]) not in exact:
+            with contextlib.suppress(ValidationError):
+                data[name] = adapter.validate_python(data[name])
+    for name, inner in nested:
+        if name in data:
+            data[name] = _lax(data[name], inner)
+    return data
 
 
 def _json_error_message(raw: bytes) -> str:
