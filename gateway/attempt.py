@@ -37,10 +37,10 @@ if TYPE_CHECKING:
     from gateway.tracing import Tracing
     from policies import Decision
 
-REQUEST_ID_HEADER = "x-request-id"
-# Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
 log = logging.getLogger("specroute.proxy")
 
+REQUEST_ID_HEADER = "x-request-id"
+# Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 # 503 (a full queue) and 429 mean busy, not broken: they do not count against the circuit.
 BUSY = frozenset({429, 503})
