@@ -17,16 +17,12 @@ lengths in chat logs.
 
 from __future__ import annotations
 
-import math
-from statistics import NormalDist
-
 import msgspec
 
-from backends.sim.thinking import reasoning_uniform
+from backends.sim.thinking import lognormal_tokens
 
-__all__ = ["AnswerModel", "answer_tokens"]
+__all__ = ["AnswerModel", "answer_tokens", "natural_stop"]
 
-_STD_NORMAL = NormalDist()
 # Decorrelates the answer's draw from the reasoning length's, which comes from the same key.
 _SALT = 0xA5A5_5A5A_C3C3_3C3C
 
@@ -48,5 +44,15 @@ def answer_tokens(model: AnswerModel | None, domain: str, key: int) -> int | Non
     median = getattr(model, domain, 0)
     if median <= 0:
         return None
-    z = _STD_NORMAL.inv_cdf(reasoning_uniform(key ^ _SALT)) if model.spread > 0 else 0.0
-    return max(1, round(median * math.exp(model.spread * z)))
+    return lognormal_tokens(median, model.spread, key ^ _SALT)
+
+
+def natural_stop(
+    model: AnswerModel | None, domain: str, key: int, reasoning_tokens: int = 0, ignore_eos: bool = False
+) -> int | None:
+    """Output tokens after which the request ends at EOS: its reasoning, then its answer; None
+    when it runs to its budget (the client ignores EOS, or the profile has no answer lengths)."""
+    if ignore_eos:
+        return None
+    answer = answer_tokens(model, domain, key)
+    return reasoning_tokens + answer if answer is not None else None

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from backends.sim.answers import answer_tokens
+from backends.sim.answers import natural_stop
 from backends.sim.chunks import SSE_HEADERS
 from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import (
@@ -145,7 +145,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
         # SamplingParams: temperature 1.0 and top_p 1.0 when unset
         temperature, top_p = sampling_values(state, _number(params, "temperature", 1.0), _number(params, "top_p", 1.0))
         domain, key = classify(text), prompt_key(text)
-        answer = None if ignore_eos else answer_tokens(state.profile.answer, domain, key)
         gen = await admit(
             state,
             body.rid,
@@ -154,7 +153,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             max_new_tokens,
             domain=domain,
             key=key,
-            stop_after_tokens=answer,
+            stop_after_tokens=natural_stop(state.profile.answer, domain, key, ignore_eos=ignore_eos),
             temperature=temperature,
             top_p=top_p,
             lora=body.lora_path,

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from backends.sim import chunks
-from backends.sim.answers import answer_tokens
+from backends.sim.answers import natural_stop
 from backends.sim.chat_output import EOS_TOKEN_ID, ChatChunker, OutputScript
 from backends.sim.domain import classify, prompt_key
 from backends.sim.errors import ApiError, SchedulerAbort, flat_error
@@ -163,18 +163,6 @@ def _thinking(state: SimState, body: ChatRequest) -> bool:
     return thinking is not False
 
 
-def _natural_length(state: SimState, script: OutputScript, domain: str, key: int, ignore_eos: bool) -> int | None:
-    """Output tokens after which the model stops by itself: a tool call's end, else (unless the
-    client ignores EOS) its reasoning and the answer's length (backends.sim.answers); None: the
-    output runs to its budget."""
-    if script.natural_length is not None:
-        return script.natural_length
-    if ignore_eos:
-        return None
-    answer = answer_tokens(state.profile.answer, domain, key)
-    return script.reasoning_tokens + answer if answer is not None else None
-
-
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     stream = False
@@ -211,7 +199,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             key=key,
             temperature=temperature,
             top_p=top_p,
-            stop_after_tokens=_natural_length(state, OutputScript(0, reasoning, call), domain, key, body.ignore_eos),
+            # a tool call ends with its call; an answer at EOS (backends.sim.answers)
+            stop_after_tokens=OutputScript(0, reasoning, call).natural_length
+            or natural_stop(state.profile.answer, domain, key, reasoning, body.ignore_eos),
             lora=resolve_lora_path(body.model, state.served_model_name, body.lora_path),
             priority=priority,
         )
@@ -367,13 +357,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
         temperature, top_p = sampling_values(state, body.temperature, body.top_p)
         lora = resolve_lora_path(body.model, state.served_model_name, body.lora_path)
         domain, key = classify(text), prompt_key(text)
-        answer = None if body.ignore_eos else answer_tokens(state.profile.answer, domain, key)
         sampling: dict[str, Any] = dict(
             domain=domain,
             key=key,
             temperature=temperature,
             top_p=top_p,
-            stop_after_tokens=answer,
+            stop_after_tokens=natural_stop(state.profile.answer, domain, key, ignore_eos=body.ignore_eos),
             lora=lora,
             priority=priority,
         )

@@ -30,7 +30,7 @@ import msgspec
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
-from backends.sim.answers import answer_tokens
+from backends.sim.answers import natural_stop
 from backends.sim.chat_output import OutputScript
 from backends.sim.chunks import SSE_HEADERS
 from backends.sim.domain import classify, prompt_key
@@ -407,8 +407,6 @@ async def _admit(state: SimState, plan: _Plan) -> Generation:
     `SamplingParams.verify` checks them once generation is asked for: an error is then the
     generation's (a 400 unstreamed, `response.failed` in an open stream)."""
     temperature, top_p = sampling_values(state, plan.body.temperature, plan.body.top_p)
-    # `ResponsesRequest` has no ignore_eos: the answer always ends where the model ends it
-    answer = answer_tokens(state.profile.answer, plan.domain, plan.key)
     return await admit(
         state,
         plan.rid,
@@ -419,7 +417,8 @@ async def _admit(state: SimState, plan: _Plan) -> Generation:
         key=plan.key,
         temperature=temperature,
         top_p=top_p,
-        stop_after_tokens=plan.reasoning + answer if answer is not None else None,
+        # `ResponsesRequest` has no ignore_eos: the answer always ends where the model ends it
+        stop_after_tokens=natural_stop(state.profile.answer, plan.domain, plan.key, plan.reasoning),
     )
 
 

@@ -14,7 +14,7 @@ from statistics import NormalDist
 
 import msgspec
 
-__all__ = ["ReasoningModel", "reasoning_tokens", "reasoning_uniform"]
+__all__ = ["ReasoningModel", "lognormal_tokens", "reasoning_tokens", "reasoning_uniform"]
 
 _STD_NORMAL = NormalDist()
 
@@ -47,5 +47,11 @@ def reasoning_tokens(model: ReasoningModel | None, domain: str, key: int) -> int
     median = getattr(model, domain, 0)
     if median <= 0:
         return 0
-    z = _STD_NORMAL.inv_cdf(reasoning_uniform(key)) if model.spread > 0 else 0.0
-    return max(1, min(model.max_tokens, round(median * math.exp(model.spread * z))))
+    return min(model.max_tokens, lognormal_tokens(median, model.spread, key))
+
+
+def lognormal_tokens(median: int, spread: float, key: int) -> int:
+    """A length drawn from a log-normal around `median` with sigma `spread`, by prompt key: the
+    same key, the same length (at least 1)."""
+    z = _STD_NORMAL.inv_cdf(reasoning_uniform(key)) if spread > 0 else 0.0
+    return max(1, round(median * math.exp(spread * z)))
