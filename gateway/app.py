@@ -157,13 +157,13 @@ def create_app(
         """A stored Response is known only to the backend that made it (gateway.response_owners);
         one this gateway has no record of is looked for on every backend (gateway.response_holders)."""
         check_response_id(response_id)
-        via = {"Via": forwarded_via(request.headers.get("via"))}
+        via = forwarded_via(request.headers.get("via"))
         path = f"/v1/responses/{response_id}{action}"
         owners = rt.proxy.response_owners
         holder = owners.owner(response_id)
         backend = rt.pools.by_name.get(holder) if holder is not None else None
         if backend is None:
-            found = await find_holder(response_id, rt.pools.by_name.values(), owners, via=via["Via"])
+            found = await find_holder(response_id, rt.pools.by_name.values(), owners, via=via)
             if found is None:
                 raise ApiError(
                     404,
@@ -177,7 +177,7 @@ def create_app(
                     body, status_code=200, media_type="application/json", headers={BACKEND_HEADER: backend.name}
                 )
         try:
-            status, body = await backend.client.call("POST" if action else "GET", path, headers=via)
+            status, body = await backend.client.call("POST" if action else "GET", path, headers={"Via": via})
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             # as for a follow-up whose holder is down: only that backend can answer, later
             what = f"backend {backend.name}, which holds the response, is unreachable: {type(e).__name__}"

@@ -227,9 +227,8 @@ class Attempt:
                     backend.spec.url,
                 )
             failure = self.failure("loop", 502, "forwards back to this gateway (508 Loop Detected): check its URL")
-        else:
-            error = translate_upstream_error(LOOP_STATUS, raw, backend.name)
-            failure = UpstreamFailure("loop", ApiError(LOOP_STATUS, error.message, code="loop_detected"), False)
+        else:  # the 508 as it came, `loop_detected` and all
+            failure = UpstreamFailure("loop", translate_upstream_error(LOOP_STATUS, raw, backend.name), False)
         req.looped = {**(req.looped or {}), backend.name: failure.error}
         return failure
 

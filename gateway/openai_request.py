@@ -159,11 +159,9 @@ def _priority(body: dict[str, Any]) -> int | None:
 def _sequences_per_prompt(body: dict[str, Any]) -> int:
     """`n`, checked here because SGLang admits any count: one request asking for billions of
     samples would take a server's memory, and the gateway's retry would take the next one's."""
-    n = body.get("n")
+    n: int | None = _field(body, "n", int)
     if n is None:
         return 1
-    if type(n) is not int:
-        n = _lax("n", n, int)
     if not 1 <= n <= MAX_N:
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_N}, got {n!r}"[:200], param="n")
     return n

@@ -214,18 +214,7 @@ class BackendPoller:
         self.checks += 1
         was_up = backend.up
         looped, self.looped = self.looped, status == LOOP_STATUS
-        if self.looped:
-            # its URL leads back to this gateway: out at once, not after unhealthy_after checks
-            if not looped:
-                log.error(
-                    "backend %s (%s) forwards back to this gateway (508 Loop Detected): its URL points at "
-                    "this gateway, or at a gateway that forwards here; it gets no requests",
-                    backend.name,
-                    backend.spec.url,
-                )
-            self._successes, self._fails = 0, self._fails + 1
-            backend.ready = False
-        elif ok:
+        if ok:
             self._fails, self._successes = 0, self._successes + 1
             backend.circuit.record_ready()
             if not backend.ready and self._successes >= self.healthy_after and self.engine_ok:
@@ -234,7 +223,16 @@ class BackendPoller:
                 self._cache_lost()
         else:
             self._successes, self._fails = 0, self._fails + 1
-            if backend.ready and self._fails >= self.unhealthy_after:
+            if self.looped:  # its URL leads back to this gateway: out at once, not after unhealthy_after checks
+                if not looped:
+                    log.error(
+                        "backend %s (%s) forwards back to this gateway (508 Loop Detected): its URL points at "
+                        "this gateway, or at a gateway that forwards here; it gets no requests",
+                        backend.name,
+                        backend.spec.url,
+                    )
+                backend.ready = False
+            elif backend.ready and self._fails >= self.unhealthy_after:
                 log.warning("backend %s failed %d readiness checks: out of the pool", backend.name, self._fails)
                 backend.ready = False
         if backend.up != was_up and self.on_change is not None:
