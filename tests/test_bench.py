@@ -181,3 +181,20 @@ def test_split_writes_compares_one_and_two_write_answers():
     rows = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith(("one_write/", "two_writes/"))}
     assert rows == {"one_write/raw", "two_writes/raw", "one_write/http", "two_writes/http"}
     assert "http  client: two writes cost" in proc.stdout
+
+
+def test_a_router_that_served_nothing_voids_the_routers_verdict():
+    """SGLang's router answers /health before its workers are registered: a run that started then
+    served nothing. Its row must not drop out of the comparison and leave a weaker peer as the one
+    to beat."""
+    from bench.routers.run import Result, verdicts
+
+    def row(name: str, tok_s: float | None, requests: int = 24) -> Result:
+        return Result(contestant=name, workload="closed-c4", requests=requests, mean_request_tok_s=tok_s, e2e_p99_s=2.0)
+
+    served = [row("specroute", 120.0), row("litellm/least-busy-noar", 90.0), row("only:k26-ddtree", 115.0)]
+    (full,) = verdicts(served)
+    assert full["holds"] and full["peers_missing"] == []
+    (partial,) = verdicts([*served, row("sgl/cache_aware-noar", None, requests=0)])
+    assert partial["best_peer"] == "litellm/least-busy-noar"
+    assert partial["peers_missing"] == ["sgl/cache_aware-noar"] and not partial["holds"]
