@@ -331,26 +331,13 @@ def verdicts(results: list[Result]) -> list[dict[str, Any]]:
     """Per workload: specroute against the best peer configuration (highest mean request tok/s)."""
     out = []
     for w in sorted({r.workload for r in results}):
-        ours = next((r for r in results if r.workload == w and r.contestant == "specroute"), None)
-        peer_rows = [
-            r
-            for r in results
-            if r.workload == w
-            and (r.contestant.startswith(("sgl/", "litellm/")))
-            and r.mean_request_tok_s is not None
-            and r.errors == 0
-        ]
-        single = [
-            r
-            for r in results
-            if r.workload == w and r.contestant.startswith("only:") and r.mean_request_tok_s is not None
-        ]
+        rows = [r for r in results if r.workload == w]
+        ours = next((r for r in rows if r.contestant == "specroute"), None)
+        peers = [r for r in rows if r.contestant.startswith(("sgl/", "litellm/"))]
+        peer_rows = [r for r in peers if r.mean_request_tok_s is not None and r.errors == 0]
+        single = [r for r in rows if r.contestant.startswith("only:") and r.mean_request_tok_s is not None]
         # a peer that served nothing (it never came up) is missing from the comparison, not beaten
-        missing = sorted(
-            r.contestant
-            for r in results
-            if r.workload == w and r.contestant.startswith(("sgl/", "litellm/")) and not r.requests
-        )
+        missing = sorted(r.contestant for r in peers if not r.requests)
         if ours is None or ours.mean_request_tok_s is None or not peer_rows:
             continue
         best = max(peer_rows, key=lambda r: r.mean_request_tok_s or 0.0)
