@@ -81,7 +81,10 @@ class Admission:
         front = False
         rank = arrival = 0
         while True:
-            up = [b for b in self.pools.by_model.get(model, ()) if b.up]
+            members = self.pools.by_model.get(model, ())
+            up = [b for b in members if b.up]
+            if not up:  # panic: only open circuits keep the rest out, and they go in (Envoy's panic routing)
+                up = [b for b in members if b.serving]
             if pin is not None or adapters:
                 up = [b for b in up if _fits(b, pin, adapters)]
             if not up:

@@ -18,19 +18,21 @@ from litestar.params import FromPath
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp as StarletteASGIApp
 
+from backends.client import AnswerTooLarge
 from common.admin_api import AdminBackends, BackendState
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
 from gateway.asgi import ASGIApp
 from gateway.attempt import REQUEST_ID_HEADER
-from gateway.auth import AuthGate
+from gateway.auth import AuthGate, posture
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError, model_not_found
 from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
 from gateway.probe_head import ProbeHead
 from gateway.proxy import BACKEND_HEADER, TRACE_ID_HEADER
-from gateway.response_holders import check_response_id, find_holder
+from gateway.response_holders import response_segments
+from gateway.response_ids import check_response_id
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
 from gateway.via import LoopGuard, forwarded_via
@@ -47,6 +49,7 @@ def create_app(
     tracing: Tracing | None = None,
     access_log: AccessLog | None = None,
 ) -> Litestar:
+    admits = posture(config)  # before anything starts: a reachable listener without keys is refused
     rt = Runtime(config, tracing=tracing, access_log=access_log)
     created = int(time.time())
     reload_lock = asyncio.Lock()
@@ -68,6 +71,11 @@ def create_app(
             try:
                 new = load_config(config_path)
             except ConfigError as e:  # the old config stays
+                raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
+            new = rt.running(new)
+            try:
+                posture(new)
+            except ConfigError as e:
                 raise ApiError(400, f"config rejected, the running one is kept: {e}", code="invalid_config") from None
             if not new.backends:  # a half-written file, most likely: it would take every model offline
                 raise ApiError(
@@ -153,17 +161,18 @@ def create_app(
             }
         )
 
-    async def _at_holder(request: Request[Any, Any, Any], response_id: str, action: str = "") -> Response[bytes]:
+    async def _at_holder(
+        request: Request[Any, Any, Any], response_id: str, action: str | None = None
+    ) -> Response[bytes]:
         """A stored Response is known only to the backend that made it (gateway.response_owners);
         one this gateway has no record of is looked for on every backend (gateway.response_holders)."""
-        check_response_id(response_id)
+        check_response_id(response_id, "response_id")
         via = forwarded_via(request.headers.get("via"))
-        path = f"/v1/responses/{response_id}{action}"
-        owners = rt.proxy.response_owners
-        holder = owners.owner(response_id)
+        proxy = rt.proxy
+        holder = proxy.response_owners.owner(response_id)
         backend = rt.pools.by_name.get(holder) if holder is not None else None
         if backend is None:
-            found = await find_holder(response_id, rt.pools.by_name.values(), owners, via=via)
+            found = await proxy.response_lookups.find(response_id, rt.pools.by_name.values(), via=via)
             if found is None:
                 raise ApiError(
                     404,
@@ -172,12 +181,21 @@ def create_app(
                     code="response_not_found",
                 )
             backend, body = found
-            if not action:  # the lookup's answer is the retrieval's
+            if action is None:  # the lookup's answer is the retrieval's
                 return Response(
                     body, status_code=200, media_type="application/json", headers={BACKEND_HEADER: backend.name}
                 )
         try:
-            status, body = await backend.client.call("POST" if action else "GET", path, headers={"Via": via})
+            status, body = await backend.client.call(
+                "GET" if action is None else "POST",
+                response_segments(response_id, action),
+                headers={"Via": via},
+                max_bytes=rt.config.gateway.max_response_bytes,
+            )
+        except AnswerTooLarge as e:
+            raise ApiError(
+                502, f"backend {backend.name} answered more than {e.limit} bytes (gateway.max_response_bytes)"
+            ) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             # as for a follow-up whose holder is down: only that backend can answer, later
             what = f"backend {backend.name}, which holds the response, is unreachable: {type(e).__name__}"
@@ -192,7 +210,7 @@ def create_app(
     @post("/v1/responses/{response_id:str}/cancel", status_code=200)
     async def cancel_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
         """`client.responses.cancel` of a background Response, at the backend running it."""
-        return await _at_holder(request, response_id, "/cancel")
+        return await _at_holder(request, response_id, "cancel")
 
     @get("/admin/backends")
     async def admin_backends() -> Response[bytes]:
@@ -258,6 +276,7 @@ def create_app(
         return _json(await _reload())
 
     async def on_startup() -> None:
+        (log.warning if admits.mode != "keys" else log.info)("access: %s", admits.message)
         await rt.start()
         if config_path is not None:
             loop = asyncio.get_running_loop()
@@ -336,7 +355,7 @@ def serving_asgi(app: Litestar) -> ASGIApp:
         lambda: rt.config,
         rt.tracing,
     )
-    gate = AuthGate(fast, config.auth, lambda: rt.config.auth)
+    gate = AuthGate(fast, config, lambda: rt.config)
     origins = config.gateway.cors_allow_origins
     if not origins:
         return gate

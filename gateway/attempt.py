@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import aiohttp
 
@@ -44,6 +44,10 @@ REQUEST_ID_HEADER = "x-request-id"
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 # 503 (a full queue) and 429 mean busy, not broken: they do not count against the circuit.
 BUSY = frozenset({429, 503})
+# A 500 is SGLang's answer to what went wrong with this request (an exception while handling it):
+# it says nothing about the backend, and the same body may fail the same way anywhere, so it is
+# tried on one other backend at most, and never counted against a circuit.
+REQUEST_ERRORS = frozenset({500})
 _WRAPPED_503 = "503: "
 NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 STALLED = "stopped stepping (SGLang's engine check failed)"
@@ -52,14 +56,20 @@ FAILED_UNDER = frozenset({"lost", "broken_response", "engine_stalled"})
 
 
 class UpstreamFailure(Exception):
-    """A failure before anything reached the client: safe to try another backend. `kind` names it
-    in metrics and spans; `health` says whether it counts against the backend's circuit."""
+    """A failure before anything reached the client. `kind` names it in metrics and spans; `health`
+    says whether it counts against the backend's circuit; `retry` whether another backend may be
+    tried: "yes", "once" (one more attempt for a request that had such a failure, not two: a
+    request's own error), or "no" (it ran there until a deadline: running it again would double
+    the time and the work)."""
 
-    def __init__(self, kind: str, error: ApiError, health: bool = True) -> None:
+    def __init__(
+        self, kind: str, error: ApiError, health: bool = True, retry: Literal["yes", "once", "no"] = "yes"
+    ) -> None:
         super().__init__(error.message)
         self.kind = kind
         self.error = error
         self.health = health
+        self.retry = retry
 
 
 class AttemptHost(Protocol):
@@ -151,10 +161,10 @@ class Attempt:
         try:
             resp = await backend.client.post(path, body, self.upstream_headers, timeouts)
         except NET_ERRORS as e:
-            if isinstance(e, asyncio.TimeoutError):
-                raise self.failure("timeout", 504, f"timed out before answering: {type(e).__name__}") from None
-            if isinstance(e, aiohttp.ClientConnectorError):  # never reached it
+            if isinstance(e, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):  # never reached it
                 raise self.failure("connect", 502, f"unreachable: {type(e).__name__}") from None
+            if isinstance(e, asyncio.TimeoutError):  # it ran there until the deadline
+                raise self.timed_out(f"timed out before answering: {type(e).__name__}") from None
             # The request went out and the connection broke before an answer: a server that died
             # with it (SGLang sends no header before a non-streamed answer or a stream's first token).
             raise self.failure("lost", 502, f"dropped the connection before answering: {type(e).__name__}") from None
@@ -169,6 +179,8 @@ class Attempt:
         if resp.status == LOOP_STATUS:
             raise self.looped(raw)
         error = translate_upstream_error(resp.status, raw, backend.name)
+        if resp.status in REQUEST_ERRORS:
+            raise UpstreamFailure(f"http_{resp.status}", error, health=False, retry="once")
         if resp.status in RETRYABLE:
             raise UpstreamFailure(f"http_{resp.status}", error, health=resp.status not in BUSY)
         if resp.status == 400 and error.message.startswith(_WRAPPED_503):
@@ -236,6 +248,10 @@ class Attempt:
         """An UpstreamFailure naming this attempt's backend: `backend NAME <what>`."""
         return UpstreamFailure(kind, ApiError(status, f"backend {self.backend.name} {what}"), health)
 
+    def timed_out(self, what: str) -> UpstreamFailure:
+        """The request ran on the backend until a deadline: the backend's failure, not to be run again."""
+        return UpstreamFailure("timeout", ApiError(504, f"backend {self.backend.name} {what}"), retry="no")
+
     def mean_inflight(self) -> float:
         """Time-weighted in-flight on the backend over the attempt's life (itself included)."""
         now = time.perf_counter()
@@ -259,3 +275,5 @@ class Attempt:
             self._host.attempt_failed(self, exc)
         else:
             self._host.attempt_ended(self, exc, mean_inflight)
+        if self.lease.probe:  # a verdict (success, failure) has moved the circuit on already
+            self.backend.circuit.probe_ended()

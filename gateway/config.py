@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from backends import BackendSpec, Strategy
+from common.priority import priority_in_range
+from gateway.extras import GUARDED_EXTRAS, guarded_extra
 from policies import POLICY_NAMES as KNOWN_POLICIES
 from policies.registry import POLICY_OPTIONS, make_policy
 
@@ -37,8 +39,27 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # limit and SGLang's router 512 MB; what makes a K2.6 body large is base64 images in an agent's
     # history (a few MB a screenshot), while 256k tokens of text are about 1-2 MB of JSON.
     max_body_bytes: int = 32 * 1024 * 1024
+    # The most bytes of request bodies being received and decoded at once, over all requests: a
+    # body announced (content-length) beyond what is left waits for room within
+    # timeouts.client_body_s, and one sent in chunks that would overrun it is refused (503). A
+    # JSON body decodes to several times its size in objects, so this bounds that peak.
+    max_body_bytes_in_flight: int = 64 * 1024 * 1024
+    # A non-streamed answer (or a stored Response looked up) larger than this is refused (502)
+    # rather than held whole in memory. n=128 samples of 32k tokens with top-20 logprobs stay below.
+    max_response_bytes: int = 64 * 1024 * 1024
+    # Client connections open at once; one more is answered 503 and closed. Each holds a file
+    # descriptor: the process's limit (ulimit -n) must be above this plus the upstream pools.
+    max_connections: int = 8192
     # aiohttp connection pool size per backend (keep-alive connections).
     upstream_connections: int = 512
+    # Lookups of stored Responses this gateway has no record of, running at once (each asks every
+    # candidate backend once); more wait their turn up to 2 s, then 503.
+    response_lookups: int = 16
+    # SGLang request fields clients may send through this gateway although they reach past one
+    # request: custom_logit_processor (code the server runs), return_hidden_states, bootstrap_*
+    # (disaggregation endpoints), rid (the server's request id), data_parallel_rank. Refused (400)
+    # unless named here (gateway/extras.py).
+    allowed_extras: list[str] = msgspec.field(default_factory=list)
     # Origins a browser may call the gateway from (CORS); empty: no CORS headers at all.
     # ["*"] is what SGLang's own server allows (entrypoints/http_server.py). Read at start only.
     cors_allow_origins: list[str] = msgspec.field(default_factory=list)
@@ -59,6 +80,11 @@ class TimeoutsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # A client's request body, from its first byte to its last: one that trickles in (slow-loris)
     # would otherwise hold a connection and its buffer as long as it likes. 32 MB at 10 Mbit/s: 27 s.
     client_body_s: float = 60.0
+    # A new connection, or a request begun on a kept-alive one, must have sent its headers within this.
+    client_header_s: float = 30.0
+    # A client that accepts no bytes of its answer for this long is dropped: its connection is
+    # closed and its upstream request aborted, so it holds no backend slot (nginx: send_timeout 60s).
+    client_send_s: float = 60.0
 
 
 class RetrySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -73,6 +99,12 @@ class RetrySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (gateway/suspects.py); 0: never
     quarantine_after: int = 2
     quarantine_s: float = 600.0
+    # Retry budget (Envoy's and Finagle's): retries are at most this share of the requests of the
+    # last budget_window_s, plus budget_min_retries_per_s for each of its seconds (Finagle's
+    # defaults: 20%, 10 s, 10/s), so that a failing pool is not sent its traffic several times over.
+    budget_share: float = 0.2
+    budget_window_s: float = 10.0
+    budget_min_retries_per_s: float = 10.0
 
 
 class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -81,6 +113,12 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     healthy_after: int = 1  # consecutive good checks -> back in
     circuit_failures: int = 3  # consecutive failed requests -> circuit open
     circuit_cooldown_s: float = 5.0  # open -> half-open (one probe request) after this
+    # Each time a circuit opens again without a success between, its cooldown doubles, up to this.
+    circuit_max_cooldown_s: float = 300.0
+    # At most this share of a model's backends may have their circuit open at once (at least one):
+    # past it a failing backend stays in (Envoy's max_ejection_percent), and when no backend of a
+    # model is left up but for open circuits, requests go to those anyway (Envoy's panic routing).
+    max_ejected_share: float = 0.5
     # SGLang's /health_generate this often (0: never): the only check that notices a hung engine,
     # since /ready stays 200 until such a check has failed. It costs a 1-token request on an idle
     # server and nothing on a busy one; SGLang answers 503 after 20 s without a finished batch.
@@ -107,6 +145,17 @@ class AdmissionSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     default_priority: int = 0  # a request without `priority` (SGLang's --default-priority-value)
 
 
+class ClientEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An API key with settings of its own (`[[auth.clients]]`)."""
+
+    name: str
+    key: str | None = None
+    key_env: str | None = None  # the key read from this environment variable
+    # The `priority` this client may set, [lowest, highest]: its requests' values are clamped into
+    # it. Empty: the gateway-wide auth.priority_range.
+    priority_range: list[int] = msgspec.field(default_factory=list)
+
+
 class AuthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     api_keys: list[str] = msgspec.field(default_factory=list)
     api_keys_env: str = "SPECROUTE_API_KEYS"  # comma-separated, added to api_keys
@@ -116,6 +165,13 @@ class AuthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     public_paths: list[str] = msgspec.field(default_factory=lambda: ["/health", "/ready", "/metrics"])
     rate_limit_rps: float = 0.0  # per API key; 0 = off
     rate_limit_burst: int = 0  # bucket size; 0 = max(1, rps)
+    # Keys with settings of their own, beside api_keys.
+    clients: list[ClientEntry] = msgspec.field(default_factory=list)
+    # The `priority` clients may set, [lowest, highest]; a request's value is clamped into it.
+    # Empty: none, every request gets admission.default_priority (a client cannot push others out).
+    priority_range: list[int] = msgspec.field(default_factory=list)
+    # Serve on a non-loopback address with no API key. Off: the gateway refuses to start that way.
+    allow_unauthenticated: bool = False
 
 
 class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -310,6 +366,19 @@ def _check(config: Config, source: str) -> None:
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     _check_ranges(config, source)
+    if config.gateway.max_body_bytes > config.gateway.max_body_bytes_in_flight:
+        raise ConfigError(
+            f"{source}: gateway.max_body_bytes: expected at most gateway.max_body_bytes_in_flight "
+            f"({config.gateway.max_body_bytes_in_flight}), got {config.gateway.max_body_bytes}: "
+            "such a body could never be read"
+        )
+    for name in config.gateway.allowed_extras:
+        if not guarded_extra(name):
+            raise ConfigError(
+                f"{source}: gateway.allowed_extras: {name!r} is not one of the fields the gateway refuses "
+                f"({', '.join(GUARDED_EXTRAS)}); every other field passes through already"
+            )
+    _check_auth(config.auth, source)
     if config.logging.level.upper() not in LOG_LEVELS:
         raise ConfigError(f"{source}: logging.level: expected one of {list(LOG_LEVELS)}, got {config.logging.level!r}")
     if config.tracing.exporter not in ("none", "otlp", "console"):
@@ -364,6 +433,33 @@ def _check(config: Config, source: str) -> None:
             raise ConfigError(f"{source}: {key}: policy {policy!r}: {e}") from None
 
 
+def _check_auth(auth: AuthSection, source: str) -> None:
+    _check_priority_range(auth.priority_range, f"{source}: auth.priority_range")
+    for path in auth.public_paths:
+        if not path.startswith("/") or path.startswith("/admin"):
+            raise ConfigError(
+                f"{source}: auth.public_paths: expected paths beginning with '/' outside the admin API, got {path!r}"
+            )
+    names: set[str] = set()
+    for i, client in enumerate(auth.clients):
+        where = f"{source}: auth.clients[{i}]"
+        if not client.name.strip() or client.name in names:
+            raise ConfigError(f"{where}.name: expected a non-empty name of its own, got {client.name!r}")
+        names.add(client.name)
+        if (client.key is None) == (client.key_env is None):
+            raise ConfigError(f"{where}: expected one of key or key_env")
+        if client.key is not None and not client.key.strip():
+            raise ConfigError(f"{where}.key: expected a non-empty key")
+        _check_priority_range(client.priority_range, f"{where}.priority_range")
+
+
+def _check_priority_range(value: list[int], where: str) -> None:
+    if not value:
+        return
+    if len(value) != 2 or value[0] > value[1] or not all(priority_in_range(v) for v in value):
+        raise ConfigError(f"{where}: expected [lowest, highest], two signed 64-bit integers, got {value!r}")
+
+
 def _endpoint_problem(endpoint: str, protocol: str) -> str | None:
     """An OTLP endpoint: a base URL; over gRPC also HOST:PORT, as the OTLP gRPC exporter takes it."""
     if protocol == "grpc" and "://" not in endpoint:
@@ -401,22 +497,33 @@ _RANGES: dict[str, tuple[float, bool, float | None]] = {
     "gateway.shutdown_grace_s": (0, True, None),  # 0: end what is open at once
     "gateway.max_body_bytes": (1, True, None),
     "gateway.upstream_connections": (1, True, None),
+    "gateway.max_body_bytes_in_flight": (1, True, None),
+    "gateway.max_response_bytes": (1, True, None),
+    "gateway.max_connections": (1, True, None),
+    "gateway.response_lookups": (1, True, None),
     "timeouts.connect_s": (0, False, None),
     "timeouts.first_byte_s": (0, False, None),
     "timeouts.idle_stream_s": (0, False, None),
     "timeouts.request_s": (0, False, None),
     "timeouts.client_body_s": (0, False, None),
+    "timeouts.client_header_s": (0, False, None),
+    "timeouts.client_send_s": (0, False, None),
     "retry.attempts": (1, True, None),  # 1: no retry
     "retry.backoff_initial_s": (0, True, None),
     "retry.backoff_max_s": (0, True, None),
     "retry.deadline_s": (0, False, None),
     "retry.quarantine_after": (0, True, None),  # 0: never
     "retry.quarantine_s": (0, True, None),
+    "retry.budget_share": (0, True, None),
+    "retry.budget_window_s": (0, False, None),
+    "retry.budget_min_retries_per_s": (0, True, None),
     "health.interval_s": (0, False, None),
     "health.unhealthy_after": (1, True, None),
     "health.healthy_after": (1, True, None),
     "health.circuit_failures": (1, True, None),
     "health.circuit_cooldown_s": (0, True, None),  # 0: the probe may go at once
+    "health.circuit_max_cooldown_s": (0, True, None),
+    "health.max_ejected_share": (0, True, 1),
     "health.engine_check_s": (0, True, None),  # 0: never
     "health.engine_check_timeout_s": (0, False, None),
     "health.models_refresh_s": (0, True, None),  # 0: at start and restarts only

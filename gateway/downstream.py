@@ -23,6 +23,7 @@ from types import TracebackType
 
 from gateway.asgi import Message, Receive, Send
 from gateway.errors import ApiError, sse_error_event
+from gateway.principal import Principal
 
 # A stream's last event when it fails after its first byte: (message, type, code) -> its bytes.
 FailureEvent = Callable[[str, str, object], bytes]
@@ -45,11 +46,13 @@ class Downstream:
     """One client connection's answer. `complete` turns True just before the last byte is handed to
     the server: from then on a disconnect is the server's end-of-response notice, not a client leaving."""
 
-    __slots__ = ("receive", "_send", "t_received", "complete", "status", "_failure_event")
+    __slots__ = ("receive", "_send", "t_received", "complete", "status", "_failure_event", "principal")
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, principal: Principal | None = None) -> None:
+        """`principal`: who the request comes from (gateway.auth; None: nobody known)."""
         self.receive = receive
         self._send = send
+        self.principal = principal
         # The request's receipt (its headers are in): where the gateway's TTFT and duration start.
         self.t_received = time.perf_counter()
         self.complete = False

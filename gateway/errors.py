@@ -52,10 +52,22 @@ class ApiError(Exception):
         return Response(self.body(), status_code=self.status, media_type="application/json", headers=self.headers)
 
 
+# How much of a client's string an error message or a log line repeats: enough to recognise it,
+# never the megabytes a client may send.
+CLIP_CHARS = 80
+
+
+def clip(text: str, limit: int = CLIP_CHARS) -> str:
+    """`text` as an error message or a log line quotes it: repr'd, cut to `limit` characters."""
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
 def model_not_found(model: str, available: list[str]) -> ApiError:
     """A model this gateway does not serve: 404, as SGLang and OpenAI answer it."""
     return ApiError(
-        404, f"model {model!r} does not exist; available: {available}", param="model", code="model_not_found"
+        404, f"model {clip(model)} does not exist; available: {available}", param="model", code="model_not_found"
     )
 
 

@@ -29,6 +29,7 @@ from gateway.body_deadline import BodyDeadlines
 from gateway.downstream import Downstream
 from gateway.errors import ApiError
 from gateway.openai_request import Kind
+from gateway.principal import PRINCIPAL_SCOPE_KEY
 from gateway.via import forwarding_loop, has_looped
 
 if TYPE_CHECKING:
@@ -83,9 +84,10 @@ class FastRoutes:
 
     async def _route(self, scope: Scope, kind: Kind, receive: Receive, send: Send) -> None:
         headers = _headers(scope["headers"])
+        client = Downstream(receive, send, scope.get(PRINCIPAL_SCOPE_KEY))
         tracing = self.tracing
         if tracing is None:
-            await self._answer(kind, headers, receive, send, None)
+            await self._answer(kind, headers, receive, client, None)
             return
         # The SERVER span made here, from the headers already decoded, rather than by a middleware
         # around this app: no second pass over the headers, no wrapped `send`, one coroutine less.
@@ -94,15 +96,14 @@ class FastRoutes:
         trace = tracing.start_server_span(traceparent, headers.get("tracestate") if traceparent else None)
         status = 0
         try:
-            status = await self._answer(kind, headers, receive, send, trace)
+            status = await self._answer(kind, headers, receive, client, trace)
         finally:
             tracing.end_server_span(trace, "POST", scope["path"], status)
 
     async def _answer(
-        self, kind: Kind, headers: dict[str, str], receive: Receive, send: Send, trace: Trace | None
+        self, kind: Kind, headers: dict[str, str], receive: Receive, client: Downstream, trace: Trace | None
     ) -> int:
         """Answers the request; returns the status sent."""
-        client = Downstream(receive, send)
         try:
             body = await self._body(headers, receive)
         except ApiError as e:

@@ -22,6 +22,7 @@ from common.json_errors import JSON_DECODE_ERRORS
 from common.priority import priority_in_range
 from gateway.adapters import requested_lora_paths
 from gateway.errors import ApiError
+from gateway.response_ids import check_response_id
 
 Kind = Literal["chat", "completion", "responses"]
 # Samples one request may ask for (`n`): OpenAI's documented maximum. SGLang has none.
@@ -143,8 +144,12 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         parsed.lora_paths = requested_lora_paths(body)
     if "priority" in body:
         parsed.priority = _priority(body)
-    if kind == "responses" and body.get("store") is not None:
-        parsed.store = _field(body, "store", bool)
+    if kind == "responses":
+        if body.get("store") is not None:
+            parsed.store = _field(body, "store", bool)
+        for name in ("previous_response_id", "request_id"):  # ids go into backend paths: checked first
+            if body.get(name) is not None:
+                check_response_id(body[name], name)
     return parsed
 
 

@@ -126,8 +126,10 @@ class BackendPoller:
             return
         try:
             status, _ = await self.backend.client.get(path, timeout_s=self.engine_check_timeout_s)
+        except aiohttp.ConnectionTimeoutError:
+            return  # no connection in time (none free, or none made): no verdict on the engine
         except TimeoutError:
-            status = None  # not even a 503 in time: its HTTP server is stuck too
+            status = None  # asked, and not even a 503 in time: its HTTP server is stuck too
         except _NET_ERRORS:
             return  # unreachable: the readiness checks take it out
         if status not in (200, 503, None):
@@ -216,7 +218,6 @@ class BackendPoller:
         looped, self.looped = self.looped, status == LOOP_STATUS
         if ok:
             self._fails, self._successes = 0, self._successes + 1
-            backend.circuit.record_ready()
             if not backend.ready and self._successes >= self.healthy_after and self.engine_ok:
                 log.warning("backend %s is ready again", backend.name)
                 backend.ready = True

@@ -7,6 +7,7 @@ error or disconnect by a `Lease` that releases exactly once.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -93,15 +94,21 @@ class Backend:
         """Could take traffic if it had room: ready, circuit not open, not draining."""
         return self.ready and not self.draining and self.circuit.allows()
 
+    @property
+    def serving(self) -> bool:
+        """Ready and not draining, whatever its circuit says: what panic routing falls back to."""
+        return self.ready and not self.draining
+
     def has_room_for(self, sequences: int) -> bool:
         """Its cap (in sequences) can take `sequences` more; an idle backend takes a request of any
         size, which otherwise no backend could ever run."""
         cap, inflight = self.cap, self.view.inflight
         return cap == 0 or inflight == 0 or inflight + sequences <= cap
 
-    def refresh_view(self) -> None:
-        """Policies read `view.healthy`; keep it the single flag they need."""
-        self.view.healthy = self.up
+    def refresh_view(self, candidate: bool = False) -> None:
+        """Policies read `view.healthy`; keep it the single flag they need. `candidate`: admission
+        offers it for a request (it is up, or serving while its model is in panic: gateway.admission)."""
+        self.view.healthy = self.serving if candidate else self.up
 
     def inflight_area(self, now: float) -> float:
         """Integral of in-flight over time up to `now` (request-seconds)."""
@@ -126,18 +133,18 @@ class Backend:
         sequences, as SGLang's running count and `max_running_requests` are: `n` > 1 runs n."""
         self._advance()
         self.view.inflight += sequences
-        self.circuit.on_dispatch()
-        return Lease(self, sequences)
+        return Lease(self, sequences, self.circuit.on_dispatch())
 
 
 class Lease:
     """Releasing twice is harmless: the counter can never drift negative or leak."""
 
-    __slots__ = ("_backend", "_sequences")
+    __slots__ = ("_backend", "_sequences", "probe")
 
-    def __init__(self, backend: Backend, sequences: int = 1) -> None:
+    def __init__(self, backend: Backend, sequences: int = 1, probe: bool = False) -> None:
         self._backend: Backend | None = backend
         self._sequences = sequences
+        self.probe = probe  # the request is its backend's half-open circuit's probe
 
     def release(self) -> None:
         backend, self._backend = self._backend, None
@@ -153,9 +160,11 @@ class Pools:
     (hot reload, admin API): a removed backend leaves the pools at once, so it gets no new
     request, while leases it already handed out still release against it."""
 
-    def __init__(self, backends: Iterable[Backend] = ()) -> None:
+    def __init__(self, backends: Iterable[Backend] = (), max_ejected_share: float = 0.5) -> None:
         self.by_name: dict[str, Backend] = {}
         self.by_model: dict[str, list[Backend]] = {}
+        # At most this share of a model's backends may have their circuit open (at least one).
+        self.max_ejected_share = max_ejected_share
         self._on_release: Callable[[Backend], None] | None = None
         for b in backends:
             self.add(b)
@@ -167,6 +176,7 @@ class Pools:
         if backend.name in self.by_name:
             raise ValueError(f"backend {backend.name!r} exists already")
         backend._on_release = self._on_release
+        backend.circuit.may_open = lambda: self.may_eject(backend)
         self.by_name[backend.name] = backend
         self.by_model.setdefault(backend.spec.model, []).append(backend)
 
@@ -177,6 +187,16 @@ class Pools:
         if not members:
             del self.by_model[backend.spec.model]
         return backend
+
+    def may_eject(self, backend: Backend) -> bool:
+        """Whether `backend`'s circuit may open: fewer of its model's backends are ejected than
+        the share allows (Envoy's max_ejection_percent; one at least, as Envoy ejects one host
+        whatever the percentage). A backend out of the pool anyway (not ready, draining) does not
+        count: its circuit keeps nothing out."""
+        members = self.by_model.get(backend.spec.model, [])
+        allowed = max(1, math.floor(self.max_ejected_share * len(members)))
+        ejected = sum(1 for b in members if b is not backend and b.serving and b.circuit.ejected)
+        return ejected < allowed
 
     def on_release(self, callback: Callable[[Backend], None]) -> None:
         self._on_release = callback

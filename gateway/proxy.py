@@ -47,6 +47,7 @@ from gateway.attempt import (
     BUSY,
     FAILED_UNDER,
     NET_ERRORS,
+    REQUEST_ERRORS,
     REQUEST_ID_HEADER,
     RETRYABLE,
     STALLED,
@@ -56,14 +57,17 @@ from gateway.attempt import (
 from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
 from gateway.errors import ApiError, model_not_found
+from gateway.extras import check_extras
 from gateway.metrics import GatewayMetrics
 from gateway.openai_request import Kind, ParsedRequest, parse
 from gateway.pool import Backend, Pools
+from gateway.principal import Principal
 from gateway.records import RequestRecord, Result
 from gateway.relay import SseRelay, StreamRelay
-from gateway.response_holders import find_holder
+from gateway.response_holders import ResponseLookups
 from gateway.response_owners import ResponseOwners
 from gateway.responses_relay import ResponsesRelay, read_response
+from gateway.retry_budget import RetryBudget
 from gateway.stream_deadline import StreamDeadline
 from gateway.suspects import Suspects
 from gateway.tracing import Trace, Tracing
@@ -78,6 +82,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("specroute.proxy")
 _getrandbits = random.getrandbits
 _encoder = msgspec.json.Encoder()
+_sorted_encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder()
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses"}
@@ -86,6 +91,7 @@ TRACE_ID_HEADER = "x-specroute-trace-id"
 POLICY_HEADER = "x-specroute-policy"
 CHARS_PER_TOKEN = 4  # the gateway does not tokenize: its prompt-size estimate
 SHUTDOWN_MESSAGE = "the gateway is shutting down: retry the request"
+ANONYMOUS = Principal("anonymous", None)  # a request no door let in (tests that drive the proxy directly)
 
 
 class Request:
@@ -111,8 +117,11 @@ class Request:
         "last",
         "recorded",
         "shut_down",
-        "fingerprint",
+        "raw",
+        "_fingerprint",
         "looped",
+        "last_error",
+        "request_errors",
     )
 
     def __init__(
@@ -149,10 +158,25 @@ class Request:
         self.last: Attempt | None = None
         self.recorded = False
         self.shut_down = False  # ended by the gateway's shutdown, not by its client or its backend
-        self.fingerprint = 0  # hash of the body's bytes: the same request sent again (gateway/suspects.py)
+        self.raw = b""  # the body as it came
+        self._fingerprint: int | None = None
         # Backends this request came back from (508, gateway.via), with the error it got there:
         # never tried again for it, as it would come back again.
         self.looped: dict[str, ApiError] | None = None
+        self.last_error: ApiError | None = None  # the last failed attempt's, for when no retry may follow
+        self.request_errors = 0  # attempts that failed with the request's own error (a 500)
+
+    @property
+    def fingerprint(self) -> int:
+        """The body's identity for the quarantine (gateway.suspects): the same request sent again,
+        however its JSON is spaced or its keys ordered. Computed on first use, which only a failure
+        or a quarantine in force asks for."""
+        if self._fingerprint is None:
+            try:
+                self._fingerprint = hash(_sorted_encoder.encode(_decoder.decode(self.raw)))
+            except JSON_DECODE_ERRORS:  # it was parsed once: cannot happen, but never fail for it
+                self._fingerprint = hash(self.raw)
+        return self._fingerprint
 
 
 class Proxy:
@@ -180,6 +204,9 @@ class Proxy:
         # The requests being answered, each with the watch that can end it (shut_down_open_requests).
         self._open: dict[DisconnectWatch, Request] = {}
         self.response_owners = ResponseOwners()  # stored Responses -> the backend that holds each
+        self.response_lookups = ResponseLookups(
+            self.response_owners, config.gateway.response_lookups, config.gateway.max_response_bytes
+        )
 
     def configure(self, config: Config) -> None:
         """(Re)read the settings the request path uses; called again on reload."""
@@ -187,6 +214,8 @@ class Proxy:
         self.suspects.after, self.suspects.for_s = config.retry.quarantine_after, config.retry.quarantine_s
         self.include_prompts = config.logging.include_prompts
         self.allow_policy_header = config.gateway.allow_policy_header
+        self.allowed_extras = frozenset(config.gateway.allowed_extras)
+        self.default_priority = config.admission.default_priority
         self._config = config
         t = config.timeouts
         self.first_byte_s = t.first_byte_s
@@ -198,6 +227,7 @@ class Proxy:
         self._request_timeout = aiohttp.ClientTimeout(total=t.request_s, sock_connect=t.connect_s)
         # tenacity: stop after the attempts or the deadline, back off exponentially with jitter.
         r = config.retry
+        self.retry_budget = RetryBudget(r.budget_share, r.budget_window_s, r.budget_min_retries_per_s)
         self._retrying = AsyncRetrying(
             stop=stop_after_attempt(r.attempts - 1) | stop_after_delay(r.deadline_s),
             wait=wait_exponential(multiplier=r.backoff_initial_s, max=r.backoff_max_s)
@@ -225,10 +255,13 @@ class Proxy:
         try:
             parsed = parse(raw, kind)
             model = parsed.model[:256]  # for the record only: a client may send any string
-            if kind == "responses":
-                await self._find_previous(parsed, headers.get("via"))
-            req = self._request(parsed, kind, headers, request_id, trace, t_received)
-            req.fingerprint = hash(raw)
+            check_extras(parsed.body, self.allowed_extras)
+            if parsed.priority is not None:
+                self._clamp_priority(parsed, client)
+            holder = await self._holder_of_previous(parsed, headers) if kind == "responses" else None
+            req = self._request(parsed, kind, headers, request_id, trace, t_received, holder)
+            req.raw = raw
+            self.retry_budget.request()
         except ApiError as error:
             self.refused(kind, error, t_received, request_id, trace, model)
             return await self._send_error(client, error, request_id)
@@ -288,6 +321,8 @@ class Proxy:
         if self.suspects:
             self._refuse_if_suspect(req)
         if req.tried:
+            if not self.retry_budget.spend() and req.last_error is not None:
+                raise req.last_error  # the pool is failing too much to try again (gateway.retry_budget)
             self.retries += 1
             self.metrics.retries.labels(req.model).inc()
         t_wait = time.perf_counter()
@@ -307,7 +342,7 @@ class Proxy:
             if not candidates:  # every backend left leads it round: the last one's answer is final
                 raise list(req.looped.values())[-1]
         for b in candidates:
-            b.refresh_view()
+            b.refresh_view(candidate=True)
         try:
             decision = req.policy.choose(req.features, [b.view for b in candidates])
         except NoCandidate as e:
@@ -315,11 +350,19 @@ class Proxy:
                 503, f"no backend available for model {req.model!r}: {e}", headers={"Retry-After": "1"}
             ) from None
         self.metrics.decision(req.model, req.policy.name, decision.backend.name)
-        async with Attempt(self, req, self.pools.by_name[decision.backend.name], decision) as attempt:
-            if req.parsed.stream:
-                await self._stream(attempt, client)
-            else:
-                await self._complete(attempt, client)
+        try:
+            async with Attempt(self, req, self.pools.by_name[decision.backend.name], decision) as attempt:
+                if req.parsed.stream:
+                    await self._stream(attempt, client)
+                else:
+                    await self._complete(attempt, client)
+        except UpstreamFailure as failure:
+            req.last_error = failure.error
+            if failure.retry == "no" or (failure.retry == "once" and req.request_errors > 0):
+                raise failure.error from None  # the client's answer: no other backend is tried
+            if failure.retry == "once":
+                req.request_errors += 1
+            raise
 
     async def _stream(self, attempt: Attempt, client: Downstream) -> None:
         req, backend = attempt.req, attempt.backend
@@ -359,7 +402,7 @@ class Proxy:
                         await client.send_chunk(out)
         except TimeoutError:
             if not started:
-                raise attempt.failure("timeout", 504, f"sent no token within {self.first_byte_s:g}s") from None
+                raise attempt.timed_out(f"sent no token within {self.first_byte_s:g}s") from None
             broken = f"upstream stream idle for more than {self.idle_stream_s:g}s"
         except NET_ERRORS as e:
             if not started:
@@ -406,6 +449,8 @@ class Proxy:
         if result.t_first is None:
             code = result.error_code
             if result.error is not None and isinstance(code, int) and code in RETRYABLE:
+                if code in REQUEST_ERRORS:
+                    raise UpstreamFailure(f"stream_{code}", ApiError(code, result.error), health=False, retry="once")
                 raise UpstreamFailure(f"stream_{code}", ApiError(code, result.error), health=code not in BUSY)
             if result.error is None and not result.done:
                 raise attempt.failure("broken_response", 502, "ended its stream before the first token")
@@ -452,6 +497,17 @@ class Proxy:
         await client.send_json(200, self._reply_headers(attempt, stream=False), raw)
 
     # ---- ends of attempts and of the request (called by Attempt's exit) ------------------------------
+
+    def _clamp_priority(self, parsed: ParsedRequest, client: Downstream) -> None:
+        """A client's `priority` into the range its key may set (gateway.principal), upstream too:
+        without one, any client could push other tenants' waiting requests out of the queue."""
+        asked = parsed.priority
+        assert asked is not None
+        principal = client.principal or ANONYMOUS
+        allowed = principal.clamp_priority(asked, self.default_priority)
+        if allowed != asked:
+            parsed.priority = allowed
+            parsed.body["priority"] = allowed
 
     def _refuse_if_suspect(self, req: Request) -> None:
         left = self.suspects.refused_for(req.fingerprint)
@@ -699,7 +755,9 @@ class Proxy:
         request_id: str,
         trace: Trace | None,
         t_received: float,
+        holder: str | None = None,
     ) -> Request:
+        """`holder`: the backend holding a Responses request's `previous_response_id`, if any."""
         model, pin, adapter = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
         if kind == "responses":
             chosen = parsed.body.get("request_id")
@@ -711,7 +769,7 @@ class Proxy:
                     code="response_exists",
                 )
             if pin is None:
-                pin = self._holder_of_previous(parsed, model)
+                pin = holder
         if adapter is not None:
             self._check_adapters(model, pin, frozenset((adapter,)), "model")
         elif parsed.lora_paths:
@@ -776,22 +834,25 @@ class Proxy:
                 )
         return model, pin, adapter
 
-    async def _find_previous(self, parsed: ParsedRequest, via: str | None) -> None:
-        """A `previous_response_id` this gateway has no record of (relayed by another replica, or
-        before a restart) is looked for on the backends (gateway.response_holders). `via`: the
-        request's Via header, which the lookups carry on (gateway.via)."""
+    async def _holder_of_previous(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> str | None:
+        """The backend holding `previous_response_id`'s stored Response (its id's shape checked by
+        `parse`): the follow-up can be answered only there. One this gateway has no record of
+        (relayed by another replica, or before a restart) is looked for among the backends of the
+        request's own model (gateway.response_holders), once the model is known. None when no
+        backend has it (never stored, or lost with its server's restart): the backend that gets it
+        answers that it does not know it."""
         previous = parsed.body.get("previous_response_id")
-        if isinstance(previous, str) and self.response_owners.owner(previous) is None:
-            await find_holder(previous, self.pools.by_name.values(), self.response_owners, via=forwarded_via(via))
-
-    def _holder_of_previous(self, parsed: ParsedRequest, model: str) -> str | None:
-        """The backend holding `previous_response_id`'s stored Response: the follow-up can be
-        answered only there. None when no backend has it (never stored, or lost with its server's
-        restart): the backend that gets it answers that it does not know it."""
-        previous = parsed.body.get("previous_response_id")
-        holder = self.response_owners.owner(previous) if isinstance(previous, str) else None
-        backend = self.pools.by_name.get(holder) if holder is not None else None
-        return holder if backend is not None and backend.spec.model == model else None
+        if not isinstance(previous, str):
+            return None
+        model, pin, _ = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
+        if pin is not None:
+            return None
+        members = self.pools.by_model[model]
+        holder = self.response_owners.owner(previous)
+        if holder is None:
+            found = await self.response_lookups.find(previous, members, via=forwarded_via(headers.get("via")))
+            holder = found[0].name if found is not None else None
+        return holder if any(b.name == holder for b in members) else None
 
     def _check_adapters(self, model: str, pin: str | None, adapters: frozenset[str], param: str) -> None:
         """404 for adapters no backend of the model (or the pinned one) has loaded: no wait can help."""

@@ -14,6 +14,8 @@ import asyncio
 import logging
 from typing import Any
 
+import msgspec
+
 from backends.client import SGLangClient
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
@@ -34,7 +36,7 @@ log = logging.getLogger("specroute.runtime")
 class Runtime:
     def __init__(self, config: Config, *, tracing: Tracing | None = None, access_log: AccessLog | None = None) -> None:
         self.config = config
-        self.pools = Pools()
+        self.pools = Pools(max_ejected_share=config.health.max_ejected_share)
         a = config.admission
         self.admission = Admission(
             self.pools,
@@ -92,7 +94,11 @@ class Runtime:
                 connect_timeout_s=config.timeouts.connect_s,
                 headers={"Via": VIA_ENTRY},
             ),
-            CircuitBreaker(config.health.circuit_failures, config.health.circuit_cooldown_s),
+            CircuitBreaker(
+                config.health.circuit_failures,
+                config.health.circuit_cooldown_s,
+                max_cooldown_s=config.health.circuit_max_cooldown_s,
+            ),
             cap=config.admission.backend_max_inflight,
         )
         if checked_first:
@@ -179,14 +185,23 @@ class Runtime:
 
     # ------------------------------------------------------------------ reload
 
+    def running(self, new: Config) -> Config:
+        """`new` as this process can run it: its listener is the one it serves on (a new
+        `gateway.listen` takes effect at the next start), so what depends on it (gateway.auth's
+        posture) is judged on the address clients reach."""
+        listen = self.config.gateway.listen
+        if new.gateway.listen == listen:
+            return new
+        log.warning("gateway.listen changed to %s: takes effect at the next restart", new.gateway.listen)
+        return msgspec.structs.replace(new, gateway=msgspec.structs.replace(new.gateway, listen=listen))
+
     async def reload(self, new: Config) -> dict[str, list[str]]:
+        """Applies `new` (as `running` made it)."""
         self._parked_sections.clear()  # the file is the whole truth again
         old = {b.name: b for b in self.config.backends}
         fresh = {b.name: b for b in new.backends}
         removed = [n for n in old if n not in fresh or old[n] != fresh[n]]
         added = [n for n in fresh if n not in old or old[n] != fresh[n]]
-        if new.gateway.listen != self.config.gateway.listen:
-            log.warning("gateway.listen changed to %s: takes effect at the next restart", new.gateway.listen)
         self.config = new
         self.poller.configure(new.health)
         for name in removed:
@@ -206,15 +221,15 @@ class Runtime:
         self.admission.queue_timeout_s = a.queue_timeout_s
         self.admission.priority_order, self.admission.default_priority = a.priority_order, a.default_priority
         h = new.health
+        self.pools.max_ejected_share = h.max_ejected_share
         for b in self.pools.by_name.values():
             b.cap_override = a.backend_max_inflight
             b.circuit.failures, b.circuit.cooldown_s = h.circuit_failures, h.circuit_cooldown_s
+            b.circuit.max_cooldown_s = h.circuit_max_cooldown_s
         self.proxy.configure(new)
         self.tracing.configure(new.tracing)
 
     def _config_dict(self) -> dict[str, Any]:
-        import msgspec
-
         data: dict[str, Any] = msgspec.to_builtins(self.config)
         return data
 
@@ -256,8 +271,6 @@ class Runtime:
 
 
 def msgspec_entry(entry: BackendEntry) -> dict[str, Any]:
-    import msgspec
-
     return {k: v for k, v in msgspec.to_builtins(entry).items() if v is not None}
 
 

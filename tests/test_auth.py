@@ -76,14 +76,15 @@ def test_probes_stay_public(secured):
 def test_per_key_rate_limit(tmp_path, twin_factory):
     twin = twin_factory("k26-ar")
     backends = [{"name": "a", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}]
-    extra = '[auth]\napi_keys = ["k1", "k2"]\nrate_limit_rps = 0.1\nrate_limit_burst = 2\n'
+    extra = '[auth]\napi_keys = ["k1", "k2"]\nadmin_key = "adm"\nrate_limit_rps = 0.1\nrate_limit_burst = 2\n'
     with gateway(tmp_path, backends, extra) as url:
         codes = [_call(url, "GET", "/v1/models", None, "k1")[0] for _ in range(3)]
         status, data, headers = _call(url, "GET", "/v1/models", None, "k1")
         other = _call(url, "GET", "/v1/models", None, "k2")[0]
         # a change of the pool makes a new config with the same [auth]: k1's bucket is not refilled
         added = {"name": "b", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}
-        assert _call(url, "POST", "/admin/backends", added, "k2")[0] == 201
+        assert _call(url, "POST", "/admin/backends", added, "k2")[0] == 403  # an API key is no admin key
+        assert _call(url, "POST", "/admin/backends", added, "adm")[0] == 201
         after_change = _call(url, "GET", "/v1/models", None, "k1")[0]
     assert codes == [200, 200, 429] and status == 429 and after_change == 429
     assert data["error"]["type"] == "rate_limit_error" and int(headers["retry-after"]) >= 1

@@ -157,7 +157,7 @@ def _scrape(url: str) -> str:
 
 def test_every_panel_query_names_metrics_the_gateway_exports(tmp_path, twin_factory):
     good = twin_factory("k26-eagle3", "--enable-metrics")
-    failing = twin_factory("k26-ar", "--fault-error-rate", "1.0")
+    failing = twin_factory("k26-ar", "--fault-error-rate", "1.0", "--fault-error-status", "502")
     backends = [
         {"name": "k26-eagle3", "url": good, "model": "kimi-k2.6", "strategy": "eagle3"},
         {"name": "k26-ar", "url": failing, "model": "kimi-k2.6", "strategy": "ar"},

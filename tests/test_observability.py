@@ -161,7 +161,7 @@ def test_failed_attempt_is_an_error_span_and_the_retry_its_sibling(twin_factory)
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingSection(), exporter=exporter)
     good = twin_factory("k26-ar")
-    bad = twin_factory("k26-ar", "--fault-error-rate", "1.0")
+    bad = twin_factory("k26-ar", "--fault-error-rate", "1.0", "--fault-error-status", "502")
     twins = {"good": (good, "ar"), "bad": (bad, "ar")}
     with serve_in_thread(_config(twins), tracing=tracing, access_log=AccessLog(False)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)

@@ -155,6 +155,7 @@ def _server_parser() -> _Parser:
     f = p.add_argument_group("fault knobs")
     f.add_argument("--fault-latency-ms", type=_positive_float, default=0.0)
     f.add_argument("--fault-error-rate", type=_fraction, default=0.0)
+    f.add_argument("--fault-error-status", type=int, choices=(500, 502, 503, 504), default=500)
     f.add_argument("--fault-crash-after-tokens", type=_int_at_least(1))
     f.add_argument("--fault-hang-after-tokens", type=_int_at_least(1))
     f.add_argument("--fault-crash-on-prompt", metavar="TEXT", help="exit when a prompt contains TEXT")
@@ -230,6 +231,7 @@ def _run_server(args: argparse.Namespace) -> int:
     faults = FaultOptions(
         latency_ms=args.fault_latency_ms,
         error_rate=args.fault_error_rate,
+        error_status=args.fault_error_status,
         crash_after_tokens=args.fault_crash_after_tokens,
         crash_on_prompt=args.fault_crash_on_prompt,
         hang_after_tokens=args.fault_hang_after_tokens,

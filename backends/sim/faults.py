@@ -70,4 +70,4 @@ class Faults:
         if o.latency_ms > 0:
             await asyncio.sleep(o.latency_ms / 1000.0)
         if o.error_rate > 0 and self._rng.random() < o.error_rate:
-            raise ApiError("Internal server error (injected fault)", status=500)
+            raise ApiError("Internal server error (injected fault)", status=o.error_status)

@@ -37,6 +37,9 @@ class FaultOptions(msgspec.Struct, kw_only=True):
 
     latency_ms: float = 0.0  # added before the response starts
     error_rate: float = 0.0  # fraction of generation requests answered 5xx before the first byte
+    # that answer's status: 500 is SGLang's for a request that failed, 502/503 a proxy's or server's
+    # in front of one that is gone
+    error_status: int = 500
     crash_after_tokens: int | None = None  # process exits once this many tokens were delivered
     hang_after_tokens: int | None = None  # step loop stops (requests hang) after this many tokens
     crash_on_prompt: str | None = None  # process exits when a generation request's prompt contains this
