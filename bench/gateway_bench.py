@@ -90,6 +90,7 @@ from common.percentile import percentile
 
 REPO = Path(__file__).resolve().parent.parent
 API_KEY = "bench-key-0123456789"
+ADMIN_KEY = "bench-admin-0123456789"
 CHUNKS = 64
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -193,6 +194,7 @@ policy = "goodput"
 
 [auth]
 api_keys = ["{API_KEY}"]
+admin_key = "{ADMIN_KEY}"
 
 [[backends]]
 name = "zero"
@@ -243,7 +245,7 @@ class Target:
 
 def admin_state(target: Target) -> dict[str, Any]:
     req = urllib.request.Request(
-        f"http://127.0.0.1:{target.port}/admin/backends", headers={"authorization": f"Bearer {API_KEY}"}
+        f"http://127.0.0.1:{target.port}/admin/backends", headers={"authorization": f"Bearer {ADMIN_KEY}"}
     )
     with urllib.request.urlopen(req, timeout=5) as r:
         return json.loads(r.read())

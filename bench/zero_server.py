@@ -12,6 +12,7 @@ What it answers:
   finish chunk, the usage chunk when `stream_options.include_usage` is set, `data: [DONE]`; every
   event is its own HTTP chunk and its own write, as SGLang sends them.
 - `POST /v1/traces`: an OTLP/HTTP sink; accepts and discards (the tracing-on configuration).
+- `POST /v1/completions`: the same answers (what a benchmark of the gateway's work needs).
 - `GET /health`, `/ready`: 200. Everything else: 404 (the gateway's poller falls back quietly).
 
 Optional pacing, read from the request body so the benchmark can vary it per request through
@@ -173,7 +174,7 @@ class ZeroProtocol(asyncio.Protocol):
     def _answer(self, url: bytes, body: bytes) -> None:
         a, t = self.answers, self.transport
         assert t is not None
-        if url == b"/v1/chat/completions":
+        if url in (b"/v1/chat/completions", b"/v1/completions"):  # the same canned answer for both
             Stats.requests += 1
             stream = b'"stream":true' in body
             if b'"bench_' in body:

@@ -30,10 +30,9 @@ def split_model(model: str, served: Collection[str]) -> tuple[str, str | None]:
     return base, model[len(base) + 1 :].strip() or None
 
 
-def requested_lora_paths(body: dict[str, Any]) -> frozenset[str]:
-    """The adapters a body's `lora_path` names: one name, or one per prompt of a batch (null
-    entries: the base model)."""
-    value = body.get("lora_path")
+def requested_lora_paths(value: Any) -> frozenset[str]:
+    """The adapters a body's `lora_path` (`value`) names: one name, or one per prompt of a batch
+    (null entries: the base model)."""
     if value is None:
         return frozenset()
     if isinstance(value, str):

@@ -26,7 +26,7 @@ from gateway.asgi import ASGIApp
 from gateway.attempt import REQUEST_ID_HEADER
 from gateway.auth import AuthGate, posture
 from gateway.config import Config, ConfigError, load_config
-from gateway.errors import ApiError, model_not_found
+from gateway.errors import ApiError, clip, model_not_found
 from gateway.fast_routes import FastRoutes
 from gateway.pool import Backend
 from gateway.probe_head import ProbeHead
@@ -61,7 +61,7 @@ def create_app(
     def _backend(name: str) -> Backend:
         backend = rt.pools.by_name.get(name)
         if backend is None:
-            raise ApiError(404, f"no backend named {name!r}", code="backend_not_found")
+            raise ApiError(404, f"no backend named {clip(name)}", code="backend_not_found")
         return backend
 
     async def _reload() -> dict[str, Any]:
@@ -238,10 +238,12 @@ def create_app(
             raise ApiError(400, "expected a JSON object with name, url, model, strategy")
         name = data.get("name")
         if not isinstance(name, str):
-            raise ApiError(400, f"'name' must be a string, got {name!r}", param="name", code="invalid_backend")
+            raise ApiError(
+                400, f"'name' must be a string, got {type(name).__name__}", param="name", code="invalid_backend"
+            )
         async with reload_lock:  # one change of the pool at a time: a reload replaces the whole config
             if name in rt.pools.by_name:
-                raise ApiError(409, f"backend {name!r} exists already", code="backend_exists")
+                raise ApiError(409, f"backend {clip(name)} exists already", code="backend_exists")
             try:
                 backend = await rt.add_backend(data)
             except ConfigError as e:
@@ -354,6 +356,7 @@ def serving_asgi(app: Litestar) -> ASGIApp:
         lambda kind, headers, error, t_received: rt.proxy.refused(kind, error, t_received, headers=headers),
         lambda: rt.config,
         rt.tracing,
+        rt.body_budget,
     )
     gate = AuthGate(fast, config, lambda: rt.config)
     origins = config.gateway.cors_allow_origins

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from gateway.asgi import Message, Receive, Send
+from gateway.body_budget import Reservation
 from gateway.errors import ApiError, sse_error_event
 from gateway.principal import Principal
 
@@ -46,13 +47,24 @@ class Downstream:
     """One client connection's answer. `complete` turns True just before the last byte is handed to
     the server: from then on a disconnect is the server's end-of-response notice, not a client leaving."""
 
-    __slots__ = ("receive", "_send", "t_received", "complete", "status", "_failure_event", "principal")
+    __slots__ = (
+        "receive",
+        "_send",
+        "t_received",
+        "complete",
+        "status",
+        "_failure_event",
+        "principal",
+        "body_reservation",
+    )
 
     def __init__(self, receive: Receive, send: Send, principal: Principal | None = None) -> None:
         """`principal`: who the request comes from (gateway.auth; None: nobody known)."""
         self.receive = receive
         self._send = send
         self.principal = principal
+        # the request body's share of the gateway's budget (gateway.body_budget), until it is read
+        self.body_reservation: Reservation | None = None
         # The request's receipt (its headers are in): where the gateway's TTFT and duration start.
         self.t_received = time.perf_counter()
         self.complete = False
@@ -88,6 +100,11 @@ class Downstream:
         """Ends a started stream that cannot go on, in the shape its API's clients read as a failure."""
         await self.send_chunk(self._failure_event(message, type, code))
         await self.end_stream()
+
+    def body_read(self) -> None:
+        """The request has been read: its body's bytes no longer count against the budget."""
+        if self.body_reservation is not None:
+            self.body_reservation.release()
 
     def watch(self) -> DisconnectWatch:
         return DisconnectWatch(self)

@@ -17,8 +17,7 @@ who needs one through):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection, Iterable
 
 from gateway.errors import ApiError
 
@@ -34,9 +33,9 @@ def guarded_extra(name: str) -> bool:
     return name in _EXACT or name.startswith(_PREFIXES) or name in GUARDED_EXTRAS
 
 
-def check_extras(body: Mapping[str, Any], allowed: Collection[str]) -> None:
-    """The 400 for the first guarded field of `body` that `allowed` does not name."""
-    for name in body:
+def check_extras(fields: Iterable[str], allowed: Collection[str]) -> None:
+    """The 400 for the first guarded field among a body's `fields` that `allowed` does not name."""
+    for name in fields:
         if (name in _EXACT or name.startswith(_PREFIXES)) and name not in allowed:
             if name.startswith(_PREFIXES) and "bootstrap_*" in allowed:
                 continue

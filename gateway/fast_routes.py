@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send, routed_path
+from gateway.body_budget import BodyBudget, Reservation
 from gateway.body_deadline import BodyDeadlines
 from gateway.downstream import Downstream
 from gateway.errors import ApiError
@@ -56,15 +57,23 @@ class FastRoutes:
     """ASGI: the generation routes handled directly, the rest passed to `app` (litestar)."""
 
     def __init__(
-        self, app: ASGIApp, serve: Serve, refused: Refused, config: Callable[[], Config], tracing: Tracing | None = None
+        self,
+        app: ASGIApp,
+        serve: Serve,
+        refused: Refused,
+        config: Callable[[], Config],
+        tracing: Tracing | None = None,
+        budget: BodyBudget | None = None,
     ) -> None:
         """`config`: the running config, read per request (a reload replaces it): its body limit
-        (`gateway.max_body_bytes`) and deadline (`timeouts.client_body_s`)."""
+        (`gateway.max_body_bytes`) and deadline (`timeouts.client_body_s`). `budget`: the bytes of
+        bodies being read at once (gateway.body_budget; None: the config's, fixed)."""
         self.app = app
         self.serve = serve
         self.refused = refused
         self._config = config
         self._body_deadlines = BodyDeadlines()
+        self.budget = budget or BodyBudget(config().gateway.max_body_bytes_in_flight)
         self.tracing = tracing if tracing is not None and tracing.enabled else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,25 +113,32 @@ class FastRoutes:
         self, kind: Kind, headers: dict[str, str], receive: Receive, client: Downstream, trace: Trace | None
     ) -> int:
         """Answers the request; returns the status sent."""
+        reservation = Reservation(self.budget)
+        client.body_reservation = reservation
         try:
-            body = await self._body(headers, receive)
-        except ApiError as e:
-            self.refused(kind, headers, e, client.t_received)
-            await client.send_error(e)
-            return client.status
-        try:
-            await self.serve(body, kind, headers, trace, client)
-        except ApiError as e:
-            await client.send_error(e)
-        except Exception as e:  # never a traceback to the client; the operator gets it in the log
-            log.error("unhandled error", exc_info=e)
-            if client.status == 0:
-                await client.send_error(ApiError(500, "internal gateway error", type="api_error"))
-            elif not client.complete:  # a stream already started: end it the way a broken one ends
-                await client.fail_stream("internal gateway error", "api_error")
+            try:
+                body = await self._body(headers, receive, reservation)
+            except ApiError as e:
+                reservation.release()
+                self.refused(kind, headers, e, client.t_received)
+                await client.send_error(e)
+                return client.status
+            try:
+                await self.serve(body, kind, headers, trace, client)
+            except ApiError as e:
+                await client.send_error(e)
+            except Exception as e:  # never a traceback to the client; the operator gets it in the log
+                log.error("unhandled error", exc_info=e)
+                if client.status == 0:
+                    await client.send_error(ApiError(500, "internal gateway error", type="api_error"))
+                elif not client.complete:  # a stream already started: end it the way a broken one ends
+                    await client.fail_stream("internal gateway error", "api_error")
+        finally:
+            reservation.release()  # `serve` gives it back once the request is read; here if it did not
         return client.status
 
-    async def _body(self, headers: dict[str, str], receive: Receive) -> bytes:
+    async def _body(self, headers: dict[str, str], receive: Receive, reservation: Reservation) -> bytes:
+        """The request's body, its bytes held in `reservation` (gateway.body_budget)."""
         config = self._config()
         max_body, timeout_s = config.gateway.max_body_bytes, config.timeouts.client_body_s
         host = headers.get("host")
@@ -131,18 +147,24 @@ class FastRoutes:
         if "via" in headers and has_looped(headers["via"]):
             raise forwarding_loop()
         announced = headers.get("content-length")
+        length: int | None = None
         if announced is not None:
             try:
                 length = int(announced)
             except ValueError:
-                raise ApiError(400, f"Invalid content-length: {announced!r}") from None
+                raise ApiError(400, f"Invalid content-length: {announced[:40]!r}") from None
             if length > max_body:
                 raise _too_large(max_body)
         chunks: list[bytes] = []
         total = 0
         deadlines = self._body_deadlines
         task = deadlines.begin(timeout_s)
+        waiting = False
         try:
+            if length:
+                waiting = True  # the bytes stay in the client's socket until the budget has room
+                await reservation.reserve(length)
+                waiting = False
             while True:
                 event = await receive()
                 if event["type"] == "http.request":
@@ -151,6 +173,8 @@ class FastRoutes:
                         total += len(part)
                         if total > max_body:
                             raise _too_large(max_body)
+                        if total > reservation.size and not reservation.grow(total - reservation.size):
+                            raise _over_budget(self.budget.total)
                         chunks.append(part)
                     if not event.get("more_body", False):
                         break
@@ -159,6 +183,8 @@ class FastRoutes:
         except asyncio.CancelledError:
             if not deadlines.expired(task):
                 raise
+            if waiting:
+                raise _over_budget(self.budget.total) from None
             raise ApiError(
                 408,
                 f"request body not received within {timeout_s:g}s (timeouts.client_body_s)",
@@ -167,6 +193,15 @@ class FastRoutes:
         finally:
             deadlines.end(task)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _over_budget(total: int) -> ApiError:
+    return ApiError(
+        503,
+        f"the gateway is receiving other request bodies up to its limit ({total} bytes at once, "
+        "gateway.max_body_bytes_in_flight): retry the request",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _too_large(max_body: int) -> ApiError:

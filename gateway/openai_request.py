@@ -1,7 +1,10 @@
 """Validation of incoming OpenAI request bodies: only what routing needs; the rest passes through.
 
-The body is decoded once (msgspec) into a dict so that unknown fields, SGLang extras included,
-reach the upstream untouched.
+The body is decoded twice, both times by msgspec in C and leanly: once into a Struct of the fields
+routing reads (messages as small Structs of role, text and tool calls: other fields are skipped
+without being built), once into its top-level keys with their values as raw JSON, which is what
+goes upstream (gateway.request_body). A body's memory is then about its own size, not the several
+times its size a full decode into dicts and lists costs.
 
 SGLang validates its bodies with pydantic in lax mode (FastAPI's default): a JSON `"10"` or
 `10.0` is the integer 10, `"0.5"` the number 0.5, `"true"` or `1` a boolean, `true` the integer 1.
@@ -12,7 +15,9 @@ the field's name. The body still goes upstream as it came.
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -22,18 +27,80 @@ from common.json_errors import JSON_DECODE_ERRORS
 from common.priority import priority_in_range
 from gateway.adapters import requested_lora_paths
 from gateway.errors import ApiError
+from gateway.request_body import RequestBody
 from gateway.response_ids import check_response_id
+from policies.prefix import BLOCK_TOKENS, MAX_BLOCKS, HistoryMessage
 
 Kind = Literal["chat", "completion", "responses"]
 # Samples one request may ask for (`n`): OpenAI's documented maximum. SGLang has none.
 MAX_N = 128
-_decoder = msgspec.json.Decoder()
 _LAX: dict[type, TypeAdapter[Any]] = {t: TypeAdapter(t) for t in (int, float, bool)}
+
+
+_NULL = msgspec.Raw(b"null")
+
+
+class ContentPart(msgspec.Struct, gc=False):
+    """A content part: its text, if it is a text part (image parts and others have none)."""
+
+    text: Any = None
+
+
+class Message(msgspec.Struct, gc=False):
+    """A chat message as routing reads it (policies.prefix.HistoryMessage)."""
+
+    role: str
+    content: str | list[ContentPart] | None = None
+    tool_calls: Any = None
+
+
+class InputItem(msgspec.Struct, gc=False):
+    """A Responses input item: a message (role, content) or an earlier tool call's output."""
+
+    role: Any = None
+    content: Any = None
+    output: Any = None
+    tool_calls: Any = None  # never set by the API: items and messages render alike
+
+
+class _Fields(msgspec.Struct, gc=False):
+    """Every field routing reads, any kind; each as the client sent it (checked below), but the
+    prompt's, which are read leanly."""
+
+    model: Any = None
+    messages: list[Message] | None = None
+    input: str | list[InputItem] | None = None
+    instructions: Any = None
+    prompt: msgspec.Raw = msgspec.field(default_factory=lambda: _NULL)  # read by `_prompt`, leanly
+    stream: Any = None
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
+    max_output_tokens: Any = None
+    stream_options: Any = None
+    return_spec_tokens_details: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    n: Any = None
+    tools: msgspec.Raw = msgspec.field(default_factory=lambda: _NULL)  # any JSON: only its length is read
+    chat_template_kwargs: Any = None
+    lora_path: Any = None
+    priority: Any = None
+    store: Any = None
+    background: Any = None
+    previous_response_id: Any = None
+    request_id: Any = None
+    extra_key: Any = None
+    cache_salt: Any = None
+
+
+_fields_decoder = msgspec.json.Decoder(_Fields)
+_top_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_length_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 class ParsedRequest(msgspec.Struct, kw_only=True):
     kind: Kind
-    body: dict[str, Any]
+    body: RequestBody  # what goes upstream
     model: str
     stream: bool
     prompt_text: str
@@ -50,64 +117,73 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     sequences: int = 1
     # Prompt tokens given as token ids (completions): counted exactly, not estimated from text.
     id_tokens: int = 0
-    prompt_ids: list[int] | None = None  # the prompt, when it is one prompt of token ids
+    prompt_ids: list[int] | None = None  # the prompt's first HEAD_IDS ids, when it is one prompt of token ids
     lora_paths: frozenset[str] = frozenset()  # the LoRA adapters `lora_path` names (gateway.adapters)
     priority: int | None = None  # SGLang's `priority`: the request's place in the admission queue
     store: bool = True  # a Responses request's `store` (SGLang's default: true): its backend keeps it
+    background: bool = False  # a Responses request's `background`: answered at once, generated after
+    # The message history routing reads: a chat's messages, or a Responses request's instructions
+    # and input items (None: a prompt of text or token ids).
+    history: list[HistoryMessage] | None = None
+    stream_options: dict[str, Any] | None = None  # the client's, when streaming
+    max_output_tokens: int | None = None  # a Responses request's, as asked
+    previous_response_id: str | None = None
+    request_id: str | None = None  # a Responses request's chosen id
+    lora_path: Any = None  # as the client gave it, for the cache namespace
+    extra_key: Any = None
+    cache_salt: Any = None
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     if not raw.strip():
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
-        body = _decoder.decode(raw)
+        top = _top_decoder.decode(raw)
+    except msgspec.ValidationError:
+        raise ApiError(400, "request body must be a JSON object") from None
     except JSON_DECODE_ERRORS as e:
         raise ApiError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    try:
+        f = _fields_decoder.decode(raw)
+    except msgspec.ValidationError as e:
+        raise _lean_error(e) from None
+    except JSON_DECODE_ERRORS as e:  # cannot happen: the same bytes decoded above
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None
 
-    model = _field(body, "model", str, required=True)
+    model = _value(f.model, "model", str, required=True)
     if not model:
         raise ApiError(400, "'model' must not be empty", param="model")
     prompts, id_tokens, prompt_ids = 1, 0, None
+    history: list[HistoryMessage] | None = None
     if kind == "chat":
-        messages = _field(body, "messages", list, required=True)
-        if not messages:
+        if f.messages is None:
+            raise ApiError(400, "missing required field 'messages'", param="messages")
+        if not f.messages:
             raise ApiError(400, "'messages' must be a non-empty array", param="messages")
-        prompt_text = _messages_text(messages)
+        history = list(f.messages)
+        prompt_text = "\n".join(_texts(m.content for m in f.messages))
     elif kind == "responses":
-        prompt_text = _responses_text(body)
+        instructions = _value(f.instructions, "instructions", str)
+        prompt_text, history = _responses(f.input, instructions)
     else:
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise ApiError(400, "missing required field 'prompt'", param="prompt")
-        if isinstance(prompt, str):
-            prompt_text = prompt
-        elif isinstance(prompt, list) and prompt:
-            prompt_text = " ".join(p for p in prompt if isinstance(p, str))
-            if all(type(t) is int for t in prompt):  # one prompt of token ids
-                prompt_ids, id_tokens = prompt, len(prompt)
-            elif all(isinstance(p, (str, list)) for p in prompt):  # a batch
-                prompts = len(prompt)
-                id_tokens = sum(len(p) for p in prompt if isinstance(p, list))
-        else:
-            raise ApiError(400, "'prompt' must be a string or a non-empty array", param="prompt")
+        prompt_text, prompts, id_tokens, prompt_ids = _prompt(f.prompt)
 
-    stream = _field(body, "stream", bool) or False
+    stream = _value(f.stream, "stream", bool) or False
+    max_output_tokens = None
     if kind == "responses":
         limit = "max_output_tokens"
-        max_tokens = _field(body, limit, int)
+        max_tokens = max_output_tokens = _value(f.max_output_tokens, limit, int)
     else:
         limit = "max_completion_tokens"
-        max_tokens = _field(body, limit, int) if kind == "chat" else None
+        max_tokens = _value(f.max_completion_tokens, limit, int) if kind == "chat" else None
         if not max_tokens:  # SGLang's `max_completion_tokens or max_tokens`: a 0 gives way too
             limit = "max_tokens"
-            max_tokens = _field(body, limit, int)
+            max_tokens = _value(f.max_tokens, limit, int)
     if max_tokens is not None and max_tokens < 0:
         raise ApiError(400, f"'{limit}' must be >= 0", param=limit)
     if max_tokens is not None and kind == "responses":
         max_tokens = max(0, max_tokens - 2)  # SGLang keeps 2 as headroom (ResponsesRequest.to_sampling_params)
-    stream_options = _field(body, "stream_options", dict)
+    stream_options = _value(f.stream_options, "stream_options", dict)
     if stream_options is not None and not stream:
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     # A Responses stream always ends with its usage (`response.completed`): the client's, untouched.
@@ -115,18 +191,13 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     if include_usage is not None and type(include_usage) is not bool:
         include_usage = _lax("stream_options.include_usage", include_usage, bool)
     wants_usage = kind == "responses" or include_usage is True
-    wants_spec = _field(body, "return_spec_tokens_details", bool) or False
-    temperature = _number(body, "temperature", 0.0, math.inf, "must be >= 0")
-    if "top_p" in body:
-        _number(body, "top_p", 0.0, 1.0, "must be in (0, 1]", open_below=True)
-    per_prompt = _sequences_per_prompt(body)
-    if "tools" in body:
-        _field(body, "tools", list)
-    # At most 15 keyword arguments: CPython 3.11 compiles a call with more through a dict built for
-    # it (STACK_USE_GUIDELINE), which measured +9k instructions a request. The rarer ones are set after.
+    wants_spec = _value(f.return_spec_tokens_details, "return_spec_tokens_details", bool) or False
+    temperature = _number(f.temperature, "temperature", 0.0, math.inf, "must be >= 0")
+    if f.top_p is not None:
+        _number(f.top_p, "top_p", 0.0, 1.0, "must be in (0, 1]", open_below=True)
     parsed = ParsedRequest(
         kind=kind,
-        body=body,
+        body=RequestBody(top),
         model=model,
         stream=stream,
         prompt_text=prompt_text,
@@ -134,37 +205,129 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         temperature=temperature,
         client_wants_usage=wants_usage,
         client_wants_spec=wants_spec,
-        thinking=_thinking(body["chat_template_kwargs"]) if "chat_template_kwargs" in body else None,
-        tools="tools" in body and isinstance(body["tools"], list) and bool(body["tools"]),
-        sequences=prompts * per_prompt,
+        thinking=_thinking(f.chat_template_kwargs) if f.chat_template_kwargs is not None else None,
+        tools=_offers_tools(f.tools),
+        sequences=prompts * _sequences_per_prompt(f.n),
         id_tokens=id_tokens,
         prompt_ids=prompt_ids,
     )
-    if "lora_path" in body:
-        parsed.lora_paths = requested_lora_paths(body)
-    if "priority" in body:
-        parsed.priority = _priority(body)
+    # The rarer fields after the call: CPython 3.11 compiles a call with more than 15 keyword
+    # arguments through a dict built for it.
+    parsed.history = history
+    parsed.stream_options = stream_options
+    parsed.max_output_tokens = max_output_tokens
+    parsed.lora_path, parsed.extra_key, parsed.cache_salt = f.lora_path, f.extra_key, f.cache_salt
+    if f.lora_path is not None:
+        parsed.lora_paths = requested_lora_paths(f.lora_path)
+    if f.priority is not None:
+        parsed.priority = _priority(f.priority)
     if kind == "responses":
-        if body.get("store") is not None:
-            parsed.store = _field(body, "store", bool)
-        for name in ("previous_response_id", "request_id"):  # ids go into backend paths: checked first
-            if body.get(name) is not None:
-                check_response_id(body[name], name)
+        if f.store is not None:
+            parsed.store = _value(f.store, "store", bool)
+        if f.background is not None:
+            parsed.background = _value(f.background, "background", bool)
+        # ids go into backend paths: their shape is checked before anything else reads them
+        if f.previous_response_id is not None:
+            parsed.previous_response_id = check_response_id(f.previous_response_id, "previous_response_id")
+        if f.request_id is not None:
+            parsed.request_id = check_response_id(f.request_id, "request_id")
     return parsed
 
 
-def _priority(body: dict[str, Any]) -> int | None:
-    priority: int | None = _field(body, "priority", int)
+# Token ids of a prompt that routing reads: its prefix chain's (policies.prefix.token_blocks).
+HEAD_IDS = MAX_BLOCKS * BLOCK_TOKENS
+_NOT_IDS = b"0123456789,-+ \t\r\n"  # what a JSON array of integers is made of, but its brackets
+_COMMA = re.compile(rb",")
+
+
+def _prompt(raw: msgspec.Raw) -> tuple[str, int, int, list[int] | None]:
+    """A completions prompt: (its text, prompts in it, token ids in it, the first `HEAD_IDS` ids of
+    a single prompt of ids). One prompt of token ids is counted on its bytes, not decoded whole:
+    decoded, each id is a Python int of 28 bytes or more for its 2-7 bytes of JSON."""
+    data = bytes(raw)
+    if data[:1] == b"[" and data.translate(None, _NOT_IDS) == b"[]" and data.strip(b"[] \t\r\n"):
+        # the body is valid JSON already: brackets around digits, signs and commas are integers
+        count = data.count(b",") + 1
+        if count > HEAD_IDS:
+            cut = next(itertools.islice(_COMMA.finditer(data), HEAD_IDS - 1, None)).start()
+            data = data[:cut] + b"]"
+        try:
+            head: list[int] = msgspec.json.decode(data, type=list[int])
+        except msgspec.ValidationError:
+            raise ApiError(
+                400, "'prompt' must be a string or an array of strings or token ids", param="prompt"
+            ) from None
+        return "", 1, count, head
+    prompt = msgspec.json.decode(data)
+    if prompt is None:
+        raise ApiError(400, "missing required field 'prompt'", param="prompt")
+    if isinstance(prompt, str):
+        return prompt, 1, 0, None
+    if isinstance(prompt, list) and prompt:
+        text = " ".join(p for p in prompt if isinstance(p, str))
+        if all(isinstance(p, (str, list)) for p in prompt):  # a batch
+            return text, len(prompt), sum(len(p) for p in prompt if isinstance(p, list)), None
+        return text, 1, 0, None
+    raise ApiError(400, "'prompt' must be a string or a non-empty array", param="prompt")
+
+
+def _responses(
+    value: str | list[InputItem] | None, instructions: str | None
+) -> tuple[str, list[HistoryMessage] | None]:
+    """A Responses request's text (its instructions, then its `input`: a string, or items whose
+    text content counts: messages, and the outputs of earlier tool calls) and its history (the
+    items, instructions first as SGLang renders them: the system message; None for a string)."""
+    if value is None:
+        raise ApiError(400, "missing required field 'input'", param="input")
+    history: list[HistoryMessage] | None = None
+    if isinstance(value, str):
+        text = value
+    elif value:
+        text = "\n".join(_texts(item.content if item.content is not None else item.output for item in value))
+        system = [InputItem(role="system", content=instructions)] if instructions is not None else []
+        history = [*system, *value]
+    else:
+        raise ApiError(400, "'input' must be a string or a non-empty array", param="input")
+    return (f"{instructions}\n{text}" if instructions else text), history
+
+
+def _texts(contents: Any) -> list[str]:
+    """The text of each content: a string, or content parts (Structs, or an item's plain objects)
+    whose text ones count."""
+    parts: list[str] = []
+    for content in contents:
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for p in content:
+                text = p.text if isinstance(p, ContentPart) else p.get("text") if isinstance(p, dict) else None
+                if isinstance(text, str):
+                    parts.append(text)
+    return parts
+
+
+def _offers_tools(tools: msgspec.Raw) -> bool:
+    """A non-empty `tools` array (absent or null: none); anything else is refused by name."""
+    try:
+        return bool(_length_decoder.decode(tools))
+    except msgspec.ValidationError:
+        if bytes(tools).strip() == b"null":
+            return False
+        raise ApiError(400, "'tools' must be an array", param="tools") from None
+
+
+def _priority(value: Any) -> int | None:
+    priority: int | None = _value(value, "priority", int)
     # refused here, it is never queued by a value no backend will take
     if priority is not None and not priority_in_range(priority):
         raise ApiError(400, "'priority' must be a signed 64-bit integer", param="priority")
     return priority
 
 
-def _sequences_per_prompt(body: dict[str, Any]) -> int:
+def _sequences_per_prompt(value: Any) -> int:
     """`n`, checked here because SGLang admits any count: one request asking for billions of
     samples would take a server's memory, and the gateway's retry would take the next one's."""
-    n: int | None = _field(body, "n", int)
+    n: int | None = _value(value, "n", int)
     if n is None:
         return 1
     if not 1 <= n <= MAX_N:
@@ -172,12 +335,9 @@ def _sequences_per_prompt(body: dict[str, Any]) -> int:
     return n
 
 
-def _number(
-    body: dict[str, Any], name: str, low: float, high: float, rule: str, *, open_below: bool = False
-) -> float | None:
+def _number(value: Any, name: str, low: float, high: float, rule: str, *, open_below: bool = False) -> float | None:
     """A sampling parameter as a float, within SGLang's range (`SamplingParams.verify`): a bad
     one is refused here with its name rather than after a backend was chosen for it."""
-    value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -207,8 +367,8 @@ _TYPE_NAMES = {
 }
 
 
-def _field(body: dict[str, Any], name: str, typ: type, required: bool = False) -> Any:
-    value = body.get(name)
+def _value(value: Any, name: str, typ: type, required: bool = False) -> Any:
+    """A field's value checked for `typ` (None: absent or null), by SGLang's lax rules for scalars."""
     if value is None:
         if required:
             raise ApiError(400, f"missing required field '{name}'", param=name)
@@ -232,45 +392,29 @@ def _lax(name: str, value: Any, typ: type) -> Any:
         ) from None
 
 
-def _responses_text(body: dict[str, Any]) -> str:
-    """The text of a Responses request: its instructions, then its `input` (a string, or items
-    whose text content counts: messages, and the outputs of earlier tool calls)."""
-    instructions = _field(body, "instructions", str)
-    value = body.get("input")
-    if value is None:
-        raise ApiError(400, "missing required field 'input'", param="input")
-    if isinstance(value, str):
-        text = value
-    elif isinstance(value, list) and value:
-        parts: list[str] = []
-        for i, item in enumerate(value):
-            if not isinstance(item, dict):
-                raise ApiError(400, f"input[{i}] must be an object", param=f"input[{i}]")
-            _add_text(parts, item.get("content", item.get("output")))
-        text = "\n".join(parts)
-    else:
-        raise ApiError(400, "'input' must be a string or a non-empty array", param="input")
-    return f"{instructions}\n{text}" if instructions else text
+# What a field the lean decode types must be, by the last part of its path.
+_EXPECTED = {
+    "messages": "a non-empty array of message objects",
+    "input": "a string or a non-empty array of input items",
+    "content": "a string or an array of content parts",
+    "role": "a string",
+}
+_AT = re.compile(r" - at `\$\.?(.*)`$")
 
 
-def _messages_text(messages: list[Any]) -> str:
-    parts: list[str] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
-        if not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}].role must be a string", param=f"messages[{i}].role")
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            where = f"messages[{i}].content"
-            raise ApiError(400, f"{where} must be a string or an array of content parts", param=where)
-        _add_text(parts, m.get("content"))
-    return "\n".join(parts)
-
-
-def _add_text(parts: list[str], content: Any) -> None:
-    """A message's or item's content: a string, or content parts, of which the text ones count."""
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+def _lean_error(error: msgspec.ValidationError) -> ApiError:
+    """A message or item of the wrong shape, named by its path (`messages[0].content`), as the
+    fields of the message's own rules say it."""
+    text = str(error)
+    found = _AT.search(text)
+    path = found.group(1) if found else ""
+    missing = re.match(r"Object missing required field `(\w+)`", text)
+    if missing:
+        path = f"{path}.{missing.group(1)}"
+    leaf = re.sub(r"\[\d+\]$", "", path.rsplit(".", 1)[-1])
+    expected = _EXPECTED.get(leaf) if not re.search(r"\[\d+\]$", path) else "an object"
+    if expected is None:
+        expected = "an object" if leaf in ("messages", "input") else "of another type"
+    got = re.match(r"Expected `[^`]*`, got `(\w+)`", text)
+    suffix = f", got {got.group(1)}" if got else ""
+    return ApiError(400, f"{path or 'body'} must be {expected}{suffix}", param=path or None)

@@ -38,6 +38,7 @@ from tenacity import (
     wait_random,
 )
 
+from backends.client import AnswerTooLarge, read_capped
 from backends.telemetry import usage
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
@@ -54,9 +55,10 @@ from gateway.attempt import (
     Attempt,
     UpstreamFailure,
 )
+from gateway.background import BackgroundHolds
 from gateway.baseline import SpeedupBaseline
 from gateway.config import Config
-from gateway.errors import ApiError, model_not_found
+from gateway.errors import ApiError, clip, model_not_found
 from gateway.extras import check_extras
 from gateway.metrics import GatewayMetrics
 from gateway.openai_request import Kind, ParsedRequest, parse
@@ -69,11 +71,11 @@ from gateway.response_owners import ResponseOwners
 from gateway.responses_relay import ResponsesRelay, read_response
 from gateway.retry_budget import RetryBudget
 from gateway.stream_deadline import StreamDeadline
-from gateway.suspects import Suspects
+from gateway.suspects import Suspects, body_fingerprint
 from gateway.tracing import Trace, Tracing
 from gateway.via import forwarded_via
 from policies import POLICY_NAMES, NoCandidate, Outcome, Policy, RequestFeatures, classify, make_policy
-from policies.prefix import message_blocks, namespace, text_blocks, token_blocks
+from policies.prefix import history_blocks, namespace, text_blocks, token_blocks
 from policies.simple import Pinned
 
 if TYPE_CHECKING:
@@ -82,7 +84,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("specroute.proxy")
 _getrandbits = random.getrandbits
 _encoder = msgspec.json.Encoder()
-_sorted_encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder()
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses"}
@@ -90,6 +91,7 @@ BACKEND_HEADER = "x-specroute-backend"
 TRACE_ID_HEADER = "x-specroute-trace-id"
 POLICY_HEADER = "x-specroute-policy"
 CHARS_PER_TOKEN = 4  # the gateway does not tokenize: its prompt-size estimate
+LOGGED_CHARS = 4096  # of a prompt or an error message, in the record (access log, span)
 SHUTDOWN_MESSAGE = "the gateway is shutting down: retry the request"
 ANONYMOUS = Principal("anonymous", None)  # a request no door let in (tests that drive the proxy directly)
 
@@ -172,10 +174,7 @@ class Request:
         however its JSON is spaced or its keys ordered. Computed on first use, which only a failure
         or a quarantine in force asks for."""
         if self._fingerprint is None:
-            try:
-                self._fingerprint = hash(_sorted_encoder.encode(_decoder.decode(self.raw)))
-            except JSON_DECODE_ERRORS:  # it was parsed once: cannot happen, but never fail for it
-                self._fingerprint = hash(self.raw)
+            self._fingerprint = body_fingerprint(self.raw)
         return self._fingerprint
 
 
@@ -195,6 +194,7 @@ class Proxy:
         self.admission = admission
         self.policies = policies  # shared with the runtime: a reload swaps policies in place
         self.suspects = Suspects()  # kept across reloads, which set its thresholds (configure)
+        self.background = BackgroundHolds(admission)  # background Responses in flight (configure: their limit)
         self.configure(config)
         self.metrics = metrics or GatewayMetrics()
         self.tracing = tracing or Tracing(config.tracing)
@@ -215,9 +215,11 @@ class Proxy:
         self.include_prompts = config.logging.include_prompts
         self.allow_policy_header = config.gateway.allow_policy_header
         self.allowed_extras = frozenset(config.gateway.allowed_extras)
+        self.max_response_bytes = config.gateway.max_response_bytes
         self.default_priority = config.admission.default_priority
         self._config = config
         t = config.timeouts
+        self.background.max_s = t.request_s
         self.first_byte_s = t.first_byte_s
         self.idle_stream_s = t.idle_stream_s
         # Streams: no socket-read timeout. Real SGLang sends its headers only with the first token,
@@ -261,8 +263,10 @@ class Proxy:
             holder = await self._holder_of_previous(parsed, headers) if kind == "responses" else None
             req = self._request(parsed, kind, headers, request_id, trace, t_received, holder)
             req.raw = raw
+            parsed.history = None  # read into the request's prefix chain: its objects are not kept
             self.retry_budget.request()
         except ApiError as error:
+            client.body_read()
             self.refused(kind, error, t_received, request_id, trace, model)
             return await self._send_error(client, error, request_id)
         except Exception as error:  # a bug: the caller answers 500; the request still gets its record
@@ -270,6 +274,7 @@ class Proxy:
                 kind, ApiError(500, "internal gateway error", type=type(error).__name__), t_received, request_id
             )
             raise
+        client.body_read()
         watch = client.watch()
         self._open[watch] = req
         try:
@@ -461,7 +466,13 @@ class Proxy:
         try:
             resp = await attempt.post(PATHS[req.kind], self._upstream_body(req, backend), self._request_timeout)
             try:
-                raw = await resp.read()
+                raw = await read_capped(resp, self.max_response_bytes)
+            except AnswerTooLarge as e:  # the request's answer, not the backend's fault: no other is tried
+                raise ApiError(
+                    502,
+                    f"backend {backend.name} answered more than {e.limit} bytes (gateway.max_response_bytes)",
+                    type="upstream_error",
+                ) from None
             except NET_ERRORS as e:
                 raise attempt.failure("broken_response", 502, f"failed while answering: {type(e).__name__}") from None
         except asyncio.CancelledError:  # given up by `Attempt.abandon`, or the client left
@@ -558,6 +569,9 @@ class Proxy:
         stored = req.kind == "responses" and req.parsed.store
         if stored and result.status == 200 and result.response_id is not None:
             self.response_owners.record(result.response_id, attempt.backend.name)
+            if req.parsed.background and not req.parsed.stream and result.finish_reason is None:
+                # answered `queued`: generated from now on there, counted in flight until it is done
+                self.background.hold(attempt.backend, result.response_id, req.parsed.sequences)
         self._finish(req, attempt, result, mean_inflight)
 
     @staticmethod
@@ -593,7 +607,7 @@ class Proxy:
             stream=False,
             status=error.status,
             duration_s=time.perf_counter() - t_received,
-            error=error.message,
+            error=error.message[:LOGGED_CHARS],
             error_type=error.type,
         )
         self._write_record(rec, None)
@@ -708,7 +722,7 @@ class Proxy:
             trace_id=req.trace_id,
             model=req.model,
             kind=req.kind,
-            max_tokens=parsed.body.get("max_output_tokens") if req.kind == "responses" else parsed.max_tokens,
+            max_tokens=parsed.max_output_tokens if req.kind == "responses" else parsed.max_tokens,
             temperature=parsed.temperature,
             priority=parsed.priority,
             stream=parsed.stream,
@@ -740,9 +754,9 @@ class Proxy:
             finish_reason=result.finish_reason,
             response_id=result.response_id,
             response_model=result.response_model,
-            error=result.error,
+            error=result.error[:LOGGED_CHARS] if result.error is not None else None,
             error_type=result.error_type,
-            prompt=parsed.prompt_text if self.include_prompts else None,
+            prompt=parsed.prompt_text[:LOGGED_CHARS] if self.include_prompts else None,
         )
 
     # ---- reading the request -------------------------------------------------------------------------
@@ -760,8 +774,8 @@ class Proxy:
         """`holder`: the backend holding a Responses request's `previous_response_id`, if any."""
         model, pin, adapter = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
         if kind == "responses":
-            chosen = parsed.body.get("request_id")
-            if isinstance(chosen, str) and chosen in self.response_owners:
+            chosen = parsed.request_id
+            if chosen is not None and chosen in self.response_owners:
                 raise ApiError(
                     409,
                     f"a Response with id {chosen!r} exists already; a new one cannot take its id",
@@ -791,18 +805,16 @@ class Proxy:
 
     @staticmethod
     def _prefix(parsed: ParsedRequest, adapter: str | None) -> tuple[int, ...]:
-        body = parsed.body
         # SGLang's radix cache namespace: a prefix cached under another adapter, extra_key or
         # cache_salt is no hit (policies.prefix). A list (one per prompt of a batch) as a tuple.
         seed = 0
-        lora, extra_key, salt = adapter or body.get("lora_path"), body.get("extra_key"), body.get("cache_salt")
+        lora, extra_key, salt = adapter or parsed.lora_path, parsed.extra_key, parsed.cache_salt
         if parsed.kind == "responses":
             lora = None  # SGLang's Responses API checks an adapter but runs the base model (docs/sglang-api.md)
         if lora is not None or extra_key is not None or salt is not None:
             seed = namespace(_hashable(lora), _hashable(extra_key), _hashable(salt))
-        messages = body.get("messages") if parsed.kind != "responses" else _responses_history(body)
-        if isinstance(messages, list):
-            return message_blocks(messages, seed)
+        if parsed.history is not None:
+            return history_blocks(parsed.history, seed)
         if parsed.prompt_ids is not None:
             return token_blocks(parsed.prompt_ids, seed)
         return text_blocks(parsed.prompt_text, seed)
@@ -817,7 +829,7 @@ class Proxy:
             if pin is not None and named != pin:
                 raise ApiError(
                     400,
-                    f"the model pins backend {named!r} and the {BACKEND_HEADER} header {pin!r}: name one",
+                    f"the model pins backend {clip(named)} and the {BACKEND_HEADER} header {clip(pin)}: name one",
                     param="model",
                 )
             pin = named
@@ -830,7 +842,10 @@ class Proxy:
             backend = self.pools.by_name.get(pin)
             if backend is None or backend.spec.model != model:
                 raise ApiError(
-                    404, f"backend {pin!r} does not serve model {model!r}", param="model", code="backend_not_found"
+                    404,
+                    f"backend {clip(pin)} does not serve model {clip(model)}",
+                    param="model",
+                    code="backend_not_found",
                 )
         return model, pin, adapter
 
@@ -841,8 +856,8 @@ class Proxy:
         request's own model (gateway.response_holders), once the model is known. None when no
         backend has it (never stored, or lost with its server's restart): the backend that gets it
         answers that it does not know it."""
-        previous = parsed.body.get("previous_response_id")
-        if not isinstance(previous, str):
+        previous = parsed.previous_response_id
+        if previous is None:
             return None
         model, pin, _ = self._resolve_target(parsed.model, headers.get(BACKEND_HEADER))
         if pin is not None:
@@ -863,9 +878,10 @@ class Proxy:
         where = f"backend {pin!r}" if pin else f"any backend of model {model!r}"
         missing = sorted(adapters - loaded)
         if missing:
-            message = f"LoRA adapter {', '.join(map(repr, missing))} is not loaded on {where}"
+            message = f"LoRA adapter {', '.join(map(clip, missing[:8]))} is not loaded on {where}"
         else:  # each is loaded somewhere, no backend has them all
-            message = f"no single backend of model {model!r} has LoRA adapters {sorted(adapters)} loaded together"
+            named = ", ".join(map(clip, sorted(adapters)[:8]))
+            message = f"no single backend of model {model!r} has LoRA adapters [{named}] loaded together"
         raise ApiError(404, f"{message}; loaded: {sorted(loaded)}", param=param, code="model_not_found")
 
     def _policy_for(self, model: str, pin: str | None, requested: str | None) -> Policy:
@@ -885,7 +901,7 @@ class Proxy:
                 if requested not in POLICY_NAMES or requested == "pinned":
                     raise ApiError(
                         400,
-                        f"unknown policy {requested!r} in {POLICY_HEADER}; expected one of "
+                        f"unknown policy {clip(requested)} in {POLICY_HEADER}; expected one of "
                         f"{[p for p in POLICY_NAMES if p != 'pinned']}",
                         param=POLICY_HEADER,
                     )
@@ -899,20 +915,17 @@ class Proxy:
     @staticmethod
     def _upstream_body(req: Request, backend: Backend) -> bytes:
         parsed = req.parsed
-        body = dict(parsed.body)
         if req.kind == "responses":  # its own fields: SGLang's ResponsesRequest has no lora_path
-            body["model"] = (
-                backend.spec.upstream_model if req.adapter is None else f"{backend.spec.upstream_model}:{req.adapter}"
-            )
-            return _encoder.encode(body)
-        body["model"] = backend.spec.upstream_model
+            model = backend.spec.upstream_model
+            return parsed.body.encode({"model": model if req.adapter is None else f"{model}:{req.adapter}"})
+        changes: dict[str, Any] = {"model": backend.spec.upstream_model}
         if req.adapter is not None:  # as `lora_path`: SGLang reads it whatever its served name is
-            body["lora_path"] = req.adapter
+            changes["lora_path"] = req.adapter
         if backend.spec.strategy.speculative:
-            body["return_spec_tokens_details"] = True
+            changes["return_spec_tokens_details"] = True
         if parsed.stream:
-            body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}
-        return _encoder.encode(body)
+            changes["stream_options"] = {**(parsed.stream_options or {}), "include_usage": True}
+        return parsed.body.encode(changes)
 
     @staticmethod
     def _reply_headers(attempt: Attempt, stream: bool) -> dict[str, str]:
@@ -927,16 +940,6 @@ class Proxy:
     async def _send_error(client: Downstream, error: ApiError, request_id: str) -> None:
         error.headers.setdefault(REQUEST_ID_HEADER, request_id)
         await client.send_error(error)
-
-
-def _responses_history(body: dict[str, Any]) -> list[Any] | None:
-    """A Responses request's input items as a message history, its instructions first (SGLang
-    renders them as the system message); None for a string input (tracked as text)."""
-    items = body.get("input")
-    if not isinstance(items, list):
-        return None
-    instructions = body.get("instructions")
-    return [{"role": "system", "content": instructions}, *items] if isinstance(instructions, str) else items
 
 
 def _hashable(value: Any) -> Any:

@@ -21,8 +21,16 @@ __all__ = ["ResponseOwners"]
 
 
 class ResponseOwners:
-    def __init__(self, capacity: int = 100_000) -> None:
+    """Bounded by bytes, not by count alone: an id is the client's string (at most 128 characters,
+    gateway.response_ids), and a count bound would let long ids take far more memory than short."""
+
+    # What an entry costs beside its strings: the dict slot and the two str objects' headers.
+    ENTRY_OVERHEAD = 160
+
+    def __init__(self, capacity: int = 100_000, max_bytes: int = 32 << 20) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._owners: OrderedDict[str, str] = OrderedDict()
 
     def __len__(self) -> int:
@@ -31,11 +39,19 @@ class ResponseOwners:
     def __contains__(self, response_id: object) -> bool:
         return response_id in self._owners
 
+    @classmethod
+    def _cost(cls, response_id: str, backend: str) -> int:
+        return len(response_id) + len(backend) + cls.ENTRY_OVERHEAD
+
     def record(self, response_id: str, backend: str) -> None:
+        old = self._owners.pop(response_id, None)
+        if old is not None:
+            self.bytes -= self._cost(response_id, old)
         self._owners[response_id] = backend
-        self._owners.move_to_end(response_id)
-        if len(self._owners) > self.capacity:
-            self._owners.popitem(last=False)
+        self.bytes += self._cost(response_id, backend)
+        while self._owners and (len(self._owners) > self.capacity or self.bytes > self.max_bytes):
+            forgotten, holder = self._owners.popitem(last=False)
+            self.bytes -= self._cost(forgotten, holder)
 
     def owner(self, response_id: str) -> str | None:
         backend = self._owners.get(response_id)

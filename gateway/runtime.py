@@ -19,8 +19,10 @@ import msgspec
 from backends.client import SGLangClient
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
+from gateway.body_budget import BodyBudget
 from gateway.circuit import CircuitBreaker
 from gateway.config import BackendEntry, Config, ConfigError, config_from_dict
+from gateway.connections import ConnectionLimits
 from gateway.metrics import GatewayMetrics
 from gateway.poller import Poller
 from gateway.pool import Backend, Pools
@@ -46,6 +48,9 @@ class Runtime:
             priority_order=a.priority_order,
             default_priority=a.default_priority,
         )
+        g, t = config.gateway, config.timeouts
+        self.connection_limits = ConnectionLimits(g.max_connections, t.client_header_s, t.client_send_s)
+        self.body_budget = BodyBudget(g.max_body_bytes_in_flight)
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.pools, self.admission)
         self.tracing = tracing or Tracing(config.tracing)
@@ -216,6 +221,10 @@ class Runtime:
         return {"added": added, "removed": removed}
 
     def _apply_settings(self, new: Config) -> None:
+        limits = self.connection_limits
+        limits.max_connections = new.gateway.max_connections
+        limits.header_timeout_s, limits.send_timeout_s = new.timeouts.client_header_s, new.timeouts.client_send_s
+        self.body_budget.total = new.gateway.max_body_bytes_in_flight
         a = new.admission
         self.admission.max_inflight, self.admission.max_queue = a.max_inflight, a.max_queue
         self.admission.queue_timeout_s = a.queue_timeout_s
@@ -259,6 +268,7 @@ class Runtime:
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
         await self.poller.stop()
+        self.proxy.background.close()
         if self._seeding is not None:
             self._seeding.cancel()
         for task in list(self._retire_tasks):

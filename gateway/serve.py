@@ -13,7 +13,7 @@ import uvicorn
 from backends.procs import ProcessGroup, start_twins
 from gateway.app import create_app, serving_asgi
 from gateway.config import Config, load_config, parse_listen
-from gateway.head_write import HeadHoldingProtocol
+from gateway.connections import LimitedProtocol
 from gateway.runtime import Runtime
 from gateway.topology import SEED_SYSTEMS, embedded_config
 
@@ -53,11 +53,12 @@ def run(config: Config, host: str, port: int, config_path: str | None = None) ->
         grace_s,
         uvicorn.Config(
             # httptools, with a response's head and body leaving in one write (gateway/head_write.py)
+            # and the connections' limits (gateway/connections.py)
             serving_asgi(app),
             host=host,
             port=port,
             loop="uvloop",
-            http=HeadHoldingProtocol,
+            http=LimitedProtocol.limited_by(runtime.connection_limits),
             lifespan="on",
             log_level="warning",
             access_log=False,

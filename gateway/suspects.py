@@ -4,15 +4,15 @@ A backend that dies or stops stepping while it serves a request loses that reque
 gateway retries it elsewhere: right for a server that failed on its own, ruinous for a request that
 made it fail (a body that crashes the engine would take down every backend it is retried on, and
 then, as the client's SDK retries it, the rest). So each request body that was in flight on a
-backend that failed under it is remembered, by a hash of its bytes, with the backends that failed
-under it. Once `after` distinct backends have, it is neither retried nor accepted again for `for_s`
-seconds: two servers failing with one request in flight is unlikely to be chance, and costs two
-servers, not the pool. Distinct backends, because many clients send the same body (a benchmark's
-prompt, a greeting): one server crashing under twenty copies of it says nothing about the body.
+backend that failed under it is remembered, by a hash of its JSON (`body_fingerprint`: whitespace
+and key order aside), with the backends that failed under it. Once `after` distinct backends have,
+it is neither retried nor accepted again for `for_s` seconds: two servers failing with one request
+in flight is unlikely to be chance, and costs two servers, not the pool. Distinct backends, because
+many clients send the same body (a benchmark's prompt, a greeting): one server crashing under
+twenty copies of it says nothing about the body.
 
 The memory is a least-recently-used table of at most `capacity` entries, each expiring `for_s`
-seconds after its last failure. The common case, no suspect at all, costs one `len` per request.
-"""
+seconds after its last failure. The common case, no suspect at all, costs one `len` per request."""
 
 from __future__ import annotations
 
@@ -20,7 +20,23 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-__all__ = ["Suspects"]
+import msgspec
+
+from common.json_errors import JSON_DECODE_ERRORS
+
+__all__ = ["Suspects", "body_fingerprint"]
+
+_decoder = msgspec.json.Decoder()
+_sorted_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def body_fingerprint(raw: bytes) -> int:
+    """A request body's identity: the same request, however its JSON is spaced or its keys are
+    ordered (one extra space must not let a query of death past its quarantine)."""
+    try:
+        return hash(_sorted_encoder.encode(_decoder.decode(raw)))
+    except JSON_DECODE_ERRORS:  # not JSON (never parsed): its bytes are all it is
+        return hash(raw)
 
 
 class Suspects:

@@ -9,6 +9,8 @@ that is not OpenAI-compatible fails here with one line, before any load is sent.
 
 from __future__ import annotations
 
+import os
+
 import aiohttp
 import msgspec
 
@@ -68,7 +70,9 @@ async def resolve(
     elif word.startswith(("http://", "https://")):
         url = word
     else:
-        body = await _get(session, gateway_url.rstrip("/") + "/admin/backends", f"target {word!r}", api_key)
+        # the gateway's admin API answers its admin key only (or nothing, in local development)
+        admin_key = os.environ.get("SPECROUTE_ADMIN_KEY") or api_key
+        body = await _get(session, gateway_url.rstrip("/") + "/admin/backends", f"target {word!r}", admin_key)
         try:
             entries = msgspec.json.decode(body, type=_Backends).backends
         except JSON_DECODE_ERRORS:

@@ -22,8 +22,8 @@ tracked (a history longer than the cap still shares its first `MAX_BLOCKS` block
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 # 64 tokens per block, the twin's radix-cache block (backends/sim/prefix_cache.py), so that one chain
 # serves the gateway, the evaluator and the twin alike. The prefix tracker keeps every fourth element
@@ -72,13 +72,41 @@ def _chain(seq: str | tuple[int, ...], size: int, seed: int) -> tuple[int, ...]:
     return tuple(chain)
 
 
+class HistoryMessage(Protocol):
+    """A message of a history as the gateway reads it (gateway.openai_request): its role, its
+    content (a string, or parts with an optional `text`, as objects or dicts) and its tool calls."""
+
+    @property
+    def role(self) -> Any: ...
+
+    @property
+    def content(self) -> Any: ...
+
+    @property
+    def tool_calls(self) -> Any: ...
+
+
+class _DictMessage:
+    """A message given as a plain dict (the evaluator's and the benchmarks' histories)."""
+
+    __slots__ = ("role", "content", "tool_calls")
+
+    def __init__(self, m: dict[str, Any]) -> None:
+        self.role, self.content, self.tool_calls = m.get("role"), m.get("content"), m.get("tool_calls")
+
+
 def message_blocks(messages: Sequence[Any], seed: int = 0) -> tuple[int, ...]:
-    """The hash chain of a chat history's blocks. Tolerates any shape (non-dict entries and
-    non-text content parts are skipped): the request was validated before, this only reads it."""
+    """The hash chain of a chat history's blocks, messages given as dicts. Tolerates any shape
+    (non-dict entries and non-text content parts are skipped)."""
+    return text_blocks(render_history(_DictMessage(m) for m in messages if isinstance(m, dict)), seed)
+
+
+def history_blocks(messages: Iterable[HistoryMessage], seed: int = 0) -> tuple[int, ...]:
+    """The hash chain of a history's blocks, messages as the gateway reads them."""
     return text_blocks(render_history(messages), seed)
 
 
-def render_history(messages: Sequence[Any]) -> str:
+def render_history(messages: Iterable[HistoryMessage]) -> str:
     """Role, text content and tool calls of each message, in order, up to `MAX_BLOCKS` blocks."""
     limit = MAX_BLOCKS * BLOCK_CHARS
     parts: list[str] = []
@@ -86,11 +114,9 @@ def render_history(messages: Sequence[Any]) -> str:
     for m in messages:
         if size >= limit:
             break
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        piece = (role if isinstance(role, str) else "") + _ROLE_END + _content_text(m.get("content"))
-        calls = m.get("tool_calls")
+        role = m.role
+        piece = (role if isinstance(role, str) else "") + _ROLE_END + _content_text(m.content)
+        calls = m.tool_calls
         if isinstance(calls, list):
             piece += _tool_calls_text(calls)
         piece += _MESSAGE_END
@@ -102,8 +128,9 @@ def render_history(messages: Sequence[Any]) -> str:
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts: the text ones
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if isinstance(content, list):  # content parts: the text ones, as objects or dicts
+        texts = (p.get("text") if isinstance(p, dict) else getattr(p, "text", None) for p in content)
+        return "".join(t for t in texts if isinstance(t, str))
     return ""
 
 

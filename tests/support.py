@@ -202,7 +202,13 @@ def one_slot_gateway(
     config = tmp / f"gateway-{port}.toml"
     backends = [{"name": "ar", "url": twin, "model": "kimi-k2.6", "strategy": "ar"}]
     config.write_text(
-        gateway_config(port, backends, f"[admission]\nmax_inflight = 1\nqueue_timeout_s = {queue_timeout_s}\n")
+        gateway_config(
+            port,
+            backends,
+            f"[admission]\nmax_inflight = 1\nqueue_timeout_s = {queue_timeout_s}\n"
+            # clients may set any priority here: the queue's order is what these tests look at
+            f"[auth]\npriority_range = [{-(1 << 63)}, {(1 << 63) - 1}]\n",
+        )
     )
     with (
         running(

@@ -79,7 +79,9 @@ def test_requests_refused_at_the_door_are_counted_like_any_other(twin_factory):
         conn.request("GET", "/v1/chat/completions")
         wrong_method = conn.getresponse()
         wrong_method.read()
-        conn.request("POST", "/v1/chat/completions", body=b"{}", headers={"Host": "bad host"})
+        conn.request(
+            "POST", "/v1/chat/completions", body=b"{}", headers={"Host": "bad host", "Content-Type": "application/json"}
+        )
         bad_host = conn.getresponse()
         bad_host.read()
         conn.close()
@@ -108,7 +110,10 @@ def test_a_body_that_trickles_in_is_cut_after_client_body_s(twin_factory):
     with serve_in_thread(config, access_log=AccessLog(False)) as gw:
         u = urlsplit(gw)
         with socket.create_connection((u.hostname, u.port), timeout=30) as s:
-            s.sendall(b'POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000\r\n\r\n{"model"')
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"model"'
+            )
             answer = b""
             while chunk := s.recv(65536):  # until the gateway closes the connection
                 answer += chunk

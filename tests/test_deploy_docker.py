@@ -297,6 +297,7 @@ def test_compose_stack_turns_healthy_prometheus_scrapes_and_spans_arrive(engine,
         **{k: str(v) for k, v in ports.items()},
         "SPECROUTE_TIME_SCALE": "0.02",
         "SPECROUTE_BASE_IMAGE": base,
+        "SPECROUTE_ADMIN_KEY": "compose-admin-key",
     }
     project = f"specroute-test-{which}-{os.getpid()}"
     files = ["-f", str(REPO / "deploy/docker-compose.yml"), "-f", str(REPO / "deploy/compose.local.yml")]

@@ -78,6 +78,8 @@ def test_chart_lints_and_renders_valid_kubernetes(kv):
         "Service",
         "HorizontalPodAutoscaler",
         "PodDisruptionBudget",
+        "Secret",
+        "NetworkPolicy",
     }
     _validate(kv, docs)
 
@@ -113,7 +115,8 @@ def _without_helm_labels(doc: dict) -> dict:
 
 
 def test_default_values_render_what_kustomize_renders():
-    helm_docs = {(d["kind"], d["metadata"]["name"]): _without_helm_labels(d) for d in render()}
+    # the Secret of keys: the chart makes one (generated keys); with kustomize the operator does
+    helm_docs = {(d["kind"], d["metadata"]["name"]): _without_helm_labels(d) for d in render() if d["kind"] != "Secret"}
     kustomized = {(d["kind"], d["metadata"]["name"]): d for d in _kustomize() if d["kind"] != "Namespace"}
     assert set(helm_docs) == set(kustomized)
     for key, expected in kustomized.items():
@@ -159,11 +162,7 @@ def test_api_keys_become_a_secret_the_deployment_reads(kv):
     assert secret["metadata"] == {**secret["metadata"], "name": "edge-keys", "namespace": "llm"}
     assert secret["stringData"] == {"api-keys": "key-a,key-b", "admin-key": "adm"}
     env = {e["name"]: e for e in docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["SPECROUTE_API_KEYS"]["valueFrom"]["secretKeyRef"] == {
-        "name": "edge-keys",
-        "key": "api-keys",
-        "optional": True,
-    }
+    assert env["SPECROUTE_API_KEYS"]["valueFrom"]["secretKeyRef"] == {"name": "edge-keys", "key": "api-keys"}
     assert env["SPECROUTE_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "edge-keys"
     assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.namespace.name=llm,k8s.deployment.name=edge-gateway"
     _validate(kv, list(docs.values()))
@@ -172,6 +171,22 @@ def test_api_keys_become_a_secret_the_deployment_reads(kv):
     assert "Secret" not in docs
     env = {e["name"]: e for e in docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["SPECROUTE_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "vault-keys"
+
+
+def test_keys_not_given_are_generated_and_only_clients_reach_the_port(kv):
+    """Secure by default: with no keys in the values the chart generates both (a gateway on a pod
+    address refuses to start without an API key), and a NetworkPolicy admits only client namespaces."""
+    one, two = by_kind(render()), by_kind(render())
+    keys = one["Secret"]["stringData"]
+    assert len(keys["api-keys"]) >= 32 and len(keys["admin-key"]) >= 32 and keys["api-keys"] != keys["admin-key"]
+    assert keys != two["Secret"]["stringData"]  # random per install (an upgrade reads them back from the cluster)
+    policy = one["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == one["Deployment"]["spec"]["selector"]["matchLabels"]
+    (rule,) = policy["ingress"]
+    assert {"namespaceSelector": {"matchLabels": {"specroute.io/client": "true"}}} in rule["from"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    _validate(kv, [one["Secret"], one["NetworkPolicy"]])
+    assert "NetworkPolicy" not in by_kind(render({"networkPolicy": {"enabled": False}}))
 
 
 def test_configmap_holds_a_config_the_gateway_loads(tmp_path: Path):

@@ -32,6 +32,9 @@ from tests.support import (
 
 MSG = [{"role": "user", "content": "Write a long history of the Roman republic."}]
 
+# Clients may set any priority (auth.priority_range; by default only the configured default goes).
+ANY_PRIORITY = "[auth]\npriority_range = [-1000, 1000]\n"
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> Iterator[tuple[str, subprocess.Popen]]:
@@ -93,7 +96,7 @@ def test_a_priority_one_server_refuses_is_answered_by_another(tmp_path):
             {"name": "refusing", "url": f"http://127.0.0.1:{refusing}", **entry},
             {"name": "plain", "url": f"http://127.0.0.1:{plain}", **entry},
         ]
-        policy = '[models."kimi-k2.6"]\npolicy = "round_robin"\n'
+        policy = '[models."kimi-k2.6"]\npolicy = "round_robin"\n' + ANY_PRIORITY
         with gateway(tmp_path, both, policy) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
             served = []
@@ -111,7 +114,7 @@ def test_a_priority_one_server_refuses_is_answered_by_another(tmp_path):
                     assert b'"error"' not in body and b'"choices"' in body and body.rstrip().endswith(b"data: [DONE]")
             assert served == ["plain"] * 4
             assert get_json(f"{url}/admin/backends")["retries"] >= 2  # refused there first, then retried
-        with gateway(tmp_path, both[:1]) as url:
+        with gateway(tmp_path, both[:1], ANY_PRIORITY) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
             with pytest.raises(openai.APIStatusError) as refused:
                 client.chat.completions.create(

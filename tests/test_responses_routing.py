@@ -161,3 +161,23 @@ def test_a_background_response_is_cancelled_where_it_runs(stored_pair):
     cancelled = client.responses.with_raw_response.cancel(queued.id)
     assert cancelled.headers["x-specroute-backend"] == holder and cancelled.parse().status == "cancelled"
     assert client.responses.retrieve(queued.id).status == "cancelled"
+
+
+def test_a_background_response_counts_in_flight_until_it_is_done(tmp_path, twin_factory):
+    """SGLang answers `background: true` at once and generates afterwards: the gateway holds a slot
+    on that backend (admission) until the Response's status is final, here its cancellation."""
+    with gateway(tmp_path, _stored_backends(twin_factory), gateway_keys=ROUND_ROBIN) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        raw = client.responses.with_raw_response.create(
+            model="kimi-k2.6", input="Write a long essay.", max_output_tokens=4000, background=True
+        )
+        queued, holder = raw.parse(), raw.headers["x-specroute-backend"]
+
+        def inflight() -> dict[str, int]:
+            return {b["name"]: b["inflight"] for b in get_json(f"{url}/admin/backends")["backends"]}
+
+        held = inflight()
+        client.responses.cancel(queued.id)
+        assert wait_until(lambda: inflight()[holder] == 0)
+        assert get_json(f"{url}/admin/backends")["inflight"] == 0
+    assert held[holder] == 1 and sum(held.values()) == 1

@@ -1,0 +1,153 @@
+"""Limits on client connections, kept where a connection lives: uvicorn's protocol, per socket.
+
+- **How many.** At most `max_connections` open at once; one more is answered 503 (OpenAI's
+  error shape) and closed. Each holds a file descriptor and buffers; without a cap a flood of
+  idle connections exhausts the process's descriptors and every client fails.
+- **Headers in time.** A connection must send a request's headers within `header_timeout_s` of
+  connecting, or of that request's first byte on a kept-alive connection (slow-loris); else 408
+  and closed. uvicorn bounds the idle time between requests (`timeout_keep_alive`) but not this.
+- **A client that stops reading.** When the client takes no bytes, the kernel's buffers fill, then
+  the transport's, and asyncio tells the protocol (`pause_writing`). Paused for `send_timeout_s`
+  without resuming, the connection is aborted (nginx's `send_timeout`). uvicorn then reports the
+  disconnect to the app, whose watch (gateway.downstream) cancels the request: the upstream
+  connection closes, SGLang aborts the generation, and the backend slot is free again.
+
+Only public interfaces: uvicorn's `http=` protocol class and asyncio's protocol callbacks and
+transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.errors import ApiError
+from gateway.head_write import HeadHoldingProtocol
+
+__all__ = ["ConnectionLimits", "LimitedProtocol"]
+
+log = logging.getLogger("specroute.connections")
+
+
+class ConnectionLimits:
+    """The limits, shared by every connection of a server (a reload may change them), and the
+    count of connections open."""
+
+    __slots__ = ("max_connections", "header_timeout_s", "send_timeout_s", "open", "refused", "dropped")
+
+    def __init__(self, max_connections: int, header_timeout_s: float, send_timeout_s: float) -> None:
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.send_timeout_s = send_timeout_s
+        self.open = 0
+        self.refused = 0  # connections turned away at the cap
+        self.dropped = 0  # connections closed for their headers' or their reading's time
+
+
+def _raw_error(status: int, reason: bytes, error: ApiError) -> bytes:
+    body = error.body()
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % (status, reason, len(body))
+        + body
+    )
+
+
+class LimitedProtocol(HeadHoldingProtocol):
+    """uvicorn's httptools protocol with the limits above. uvicorn takes a class (`http=`), so a
+    server's limits come as a class attribute: `LimitedProtocol.limited_by(limits)`."""
+
+    gateway_limits: ConnectionLimits
+
+    @classmethod
+    def limited_by(cls, limits: ConnectionLimits) -> type[LimitedProtocol]:
+        return type(cls.__name__, (cls,), {"gateway_limits": limits})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counted = False
+        self.header_timer: asyncio.TimerHandle | None = None
+        self.send_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        limits = self.gateway_limits
+        if limits.open >= limits.max_connections:
+            limits.refused += 1
+            error = ApiError(
+                503, f"the gateway has {limits.max_connections} connections open (gateway.max_connections)"
+            )
+            self.transport.write(_raw_error(503, b"Service Unavailable", error))
+            self.transport.close()
+            return
+        limits.open += 1
+        self.counted = True
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.counted:
+            self.counted = False
+            self.gateway_limits.open -= 1
+        self._cancel_header_timer()
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+        super().connection_lost(exc)
+
+    # -- headers in time
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self.header_timer is None:
+            self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def _arm_header_timer(self) -> None:
+        self.header_timer = asyncio.get_running_loop().call_later(
+            self.gateway_limits.header_timeout_s, self._headers_late
+        )
+
+    def _cancel_header_timer(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _headers_late(self) -> None:
+        self.header_timer = None
+        if self.transport.is_closing():
+            return
+        self.gateway_limits.dropped += 1
+        timeout = self.gateway_limits.header_timeout_s
+        error = ApiError(408, f"request headers not received within {timeout:g}s (timeouts.client_header_s)")
+        self.transport.write(_raw_error(408, b"Request Timeout", error))
+        self.transport.close()
+
+    # -- a client that stops reading
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.send_timer is None:
+            self.send_timer = asyncio.get_running_loop().call_later(
+                self.gateway_limits.send_timeout_s, self._stalled_reader
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _stalled_reader(self) -> None:
+        self.send_timer = None
+        self.gateway_limits.dropped += 1
+        client = self.client
+        log.warning(
+            "client %s took no bytes for %gs (timeouts.client_send_s): connection dropped, its request ended",
+            f"{client[0]}:{client[1]}" if client else "unknown",
+            self.gateway_limits.send_timeout_s,
+        )
+        self.transport.abort()
