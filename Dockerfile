@@ -41,13 +41,16 @@ COPY backends ./backends
 COPY policies ./policies
 COPY loadgen ./loadgen
 COPY common ./common
+COPY twin ./twin
+COPY evaluate ./evaluate
+COPY tools ./tools
 # --no-deps: everything it needs is installed above (pip check proves it). The smoke checks fail the
 # build if data files (launch profiles) were left out of the package (-I: the installed package,
 # not the sources in /src).
 RUN /opt/specroute/bin/pip install --no-cache-dir --no-deps . \
  && /opt/specroute/bin/pip check \
  && /opt/specroute/bin/specroute --help > /dev/null \
- && /opt/specroute/bin/python -I -c "from backends.launch import list_profiles; list_profiles()"
+ && /opt/specroute/bin/python -I -c "from tools.launch import list_recipes; list_recipes()"
 
 FROM ${BASE}
 LABEL org.opencontainers.image.title="specroute" \

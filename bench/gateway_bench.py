@@ -52,7 +52,7 @@ Scenarios:
 - `ns_pairs` (tracing cost): `ns_max` in short slices, off / on / on10 alternating per round, with
   three processes of each mode (one process of the same code runs up to ~3% faster or slower than
   another); per round, the mean over a mode's processes.
-- routing: `policies.bench.bench_choose("goodput")` with 4 and 16 backends, microseconds per decision.
+- routing: `bench.choose.bench_choose("goodput")` with 4 and 16 backends, microseconds per decision.
 - memory: gateway RSS idle, after the measured runs ("warm"), and after 100,000 requests in all
   (flat within 10% of warm).
 
@@ -206,7 +206,7 @@ def gateway_command(config: Path, server: str) -> list[str]:
     """How a gateway is started: the product's own `specroute serve`, or (for the ASGI server
     comparison) the same app under another server."""
     if server == "default":
-        return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+        return [sys.executable, "-m", "tools.cli", "serve", "--config", str(config)]
     return [sys.executable, "-m", "bench.asgi_servers", server, str(config)]
 
 
@@ -879,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
             after = rss_mib(off.pid)  # type: ignore[arg-type]  # a gateway started here: pid set
             memory = {"idle_mib": idle, "warm_mib": warm, "after_mib": after, "requests": off.requests}
             # measured after the warm-up runs: RSS warm is taken after the repeats, growth is the tail
-            from policies.bench import bench_choose
+            from bench.choose import bench_choose
 
             routing = {
                 n: bench_choose("goodput", n, plan.policy_iterations, seed=0, objective="latency") for n in (4, 16)

@@ -61,7 +61,7 @@ def count(
         f"--callgrind-out-file={out_dir}/out.%p",
         sys.executable,
         "-m",
-        "gateway.cli",
+        "tools.cli",
         "serve",
         "--config",
         str(config),

@@ -2,7 +2,7 @@
 
 The goodput policy's priors are the studies' figures; a backend on other hardware, another model or
 another drafter setting would start with a head start or a handicap it does not have. Each backend
-gets a short measurement (`backends.launch.measure`: three greedy requests and one long prompt, a
+gets a short measurement (`tools.launch.measure`: three greedy requests and one long prompt, a
 few seconds on real K2.6 servers) in a thread of its own, in the background: requests arriving
 meanwhile are routed by the priors, and each backend's estimates switch to its measurement as soon
 as it is in. A backend that cannot be measured keeps its prior (logged). Set
@@ -19,8 +19,8 @@ import os
 from collections.abc import Iterable
 
 from backends import BackendSpec
-from backends.launch.measure import measure_quietly
 from policies import Policy
+from tools.launch.measure import measure_quietly
 
 log = logging.getLogger("specroute.seeding")
 

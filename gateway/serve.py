@@ -10,12 +10,12 @@ import sys
 
 import uvicorn
 
-from backends.procs import ProcessGroup, start_twins
 from gateway.app import create_app, serving_asgi
 from gateway.config import Config, load_config, parse_listen
 from gateway.head_write import HeadHoldingProtocol
 from gateway.runtime import Runtime
-from gateway.topology import SEED_SYSTEMS, embedded_config
+from tools.processes import ProcessGroup, start_twins
+from tools.topology import SEED_SYSTEMS, embedded_config
 
 
 def serve(config_path: str | None, listen: str | None, sim_time_scale: float | None = None) -> int:

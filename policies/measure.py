@@ -2,7 +2,7 @@
 
 The priors are the studies' figures; on another machine, another model or a twin with other
 physics they are a head start for some backends and a handicap for others. A few requests tell
-the truth about each backend before real traffic does (`backends/launch/measure.py` takes them;
+the truth about each backend before real traffic does (`tools/launch/measure.py` takes them;
 `Goodput.seed` applies them): seconds per decode pass at batch 1, tokens per verify pass per
 domain, and the time to first token of a short and of a long prompt (the prefill speed).
 """

@@ -20,9 +20,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from backends.sim.profile import load_profile as load_twin
 from gateway.config import load_config
 from tests.support import REPO
+from twin.profile import load_profile as load_twin
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the deploy files")
 

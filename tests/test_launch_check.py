@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from backends.launch.probe import probe, render
-from gateway.cli_backends import main as backends_main
+from tools.cli_backends import main as backends_main
+from tools.launch.probe import probe, render
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def _check_json(capsys, *argv: str) -> tuple[int, dict]:
 
 
 def test_check_current_server(dflash_url, capsys):
-    code, report = _check_json(capsys, dflash_url, "--profile", "k26-dflash")
+    code, report = _check_json(capsys, dflash_url, "--recipe", "k26-dflash")
     assert code == 0, report["problems"]
     assert report["version"] == "0.5.23" and report["server_info_path"] == "/server_info"
     assert (report["algorithm"], report["strategy"]) == ("DFLASH", "dflash")
@@ -51,8 +51,8 @@ def test_check_current_server(dflash_url, capsys):
     assert any(line.startswith("lora adapters") and line.endswith(" sql") for line in text.splitlines())
 
 
-def test_check_against_the_wrong_profile_fails(dflash_url, capsys):
-    code, report = _check_json(capsys, dflash_url, "--profile", "k26-eagle3")
+def test_check_against_the_wrong_recipe_fails(dflash_url, capsys):
+    code, report = _check_json(capsys, dflash_url, "--recipe", "k26-eagle3")
     assert code == 1
     assert any("algorithm" in p and "EAGLE3" in p for p in report["problems"])
     assert any("draft_model_path" in p for p in report["problems"])

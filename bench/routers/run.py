@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.procs import ProcessGroup, free_port, specroute_cmd, start_twins
 from bench.routers import peers
 from common.percentile import percentile
+from tools.processes import ProcessGroup, free_port, specroute_cmd, start_twins
 
 __all__ = ["main"]
 
