@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 env["PYTHONPATH"] = str(a.baseline.resolve())
             proc = stack.enter_context(
                 _process(
-                    [sys.executable, "-m", "tools.cli", "serve", "--config", str(config)],
+                    [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
                     tmp / f"gateway-{mode}.log",
                     gw_cpu,
                     env,

@@ -206,7 +206,7 @@ def gateway_command(config: Path, server: str) -> list[str]:
     """How a gateway is started: the product's own `specroute serve`, or (for the ASGI server
     comparison) the same app under another server."""
     if server == "default":
-        return [sys.executable, "-m", "tools.cli", "serve", "--config", str(config)]
+        return [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
     return [sys.executable, "-m", "bench.asgi_servers", server, str(config)]
 
 

@@ -61,7 +61,7 @@ def count(
         f"--callgrind-out-file={out_dir}/out.%p",
         sys.executable,
         "-m",
-        "tools.cli",
+        "gateway",
         "serve",
         "--config",
         str(config),

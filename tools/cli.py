@@ -1,4 +1,11 @@
-"""`specroute` command line: serve, sim, demo."""
+"""`specroute`: the gateway and its tools in one command.
+
+`serve --config FILE` is the product's own command (gateway/cli.py, `specroute-gateway`);
+`serve --twins` starts the seed systems as twins and serves a config over them
+(tools/topology.py). The other commands are tooling: the twin (`sim`), the evaluator and planner
+(`eval`, `plan`), launch recipes and probes (`backends`), configs (`config`) and the demo. Each is
+imported only when it runs.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import argparse
 import sys
 
 from common.output_dir import output_dir
-from gateway.config import ConfigError
+from gateway import cli as gateway_cli
 
 # Seconds of traffic per level and target. Aggregate tok/s is tokens over the level's wall time
 # (first send to last answer). A level of 2 x C requests is two rounds per client, so its wall time
@@ -28,14 +35,16 @@ def _levels(text: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specroute", description="Speculative-decoding-aware LLM gateway.")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the gateway (embedded twin backends when no --config)")
-    s.add_argument("--config", help="TOML config file; without it the seed systems run as twins")
+    s = sub.add_parser("serve", help="run the gateway on a config file, or over embedded twins (--twins)")
+    on = s.add_mutually_exclusive_group()
+    on.add_argument("--config", help="TOML config file (docs/configuration.md)")
+    on.add_argument("--twins", action="store_true", help="start the seed systems as twins and serve them")
     s.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8000 or the config's gateway.listen)")
     s.add_argument(
         "--sim-time-scale",
         type=float,
         default=None,
-        help="embedded twins only: multiply simulated time (e.g. 0.05 for fast tests)",
+        help="--twins only: multiply simulated time (e.g. 0.05 for fast tests)",
     )
     sub.add_parser("sim", help="run one SGLang-compatible twin server (see `specroute sim --help`)", add_help=False)
     sub.add_parser(
@@ -88,24 +97,32 @@ def main(argv: list[str] | None = None) -> int:
         command_main = cli_backends.main if argv[0] == "backends" else cli_config.main
         return command_main(argv[1:])
     args = _parser().parse_args(argv)
-    try:
-        if args.command == "serve":
-            from gateway.serve import serve
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "demo":
+        from tools.demo import demo
 
-            return serve(args.config, args.listen, args.sim_time_scale)
-        if args.command == "demo":
-            from tools.demo import demo
-
-            return demo(args.concurrency, args.max_tokens, args.sim_time_scale, args.output, args.level_seconds)
-    except ConfigError as e:
-        print(f"specroute: config error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except (RuntimeError, TimeoutError, OSError) as e:
-        print(f"specroute: {e}", file=sys.stderr)
-        return 1
+        return gateway_cli.guarded(
+            "specroute",
+            lambda: demo(args.concurrency, args.max_tokens, args.sim_time_scale, args.output, args.level_seconds),
+        )
     return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.twins:
+        from tools.topology import serve_twins
+
+        return gateway_cli.guarded("specroute", lambda: serve_twins(args.listen, args.sim_time_scale))
+    if args.sim_time_scale is not None:
+        print("specroute serve: --sim-time-scale applies to --twins only", file=sys.stderr)
+        return 2
+    if args.config is None:
+        print(f"specroute serve: {gateway_cli.NO_BACKENDS}", file=sys.stderr)
+        return 2
+    # the product's own command, as `specroute-gateway serve` runs it
+    listen = ["--listen", args.listen] if args.listen else []
+    return gateway_cli.main(["serve", "--config", args.config, *listen], prog="specroute")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """`specroute demo`: the embedded topology end to end, then everything is shut down.
 
-Starts `specroute serve` (which starts one twin per seed system) on a free port, waits until it
-is ready, runs loadgen through the gateway and straight to each backend, and lets loadgen print the
-side-by-side table. Children die with the demo, also on Ctrl-C or failure.
+Starts `specroute serve --twins` (one twin per seed system, the gateway over them) on a free port,
+waits until it is ready, runs loadgen through the gateway and straight to each backend, and lets
+loadgen print the side-by-side table. Children die with the demo, also on Ctrl-C or failure.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def demo(
     gateway_url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     with ProcessGroup() as group:
-        cmd = specroute_cmd("serve", "--listen", f"127.0.0.1:{port}")
+        cmd = specroute_cmd("serve", "--twins", "--listen", f"127.0.0.1:{port}")
         if sim_time_scale is not None:
             cmd += ["--sim-time-scale", str(sim_time_scale)]
         print(f"starting the gateway and {len(SEED_SYSTEMS)} twin backends ...", flush=True)

@@ -133,17 +133,3 @@ class ProcessGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
-
-
-def start_twins(
-    group: ProcessGroup, profiles: Sequence[str], *, time_scale: float | None = None, extra: Sequence[str] = ()
-) -> dict[str, int]:
-    """Start one twin per profile on a free port; wait until all answer /ready. Returns name -> port."""
-    ports = {p: free_port() for p in profiles}
-    for profile, port in ports.items():
-        cmd = specroute_cmd("sim", "--profile", profile, "--port", str(port), *extra)
-        if time_scale is not None:
-            cmd += ["--time-scale", str(time_scale)]
-        group.start(profile, cmd)
-    group.wait_ready({p: f"http://127.0.0.1:{port}/ready" for p, port in ports.items()})
-    return ports

@@ -44,7 +44,8 @@ from typing import Any
 
 from bench.routers import peers
 from common.percentile import percentile
-from tools.processes import ProcessGroup, free_port, specroute_cmd, start_twins
+from tools.processes import ProcessGroup, free_port, specroute_cmd
+from tools.topology import start_twins
 
 __all__ = ["main"]
 
@@ -291,7 +292,9 @@ def run(args: argparse.Namespace) -> list[Result]:
     for c in chosen:
         tmp = Path(tempfile.mkdtemp(prefix=f"bench-{c.name.replace('/', '_').replace(':', '_')}-", dir=out))
         with ProcessGroup(log_dir=tmp) as group:
-            ports = start_twins(group, list(c.backends), time_scale=args.time_scale, extra=("--enable-cache-report",))
+            ports = start_twins(
+                group, dict.fromkeys(c.backends, ("--enable-cache-report",)), time_scale=args.time_scale
+            )
             workers = {p: f"http://127.0.0.1:{port}" for p, port in ports.items()}
             with _router(c, workers, group, tmp) as (url, pid):
                 key = peers.MASTER_KEY if c.kind == "litellm" else None
