@@ -7,20 +7,27 @@ of `backends.loads`,
 then runs one short generation with `return_spec_tokens_details` and computes the acceptance
 length as `completion_tokens / spec_verify_ct`. Servers too old for the flag are measured through
 native `/generate` (its `meta_info`), which the gateway itself does not read: the report says so.
-Synchronous urllib on purpose: a one-shot command, no event loop.
+These reads are synchronous urllib: a one-shot command. Last, the start-up measurement the gateway
+takes of each backend (`backends.measure`, on the gateway's own client): the figures it would seed
+its policy with.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
+import aiohttp
 import msgspec
 
+from backends import BackendSpec
+from backends.client import SGLangClient
 from backends.loads import LoadReport, parse_get_load, parse_loads, parse_metrics, parse_model_cards, parse_server_info
+from backends.measure import Measurement, MeasurementFailed, measure
 
 __all__ = ["Generation", "ProbeReport", "probe", "render"]
 
@@ -71,6 +78,8 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     load: LoadReport | None = None
     generation: Generation | None = None
     gateway_per_request_accept: bool = False
+    startup: Measurement | None = None  # what the gateway's start-up measurement gets (`backends.measure`)
+    startup_error: str | None = None  # why it could not be taken: the gateway keeps the backend's prior
     fallbacks: list[str] = []
     problems: list[str] = []
 
@@ -282,6 +291,25 @@ def _generate(http: _Http, report: ProbeReport, max_tokens: int) -> None:
         gen.accept_length = round(gen.completion_tokens / gen.spec_verify_ct, 3)
 
 
+def _startup(report: ProbeReport, api_key: str | None, timeout_s: float) -> None:
+    """The gateway's start-up measurement of this backend, by the gateway's own code and client."""
+    spec = BackendSpec(name="check", url=report.url, model=report.served_model_name or "default", api_key=api_key)
+
+    async def run() -> Measurement:
+        client = SGLangClient(spec, connections=1)
+        try:
+            return await measure(client, speculative=report.algorithm is not None, timeout_s=timeout_s)
+        finally:
+            await client.close()
+
+    try:
+        report.startup = asyncio.run(run())
+    except (MeasurementFailed, aiohttp.ClientError, OSError, ValueError) as e:
+        report.startup_error = str(e) or type(e).__name__
+        return
+    report.problems += [f"start-up measurement: {p} (the gateway ignores it)" for p in report.startup.problems()]
+
+
 def probe(url: str, *, api_key: str | None = None, max_tokens: int = 32, timeout_s: float = 30.0) -> ProbeReport:
     report = ProbeReport(url=url.rstrip("/"))
     http = _Http(url, api_key, timeout_s)
@@ -294,6 +322,7 @@ def probe(url: str, *, api_key: str | None = None, max_tokens: int = 32, timeout
         _load(http, report)
         if report.ready:
             _generate(http, report, max_tokens)
+            _startup(report, api_key, timeout_s)
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
         report.problems.append(f"{url}: unreachable ({reason})")
@@ -306,6 +335,18 @@ def _fmt(value: Any, suffix: str = "") -> str:
     if isinstance(value, float):
         return f"{value:.2f}{suffix}"
     return f"{value}{suffix}"
+
+
+def _startup_row(report: ProbeReport) -> str:
+    m = report.startup
+    if m is None:
+        return f"not taken ({report.startup_error or 'not ready'}): the gateway starts from its strategy prior"
+    parts = [f"step {_fmt(None if m.step_s is None else m.step_s * 1000, ' ms')}"]
+    if m.accept_length:
+        parts.append("accept " + " ".join(f"{d} {a:.2f}" for d, a in m.accept_length.items()))
+    per_1k = None if m.prefill_per_token_s is None else m.prefill_per_token_s * 1e6
+    parts.append(f"prefill {_fmt(per_1k, ' ms/1k tokens')}")
+    return ", ".join(parts) + "   (seeds the policy when its pool mixes strategies)"
 
 
 def render(report: ProbeReport) -> str:
@@ -372,6 +413,7 @@ def render(report: ProbeReport) -> str:
                         f" (completion_tokens / spec_verify_ct, from {gen.source})"
                     )
                 rows.append(("generation", text))
+        rows.append(("start-up measure", _startup_row(report)))
         if report.algorithm:
             if report.gateway_per_request_accept:
                 text = "yes: the gateway reads sglext.spec_tokens_details of every finished request"
