@@ -182,6 +182,23 @@ async def retrieve_model(request: web.Request) -> web.Response:
     return _json(_model_card(state))
 
 
+# The decode moments that are durations: the sums of step time (us) and of batch x step time.
+_STEP_TIME, _BATCH_TIME = 2, 4
+
+
+def wall_clock_counters(moments: tuple[float, ...] | None, prefill_busy_us: int, time_scale: float) -> dict[str, Any]:
+    """The duration counters of `/v1/loads` (prefill busy time, the decode moments' step times) on the
+    wall clock: the engine counts simulated seconds, and a twin at `--time-scale F` takes F times
+    those. A client times the twin's answers on its wall clock, as it would a real server's; the
+    counters then agree with them, as SGLang's do (a gateway learns step time from both)."""
+    if moments and time_scale != 1.0:
+        moments = tuple(x * time_scale if i in (_STEP_TIME, _BATCH_TIME) else x for i, x in enumerate(moments))
+    return {
+        "total_prefill_busy_us": round(prefill_busy_us * time_scale),
+        "decode_moments": list(moments) if moments else None,
+    }
+
+
 def load_entry(state: SimState, include: set[str] | None = None) -> dict[str, Any]:
     """One DP rank's `LoadSnapshot.to_dict(include)`: core keys always, sections by `include`."""
     st = state.engine.stats()
@@ -203,8 +220,7 @@ def load_entry(state: SimState, include: set[str] | None = None) -> dict[str, An
         "cache_hit_rate": round(st.cache_hit_rate, 4) if state.options.enable_metrics else 0.0,
         "utilization": round(st.num_running / state.max_running_requests, 4),
         "total_prefill_uncached_tokens": st.total_prompt_tokens,
-        "total_prefill_busy_us": st.total_prefill_busy_us,
-        "decode_moments": list(st.decode_moments) if st.decode_moments else None,
+        **wall_clock_counters(st.decode_moments, st.total_prefill_busy_us, state.runtime.time_scale),
     }
     if include == {"core"}:
         return load
