@@ -66,15 +66,10 @@ of random backends put ~10% of noise on a ratio). One run takes ~90 s at the def
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import importlib.util
 import json
 import math
-import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -86,13 +81,12 @@ from typing import IO, Any
 import msgspec
 
 from backends import BackendSpec, Strategy
-from common.admin_api import decode_admin_backends
 from evaluate.metrics import phase_metrics
 from evaluate.runner import contestants
 from evaluate.scenarios import K26_POOL, Phase, Scenario
 from evaluate.sim import MODEL, simulate
 from policies.base import Domain, Outcome, Policy
-from tools.processes import ProcessGroup, free_port, http_get
+from tools.processes import ProcessGroup, console_script, free_port, spawn, stop, wait_backends_healthy
 from twin.engine import Engine
 from twin.profile import load_profile
 
@@ -322,25 +316,6 @@ def run_virtual(
 # ------------------------------------------------------------------------------------ HTTP
 
 
-def _tool(name: str) -> str:
-    """A console script of this installation (next to the interpreter), else on PATH."""
-    here = Path(sys.executable).parent / name
-    if here.exists():
-        return str(here)
-    found = shutil.which(name)
-    if found:
-        return found
-    raise RuntimeError(f"the '{name}' command is not installed next to {sys.executable}")
-
-
-def _die_with_parent(parent: int) -> None:
-    """preexec_fn: SIGTERM from the kernel when this process dies, however it dies."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 def gateway_toml(plan: CheckPlan, policy_name: str, port: int, twins: dict[str, str]) -> str:
     """Config of one gateway over the twins: `least_inflight` or `goodput/OBJECTIVE`."""
     policy, _, objective = policy_name.partition("/")
@@ -375,36 +350,24 @@ def gateway_toml(plan: CheckPlan, policy_name: str, port: int, twins: dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def _wait_backends_healthy(gateway: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = http_get(gateway + "/admin/backends")
-        if body is not None:
-            with contextlib.suppress(msgspec.DecodeError):  # also a ValidationError: not the gateway (yet)
-                if decode_admin_backends(body).all_serving(with_server_info=True):
-                    return
-        time.sleep(0.1)
-    raise RuntimeError(f"the gateway at {gateway} does not report every backend healthy")
+def _wait_backends_healthy(gateway: str) -> None:
+    if not wait_backends_healthy(gateway):
+        raise RuntimeError(f"the gateway at {gateway} does not report every backend healthy")
 
 
 def _loadgen(args: Sequence[str], out_dir: Path, timeout: float) -> None:
-    cmd = [_tool("loadgen"), *args, "--output", str(out_dir), "--no-plots", "--no-progress"]
+    cmd = [console_script("loadgen"), *args, "--output", str(out_dir), "--no-plots", "--no-progress"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    parent = os.getpid()
-    with (out_dir / "loadgen.log").open("wb") as log:
-        p = subprocess.run(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            preexec_fn=lambda: _die_with_parent(parent),
-        )
-    if p.returncode != 0:
-        tail = (out_dir / "loadgen.log").read_text(errors="replace").strip().splitlines()[-1:]
-        raise RuntimeError(
-            f"loadgen exited with {p.returncode}: {tail[0] if tail else ''} (log: {out_dir / 'loadgen.log'})"
-        )
+    log = out_dir / "loadgen.log"
+    log.unlink(missing_ok=True)
+    proc = spawn(cmd, log_file=log)
+    try:
+        code = proc.wait(timeout)
+    finally:
+        stop(proc)  # at the timeout (TimeoutExpired propagates), and anything it left behind
+    if code != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+        raise RuntimeError(f"loadgen exited with {code}: {tail[0] if tail else ''} (log: {log})")
 
 
 def _records(out_dir: Path) -> list[dict[str, Any]]:
@@ -463,7 +426,7 @@ def run_http(
 ) -> tuple[dict[str, list[PhaseFigures]], dict[str, float]]:
     """(b): twins, one gateway per policy, loadgen; per policy the figures of every phase, and
     the warm-up's C=1 decode tok/s per backend (simulated)."""
-    specroute = _tool("specroute")
+    specroute = console_script("specroute")
     n_items = _phase_requests_bound(plan)
     dataset = out / "dataset.jsonl"
     write_dataset(plan, dataset, n_items)

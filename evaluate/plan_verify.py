@@ -31,14 +31,14 @@ from backends import Strategy
 from common.percentile import percentile
 from evaluate.capacity import reference_rate
 from evaluate.fleet import parse_fleet
-from evaluate.http_check import _domain_prompts, _loadgen, _records, _tool, _wait_backends_healthy
+from evaluate.http_check import _domain_prompts, _loadgen, _records, _wait_backends_healthy
 from evaluate.metrics import phase_metrics
 from evaluate.plan import PlanResult
 from evaluate.runner import contestants
 from evaluate.scenarios import Scenario
 from evaluate.sim import fleet_servers, simulate
 from evaluate.traffic import Traffic
-from tools.processes import ProcessGroup, free_port
+from tools.processes import ProcessGroup, console_script, free_port
 
 __all__ = ["TOLERANCE", "VerifyResult", "print_verify", "verify"]
 
@@ -120,7 +120,7 @@ def _http_run(
                 json.dumps({"prompt": prompts[d][i % len(prompts[d])], "domain": d, "max_tokens": rng.randint(*tokens)})
                 + "\n"
             )
-    specroute = _tool("specroute")
+    specroute = console_script("specroute")
     with ProcessGroup(out / "logs") as procs:
         twins: dict[str, tuple[str, str]] = {}
         for i, s in enumerate(servers):

@@ -11,36 +11,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from common.admin_api import decode_admin_backends
-from common.json_errors import JSON_DECODE_ERRORS
-from tools.processes import ProcessGroup, free_port, specroute_cmd
+from tools.processes import ProcessGroup, free_port, specroute_cmd, wait_measured
 from tools.topology import SEED_SYSTEMS
-
-
-def _wait_measured(url: str, timeout_s: float = 30.0) -> None:
-    """Until the gateway has measured its backends (gateway/seeding.py), else give up quietly: the
-    demo's first requests would otherwise share the backends with the measurement's. Only pools of
-    mixed strategies are measured at startup."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/admin/backends", timeout=5) as r:
-                state = decode_admin_backends(r.read())
-        except OSError:
-            state = None
-        except JSON_DECODE_ERRORS:  # msgspec.ValidationError included: a DecodeError
-            state = None
-        if state is not None and all(
-            b.get("observed", 0) >= 1
-            for p in state.policies.values()
-            if len({s.get("strategy") for s in p.get("backends", {}).values()}) > 1
-            for b in p.get("backends", {}).values()
-        ):
-            return
-        time.sleep(0.2)
 
 
 def demo(
@@ -63,7 +37,9 @@ def demo(
         out_dir.mkdir(parents=True, exist_ok=True)
         group.start("gateway", cmd, log_file=log_path)
         group.wait_ready({"gateway": f"{gateway_url}/health"}, timeout_s=90)
-        _wait_measured(gateway_url)  # the sweep starts after the startup measurement, as traffic after a deploy
+        wait_measured(
+            gateway_url, timeout_s=30
+        )  # the sweep starts after the startup measurement, as traffic after a deploy
         # the gateway against the backends of the model it serves (a seed system of another model
         # answers other requests: it is no alternative to the gateway's pool)
         served = SEED_SYSTEMS[0].model

@@ -10,38 +10,31 @@ scale. It has the same `level(...)` signature as `EngineDriver`, so a driver bui
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import time
-import urllib.error
-import urllib.request
+from pathlib import Path
 
 import aiohttp
 import msgspec
 
 from common.keep_alive import CLIENT_KEEP_ALIVE_S
+from tools.processes import ProcessError, free_port, spawn, stop, wait_ready
 from twin.virtual import DEFAULT_PROMPTS, LevelResult
 
 __all__ = ["HttpDriver", "TwinProcess"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class TwinProcess:
-    """One `specroute sim` subprocess on a free loopback port."""
+    """One `python -m twin` subprocess on a free loopback port; its output in a temporary log."""
 
     def __init__(self, profile: str, time_scale: float, *extra: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        fd, log = tempfile.mkstemp(prefix=f"twin-{profile}-", suffix=".log")
+        os.close(fd)
+        self.log = Path(log)
         cmd = [
             sys.executable,
             "-m",
@@ -54,37 +47,16 @@ class TwinProcess:
             str(time_scale),
             *extra,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"twin exited early: {err.strip()[-500:]}")
-            with (
-                contextlib.suppress(urllib.error.URLError, OSError),
-                urllib.request.urlopen(f"{self.url}/ready", timeout=2) as r,
-            ):
-                if r.status == 200:
-                    return
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"twin on {self.url} not ready after {timeout}s")
+        self.proc = spawn(cmd, log_file=self.log)
+        try:
+            wait_ready(f"{self.url}/ready", proc=self.proc, timeout_s=30.0, name=f"twin {profile}", log_file=self.log)
+        except ProcessError:
+            stop(self.proc)  # its log stays, named in the error
+            raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        if self.proc.stderr:
-            self.proc.stderr.close()
+        stop(self.proc)
+        self.log.unlink(missing_ok=True)
 
 
 class _Record(msgspec.Struct):
