@@ -84,11 +84,13 @@ test: install-dev
 floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/python -m pytest -q -rfE -p tests.unit_only -p no:cacheprovider
 
-# ruff (lint + format check) and mypy; settings in pyproject.toml.
+# ruff (lint + format check), mypy, and the import contract (the product imports no tooling; gateway ->
+# policies -> backends); settings in pyproject.toml.
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 soak: install-dev
 	$(BIN)/python -m pytest -m soak -s
