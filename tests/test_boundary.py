@@ -7,9 +7,12 @@ import ast
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.support import BIN, REPO, specroute
 
@@ -149,3 +152,41 @@ def test_a_planted_forbidden_import_breaks_the_contract(tmp_path: Path, module: 
     assert f"{broken}" in proc.stdout and "BROKEN" in proc.stdout
     assert module.removesuffix(".py").replace("/", ".") in proc.stdout  # the planted line is the one named
 
+
+# ------------------------------------------------------------------ what the core install pulls
+
+TOOLING_LIBRARIES = {"matplotlib", "numpy", "rich", "jsonschema"}
+
+
+def _locked(path: Path) -> dict[str, set[str]]:
+    """A uv lock file: package -> the packages (or extras) it is there for, from its `# via` lines."""
+    out: dict[str, set[str]] = {}
+    name = ""
+    via = False
+    for line in path.read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name = canonicalize_name(line.split("==")[0].split(";")[0].strip())
+            out[name] = set()
+            via = False
+        elif line.strip().startswith("# via"):
+            via = True
+            rest = line.strip().removeprefix("# via").strip()
+            if rest:
+                out[name].add(rest)
+        elif via and line.strip().startswith("#   "):
+            out[name].add(line.strip().removeprefix("#").strip())
+    return out
+
+
+def test_the_core_install_pulls_no_tooling_library() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    tools = {canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["tools"]}
+    assert core.isdisjoint(TOOLING_LIBRARIES) and tools == TOOLING_LIBRARIES
+    assert "specroute[tools]" in project["optional-dependencies"]["dev"]  # `make test` runs the tooling too
+    lock = _locked(REPO / "requirements.lock")  # the core lock: `pip install .`, the image
+    assert {"litestar", "uvicorn", "aiohttp", "msgspec", "opentelemetry-sdk"} <= lock.keys()
+    assert lock.keys().isdisjoint({"matplotlib", "numpy", "jsonschema"})
+    # rich stays, for litestar's own command line: litestar requires it (and rich-click), the gateway does not
+    assert lock["rich"] == {"litestar", "rich-click"} and lock["rich-click"] == {"litestar"}
+    assert _locked(REPO / "requirements-tools.lock").keys() >= TOOLING_LIBRARIES
