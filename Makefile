@@ -1,11 +1,12 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
 #
 # Everything installs from the lock files, with uv (itself installed from PyPI into .venv-tools):
-#   requirements.lock         what `make demo` runs on (the runtime dependencies)
-#   requirements-dev.lock     what `make test` runs on (runtime + the dev extra)
+#   requirements.lock         the core: what `pip install .` pulls, the gateway alone (the image)
+#   requirements-tools.lock   what `make demo` runs on (the core + the tools extra)
+#   requirements-dev.lock     what `make test` runs on (the core + the dev extra, which holds tools)
 #   requirements-floors.lock  the lowest versions pyproject.toml's floors allow: `make test` runs the
 #                             unit tests once more on them (`make floors`)
-# `make lock` regenerates all three from pyproject.toml (docs/dependencies.md). An environment is
+# `make lock` regenerates all four from pyproject.toml (docs/dependencies.md). An environment is
 # synced again only when its lock or pyproject.toml changes (stamp files), so re-runs are fast.
 PYTHON     ?= python3
 UV_VERSION := 0.13.9
@@ -37,9 +38,9 @@ $(BIN)/python: | $(UV)
 
 # `uv pip sync` makes the venv hold exactly the lock; `--no-deps -e .`: the project itself, editable.
 # A venv that has had the dev extra keeps it (`make demo` after `make test` must not take pytest
-# away): it is synced from the dev lock, a superset of the runtime one.
-$(VENV)/.installed: requirements.lock requirements-dev.lock pyproject.toml | $(BIN)/python $(UV)
-	if [ -f $(VENV)/.installed-dev ]; then lock=requirements-dev.lock; else lock=requirements.lock; fi; \
+# away): it is synced from the dev lock, a superset of the tools one.
+$(VENV)/.installed: requirements-tools.lock requirements-dev.lock pyproject.toml | $(BIN)/python $(UV)
+	if [ -f $(VENV)/.installed-dev ]; then lock=requirements-dev.lock; else lock=requirements-tools.lock; fi; \
 	$(UV) pip sync --quiet --python $(BIN)/python $$lock
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	@$(call CHECK,$(VENV))
@@ -68,6 +69,7 @@ install-dev: $(VENV)/.installed-dev
 
 lock: | $(UV)
 	$(COMPILE) -o requirements.lock
+	$(COMPILE) --extra tools -o requirements-tools.lock
 	$(COMPILE) --extra dev -o requirements-dev.lock
 	$(COMPILE) --extra dev --resolution lowest-direct -o requirements-floors.lock
 
@@ -84,11 +86,13 @@ test: install-dev
 floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/python -m pytest -q -rfE -p tests.unit_only -p no:cacheprovider
 
-# ruff (lint + format check) and mypy; settings in pyproject.toml.
+# ruff (lint + format check), mypy, and the import contract (the product imports no tooling; gateway ->
+# policies -> backends); settings in pyproject.toml.
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 soak: install-dev
 	$(BIN)/python -m pytest -m soak -s

@@ -1,4 +1,4 @@
-"""Everything about one upstream SGLang server: descriptors, the HTTP client, the twin (`backends.sim`)."""
+"""Everything about one upstream SGLang server: its descriptor, the HTTP client, what it reports."""
 
 from backends.descriptor import BackendSpec, Strategy
 

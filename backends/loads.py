@@ -42,22 +42,6 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     token_load: int | None = None  # /get_load on older servers: tokens in use + queued prompt tokens
     source: str = "v1/loads"
 
-    def on_wall_clock(self, time_scale: float) -> LoadReport:
-        """This report with its durations (the decode moments' step times, the prefill busy time)
-        multiplied by `time_scale`: what they take on the wall clock of a twin run at `--time-scale`,
-        which counts them in simulated seconds (`ServerInfo.time_scale`). The gateway times
-        requests on its own clock; learned from both, a twin at 0.25 would look 4x slower in its
-        counters than in its answers."""
-        if time_scale == 1.0:
-            return self
-        moments = self.decode_moments
-        if moments is not None and len(moments) > _BATCH_TIME:
-            moments = tuple(x * time_scale if i in (_STEP_TIME, _BATCH_TIME) else x for i, x in enumerate(moments))
-        prefill = self.prefill_counters
-        if prefill is not None:
-            prefill = (prefill[0] * time_scale, prefill[1])
-        return msgspec.structs.replace(self, decode_moments=moments, prefill_counters=prefill)
-
     def restarted_since(self, previous: LoadReport) -> bool:
         """A lifetime counter (decode steps, computed prompt tokens) is below `previous`'s: the
         server restarted between the two reports (its radix cache is empty)."""
@@ -81,10 +65,6 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # The order its waiting queue serves `priority` in under --enable-priority-scheduling:
     # "high_first", or "low_first" with --schedule-low-priority-values-first; None when off.
     priority_order: str | None = None
-    # A twin's `--time-scale` (`sim_time_scale` in its /server_info; SGLang sends no such field):
-    # the twin runs that many times as fast as the hardware it simulates and reports its
-    # counters in the hardware's seconds (`LoadReport.on_wall_clock`). 1.0 for a real server.
-    time_scale: float = 1.0
 
 
 def _num(value: Any, typ: type = int) -> Any:
@@ -146,7 +126,6 @@ def parse_loads(data: Any) -> LoadReport | None:
 
 
 _MOMENTS = 6
-_STEP_TIME, _BATCH_TIME = 2, 4  # the decode moments that are durations (us, batch x us)
 
 
 def parse_get_load(data: Any) -> LoadReport | None:
@@ -244,7 +223,6 @@ def parse_server_info(data: Any) -> ServerInfo | None:
         avg_spec_accept_length=_num(first.get("avg_spec_accept_length"), float),
         enable_metrics=data.get("enable_metrics") is True,
         version=data.get("version") if isinstance(data.get("version"), str) else None,
-        time_scale=scale if (scale := _num(data.get("sim_time_scale"), float)) and scale > 0 else 1.0,
         priority_order=(
             ("low_first" if data.get("schedule_low_priority_values_first") is True else "high_first")
             if data.get("enable_priority_scheduling") is True

@@ -1,9 +1,9 @@
 """Instructions per routing decision, counted by valgrind's callgrind: the decision cost as a figure
-that does not move with the machine's load (`policies.bench` times the same decisions).
+that does not move with the machine's load (`bench.choose` times the same decisions).
 
     python -m bench.decisions [--rows "goodput/latency,goodput/latency +prefix"] [--iterations 3000]
 
-Each row of `policies.bench` runs twice under callgrind, in a fresh process: `--warmup` decisions
+Each row of `bench.choose` runs twice under callgrind, in a fresh process: `--warmup` decisions
 alone, then the same followed by `--iterations` more. The difference, divided by `--iterations`, is
 the cost of one decision with the policy's state warm (the prefix tracker filled, the estimates
 settled), start-up and warm-up excluded. Cache misses are not in it (docs/performance.md,
@@ -20,18 +20,18 @@ import tempfile
 from pathlib import Path
 
 from bench.callgrind import total_instructions
-from policies.bench import ROWS
+from bench.choose import ROWS
 
 DEFAULT_ROWS = ("goodput/latency", "goodput/latency +prefix")
 
 
 def count(row: str, backends: int = 16, iterations: int = 3000, warmup: int = 3000) -> int:
-    """Instructions per decision of `policies.bench` row `row`."""
+    """Instructions per decision of `bench.choose` row `row`."""
     totals = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in (0, iterations):
             out = Path(tmp) / f"callgrind.{n}"
-            bench = [sys.executable, "-m", "policies.bench", "--only", row, "--backends", str(backends)]
+            bench = [sys.executable, "-m", "bench.choose", "--only", row, "--backends", str(backends)]
             bench += ["--warmup", str(warmup), "--iterations", str(n), "--runs", "1"]
             subprocess.run(
                 ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *bench], check=True, capture_output=True

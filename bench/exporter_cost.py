@@ -34,18 +34,9 @@ from pathlib import Path
 import uvloop
 
 from bench.client import paced
-from bench.gateway_bench import (
-    Target,
-    _body,
-    _free_port,
-    _gateway_toml,
-    _process,
-    child_pids,
-    cpu_seconds,
-    quiesce,
-    run_level,
-)
+from bench.gateway_bench import Target, _body, _gateway_toml, _process, child_pids, cpu_seconds, quiesce, run_level
 from common.percentile import percentile
+from tools.processes import free_port
 
 
 async def _slice(target: Target, rate: float, seconds: float) -> dict[str, float]:
@@ -100,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {load_cpu})
     with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         tmp = Path(d)
-        bport = _free_port()
+        bport = free_port()
         stack.enter_context(
             _process(
                 [sys.executable, "-m", "bench.zero_server", "--port", str(bport)],
@@ -112,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = []
         modes = ["off", "on"] + (["baseline"] if a.baseline else [])
         for mode in modes:
-            port = _free_port()
+            port = free_port()
             config = tmp / f"gateway-{mode}.toml"
             config.write_text(_gateway_toml(port, bport))
             env = (
@@ -124,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 env["PYTHONPATH"] = str(a.baseline.resolve())
             proc = stack.enter_context(
                 _process(
-                    [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+                    [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
                     tmp / f"gateway-{mode}.log",
                     gw_cpu,
                     env,

@@ -52,7 +52,7 @@ Scenarios:
 - `ns_pairs` (tracing cost): `ns_max` in short slices, off / on / on10 alternating per round, with
   three processes of each mode (one process of the same code runs up to ~3% faster or slower than
   another); per round, the mean over a mode's processes.
-- routing: `policies.bench.bench_choose("goodput")` with 4 and 16 backends, microseconds per decision.
+- routing: `bench.choose.bench_choose("goodput")` with 4 and 16 backends, microseconds per decision.
 - memory: gateway RSS idle, after the measured runs ("warm"), and after 100,000 requests in all
   (flat within 10% of warm).
 
@@ -71,8 +71,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -87,6 +85,7 @@ from bench import ordinary_client
 from bench.client import LevelResult, closed_loop, request_bytes
 from bench.routers.peers import sglang_cmd
 from common.percentile import percentile
+from tools.processes import free_port, spawn, stop, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 API_KEY = "bench-key-0123456789"
@@ -96,32 +95,6 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------------------- processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ok(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
-
-
-def _pin_fn(cpu: int | None) -> Callable[[], None] | None:
-    if cpu is None:
-        return None
-    return lambda: os.sched_setaffinity(0, {cpu})
 
 
 @contextlib.contextmanager
@@ -134,29 +107,14 @@ def _process(
     ready_timeout_s: float = 60.0,
     cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=cwd or REPO,
-            env={**os.environ, **(env or {})},
-            stdout=out,
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=_pin_fn(cpu),
-            start_new_session=True,
-        )
+    log.unlink(missing_ok=True)
+    proc = spawn(cmd, log_file=log, env={**os.environ, **(env or {})}, cwd=cwd or REPO, cpu=cpu)
     try:
         if ready_url:
-            _wait_ok(ready_url, proc, log, ready_timeout_s)
+            wait_ready(ready_url, proc=proc, timeout_s=ready_timeout_s, name=cmd[0], log_file=log)
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop(proc, 15)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -208,7 +166,7 @@ def gateway_command(config: Path, server: str) -> list[str]:
     """How a gateway is started: the product's own `specroute serve`, or (for the ASGI server
     comparison) the same app under another server."""
     if server == "default":
-        return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+        return [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
     return [sys.executable, "-m", "bench.asgi_servers", server, str(config)]
 
 
@@ -690,14 +648,14 @@ def start_rust_router(
     """SGLang's Rust router (`sglang-router`, its own venv) over the same backend, on the gateway's
     CPU, with its defaults (round robin over the one worker). Ready once it has registered the
     worker: its first answered request, not its /health, which answers before that."""
-    port = _free_port()
+    port = free_port()
     cmd = [
         *sglang_cmd(port, [f"http://127.0.0.1:{backend_port}"], "round_robin", python),
         # its Prometheus listener on a free port too (the default one may be taken)
         "--prometheus-host",
         "127.0.0.1",
         "--prometheus-port",
-        str(_free_port()),
+        str(free_port()),
     ]
     proc = stack.enter_context(_process(cmd, tmp / "rust-router.log", cpu, ready_url=f"http://127.0.0.1:{port}/health"))
     body = _body(False)
@@ -775,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
-            bport = _free_port()
+            bport = free_port()
             backend = stack.enter_context(
                 _process(
                     [sys.executable, "-m", "bench.zero_server", "--port", str(bport), "--chunks", str(CHUNKS)],
@@ -790,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             gws: dict[str, subprocess.Popen] = {}
             replicas: list[Target] = []
             for mode in modes:
-                port = _free_port()
+                port = free_port()
                 cfg = tmp / f"gateway-{mode}.toml"
                 sampled = "\n[tracing]\nsample_ratio = 0.1\n" if mode == "on10" else ""
                 cfg.write_text(_gateway_toml(port, bport) + sampled)
@@ -817,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if len(modes) > 1:  # more processes of each mode for the paired tracing slices only
                     for k in range(2, plan.tracing_processes + 1):
-                        port = _free_port()
+                        port = free_port()
                         cfg = tmp / f"gateway-{mode}-{k}.toml"
                         cfg.write_text(_gateway_toml(port, bport) + sampled)
                         proc = stack.enter_context(
@@ -831,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         replicas.append(Target(f"gw_{mode}~{k}", port, proc.pid, ()))
             # the stack's floor (bench.bare_relay): the same server and client, no gateway logic
-            bare_port = _free_port()
+            bare_port = free_port()
             bare_proc = stack.enter_context(
                 _process(
                     [sys.executable, "-m", "bench.bare_relay", str(bare_port), str(bport), a.server],
@@ -881,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
             after = rss_mib(off.pid)  # type: ignore[arg-type]  # a gateway started here: pid set
             memory = {"idle_mib": idle, "warm_mib": warm, "after_mib": after, "requests": off.requests}
             # measured after the warm-up runs: RSS warm is taken after the repeats, growth is the tail
-            from policies.bench import bench_choose
+            from bench.choose import bench_choose
 
             routing = {
                 n: bench_choose("goodput", n, plan.policy_iterations, seed=0, objective="latency") for n in (4, 16)

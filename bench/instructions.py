@@ -30,7 +30,8 @@ from pathlib import Path
 import uvloop
 
 from bench.callgrind import total_instructions
-from bench.gateway_bench import Target, _body, _free_port, _gateway_toml, _process, run_level
+from bench.gateway_bench import Target, _body, _gateway_toml, _process, run_level
+from tools.processes import free_port
 
 WARMUP_REQUESTS = 3000
 CONCURRENCY = 64
@@ -49,7 +50,7 @@ def count(
     mode: str, requests: int, backend_port: int, tmp: Path, cpus: tuple[int | None, int | None], stream: bool = False
 ) -> float:
     """Instructions per request of one gateway in `mode`."""
-    port = _free_port()
+    port = free_port()
     config = tmp / f"gateway-{mode}.toml"
     config.write_text(_gateway_toml(port, backend_port))
     out_dir = tmp / f"callgrind-{mode}"
@@ -61,7 +62,7 @@ def count(
         f"--callgrind-out-file={out_dir}/out.%p",
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway",
         "serve",
         "--config",
         str(config),
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         tmp = Path(d)
-        backend_port = _free_port()
+        backend_port = free_port()
         # as in the benchmark: backend and load client on CPU 0, the gateway on CPU 1 (when there are two)
         cpus = (0, 1) if (os.cpu_count() or 1) >= 2 else (None, None)
         if cpus[0] is not None:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import uvloop
 
-from bench.gateway_bench import Target, _body, _free_port, _process, run_level
+from bench.gateway_bench import Target, _body, _process, run_level
+from tools.processes import free_port
 
 
 async def _rounds(servers: dict[str, Target], requests: int, rounds: int) -> dict[str, dict[str, list[float]]]:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         servers = {}
         for name, extra in (("one_write", []), ("two_writes", ["--split-writes"])):
-            port = _free_port()
+            port = free_port()
             proc = stack.enter_context(
                 _process(
                     [sys.executable, "-m", "bench.zero_server", "--port", str(port), *extra],

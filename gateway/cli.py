@@ -1,111 +1,63 @@
-"""`specroute` command line: serve, sim, demo."""
+"""The gateway's own command line: `specroute-gateway serve --config FILE [--listen HOST:PORT]`
+(also `python -m gateway serve ...`).
+
+This is all the product runs by itself. The `specroute` command (tools/cli.py) adds the tooling's
+commands and `serve --twins` (simulated backends it starts itself), and hands `serve --config` here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
-from common.output_dir import output_dir
 from gateway.config import ConfigError
 
-# Seconds of traffic per level and target. Aggregate tok/s is tokens over the level's wall time
-# (first send to last answer). A level of 2 x C requests is two rounds per client, so its wall time
-# is the unluckiest client's two requests: a router that puts a quarter of them on a second, slower
-# server adds throughput for as long as the load lasts and still loses that measure to the fastest
-# server alone. A level that runs for several rounds measures the throughput users get under that
-# load; the drain after the last send (the slowest requests in flight) is then a small part of it.
-DEMO_LEVEL_S = 20
+__all__ = ["NO_BACKENDS", "guarded", "main"]
+
+# What `serve` says when it is given no backends: the two ways on.
+NO_BACKENDS = (
+    "no backends given: pass --config FILE (a gateway config; `specroute config init` writes one), "
+    "or --twins for the embedded simulated backends (`specroute serve --twins`)"
+)
 
 
-def _levels(text: str) -> str:
-    """The demo's concurrency levels, checked before it starts anything (loadgen reads them)."""
-    for part in text.split(","):
-        if not part.strip().isdigit() or int(part) < 1:
-            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return text
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specroute", description="Speculative-decoding-aware LLM gateway.")
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Speculative-decoding-aware LLM gateway for SGLang servers.")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the gateway (embedded twin backends when no --config)")
-    s.add_argument("--config", help="TOML config file; without it the seed systems run as twins")
-    s.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:8000 or the config's gateway.listen)")
-    s.add_argument(
-        "--sim-time-scale",
-        type=float,
-        default=None,
-        help="embedded twins only: multiply simulated time (e.g. 0.05 for fast tests)",
-    )
-    sub.add_parser("sim", help="run one SGLang-compatible twin server (see `specroute sim --help`)", add_help=False)
-    sub.add_parser(
-        "eval", help="evaluate the policies on the twin's engine, virtual clock (--scenario all)", add_help=False
-    )
-    sub.add_parser(
-        "plan", help="which N servers to run for a traffic: fleet search on the virtual clock", add_help=False
-    )
-    sub.add_parser(
-        "backends", help="launch profiles of the real SGLang servers: list/show/launch/systemd/check", add_help=False
-    )
-    sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)", add_help=False)
-    d = sub.add_parser("demo", help="start twins + gateway, sweep through both, print the table")
-    d.add_argument("--concurrency", type=_levels, default="1,4,32", help="closed-loop levels (default 1,4,32)")
-    d.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
-    d.add_argument(
-        "--level-seconds",
-        type=float,
-        default=DEMO_LEVEL_S,
-        help=f"seconds of traffic per level and target (default {DEMO_LEVEL_S})",
-    )
-    d.add_argument("--sim-time-scale", type=float, default=None, help="the twins' time scale (default 1: real time)")
-    d.add_argument(
-        "--output", type=output_dir, default=None, help="directory for loadgen outputs (default: a temp dir)"
-    )
+    s = sub.add_parser("serve", help="run the gateway on a config file")
+    s.add_argument("--config", help="TOML config file (docs/configuration.md)")
+    s.add_argument("--listen", help="HOST:PORT (default: the config's gateway.listen, 127.0.0.1:8000)")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "sim":  # the twin owns its own argument parser
-        from backends.sim.cli import main as sim_main
-
-        return sim_main(argv[1:])
-    if argv and argv[0] == "eval":
-        if "--http" in argv[1:]:  # the same scenario over real HTTP through gateways, vs the virtual clock
-            from policies.eval.http_check import main as http_main
-
-            return http_main([a for a in argv[1:] if a != "--http"])
-        from policies.eval.cli import main as eval_main
-
-        return eval_main(argv[1:])
-    if argv and argv[0] == "plan":
-        from gateway.cli_plan import main as plan_main
-
-        return plan_main(argv[1:])
-    if argv and argv[0] in ("backends", "config"):
-        from gateway import cli_backends, cli_config
-
-        command_main = cli_backends.main if argv[0] == "backends" else cli_config.main
-        return command_main(argv[1:])
-    args = _parser().parse_args(argv)
+def guarded(prog: str, run: Callable[[], int]) -> int:
+    """Run a command; a bad config is one line and exit code 2, a failure to start one line and 1."""
     try:
-        if args.command == "serve":
-            from gateway.serve import serve
-
-            return serve(args.config, args.listen, args.sim_time_scale)
-        if args.command == "demo":
-            from gateway.demo import demo
-
-            return demo(args.concurrency, args.max_tokens, args.sim_time_scale, args.output, args.level_seconds)
+        return run()
     except ConfigError as e:
-        print(f"specroute: config error: {e}", file=sys.stderr)
+        print(f"{prog}: config error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     except (RuntimeError, TimeoutError, OSError) as e:
-        print(f"specroute: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
-    return 2
+
+
+def main(argv: list[str] | None = None, prog: str = "specroute-gateway") -> int:
+    args = _parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
+    config: str | None = args.config
+    if config is None:
+        print(f"{prog} serve: {NO_BACKENDS}", file=sys.stderr)
+        return 2
+
+    def run() -> int:
+        from gateway.serve import serve  # uvicorn and the app: only once there is something to serve
+
+        return serve(config, args.listen)
+
+    return guarded(prog, run)
 
 
 if __name__ == "__main__":

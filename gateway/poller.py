@@ -284,8 +284,6 @@ class BackendPoller:
         """Publish a report to the policies' view, with our own in-flight at the time it was taken,
         so that the load of other gateway replicas can be told apart from ours."""
         backend = self.backend
-        if backend.info is not None:
-            report = report.on_wall_clock(backend.info.time_scale)
         previous = backend.load
         if previous is not None and report.restarted_since(previous):
             log.warning("backend %s restarted (its lifetime counters went backwards)", backend.name)

@@ -245,7 +245,7 @@ class Runtime:
     async def start(self) -> None:
         self.poller.start()
         # policies start from a short measurement of each backend, not the studies' priors
-        self._seeding = start_seeding(self.config.backend_specs(), self.policies)
+        self._seeding = start_seeding([b.client for b in self.pools.by_name.values()], self.policies)
 
     def _cache_lost(self, backend: str) -> None:
         """The backend may have lost its radix cache: no policy may count on the prefixes it held."""

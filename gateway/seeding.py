@@ -2,10 +2,10 @@
 
 The goodput policy's priors are the studies' figures; a backend on other hardware, another model or
 another drafter setting would start with a head start or a handicap it does not have. Each backend
-gets a short measurement (`backends.launch.measure`: three greedy requests and one long prompt, a
-few seconds on real K2.6 servers) in a thread of its own, in the background: requests arriving
-meanwhile are routed by the priors, and each backend's estimates switch to its measurement as soon
-as it is in. A backend that cannot be measured keeps its prior (logged). Set
+gets a short measurement (`backends.measure`: three greedy requests and one long prompt, a few
+seconds on real K2.6 servers) on its own pooled client, all backends at once, in the background:
+requests arriving meanwhile are routed by the priors, and each backend's estimates switch to its
+measurement as soon as it is in. A backend that cannot be measured keeps its prior (logged). Set
 `SPECROUTE_MEASURE_BACKENDS=0` to skip it (the priors then stand until telemetry corrects them).
 Backends added later (reload, admin API) are learned from telemetry alone, and a pool whose backends
 all share one strategy is not measured (they all start from the same prior: no head start).
@@ -18,8 +18,10 @@ import logging
 import os
 from collections.abc import Iterable
 
-from backends import BackendSpec
-from backends.launch.measure import measure_quietly
+import aiohttp
+
+from backends.client import SGLangClient
+from backends.measure import MeasurementFailed, measure
 from policies import Policy
 
 log = logging.getLogger("specroute.seeding")
@@ -31,39 +33,41 @@ def _enabled() -> bool:
     return os.environ.get("SPECROUTE_MEASURE_BACKENDS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-async def _seed_one(spec: BackendSpec, policies: Iterable[Policy]) -> None:
-    m = await asyncio.to_thread(
-        measure_quietly, spec.url, spec.upstream_model, api_key=spec.api_key, speculative=spec.strategy.speculative
-    )
-    if m is None:
-        log.warning("backend %s could not be measured at startup; its policy keeps the strategy prior", spec.name)
+async def _seed_one(client: SGLangClient, policy: Policy) -> None:
+    spec = client.spec
+    try:
+        m = await measure(client, speculative=spec.strategy.speculative)
+    except (MeasurementFailed, aiohttp.ClientError, OSError, ValueError) as e:  # TimeoutError is an OSError
+        log.warning(
+            "backend %s could not be measured at startup (%s); its policy keeps the strategy prior", spec.name, e
+        )
         return
-    for policy in policies:
-        policy.seed(spec, m)  # type: ignore[attr-defined]
+    policy.seed(spec, m)  # type: ignore[attr-defined]
     log.info(  # a normal start; what it seeded shows in GET /admin/backends
         "backend %s measured at startup: step %s ms, accept %s, prefill %s ms/1k tokens",
         spec.name,
         None if m.step_s is None else round(m.step_s * 1000, 2),
-        {d.value: round(a, 2) for d, a in m.accept_length.items()},
+        {d: round(a, 2) for d, a in m.accept_length.items()},
         None if m.prefill_per_token_s is None else round(m.prefill_per_token_s * 1e6, 1),
     )
 
 
-def start_seeding(specs: Iterable[BackendSpec], policies: dict[str, Policy]) -> asyncio.Task[None] | None:
-    """Measure each backend in the background and seed its model's policy; None when disabled."""
+def start_seeding(clients: Iterable[SGLangClient], policies: dict[str, Policy]) -> asyncio.Task[None] | None:
+    """Measure each backend in the background on its client and seed its model's policy; None when
+    disabled or when no pool needs it."""
     if not _enabled():
         return None
     # Only pools whose policy learns from a measurement and that mix strategies: in a pool of one
     # strategy every backend starts from the same prior, so there is no head start to remove, and
     # its backends are spared the extra requests.
-    specs = list(specs)
+    clients = list(clients)
     strategies: dict[str, set[str]] = {}
-    for spec in specs:
-        strategies.setdefault(spec.model, set()).add(spec.strategy.value)
+    for c in clients:
+        strategies.setdefault(c.spec.model, set()).add(c.spec.strategy.value)
     jobs = [
-        _seed_one(spec, [policies[spec.model]])
-        for spec in specs
-        if spec.model in policies and hasattr(policies[spec.model], "seed") and len(strategies[spec.model]) > 1
+        _seed_one(c, policies[c.spec.model])
+        for c in clients
+        if c.spec.model in policies and hasattr(policies[c.spec.model], "seed") and len(strategies[c.spec.model]) > 1
     ]
     if not jobs:
         return None

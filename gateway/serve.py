@@ -1,4 +1,4 @@
-"""`specroute serve`: run the gateway (uvicorn, uvloop, httptools), with the embedded twins if no config."""
+"""`specroute-gateway serve --config FILE`: run the gateway (uvicorn, uvloop, httptools) on a config."""
 
 from __future__ import annotations
 
@@ -10,36 +10,32 @@ import sys
 
 import uvicorn
 
-from backends.procs import ProcessGroup, start_twins
 from gateway.app import create_app, serving_asgi
 from gateway.config import Config, load_config, parse_listen
 from gateway.connections import LimitedProtocol
 from gateway.runtime import Runtime
-from gateway.topology import SEED_SYSTEMS, embedded_config
+
+__all__ = ["run_config", "serve"]
 
 
-def serve(config_path: str | None, listen: str | None, sim_time_scale: float | None = None) -> int:
+def serve(config_path: str, listen: str | None = None) -> int:
+    """Load the config file and serve it until SIGTERM/SIGINT; a reload re-reads the same file."""
     if listen:
         parse_listen(listen, "--listen")  # before anything starts; the error names the flag
-    with ProcessGroup() as twins:
-        if config_path:
-            config = load_config(config_path)
-        else:
-            # The embedded default: one twin per seed system, stopped when the gateway stops.
-            ports = start_twins(twins, [s.name for s in SEED_SYSTEMS], time_scale=sim_time_scale)
-            config = embedded_config(ports, listen or "127.0.0.1:8000")
-            for s in SEED_SYSTEMS:
-                print(
-                    f"twin {s.name:<20} {s.model:<12} {s.strategy:<7} http://127.0.0.1:{ports[s.name]}", file=sys.stderr
-                )
-        if listen:
-            config.gateway.listen = listen
-        logging.basicConfig(
-            level=getattr(logging, config.logging.level.upper(), logging.WARNING),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-        host, port = parse_listen(config.gateway.listen)
-        run(config, host, port, config_path)
+    return run_config(load_config(config_path), listen=listen, config_path=config_path)
+
+
+def run_config(config: Config, *, listen: str | None = None, config_path: str | None = None) -> int:
+    """Serve a config built by the caller (`specroute serve --twins` builds one over the twins it
+    started); `listen` overrides its gateway.listen. Returns when the server has stopped."""
+    if listen:
+        config.gateway.listen = listen
+    logging.basicConfig(
+        level=getattr(logging, config.logging.level.upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    host, port = parse_listen(config.gateway.listen)
+    run(config, host, port, config_path)
     return 0
 
 

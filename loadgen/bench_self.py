@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import io
 import os
-import subprocess
 import sys
 import time
 import urllib.request
@@ -32,30 +31,10 @@ from loadgen.datasets import load_dataset
 from loadgen.driver import LevelSpec
 from loadgen.runner import Plan, execute
 from loadgen.testserver import Stats
+from tools.processes import free_port, spawn, stop, wait_ready
 
 MIN_CHUNKS_PER_S = 5000.0
 MAX_REL_ERROR = 0.01
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("test server exited during start-up")
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("test server not ready")
 
 
 def _stats(url: str) -> Stats:
@@ -87,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     server_cmd = [
         sys.executable,
@@ -101,11 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         str(a.chunk_delay),
     ]
     pinned = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
-    if pinned:  # server on CPU 1, loadgen on CPU 0: "one loadgen process on one core"
-        server_cmd = ["taskset", "-c", "1", *server_cmd] if _has_taskset() else server_cmd
-    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # server on CPU 1, loadgen on CPU 0: "one loadgen process on one core"
+    server = spawn(server_cmd, cpu=1 if pinned else None)
     try:
-        _wait_ready(url, server)
+        wait_ready(url + "/ready", proc=server, timeout_s=20.0, name="test server")
         if pinned:
             _pin(0)
         from rich.console import Console
@@ -133,11 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         stats = _stats(url)
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
 
     level = summary.runs[0].levels[0]
     chunks = round(level.total_output_tokens / (level.mean_tokens_per_chunk or 1))
@@ -170,12 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("  result              " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
-
-
-def _has_taskset() -> bool:
-    from shutil import which
-
-    return which("taskset") is not None
 
 
 def _run(plan: Plan, console):

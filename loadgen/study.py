@@ -45,7 +45,8 @@ from loadgen.report import make_console, print_table
 from loadgen.runner import Plan, execute
 from loadgen.studies import REFERENCES, STUDIES, Reference, Study
 from loadgen.summary import Summary
-from loadgen.twins import ChildError, Children, start_topology
+from loadgen.twins import start_topology
+from tools.processes import ProcessError, ProcessGroup
 
 QUICK_TIME_SCALE = 0.05
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
@@ -237,7 +238,7 @@ def main(argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm)
     urls: dict[str, str] = {}
     try:
-        with Children(output / "logs") as children:
+        with ProcessGroup(output / "logs") as children:
             gateway_url = args.gateway_url
             if words is None:
                 console.print(
@@ -263,7 +264,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         interrupted = True
         _err("interrupted; writing what was measured")
-    except ChildError as e:
+    except ProcessError as e:
         _err(str(e))
         errors.append(str(e))
     finally:

@@ -1,6 +1,5 @@
 """Routing decisions: the policy contract, live estimates, the policies, the prompt-domain
-classifier. The evaluation harness lives in `policies.eval` (imported on demand: it pulls in the
-twin's engine, which the gateway's request path does not need)."""
+classifier. The evaluation harness (`evaluate/`) is tooling outside the product."""
 
 from policies.base import BackendView, Decision, Domain, NoCandidate, Outcome, Policy, RequestFeatures, view_load
 from policies.domain import classify

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from backends import BackendSpec, Strategy
+from backends.measure import Measurement
 from policies.acceptance import Acceptance, ShapeGroup
 from policies.base import Domain, Outcome
-from policies.measure import Measurement
 from policies.prefill import PrefillModel, causal_pairs
 from policies.priors import (
     CELLS_PER_DOMAIN,
@@ -180,7 +180,7 @@ class BackendEstimate(RateModel):
     # ------------------------------------------------------------------------ updates
 
     def seed(self, m: Measurement) -> None:
-        """A measurement of this backend replaces its prior (`policies.measure`); implausible
+        """A measurement of this backend replaces its prior (`backends.measure`); implausible
         figures are ignored one by one."""
         bad = " ".join(m.problems())
         if m.step_s is not None and "step_s" not in bad:

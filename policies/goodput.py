@@ -47,11 +47,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from backends import BackendSpec
+from backends.measure import Measurement
 from policies.base import BackendView, Decision, NoCandidate, Outcome, RequestFeatures, view_load
 from policies.cost import own_and_imposed_s, throughput_gain
 from policies.estimates import BackendEstimate, Estimates
 from policies.lengths import OutputLengths
-from policies.measure import Measurement
 from policies.prefill import causal_pairs
 from policies.prefix_cache import TRACKED_TOKENS, PrefixCache, tracked
 from policies.priors import DOMAIN_INDEX, DOMAINS, cell_of

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-# 64 tokens per block, the twin's radix-cache block (backends/sim/prefix_cache.py), so that one chain
+# 64 tokens per block, the twin's radix-cache block (twin/prefix_cache.py), so that one chain
 # serves the gateway, the evaluator and the twin alike. The prefix tracker keeps every fourth element
 # only (`policies.prefix_cache.TRACK_STRIDE`). The 4 characters per token are the gateway's own
 # prompt-size estimate (proxy.py).

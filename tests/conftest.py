@@ -16,7 +16,7 @@ def gateway_url():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with running(
-        specroute("serve", "--listen", f"127.0.0.1:{port}", "--sim-time-scale", TEST_TIME_SCALE),
+        specroute("serve", "--twins", "--listen", f"127.0.0.1:{port}", "--sim-time-scale", TEST_TIME_SCALE),
         ready_url=f"{url}/health",
         timeout=90,
     ):

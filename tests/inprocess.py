@@ -12,7 +12,7 @@ import uvicorn
 
 from gateway.app import create_asgi
 from gateway.config import Config
-from tests.support import free_port, wait_http_ok
+from tools.processes import free_port, wait_ready
 
 
 @contextlib.contextmanager
@@ -31,7 +31,7 @@ def serve_in_thread(config: Config, root_path: str = "", **kwargs: Any) -> Itera
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", 30)
+        wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=30)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from tools.processes import free_port, spawn, stop, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -35,70 +36,33 @@ SIM_PROFILES = frozenset(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    """Poll `url` until it answers 200; fail early if `proc` died."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError) as e:
-            last = e
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
-
-
 @contextlib.contextmanager
 def running(
     cmd: Sequence[str], ready_url: str | None = None, timeout: float = 30.0, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen]:
-    """Run `cmd` in its own process group; wait for `ready_url`; kill the whole group afterwards."""
-    full_env = {**os.environ, **(env or {})}
-    # Output goes to a file, never an undrained pipe: a full pipe would block the child's writes.
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            list(cmd), cwd=REPO, env=full_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
-        )
+    """Run `cmd` (tools/processes.py `spawn`: its own process group, dies with us); wait for
+    `ready_url`; stop the whole group afterwards. Its output goes to a file, never an undrained
+    pipe: a full pipe would block the child's writes."""
+    with tempfile.TemporaryDirectory(prefix="specroute-test-") as tmp:
+        log = Path(tmp) / "output.log"
+        proc = spawn(cmd, log_file=log, env={**os.environ, **(env or {})}, cwd=REPO)
         proc.log = log  # type: ignore[attr-defined]
         try:
             if ready_url:
                 try:
-                    wait_http_ok(ready_url, timeout, proc)
+                    wait_ready(ready_url, proc=proc, timeout_s=timeout)
                 except Exception as e:
-                    _stop(proc)
+                    stop(proc)
                     raise RuntimeError(f"{' '.join(cmd)} failed to start:\n{output(proc)[-4000:]}") from e
             yield proc
         finally:
-            _stop(proc)
+            stop(proc)
 
 
 def output(proc: subprocess.Popen) -> str:
     """What a process started by `running` has printed so far."""
-    log = proc.log  # type: ignore[attr-defined]
-    log.seek(0)
-    return log.read().decode(errors="replace")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+    log: Path = proc.log  # type: ignore[attr-defined]
+    return log.read_text(errors="replace") if log.exists() else ""
 
 
 def specroute(*args: str) -> list[str]:

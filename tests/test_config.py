@@ -4,10 +4,10 @@ import subprocess
 
 import pytest
 
-from gateway.cli_config import main as config_main
 from gateway.config import ConfigError, load_config
 from policies import make_policy
 from tests.support import specroute
+from tools.cli_config import main as config_main
 
 GOOD = """
 [gateway]

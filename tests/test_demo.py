@@ -6,14 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.topology import SEED_SYSTEMS
+from tools.topology import SEED_SYSTEMS
 
 
 def test_demo_sweeps_the_gateway_and_each_backend_of_its_model(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     args = ["--concurrency", "2", "--max-tokens", "16", "--level-seconds", "1", "--sim-time-scale", "0.2"]
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "demo", *args, "--output", str(out)],
+        [sys.executable, "-m", "tools.cli", "demo", *args, "--output", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -34,7 +34,7 @@ def test_demo_sweeps_the_gateway_and_each_backend_of_its_model(tmp_path: Path) -
 
 
 def test_bad_levels_are_refused_before_anything_starts(capsys) -> None:
-    from gateway.cli import main
+    from tools.cli import main
 
     for levels in ("abc", "4,0", "1,,4"):
         try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from backends.launch import load_profile
-from gateway.cli_config import main as config_main
 from gateway.config import load_config
 from tests.support import free_port, running, specroute
+from tools.cli_config import main as config_main
+from tools.launch import load_recipe
 
 
 def test_init_writes_a_config_that_loads(tmp_path, capsys):
@@ -38,8 +38,8 @@ def test_init_writes_a_config_that_loads(tmp_path, capsys):
         ("qwen36-ddtree-b15", "http://gpu-c:30000", "qwen3.6-27b", "ddtree"),
         ("dflash-2", "https://gpu-d", "kimi-k2.6", "dflash"),
     ]
-    for b in config.backends[:3]:  # the served model is the profile's --served-model-name: no rewrite needed
-        assert load_profile(b.name).served_model_name == b.model and b.served_name is None
+    for b in config.backends[:3]:  # the served model is the recipe's --served-model-name: no rewrite needed
+        assert load_recipe(b.name).served_model_name == b.model and b.served_name is None
     assert "specroute backends show k26-dflash" in out.read_text()
     assert config_main(["check", str(out)]) == 0
     assert "kimi-k2.6: k26-ar (ar), k26-dflash (dflash), dflash-2 (dflash)" in capsys.readouterr().out

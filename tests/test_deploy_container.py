@@ -20,9 +20,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from backends.sim.profile import load_profile as load_twin
 from gateway.config import load_config
 from tests.support import REPO
+from twin.profile import load_profile as load_twin
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the deploy files")
 
@@ -96,8 +96,27 @@ def test_dockerfile_meets_the_image_requirements():
     ins = dockerfile_instructions(text)
     final = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM") :]
     assert dict(final)["USER"].split(":")[0] == "10001"
-    assert json.loads(dict(final)["ENTRYPOINT"]) == ["specroute"]
+    assert json.loads(dict(final)["ENTRYPOINT"]) == ["specroute-gateway"]
     assert json.loads(dict(final)["CMD"])[:1] == ["serve"]
+
+
+def test_the_gateway_image_holds_the_product_only():
+    """The default target copies the product's packages and installs the core lock; the tooling, its
+    lock and matplotlib's settings are in the twin target only."""
+    ins = dockerfile_instructions(DOCKERFILE.read_text())
+    stages: dict[str, list[tuple[str, str]]] = {}
+    name = ""
+    for word, args in ins:
+        if word == "FROM":
+            name = args.split()[-1].lower()
+        stages.setdefault(name, []).append((word, args))
+    assert list(stages)[-1] == "gateway"
+    copied = {args.split()[0] for word, args in stages["build"] if word == "COPY"}
+    assert copied == {"requirements.lock", "pyproject.toml", "gateway", "policies", "backends", "common"}
+    assert "/opt/specroute" in dict(stages["gateway"])["COPY"] and "--from=build " in dict(stages["gateway"])["COPY"]
+    assert not any("MPLCONFIGDIR" in args for _, args in ins)
+    twin = {args.split()[0] for word, args in stages["build-twin"] if word == "COPY"}
+    assert twin == {"requirements-tools.lock", "twin", "tools"}
 
 
 def test_dockerfile_base_argument_has_a_pinned_default():

@@ -30,7 +30,8 @@ from tests.support import REPO, free_port, wait_until
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 
-IMAGE = "specroute:0.1.0"  # the tag docker-compose.yml uses, so compose runs the image built here
+IMAGE = "specroute:0.1.0"  # the tags docker-compose.yml uses, so compose runs the images built here
+TWIN_IMAGE = "specroute-twin:0.1.0"
 LABEL = "specroute.test=deploy"
 TWIN_HEALTH = (
     'python -c "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('
@@ -73,7 +74,14 @@ def base(engine) -> str:
 
 @pytest.fixture(scope="module")
 def image(engine, base) -> str:
+    """Both targets: the gateway (the default) and the twin; their sizes are printed (docs/deployment.md)."""
     engine.docker("build", "--quiet", "--build-arg", f"BASE={base}", "-t", IMAGE, str(REPO), timeout=900)
+    engine.docker(
+        "build", "--quiet", "--build-arg", f"BASE={base}", "--target", "twin", "-t", TWIN_IMAGE, str(REPO), timeout=900
+    )
+    for tag in (IMAGE, TWIN_IMAGE):
+        size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", tag).stdout.strip())
+        print(f"\n{tag}: {size / 1e6:.0f} MB")
     # Bounded disk between runs: untagged images of earlier builds, and BuildKit's cache (layers and the
     # pip cache mount) beyond a few GB, least recently used first.
     engine.docker("image", "prune", "--force", timeout=600)
@@ -163,7 +171,7 @@ def _run_twin(engine, network: str, name: str, profile: str) -> None:
         "1s",
         "--health-start-period",
         "2s",
-        IMAGE,
+        TWIN_IMAGE,
         "sim",
         "--profile",
         profile,
@@ -196,7 +204,7 @@ def _run_gateway(engine, network: str, name: str, config_dir: Path, *extra: str)
 
 
 def test_image_serves_a_chat_stream_through_a_twin(engine, image, network, tmp_path):
-    """The image as a twin and as the gateway: both turn healthy, a real openai-SDK stream goes through the
+    """The twin image and the gateway image: both turn healthy, a real openai-SDK stream goes through the
     published 127.0.0.1 port, and /metrics counts it against the twin."""
     openai = pytest.importorskip("openai")
     twin, gw = f"twin-{os.getpid()}", f"gateway-{os.getpid()}"

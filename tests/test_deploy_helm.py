@@ -202,5 +202,6 @@ def test_configmap_holds_a_config_the_gateway_loads(tmp_path: Path):
         assert config.gateway.listen == "0.0.0.0:8000" and len(config.backends) == backends
     deployment = by_kind(render())["Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["specroute-gateway"]
     args = container["args"]
     assert Path(args[args.index("--config") + 1]).parent == Path(container["volumeMounts"][0]["mountPath"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import load_config
-from tests.support import REPO, free_port, running, specroute, wait_until
+from tests.support import BIN, REPO, free_port, running, specroute, wait_until
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the manifests")
 
@@ -104,6 +104,7 @@ def test_deployment_rules():
     user = re.findall(r"^USER\s+(\d+)", (REPO / "Dockerfile").read_text(), re.M)[-1]
     assert str(pod["securityContext"]["runAsUser"]) == user
     # The config path in the args lies in the ConfigMap's mount, mounted as a directory (updates propagate).
+    assert container["command"] == ["specroute-gateway"]  # the product's own command, the image's entrypoint
     args = container["args"]
     config_path = Path(args[args.index("--config") + 1])
     mount = next(m for m in container["volumeMounts"] if Path(m["mountPath"]) == config_path.parent)
@@ -178,7 +179,9 @@ def test_probes_mean_what_the_deployment_expects(tmp_path):
     path.write_text(text)
     load_config(path)
     base = f"http://127.0.0.1:{gw}"
-    with running(specroute("serve", "--config", str(path)), ready_url=f"{base}/health", timeout=60):
+    with running(
+        [str(BIN / "specroute-gateway"), "serve", "--config", str(path)], ready_url=f"{base}/health", timeout=60
+    ):
         # Backends start optimistic; `health.unhealthy_after` failed checks take them out of the pool.
         assert wait_until(lambda: _status(f"{base}/ready") == 503, timeout=15)
         assert _status(f"{base}/health") == 200

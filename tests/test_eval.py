@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from backends.sim.engine import Engine
-from backends.sim.profile import load_profile
-from policies.eval.cli import main
-from policies.eval.metrics import SETTLE_S
-from policies.eval.oracle import true_accept_length
-from policies.eval.runner import run_scenario
-from policies.eval.scenarios import SCENARIOS, Degrade, Phase, Scenario
+from evaluate.cli import main
+from evaluate.metrics import SETTLE_S
+from evaluate.oracle import true_accept_length
+from evaluate.runner import run_scenario
+from evaluate.scenarios import SCENARIOS, Degrade, Phase, Scenario
+from twin.engine import Engine
+from twin.profile import load_profile
 
 TINY = Scenario(
     name="tiny",
@@ -137,7 +137,7 @@ def test_named_scenarios_cover_the_issue():
 def test_best_split_weights_each_backend_by_the_requests_it_completes():
     import numpy as np
 
-    from policies.eval.bound import best_split
+    from evaluate.bound import best_split
 
     # A fast backend that slows steeply with a second request, and a slow flat one. Two clients:
     # both on the fast one: 40 tok/s each; one on each: (1*100^2 + 1*30^2) / (100 + 30) = 83.8,
@@ -160,7 +160,7 @@ def test_best_split_weights_each_backend_by_the_requests_it_completes():
 def test_policy_bound_lies_between_the_domain_blind_best_and_every_request_at_its_best_domain():
     import numpy as np
 
-    from policies.eval.bound import best_split, policy_bound
+    from evaluate.bound import best_split, policy_bound
 
     # backend 0 is fast on domain 0 only, backend 1 is middling on both; half the prompts each
     speeds = np.zeros((2, 2, 4))

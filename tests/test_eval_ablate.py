@@ -2,10 +2,10 @@
 
 import pytest
 
-from policies.eval import ablate as ab
-from policies.eval.oracle import OracleEstimates
-from policies.eval.scenarios import Mix, Phase, Scenario
-from policies.eval.sim import simulate
+from evaluate import ablate as ab
+from evaluate.oracle import OracleEstimates
+from evaluate.scenarios import Mix, Phase, Scenario
+from evaluate.sim import simulate
 from policies.goodput import Goodput
 
 SMALL = Scenario(

@@ -1,10 +1,10 @@
-"""`policies.eval.http_check`: the virtual-clock evaluation cross-checked over real HTTP.
+"""`evaluate.http_check`: the virtual-clock evaluation cross-checked over real HTTP.
 
 The definitions are checked without processes (HTTP-side figures from loadgen's request records
 equal the harness's figures on the same requests; the generated gateway config is valid; the
 comparison flags a disagreement). One reduced run goes end to end: four twins, a gateway per
 policy, loadgen, in well under a minute. The 10% agreement is the benchmark's verdict
-(`python -m policies.eval.http_check`), not asserted here: at this size one exploratory request
+(`python -m evaluate.http_check`), not asserted here: at this size one exploratory request
 moves a ratio by several percent.
 """
 
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from evaluate import http_check
+from evaluate.http_check import CHALLENGER, REFERENCE, CheckPlan, PhaseFigures, compare, http_figures
+from evaluate.runner import contestants
+from evaluate.sim import simulate
 from gateway.config import config_from_dict
-from policies.eval import http_check
-from policies.eval.http_check import CHALLENGER, REFERENCE, CheckPlan, PhaseFigures, compare, http_figures
-from policies.eval.runner import contestants
-from policies.eval.sim import simulate
 
 
 def _as_loadgen(records, time_scale: float) -> list[dict]:

@@ -4,12 +4,12 @@ import msgspec
 import pytest
 
 from backends import BackendSpec, Strategy
+from evaluate.peers import CacheAware, LeastLoad, LoadSnapshot, PowerOfTwo, RoundRobinPeer, make_peer
+from evaluate.runner import run_scenario
+from evaluate.scenarios import Phase, Scenario
+from evaluate.sim import simulate
+from evaluate.workload import Mix
 from policies.base import BackendView, Domain, RequestFeatures
-from policies.eval.peers import CacheAware, LeastLoad, LoadSnapshot, PowerOfTwo, RoundRobinPeer, make_peer
-from policies.eval.runner import run_scenario
-from policies.eval.scenarios import Phase, Scenario
-from policies.eval.sim import simulate
-from policies.eval.workload import Mix
 
 
 def _views(*loads: int) -> list[BackendView]:
@@ -146,7 +146,7 @@ def test_open_loop_runs_count_shed_requests_as_slo_misses_and_feed_the_gateways_
     assert any(o.cached_tokens for o in done) and all(o.features is not None for o in done)
     shed = [r for r in run.failed if r.status == "shed"]
     assert shed and all(r.retried for r in shed)
-    from policies.eval.metrics import phase_metrics
+    from evaluate.metrics import phase_metrics
 
     (m,) = phase_metrics(run, OPEN, ["k26-dflash", "k26-ddtree:b=8"])
     assert m.shed > 0 and m.arrived >= m.requests + m.shed + m.unfinished

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from policies.eval.cli import main
-from policies.eval.runner import run_scenario
-from policies.eval.seeds import merge_results, run_seeds
+from evaluate.cli import main
+from evaluate.runner import run_scenario
+from evaluate.seeds import merge_results, run_seeds
 from tests.test_eval import TINY
 
 ONLY = ("goodput/latency", "least_inflight", "static/k26-dflash")

@@ -6,10 +6,10 @@ import statistics
 
 import pytest
 
-from policies.eval.arrivals import Arrivals, BurstShape
-from policies.eval.fleet import FleetError, fleet_label, parse_fleet, servers
-from policies.eval.slo import SLO, SloError, parse_slo
-from policies.eval.workload import Mix, draw_session, single_request
+from evaluate.arrivals import Arrivals, BurstShape
+from evaluate.fleet import FleetError, fleet_label, parse_fleet, servers
+from evaluate.slo import SLO, SloError, parse_slo
+from evaluate.workload import Mix, draw_session, single_request
 
 
 def _gaps(kind: str, rate: float, horizon: float, seed: int = 1, shape: BurstShape | None = None) -> list[float]:
@@ -74,7 +74,7 @@ def test_a_chat_turn_extends_what_the_server_cached_for_the_previous_one():
 
 
 def test_thinking_chat_turns_lose_the_reasoning_from_the_prefix_but_agent_loops_keep_it():
-    from backends.sim.thinking import ReasoningModel
+    from twin.thinking import ReasoningModel
 
     reasoning = ReasoningModel(math=800, code=800, chat=800)
     chat = draw_session("k", Mix(chat=1.0, thinking=1.0, turns=(3, 3)), ["math"], [1.0], (100, 200), reasoning)

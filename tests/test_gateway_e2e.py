@@ -12,6 +12,8 @@ import pytest
 from tests.support import free_port, open_stream, running, specroute
 
 MSG = [{"role": "user", "content": "Natalia sold clips to 48 friends and then half as many. How many in total?"}]
+# The K2.6 twins think first (kimi_k2 reasoning parser): the relay tests ask for the answer alone, in `content`.
+NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,9 @@ def test_models_lists_one_entry_per_served_model(client):
 
 
 def test_chat_completion_non_stream(client):
-    raw = client.chat.completions.with_raw_response.create(model="kimi-k2.6", messages=MSG, max_tokens=12)
+    raw = client.chat.completions.with_raw_response.create(
+        model="kimi-k2.6", messages=MSG, max_tokens=12, extra_body=NO_THINKING
+    )
     completion = raw.parse()
     assert raw.http_response.status_code == 200
     assert raw.headers["x-specroute-backend"] in {"k26-ar", "k26-eagle3", "k26-dflash"}
@@ -50,9 +54,32 @@ def test_chat_completion_non_stream(client):
     assert "sglext" not in (completion.model_extra or {})
 
 
+def test_the_readme_quickstart_streams_reasoning_then_the_answer(client):
+    """`specroute serve --twins` runs its K2.6 twins as K2.6 is deployed, with the kimi_k2 reasoning
+    and tool-call parsers: the README quickstart's stream, read as it reads it, thinks in
+    `reasoning_content` chunks first, then answers in `content`."""
+    question = "A train leaves at 9:40 and arrives at 13:05. How long is the trip?"
+    kinds = []
+    for chunk in client.chat.completions.create(
+        model="kimi-k2.6", stream=True, messages=[{"role": "user", "content": question}]
+    ):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta and getattr(delta, "reasoning_content", None):
+            kinds.append("reasoning")
+        elif delta and delta.content:
+            kinds.append("content")
+    assert kinds.count("reasoning") > 1 and kinds.count("content") > 1, kinds
+    assert kinds.index("content") > max(i for i, k in enumerate(kinds) if k == "reasoning")  # thinks, then answers
+
+
 def test_chat_stream_relays_sglang_order(client):
     stream = client.chat.completions.create(
-        model="kimi-k2.6", messages=MSG, max_tokens=20, stream=True, stream_options={"include_usage": True}
+        model="kimi-k2.6",
+        messages=MSG,
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=NO_THINKING,
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -233,6 +260,7 @@ def test_relay_is_chunk_for_chunk_what_the_backend_sent(gateway_url):
         "seed": 7,
         "stream_options": {"include_usage": True},
         "return_spec_tokens_details": True,
+        **NO_THINKING,
     }
 
     def events(url: str, payload: dict) -> list[dict]:

@@ -12,7 +12,7 @@ import uvicorn
 import uvloop
 
 from gateway.head_write import HeadHoldingProtocol, HeadHoldingTransport
-from tests.support import free_port, wait_http_ok
+from tools.processes import free_port, wait_ready
 
 
 class _Recorder:
@@ -130,7 +130,7 @@ def test_uvicorn_with_the_protocol_serves_whole_answers():
     thread = threading.Thread(target=lambda: uvloop.run(server.serve()), daemon=True)
     thread.start()
     try:
-        wait_http_ok(f"http://127.0.0.1:{port}/", 20)
+        wait_ready(f"http://127.0.0.1:{port}/", timeout_s=20)
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             for path in ("/", "/stream", "/"):  # keep-alive: one connection, answers in order
                 sock.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())

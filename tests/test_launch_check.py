@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from backends.launch.probe import probe, render
-from gateway.cli_backends import main as backends_main
+from tools.cli_backends import main as backends_main
+from tools.launch.probe import probe, render
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def _check_json(capsys, *argv: str) -> tuple[int, dict]:
 
 
 def test_check_current_server(dflash_url, capsys):
-    code, report = _check_json(capsys, dflash_url, "--profile", "k26-dflash")
+    code, report = _check_json(capsys, dflash_url, "--recipe", "k26-dflash")
     assert code == 0, report["problems"]
     assert report["version"] == "0.5.23" and report["server_info_path"] == "/server_info"
     assert (report["algorithm"], report["strategy"]) == ("DFLASH", "dflash")
@@ -40,6 +40,11 @@ def test_check_current_server(dflash_url, capsys):
     assert report["gateway_per_request_accept"] is True and report["fallbacks"] == []
     assert report["engine_check"] == 200 and report["problems"] == []
     assert report["adapters"] == ["sql"]  # its LoRA adapters, from the /v1/models cards
+    # the gateway's start-up measurement (backends.measure), taken by the gateway's own code
+    startup = report["startup"]
+    assert startup["step_s"] > 0 and startup["prefill_per_token_s"] is not None and report["startup_error"] is None
+    assert set(startup["accept_length"]) == {"math", "code", "chat"}
+    assert all(1.0 <= a <= 8.0 for a in startup["accept_length"].values())
     with urllib.request.urlopen(f"{dflash_url}/v1/models", timeout=10) as r:
         assert report["max_model_len"] == json.loads(r.read())["data"][0]["max_model_len"]
 
@@ -49,10 +54,11 @@ def test_check_current_server(dflash_url, capsys):
     assert "completion_tokens / spec_verify_ct" in text and "fallbacks           none" in text
     assert "/health_generate 200 in" in text and f"{report['max_model_len']} tokens" in text
     assert any(line.startswith("lora adapters") and line.endswith(" sql") for line in text.splitlines())
+    assert any(line.startswith("start-up measure") and "accept math" in line for line in text.splitlines())
 
 
-def test_check_against_the_wrong_profile_fails(dflash_url, capsys):
-    code, report = _check_json(capsys, dflash_url, "--profile", "k26-eagle3")
+def test_check_against_the_wrong_recipe_fails(dflash_url, capsys):
+    code, report = _check_json(capsys, dflash_url, "--recipe", "k26-eagle3")
     assert code == 1
     assert any("algorithm" in p and "EAGLE3" in p for p in report["problems"])
     assert any("draft_model_path" in p for p in report["problems"])
@@ -77,6 +83,7 @@ def test_check_autoregressive_server(twin_factory):
     assert report.ok and report.problems == []
     assert report.algorithm is None and report.strategy == "ar" and report.verify_width == 1
     assert report.generation is not None and report.generation.spec_verify_ct is None
+    assert report.startup is not None and report.startup.step_s is not None and report.startup.accept_length == {}
     assert "none (autoregressive)" in render(report)
 
 
@@ -162,6 +169,9 @@ def test_check_very_old_server_every_fallback():
     assert len(report.fallbacks) == 5 and report.engine_check == 404 and report.max_model_len is None
     assert any("no engine check" in f for f in report.fallbacks)
     assert "uses the accept length /metrics reports" in render(report)
+    # it streams no tokens, so the start-up measurement cannot be taken: the gateway keeps its prior
+    assert report.startup is None and report.startup_error == "no request produced a token"
+    assert "start-up measure    not taken (no request produced a token)" in render(report)
 
 
 def test_check_unreachable_exits_1(capsys):

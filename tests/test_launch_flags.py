@@ -1,8 +1,8 @@
-"""Every flag the launch profiles emit, checked against SGLang 0.5.23's own argument definitions.
+"""Every flag the launch recipes emit, checked against SGLang 0.5.23's own argument definitions.
 
 The wheel is downloaded once (`pip download --no-deps sglang==0.5.23`) into ~/.cache/specroute/wheels
 (or $SPECROUTE_CACHE_DIR) and read with zipfile + ast: SGLang is never imported (it needs torch).
-DDTree flags are not in the release; they are checked against backends/launch/ddtree_pr_flags.toml.
+DDTree flags are not in the release; they are checked against tools/launch/ddtree_pr_flags.toml.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import textwrap
 
 import pytest
 
-from backends.launch import command, list_profiles, load_profile
-from backends.launch.sglang_args import (
+from tools.cli_backends import main as backends_main
+from tools.launch import command, list_recipes, load_recipe
+from tools.launch.sglang_args import (
     WheelUnavailable,
     check_argv,
     check_build_constraints,
@@ -22,7 +23,6 @@ from backends.launch.sglang_args import (
     spec_from_sources,
     spec_from_wheel,
 )
-from gateway.cli_backends import main as backends_main
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +52,18 @@ def test_definitions_read_from_the_wheel(release):
     assert "--speculative-ddtree-budget" not in release.flags
 
 
-@pytest.mark.parametrize("name", [p.name for p in list_profiles()])
-def test_profile_flags_exist_in_sglang(release, name):
-    prof = load_profile(name)
+@pytest.mark.parametrize("name", [p.name for p in list_recipes()])
+def test_recipe_flags_exist_in_sglang(release, name):
+    prof = load_recipe(name)
     argv = command(prof)
     spec = spec_for_build(release, prof.build)
     assert check_argv(argv, spec) == []
     assert check_build_constraints(argv, prof.build) == []
 
 
-def test_ddtree_profiles_need_the_pr_build(release):
+def test_ddtree_recipes_need_the_pr_build(release):
     """Against the plain release the DDTree flags fail: the PR list is what lets them through."""
-    for prof in list_profiles():
+    for prof in list_recipes():
         problems = check_argv(command(prof), release)
         if prof.build == "ddtree-pr":
             assert any("--speculative-ddtree-budget: not an argument" in p for p in problems)
@@ -195,7 +195,7 @@ def test_checker_on_synthetic_definitions():
     assert any("--hidden: not an argument of SGLang 9.9.9" in p for p in bad)
 
 
-def test_lint_command_fails_on_a_typo_profile(tmp_path, wheel, capsys):
+def test_lint_command_fails_on_a_typo_recipe(tmp_path, wheel, capsys):
     typo = tmp_path / "typo.toml"
     typo.write_text(
         'name = "typo"\ndescription = "x"\nstrategy = "ar"\nserved_model_name = "m"\n'
@@ -207,4 +207,4 @@ def test_lint_command_fails_on_a_typo_profile(tmp_path, wheel, capsys):
     assert "typo" in out and "FAIL" in out and "cutlass_mla" in out
     assert backends_main(["lint", "--wheel", str(wheel)]) == 0
     out = capsys.readouterr().out
-    assert out.count(" ok ") == len(list_profiles())
+    assert out.count(" ok ") == len(list_recipes())

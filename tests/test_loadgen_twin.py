@@ -1,4 +1,4 @@
-"""loadgen as a process against the twin (backends/sim) and through the gateway."""
+"""loadgen as a process against the twin (twin/) and through the gateway."""
 
 from __future__ import annotations
 

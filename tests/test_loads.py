@@ -11,6 +11,7 @@ from backends.acceptance_window import MIN_VERIFY_PASSES, AcceptanceWindow
 from backends.loads import parse_get_load, parse_loads, parse_metrics, parse_server_info
 from tests.conftest import TEST_TIME_SCALE
 from tests.support import gateway, get_json, wait_until
+from twin import Engine, load_profile
 
 V1_LOADS = {  # shape of sglang 0.5.23 python/sglang/srt/entrypoints/v1_loads.py, two DP ranks
     "timestamp": "2026-11-30T00:00:00+00:00",
@@ -142,20 +143,6 @@ def _rank(moments, accept=None, kv=100_000):
 
 def _moments(passes: float, generated: float) -> list[float]:
     return [passes / 4, passes, passes * 10_000.0, passes * 4, passes * 40_000.0, generated]
-
-
-def test_a_twins_time_scale_converts_only_the_counters_that_are_durations():
-    assert parse_server_info({"sim_time_scale": 0.25}).time_scale == 0.25
-    for bad in (None, 0, -1.0, "0.5", True, float("nan")):  # SGLang sends none: its counters are wall-clock
-        assert parse_server_info({"sim_time_scale": bad}).time_scale == 1.0
-    rank = {**_rank(_moments(100, 400)), "total_prefill_busy_us": 2e6, "total_prefill_uncached_tokens": 1000}
-    report = parse_loads({"loads": [rank]})
-    wall = report.on_wall_clock(0.25)
-    # steps, batch sum, step us x F, batch^2, batch x us x F, generated
-    assert wall.decode_moments == (25.0, 100.0, 250_000.0, 400.0, 1_000_000.0, 400.0)
-    assert wall.prefill_counters == (500_000.0, 1000.0)
-    assert (wall.running, wall.max_total_tokens) == (report.running, report.max_total_tokens)
-    assert report.on_wall_clock(1.0) is report
 
 
 def test_decode_moments_are_summed_over_ranks_and_kv_budgets_too():
@@ -337,11 +324,12 @@ def test_a_restart_between_two_reports_is_told_by_counters_that_went_back():
 
 
 def test_a_time_scaled_twins_counters_are_read_on_the_wall_clock(tmp_path, twin_factory):
-    """A twin at `--time-scale F` answers F times as fast as the hardware it simulates and reports
-    its counters in the hardware's seconds. The gateway times requests on the wall clock, so it
-    converts the counters (`sim_time_scale` in /server_info): the step time it learns from them is
-    the one the twin's answers take. Unconverted (1/F = 50x too slow here), a backend known by its
-    counters looked slower than one known by its answers, and the routing followed."""
+    """A twin at `--time-scale F` answers F times as fast as the hardware it simulates. The gateway
+    times requests on the wall clock, so the twin reports its `/v1/loads` duration counters on the
+    wall clock too (twin/info_api.py), as a real server does, and the gateway takes them as they
+    come: the step time it learns from them is the one the twin's answers take. In simulated
+    seconds (1/F = 50x too slow here), a backend known by its counters looked slower than one known
+    by its answers, and the routing followed."""
     twin = twin_factory("k26-dflash")
     backends = [{"name": "d", "url": twin, "model": "kimi-k2.6", "strategy": "dflash"}]
     scale = float(TEST_TIME_SCALE)
@@ -357,7 +345,9 @@ def test_a_time_scaled_twins_counters_are_read_on_the_wall_clock(tmp_path, twin_
         end = get_json(f"{twin}/v1/loads")["loads"][0]["decode_moments"]
         learned_s = estimate()["step_ms"]["1"] / 1000
         reported = get_json(f"{url}/admin/backends")["backends"][0]["reported_load"]["decode_moments"]
-    twin_step_s = (end[2] - start[2]) / (end[0] - start[0]) / 1e6  # simulated seconds per pass, batch 1
+    twin_step_s = (end[2] - start[2]) / (end[0] - start[0]) / 1e6  # the twin's counters: seconds per pass, batch 1
+    hardware_s = Engine(load_profile("k26-dflash")).step_time(1)  # what the simulated hardware takes per pass
+    assert twin_step_s == pytest.approx(hardware_s * scale, rel=0.5)  # on the wall clock: not hardware_s
     assert reported is not None
-    assert reported[2] / reported[0] == pytest.approx(twin_step_s * scale * 1e6, rel=0.5)
-    assert learned_s == pytest.approx(twin_step_s * scale, rel=0.5)  # not twin_step_s: 50x apart
+    assert reported[2] / reported[0] == pytest.approx(twin_step_s * 1e6, rel=0.5)
+    assert learned_s == pytest.approx(hardware_s * scale, rel=0.5)  # not hardware_s: 50x apart

@@ -7,10 +7,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gateway.cli_plan import main, print_plan
-from policies.eval.plan import BURST_CYCLES, FreshSeeds, compositions, plan, sample_length
-from policies.eval.sim import simulate
-from policies.eval.traffic import TrafficError, load_traffic
+from evaluate.cli_plan import main, print_plan
+from evaluate.plan import BURST_CYCLES, FreshSeeds, compositions, plan, sample_length
+from evaluate.sim import simulate
+from evaluate.traffic import TrafficError, load_traffic
 from policies.simple import LeastInflight
 
 TINY = [
@@ -189,8 +189,8 @@ def test_bad_input_is_refused_naming_the_culprit(args, culprit, capsys):
 
 
 def test_an_output_that_cannot_be_a_directory_is_refused_before_the_run(tmp_path, capsys):
+    from evaluate.cli import main as eval_main
     from loadgen.cli import main as loadgen_main
-    from policies.eval.cli import main as eval_main
 
     taken = tmp_path / "a-file"
     taken.write_text("")

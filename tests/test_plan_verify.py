@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 
-from gateway.cli_plan import main
+from evaluate.cli_plan import main
 
 TYPES = ("k26-eagle3", "k26-dflash")
 TRAFFIC = [

@@ -1,4 +1,4 @@
-"""The decision micro-benchmark (`python -m policies.bench`) and its instruction count
+"""The decision micro-benchmark (`python -m bench.choose`) and its instruction count
 (`python -m bench.decisions`): rows, refusals, and a real count under callgrind."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from bench import choose as bench
 from bench import decisions
-from policies import bench
 
 
 def test_one_row_is_timed_and_printed(capsys: pytest.CaptureFixture[str]) -> None:

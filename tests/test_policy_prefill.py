@@ -8,11 +8,11 @@ import random
 import pytest
 
 from backends import Strategy
-from backends.sim.engine import Engine
-from backends.sim.profile import load_profile
 from policies.estimates import BackendEstimate
 from policies.prefill import PrefillModel, causal_pairs
 from policies.priors import DEFAULT_PRIORS
+from twin.engine import Engine
+from twin.profile import load_profile
 
 
 def test_causal_pairs_are_the_query_key_pairs_of_the_new_tokens():

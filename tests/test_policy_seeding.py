@@ -12,8 +12,8 @@ from __future__ import annotations
 import openai
 
 from backends import BackendSpec, Strategy
+from backends.measure import Measurement
 from policies import Domain, Goodput, RequestFeatures
-from policies.measure import Measurement
 from tests.conftest import TEST_TIME_SCALE
 from tests.support import gateway, get_json, wait_until
 

@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from tests.conftest import TEST_TIME_SCALE
-from tests.support import free_port, gateway, get_json, open_stream, specroute, wait_http_ok, wait_until
+from tests.support import free_port, gateway, get_json, open_stream, specroute, wait_until
+from tools.processes import spawn, wait_ready
 
 MSG = [{"role": "user", "content": "Tell me about the history of Rome."}]
 
@@ -35,10 +36,8 @@ class Twin:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Twin:
-        self.proc = subprocess.Popen(
-            self.cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        wait_http_ok(f"{self.url}/ready", 30, self.proc)
+        self.proc = spawn(self.cmd)
+        wait_ready(f"{self.url}/ready", proc=self.proc, timeout_s=30)
         return self
 
     def kill(self) -> None:

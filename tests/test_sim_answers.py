@@ -1,5 +1,5 @@
 """The twin ends an answer where the model would (EOS), unless the client asks it to ignore EOS:
-every route, over real HTTP (backends.sim.answers)."""
+every route, over real HTTP (twin.answers)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from backends.sim.answers import answer_tokens
-from backends.sim.chat_output import EOS_TOKEN_ID
-from backends.sim.domain import classify, prompt_key
-from backends.sim.profile import load_profile
-from backends.sim.protocol import CHAT_DEFAULT_MAX_TOKENS
-from backends.sim.text import render_chat
-from backends.sim.thinking import reasoning_tokens
 from tests.test_sim_server import _start, post, sse
+from twin.answers import answer_tokens
+from twin.chat_output import EOS_TOKEN_ID
+from twin.domain import classify, prompt_key
+from twin.profile import load_profile
+from twin.protocol import CHAT_DEFAULT_MAX_TOKENS
+from twin.text import render_chat
+from twin.thinking import reasoning_tokens
 
 PROFILE = load_profile("k26-dflash")
 LYON = "Tell me about the history of Lyon."

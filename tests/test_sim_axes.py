@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.engine import DECODE_LOG_INTERVAL, MAX_PREFILL_TOKENS, Engine
-from backends.sim.prefix_cache import PREFIX_BLOCK_TOKENS, PrefixCache, chain_from_text, chain_from_tokens
-from backends.sim.profile import load_profile
-from backends.sim.thinking import reasoning_tokens
-from backends.sim.virtual import run_closed_loop
+from twin.engine import DECODE_LOG_INTERVAL, MAX_PREFILL_TOKENS, Engine
+from twin.prefix_cache import PREFIX_BLOCK_TOKENS, PrefixCache, chain_from_text, chain_from_tokens
+from twin.profile import load_profile
+from twin.thinking import reasoning_tokens
+from twin.virtual import run_closed_loop
 
 
 def _drain(engine: Engine) -> float:

@@ -17,10 +17,10 @@ from importlib import util
 
 import pytest
 
-from backends.sim.domain import DOMAINS, classify
-from backends.sim.profile import load_profile
-from backends.sim.text import render_chat
-from backends.sim.virtual import DEFAULT_PROMPTS, run_closed_loop
+from twin.domain import DOMAINS, classify
+from twin.profile import load_profile
+from twin.text import render_chat
+from twin.virtual import DEFAULT_PROMPTS, run_closed_loop
 
 WORD_PROBLEMS = [
     # ages

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.domain import classify
-from backends.sim.engine import REMEMBERED_PROMPTS, Engine, QueueFull
-from backends.sim.profile import ProfileError, list_profiles, load_profile, numeric_parameters, profile_names
-from backends.sim.virtual import run_closed_loop
 from tests.support import SIM_PROFILES
+from twin.domain import classify
+from twin.engine import REMEMBERED_PROMPTS, Engine, QueueFull
+from twin.profile import ProfileError, list_profiles, load_profile, numeric_parameters, profile_names
+from twin.virtual import run_closed_loop
 
 
 def _drain(engine: Engine) -> int:

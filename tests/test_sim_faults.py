@@ -11,9 +11,9 @@ import urllib.request
 
 import pytest
 
-from backends.sim.faults import CRASH_EXIT_CODE
 from tests.support import free_port, running, specroute
 from tests.test_sim_server import CHAT, get, post
+from twin.faults import CRASH_EXIT_CODE
 
 
 def _cmd(port: int, profile: str, *extra: str) -> list[str]:

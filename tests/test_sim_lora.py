@@ -21,12 +21,12 @@ from typing import Any
 import openai
 import pytest
 
-from backends.sim.engine import Engine
-from backends.sim.lora import parse_lora_paths, parse_model_parameter, resolve_lora_path
-from backends.sim.options import LoraAdapter
-from backends.sim.profile import load_profile
 from tests.support import specroute
 from tests.test_sim_server import _start, get, post, sse, twin
+from twin.engine import Engine
+from twin.lora import parse_lora_paths, parse_model_parameter, resolve_lora_path
+from twin.options import LoraAdapter
+from twin.profile import load_profile
 
 SERVED = "kimi-k2.6"
 PINNED = '{"lora_name": "pinned", "lora_path": "/adapters/pinned", "pinned": true}'

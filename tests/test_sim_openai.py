@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from backends.sim.chat_output import THINK_END
-from backends.sim.domain import classify, prompt_key
-from backends.sim.profile import load_profile
-from backends.sim.text import render_chat
-from backends.sim.thinking import reasoning_tokens
 from tests.test_sim_server import _start, get, post, sse, twin
+from twin.chat_output import THINK_END
+from twin.domain import classify, prompt_key
+from twin.profile import load_profile
+from twin.text import render_chat
+from twin.thinking import reasoning_tokens
 
 PARSERS = ("--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2")
 LYON = "Tell me about the history of Lyon."

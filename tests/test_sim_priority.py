@@ -27,7 +27,9 @@ from typing import Any
 
 import pytest
 
-from backends.sim.engine import (
+from tests.support import free_port, output, running, specroute, wait_until
+from tests.test_sim_server import SCALE, twin
+from twin.engine import (
     PREEMPTED_MESSAGE,
     PRIORITY_DISABLED_MESSAGE,
     QUEUE_FULL_MESSAGE,
@@ -36,10 +38,8 @@ from backends.sim.engine import (
     RequestAborted,
     SimRequest,
 )
-from backends.sim.options import PriorityOptions
-from backends.sim.profile import load_profile
-from tests.support import free_port, output, running, specroute, wait_until
-from tests.test_sim_server import SCALE, twin
+from twin.options import PriorityOptions
+from twin.profile import load_profile
 
 MODEL = "kimi-k2.6"
 MSG = [{"role": "user", "content": "Write a long history of the Roman republic."}]

@@ -20,14 +20,14 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from backends.sim.domain import classify, prompt_key
-from backends.sim.profile import load_profile
-from backends.sim.responses_output import ResponseEvents
-from backends.sim.state import ResponseStore
-from backends.sim.text import render_chat
-from backends.sim.thinking import reasoning_tokens
 from tests.support import wait_until
 from tests.test_sim_server import _start, get, post, twin
+from twin.domain import classify, prompt_key
+from twin.profile import load_profile
+from twin.responses_output import ResponseEvents
+from twin.state import ResponseStore
+from twin.text import render_chat
+from twin.thinking import reasoning_tokens
 
 SERVED = "kimi-k2.6"
 NO_THINK = {"effort": "none"}

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.support import SIM_PROFILES, free_port, running, specroute
+from twin.info_api import wall_clock_counters
 
 SCALE = "0.02"
 
@@ -202,6 +203,22 @@ def test_loads_core_and_spec_sections(spec_url, ar_url):
     assert status == 400 and err["code"] == 400 and "Invalid include sections" in err["message"]
     _, ar = get(f"{ar_url}/v1/loads")
     assert "speculative" not in ar["loads"][0]  # absent on AR servers
+
+
+def test_a_time_scaled_twin_reports_its_duration_counters_on_the_wall_clock():
+    """At `--time-scale F` the twin takes F x the simulated time, and /v1/loads says so: the counters
+    that are durations (prefill busy time; the decode moments' step time and batch x step time) are
+    multiplied by F, the counts are not. A real server's counters are wall-clock too."""
+    moments = (100 / 4, 100.0, 100 * 10_000.0, 100 * 4.0, 100 * 40_000.0, 400.0)
+    wall = wall_clock_counters(moments, 2_000_000, 0.25)
+    # steps, batch sum, step us x F, batch^2, batch x us x F, generated
+    assert wall["decode_moments"] == [25.0, 100.0, 250_000.0, 400.0, 1_000_000.0, 400.0]
+    assert wall["total_prefill_busy_us"] == 500_000
+    assert wall_clock_counters(moments, 2_000_000, 1.0) == {
+        "total_prefill_busy_us": 2_000_000,
+        "decode_moments": list(moments),
+    }
+    assert wall_clock_counters(None, 0, 0.25) == {"total_prefill_busy_us": 0, "decode_moments": None}
 
 
 def test_health_ready(spec_url):

@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.procs import ProcessGroup, free_port, specroute_cmd, start_twins
 from bench.routers import peers
 from common.percentile import percentile
+from tools.processes import ProcessGroup, free_port, specroute_cmd, wait_measured
+from tools.topology import start_twins
 
 __all__ = ["main"]
 
@@ -169,12 +170,16 @@ def _router(c: Contestant, workers: dict[str, str], group: ProcessGroup, tmp: Pa
         proc = group.start("router", specroute_cmd("serve", "--config", str(config)), log_file=tmp / "specroute.log")
         ready = f"http://127.0.0.1:{port}/health"
     elif c.kind == "sglang":
-        proc = _start_env(group, peers.sglang_cmd(port, urls, c.option), tmp / "sglang.log")
+        proc = group.start(
+            "router", peers.sglang_cmd(port, urls, c.option), log_file=tmp / "sglang.log", env=peers.offline_env()
+        )
         ready = f"http://127.0.0.1:{port}/health"
     else:
         config = tmp / f"litellm-{port}.yaml"
         config.write_text(peers.litellm_config(MODEL, urls, c.option))
-        proc = _start_env(group, peers.litellm_cmd(port, config), tmp / "litellm.log")
+        proc = group.start(
+            "router", peers.litellm_cmd(port, config), log_file=tmp / "litellm.log", env=peers.offline_env()
+        )
         ready = f"http://127.0.0.1:{port}/health/liveliness"
     try:
         group.wait_ready({"router": ready}, timeout_s=180)
@@ -183,43 +188,10 @@ def _router(c: Contestant, workers: dict[str, str], group: ProcessGroup, tmp: Pa
             # loadgen's /v1/models first, is a 503 "No models available"
             group.wait_ready({"router": f"http://127.0.0.1:{port}/v1/models"}, timeout_s=60)
         if c.kind == "specroute":
-            _wait_measured(f"http://127.0.0.1:{port}", c.backends)
+            wait_measured(f"http://127.0.0.1:{port}")
         yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         group.stop("router")
-
-
-def _start_env(group: ProcessGroup, cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "ab")  # noqa: SIM115  (the child keeps it; closed below once started)
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=peers.offline_env(),
-            start_new_session=True,
-        )
-    finally:
-        out.close()
-    group.procs["router"] = proc
-    return proc
-
-
-def _wait_measured(url: str, backends: tuple[str, ...], timeout_s: float = 60.0) -> None:
-    """specroute measures its backends at startup; start the load once it has (as after a deploy)."""
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/admin/backends", timeout=5) as r:
-                state = json.loads(r.read())["policies"][MODEL]["backends"]
-            if all(state.get(b, {}).get("observed", 0) >= 1 for b in backends):
-                return
-        except (OSError, KeyError, ValueError):
-            pass
-        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------- figures
@@ -291,7 +263,9 @@ def run(args: argparse.Namespace) -> list[Result]:
     for c in chosen:
         tmp = Path(tempfile.mkdtemp(prefix=f"bench-{c.name.replace('/', '_').replace(':', '_')}-", dir=out))
         with ProcessGroup(log_dir=tmp) as group:
-            ports = start_twins(group, list(c.backends), time_scale=args.time_scale, extra=("--enable-cache-report",))
+            ports = start_twins(
+                group, dict.fromkeys(c.backends, ("--enable-cache-report",)), time_scale=args.time_scale
+            )
             workers = {p: f"http://127.0.0.1:{port}" for p, port in ports.items()}
             with _router(c, workers, group, tmp) as (url, pid):
                 key = peers.MASTER_KEY if c.kind == "litellm" else None

@@ -31,71 +31,19 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tools.processes import ProcessGroup, free_port
+
 BIN = Path(sys.executable).parent
 TWINS = (("k26-ar", "ar"), ("k26-eagle3", "eagle3"), ("k26-dflash", "dflash"))
 MODEL = "kimi-k2.6"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log = Path(getattr(proc, "log_path", ""))
-            tail = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready within {timeout}s")
-
-
-class Procs:
-    """Processes started here, each stopped (SIGTERM, then SIGKILL) on exit, in reverse order."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process in stop_all)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        proc.log_path = log.name  # type: ignore[attr-defined]  # for wait_ok's error message
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        self.procs.clear()
 
 
 @contextlib.contextmanager
@@ -104,12 +52,11 @@ def setup(
 ) -> Iterator[tuple[str, dict[str, str], list[str]]]:
     """Twins, `replicas` gateways and HAProxy; yields (HAProxy URL, {backend name: twin URL}, gateway URLs)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    procs = Procs(workdir)
-    try:
+    with ProcessGroup(log_dir=workdir) as procs:
         twins: dict[str, str] = {}
         for i, (name, _) in enumerate(TWINS):
             port = free_port()
-            proc = procs.start(
+            procs.start(
                 name,
                 [
                     str(BIN / "specroute"),
@@ -127,7 +74,7 @@ def setup(
                 ],
             )
             twins[name] = f"http://127.0.0.1:{port}"
-            wait_ok(f"{twins[name]}/ready", proc)
+            procs.wait_ready({name: f"{twins[name]}/ready"})
         gateways = []
         for r in range(replicas):
             port = free_port()
@@ -142,8 +89,8 @@ def setup(
                 )
             path = workdir / f"gateway-{r}.toml"
             path.write_text(text)
-            proc = procs.start(f"gateway-{r}", [str(BIN / "specroute"), "serve", "--config", str(path)])
-            wait_ok(f"http://127.0.0.1:{port}/ready", proc)
+            procs.start(f"gateway-{r}", [str(BIN / "specroute"), "serve", "--config", str(path)])
+            procs.wait_ready({f"gateway-{r}": f"http://127.0.0.1:{port}/ready"})
             gateways.append(port)
         lb_port = free_port()
         servers = "\n".join(f"    server gw{i} 127.0.0.1:{p} check inter 1s" for i, p in enumerate(gateways))
@@ -162,11 +109,9 @@ backend gateways
     option httpchk GET /ready
 {servers}
 """)
-        lb = procs.start("haproxy", [haproxy_binary(), "-f", str(workdir / "haproxy.cfg"), "-db"])
-        wait_ok(f"http://127.0.0.1:{lb_port}/ready", lb)
+        procs.start("haproxy", [haproxy_binary(), "-f", str(workdir / "haproxy.cfg"), "-db"])
+        procs.wait_ready({"haproxy": f"http://127.0.0.1:{lb_port}/ready"})
         yield f"http://127.0.0.1:{lb_port}", twins, [f"http://127.0.0.1:{p}" for p in gateways]
-    finally:
-        procs.stop_all()
 
 
 def haproxy_binary() -> str:
