@@ -23,7 +23,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.gateway_bench import _free_port, _process
+from bench.gateway_bench import _process
+from tools.processes import free_port
 
 TARGET_MIB = 1024
 
@@ -68,7 +69,7 @@ async def _send(port: int, path: str, body: bytes, n: int) -> list[int]:
 
 def measure(shape: str, bodies: int, mb: int, tmp: Path) -> tuple[float, float, list[int]]:
     """(idle RSS, peak growth, statuses) in MiB."""
-    bport, gport = _free_port(), _free_port()
+    bport, gport = free_port(), free_port()
     config = tmp / f"gateway-{shape}.toml"
     config.write_text(
         f'[gateway]\nlisten = "127.0.0.1:{gport}"\npolicy = "round_robin"\n'
