@@ -144,10 +144,10 @@ class SGLangClient:
 
 async def read_capped(response: aiohttp.ClientResponse, max_bytes: int | None) -> bytes:
     """The whole body of `response`, or AnswerTooLarge once it passes `max_bytes` (None: no cap)."""
-    if max_bytes is None:
-        return await response.read()
     announced = response.content_length
-    if announced is not None and announced > max_bytes:
+    if max_bytes is None or (announced is not None and announced <= max_bytes):
+        return await response.read()  # within the cap as announced (aiohttp reads no more than that)
+    if announced is not None:
         raise AnswerTooLarge(max_bytes)
     parts: list[bytes] = []
     size = 0

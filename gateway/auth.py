@@ -152,12 +152,9 @@ class AuthGate:
         burst = auth.rate_limit_burst or max(1, int(auth.rate_limit_rps))
         self.buckets = [TokenBucket(auth.rate_limit_rps, burst) for _ in keys] if auth.rate_limit_rps > 0 else None
 
-    def _follow(self) -> None:
+    def _follow(self, config: Config) -> None:
         """A reload (or an admin change) made a new config: keys and limits are reset only if they
         changed, so that a rate-limited key does not get a fresh bucket with each one."""
-        config = self._current() if self._current is not None else None
-        if config is None or config.auth is self._section:
-            return
         if config.auth != self._section or config.gateway.listen != self._listen:
             self._configure(config)
         else:
@@ -166,7 +163,8 @@ class AuthGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        self._follow()
+        if self._current is not None and (config := self._current()).auth is not self._section:
+            self._follow(config)
         token = content_type = None
         for name, value in scope["headers"]:
             if name == b"authorization":

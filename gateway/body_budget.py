@@ -73,7 +73,17 @@ class Reservation:
         self._budget: BodyBudget | None = budget
         self.size = 0
 
+    def take(self, size: int) -> bool:
+        """`size` bytes now if the budget has them and nobody waits for room before this."""
+        budget = self._budget
+        if budget is None or budget._waiting or budget.used + size > budget.total:
+            return False
+        budget.used += size
+        self.size += size
+        return True
+
     async def reserve(self, size: int) -> None:
+        """`size` bytes, waiting for them behind those who wait (`take` first: it costs no task switch)."""
         if self._budget is not None:
             await self._budget.acquire(size)
             self.size += size
@@ -88,4 +98,6 @@ class Reservation:
     def release(self) -> None:
         budget, self._budget = self._budget, None
         if budget is not None:
-            budget.release(self.size)
+            budget.used -= self.size
+            if budget._waiting:
+                budget._grant()

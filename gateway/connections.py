@@ -32,17 +32,55 @@ log = logging.getLogger("specroute.connections")
 
 class ConnectionLimits:
     """The limits, shared by every connection of a server (a reload may change them), and the
-    count of connections open."""
+    connections open. Their header deadlines are kept by one sweep every `SWEEP_S` over the
+    connections waiting for headers, not by a timer per request (a timer armed and cancelled for
+    every request of a kept-alive connection costs more than the request's own parse)."""
 
-    __slots__ = ("max_connections", "header_timeout_s", "send_timeout_s", "open", "refused", "dropped")
+    __slots__ = (
+        "max_connections",
+        "header_timeout_s",
+        "send_timeout_s",
+        "connections",
+        "refused",
+        "dropped",
+        "_sweep",
+    )
+
+    SWEEP_S = 1.0
 
     def __init__(self, max_connections: int, header_timeout_s: float, send_timeout_s: float) -> None:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.send_timeout_s = send_timeout_s
-        self.open = 0
+        self.connections: set[LimitedProtocol] = set()
         self.refused = 0  # connections turned away at the cap
         self.dropped = 0  # connections closed for their headers' or their reading's time
+        self._sweep: asyncio.TimerHandle | None = None
+
+    @property
+    def open(self) -> int:
+        return len(self.connections)
+
+    def add(self, connection: LimitedProtocol) -> None:
+        self.connections.add(connection)
+        if self._sweep is None:
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(min(self.SWEEP_S, self.header_timeout_s / 2), self._run)
+
+    def _run(self) -> None:
+        now = asyncio.get_running_loop().time()
+        late = [
+            c
+            for c in self.connections
+            if c.headers_since is not None and now - c.headers_since >= self.header_timeout_s
+        ]
+        for connection in late:
+            connection.headers_late()
+        self._sweep = (
+            asyncio.get_running_loop().call_later(min(self.SWEEP_S, self.header_timeout_s / 2), self._run)
+            if self.connections
+            else None
+        )
 
 
 def _raw_error(status: int, reason: bytes, error: ApiError) -> bytes:
@@ -66,8 +104,8 @@ class LimitedProtocol(HeadHoldingProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.counted = False
-        self.header_timer: asyncio.TimerHandle | None = None
+        # When the headers now awaited began to be awaited (loop time); None while none are.
+        self.headers_since: float | None = None
         self.send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -81,15 +119,12 @@ class LimitedProtocol(HeadHoldingProtocol):
             self.transport.write(_raw_error(503, b"Service Unavailable", error))
             self.transport.close()
             return
-        limits.open += 1
-        self.counted = True
-        self._arm_header_timer()
+        self.headers_since = self.loop.time()
+        limits.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.counted:
-            self.counted = False
-            self.gateway_limits.open -= 1
-        self._cancel_header_timer()
+        self.gateway_limits.connections.discard(self)
+        self.headers_since = None
         if self.send_timer is not None:
             self.send_timer.cancel()
             self.send_timer = None
@@ -99,25 +134,16 @@ class LimitedProtocol(HeadHoldingProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self.header_timer is None:
-            self._arm_header_timer()
+        if self.headers_since is None:
+            self.headers_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
-        self._cancel_header_timer()
+        self.headers_since = None
         super().on_headers_complete()
 
-    def _arm_header_timer(self) -> None:
-        self.header_timer = asyncio.get_running_loop().call_later(
-            self.gateway_limits.header_timeout_s, self._headers_late
-        )
-
-    def _cancel_header_timer(self) -> None:
-        if self.header_timer is not None:
-            self.header_timer.cancel()
-            self.header_timer = None
-
-    def _headers_late(self) -> None:
-        self.header_timer = None
+    def headers_late(self) -> None:
+        """The sweep found this connection's headers late: 408, and closed."""
+        self.headers_since = None
         if self.transport.is_closing():
             return
         self.gateway_limits.dropped += 1

@@ -163,7 +163,8 @@ class FastRoutes:
         try:
             if length:
                 waiting = True  # the bytes stay in the client's socket until the budget has room
-                await reservation.reserve(length)
+                if not reservation.take(length):
+                    await reservation.reserve(length)
                 waiting = False
             while True:
                 event = await receive()

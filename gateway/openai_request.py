@@ -308,6 +308,8 @@ def _texts(contents: Any) -> list[str]:
 
 def _offers_tools(tools: msgspec.Raw) -> bool:
     """A non-empty `tools` array (absent or null: none); anything else is refused by name."""
+    if tools is _NULL:  # absent
+        return False
     try:
         return bool(_length_decoder.decode(tools))
     except msgspec.ValidationError:

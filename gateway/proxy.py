@@ -257,7 +257,7 @@ class Proxy:
         try:
             parsed = parse(raw, kind)
             model = parsed.model[:256]  # for the record only: a client may send any string
-            check_extras(parsed.body, self.allowed_extras)
+            check_extras(parsed.body.client_fields(), self.allowed_extras)
             if parsed.priority is not None:
                 self._clamp_priority(parsed, client)
             holder = await self._holder_of_previous(parsed, headers) if kind == "responses" else None

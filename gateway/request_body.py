@@ -10,7 +10,7 @@ model name, `stream_options`...) are set over them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, KeysView
 from typing import Any
 
 import msgspec
@@ -34,6 +34,10 @@ class RequestBody:
     def __iter__(self) -> Iterator[str]:
         yield from self._fields
         yield from (k for k in self._set if k not in self._fields)
+
+    def client_fields(self) -> KeysView[str]:
+        """The names of the fields the client sent."""
+        return self._fields.keys()
 
     def raw(self, name: str) -> msgspec.Raw | None:
         """The field's JSON as the client sent it (None: absent)."""
