@@ -422,3 +422,16 @@ def test_an_oversized_answer_and_an_oversized_name_are_cut(tmp_path, fakes):
         assert status == 502 and "max_response_bytes" in data["error"]["message"]
         status, data = call(url, "POST", "/v1/chat/completions", {**CHAT, "model": "m" * 100_000})
     assert status == 404 and len(data["error"]["message"]) < 400
+
+
+def test_a_request_that_timed_out_on_its_backend_is_not_run_again(tmp_path, twin_factory):
+    """It ran there until the deadline: another backend would cost as long again, for the same work."""
+    slow = [twin_factory("k26-ar", "--fault-latency-ms", "3000") for _ in range(2)]
+    backends = [{"name": f"s{i}", "url": u, "model": "kimi-k2.6", "strategy": "ar"} for i, u in enumerate(slow)]
+    with gateway(tmp_path, backends, "[timeouts]\nrequest_s = 0.5\nfirst_byte_s = 0.5\n") as url:
+        for stream in (False, True):
+            status, data = call(url, "POST", "/v1/chat/completions", {**CHAT, "stream": stream})
+            message = data["error"]["message"]
+            assert status == 504 and ("timed out" in message or "no token" in message), data
+        state = get_json(f"{url}/admin/backends")
+    assert state["retries"] == 0
