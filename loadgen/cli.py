@@ -26,6 +26,7 @@ from rich.console import Console
 
 from common.output_dir import output_dir
 from common.priority import priority_in_range
+from common.version import package_version
 from loadgen.client import ENDPOINTS, RequestOptions
 from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
 from loadgen.driver import LevelSpec
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "servers). Subcommands: 'loadgen compare A B', 'loadgen study NAME' "
         "(see 'loadgen study --help').",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument(
         "--target",
         default="gateway",
