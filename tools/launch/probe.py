@@ -41,6 +41,7 @@ _STRATEGIES = {
     "NEXTN": "eagle3",
     "DFLASH": "dflash",
     "DDTREE": "ddtree",
+    "NGRAM": "ngram",
 }
 
 
