@@ -357,33 +357,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_trace_args(args: argparse.Namespace) -> None:
-    """A trace sets arrivals, lengths and sampling itself: the options that would set them are refused."""
+def _check_generated_args(args: argparse.Namespace, trace: bool) -> None:
+    """A trace sets arrivals, lengths and sampling itself, the agentic shape lengths and sampling:
+    the options that would set them are refused."""
     given = {
-        "--request-rate": args.request_rate is not None,
+        "--request-rate": trace and args.request_rate is not None,
         "--max-tokens": args.max_tokens is not None,
         "--thinking": args.thinking != "default",
         "--temperature": args.temperature is not None,
         "--top-p": args.top_p is not None,
         "--warmup": args.warmup > 0,
         "--think-time": args.think_time > 0,
-        "--endpoint responses": args.endpoint == "responses",
+        f"--endpoint {args.endpoint}": args.endpoint != "chat",  # thinking is a chat template's switch
+        "--chain-responses": args.chain_responses,
     }
     clash = [k for k, v in given.items() if v]
     if clash:
-        raise UsageError(
-            f"{clash[0]} with a trace: the trace sets arrivals and lengths, K2.6's settings the sampling "
-            "(--thinking-share, --thinking-scale)"
-        )
+        what = "a trace: the trace sets arrivals and lengths" if trace else "--dataset agentic: the shape sets lengths"
+        raise UsageError(f"{clash[0]} with {what}, K2.6's settings the sampling (--thinking-share, --thinking-scale)")
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Validate combinations argparse cannot see and build the plan."""
     is_trace = args.dataset.startswith("trace:")
-    if is_trace:
-        _check_trace_args(args)
-    elif trace_flags_given(args):
-        raise UsageError(f"{trace_flags_given(args)[0]} needs --dataset trace:PATH")
+    is_agentic = args.dataset == "agentic"
+    trace_only = [f for f in trace_flags_given(args) if not (is_agentic and f == "--thinking-scale")]
+    if is_trace or is_agentic:
+        _check_generated_args(args, is_trace)
+    if trace_only and not is_trace:
+        raise UsageError(f"{trace_only[0]} needs --dataset trace:PATH")
     if args.thinking_share is not None and (
         args.thinking != "default" or args.temperature is not None or args.top_p is not None
     ):
@@ -410,7 +412,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     )
     try:
         check_share(args.thinking_share)
-        trace = trace_options(args) if is_trace else None
+        trace = trace_options(args) if is_trace or is_agentic else None
     except TraceError as e:
         raise UsageError(str(e)) from None
     dataset = load_dataset(

@@ -86,6 +86,8 @@ def settings(prompt: Prompt, opts: RequestOptions, index: int) -> Settings:
     if prompt.thinking is not None:
         thinking = prompt.thinking
     ignore_eos = opts.ignore_eos if opts.ignore_eos is not None else not prompt.tools
+    if prompt.ignore_eos is not None:  # a generated dataset that plans its lengths
+        ignore_eos = prompt.ignore_eos
     priority = opts.priorities[index % len(opts.priorities)] if opts.priorities else None
     if prompt.priority is not None:
         priority = prompt.priority

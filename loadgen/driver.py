@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import aiohttp
 import msgspec
 
+from loadgen.agentic import AGENTIC_DOMAIN
+from loadgen.agentic_replay import AgenticReplay
 from loadgen.client import RequestOptions, Target, build_body, send, settings
 from loadgen.conversations import assistant_message, session_messages
 from loadgen.datasets import Dataset, Message, Prompt, Session
@@ -91,10 +93,19 @@ async def sleep_until(due: float) -> None:
             wait = max(wait, 1e-3)
 
 
-Work = Prompt | Session  # what one closed-loop worker or one open-loop arrival takes
+class LoopRef(msgspec.Struct, frozen=True):
+    """An agent loop of the agentic dataset, drawn when a worker (an arrival) starts it."""
+
+    index: int
+
+
+Work = Prompt | Session | LoopRef  # what one closed-loop worker or one open-loop arrival takes
 
 
 def _work(dataset: Dataset, spec: LevelSpec) -> Iterator[tuple[int, Work]]:
+    if dataset.agentic is not None:
+        loops = itertools.count() if spec.duration is not None else range(spec.num_prompts)
+        return ((i, LoopRef(i)) for i in loops)
     items: Sequence[Work] = dataset.sessions if dataset.is_sessions else dataset.prompts
     if spec.duration is not None:
         return enumerate(itertools.cycle(items))
@@ -125,6 +136,7 @@ class _Level:
         self.records: list[RequestRecord] = []
         self.gaps: list[Gap] = []
         self._turn_index = itertools.count()
+        self.agentic: AgenticReplay | None = None
 
     def expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() >= self.deadline
@@ -161,6 +173,9 @@ class _Level:
         its request body, built ahead."""
         if isinstance(work, Session):
             await self._session(i, work, waited_s)
+            return
+        if isinstance(work, LoopRef):
+            await self._agent(work.index, waited_s)
             return
         rec = self.record(i, work.domain, waited_s)
         if due is not None:
@@ -219,6 +234,33 @@ class _Level:
                 answer = assistant_message(sent.answer.content, sent.answer.tool_calls)
                 history += [Message("user", s.turns[turn]), answer]
 
+    async def _agent(self, i: int, waited_s: float | None) -> None:
+        """Agent loop i: its calls in order, each with the context so far and the answers the server
+        gave (`loadgen.agentic_replay`); a failed call ends the loop, and after the level's deadline
+        no new call starts."""
+        replay = self.agentic
+        assert replay is not None
+        loop = replay.loop(i)
+        messages = replay.opening(loop)
+        for k, call in enumerate(loop.calls):
+            if k:
+                await asyncio.sleep(call.delay_s * self.spec.time_scale)
+                if self.expired():
+                    return
+            prompt = replay.prompt(i, loop, k, messages)
+            rec = self.record(next(self._turn_index), AGENTIC_DOMAIN, waited_s if k == 0 else None)
+            rec.session, rec.turn = i, k
+            sent = await send(self.http, self.target, prompt, self.opts, rec, index=i, keep_answer=True)
+            self.done(rec, sent.gaps)
+            if not rec.ok or sent.answer is None:
+                return
+            if k + 1 < len(loop.calls):
+                calls = sent.answer.tool_calls
+                ids = [str(c.get("id")) for c in calls if c.get("id")]
+                answer = assistant_message(sent.answer.content, calls)
+                extra = tuple(Message("tool", "done", tool_call_id=x) for x in ids[1:])  # parallel calls
+                messages = (*messages, answer, replay.follow_up(loop, k + 1, ids[0] if ids else None), *extra)
+
 
 async def run_level(
     session: aiohttp.ClientSession,
@@ -240,6 +282,7 @@ async def run_level(
         await _closed(_Level(session, target, opts, spec), iter(enumerate(warm)), width)
     deadline = time.perf_counter() + spec.duration if spec.duration is not None else None
     lv = _Level(session, target, opts, spec, deadline=deadline, on_record=on_record, seed=seed)
+    lv.agentic = dataset.agentic
     mode, rate = spec.mode, spec.request_rate
     if dataset.trace is not None:
         await _replay(lv, dataset.trace)
