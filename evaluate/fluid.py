@@ -38,7 +38,7 @@ from evaluate.clairvoyant import expected_accept
 from evaluate.fleet import Member
 from evaluate.scenarios import Phase, Scenario
 from evaluate.sources import TraceSource
-from evaluate.workload import Mix, draw_session, single_request
+from evaluate.workload import Mix, Turn, draw_session, single_request
 from loadgen.trace_file import BLOCK_TOKENS
 from twin.domain import prompt_key
 from twin.engine import Engine
@@ -97,17 +97,7 @@ def _samples(
                 if a != b:
                     break
                 shared += 1
-            out.append(
-                _Sample(
-                    t.domain,
-                    prompt_key(t.tag),
-                    t.temperature,
-                    t.prompt_tokens,
-                    min(shared * PREFIX_BLOCK_TOKENS, t.prompt_tokens - 1),
-                    t.max_tokens,
-                    t.top_p,
-                )
-            )
+            out.append(_sample(t, shared * PREFIX_BLOCK_TOKENS))
             prev = t.output_chain
     return tuple(out)
 
@@ -121,18 +111,14 @@ def _trace_samples(source: TraceSource, kv_tokens: int) -> tuple[_Sample, ...]:
     out = []
     for i in picks:
         (t,) = source.session(f"fluid:trace:{i}", i, 0).turns
-        out.append(
-            _Sample(
-                t.domain,
-                prompt_key(t.tag),
-                t.temperature,
-                t.prompt_tokens,
-                min(hits[i], t.prompt_tokens - 1),
-                t.max_tokens,
-                t.top_p,
-            )
-        )
+        out.append(_sample(t, hits[i]))
     return tuple(out)
+
+
+def _sample(t: Turn, cached: int) -> _Sample:
+    """A turn as the fluid model sees it, `cached` tokens of its prompt already on the server."""
+    cached = min(cached, t.prompt_tokens - 1)
+    return _Sample(t.domain, prompt_key(t.tag), t.temperature, t.prompt_tokens, cached, t.max_tokens, t.top_p)
 
 
 @functools.lru_cache(maxsize=16)

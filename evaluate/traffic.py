@@ -78,6 +78,8 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
 
         r = self.rates[i]
         ph = self.scenario.phases[i]
+        if r is None and isinstance(ph.source, TraceSource):
+            return ph.source.rate  # a trace arrives at its own rate, whatever the fleet
         return r if r is not None else ph.load * reference_rate(self.scenario, ph, n_servers)
 
 

@@ -8,6 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from evaluate.cli import main as eval_main
@@ -21,24 +22,14 @@ from loadgen.k26 import k26_mode
 from loadgen.trace_dataset import TraceOptions
 from loadgen.trace_file import BLOCK_TOKENS, TraceRow, TraceSelection
 from policies.simple import LeastInflight, Pinned
-
-SLICE = Path(__file__).resolve().parents[1] / "loadgen" / "data" / "traces" / "mooncake_conversation_head400.jsonl"
+from tests.support import TRACE_SLICE, mooncake_trace
 
 
 def _trace(tmp_path: Path, rows: list[tuple[int, int, int, list[int]]]) -> Path:
-    path = tmp_path / "trace.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"timestamp": ts, "input_length": n, "output_length": o, "hash_ids": ids}) + "\n"
-            for ts, n, o, ids in rows
-        )
-    )
-    return path
+    return mooncake_trace(tmp_path / "trace.jsonl", rows)
 
 
 def _alone(traffic_scenario: Scenario, profile: str) -> Scenario:
-    import msgspec
-
     return msgspec.structs.replace(traffic_scenario, pool=(profile,))
 
 
@@ -55,11 +46,14 @@ def test_row_chains_agree_exactly_as_far_as_the_block_ids() -> None:
 
 
 def test_trace_traffic_is_one_phase_at_the_traces_own_rate() -> None:
-    t = trace_traffic(str(SLICE), TraceOptions(selection=TraceSelection(start_s=10, seconds=60, speedup=2.0)))
+    t = trace_traffic(str(TRACE_SLICE), TraceOptions(selection=TraceSelection(start_s=10, seconds=60, speedup=2.0)))
     (ph,) = t.scenario.phases
     assert ph.arrival == "trace" and isinstance(ph.source, TraceSource)
     assert ph.duration_s == 30.0 and ph.represents_s == 60.0
     assert t.rates == (pytest.approx(ph.source.requests / 30.0),)
+    # `eval --fleet plan` hands plan the scenario without rates: a trace keeps its own
+    unrated = msgspec.structs.replace(t, rates=(None,))
+    assert unrated.rate_of(0, 4) == unrated.rate_of(0, 8) == pytest.approx(t.rates[0])
     assert t.scenario.pool == ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree")
 
 
@@ -71,7 +65,7 @@ def test_a_bad_trace_is_a_traffic_error_naming_the_line(tmp_path: Path) -> None:
 
 def test_replay_sends_every_request_when_the_trace_says_with_its_lengths_and_settings() -> None:
     opts = TraceOptions(selection=TraceSelection(seconds=40.0, speedup=2.0), thinking_share=0.5, thinking_scale=2.0)
-    traffic = trace_traffic(str(SLICE), opts)
+    traffic = trace_traffic(str(TRACE_SLICE), opts)
     scenario = _alone(traffic.scenario, "k26-dflash")
     run = simulate(scenario, lambda e, s: LeastInflight(), seed=3)
     rows = traffic.scenario.phases[0].source.trace.rows  # type: ignore[union-attr]
@@ -104,7 +98,8 @@ def test_shared_hash_ids_hit_the_servers_prefix_cache(tmp_path: Path) -> None:
 
 def test_eval_cli_runs_a_trace_and_refuses_a_bad_one(tmp_path: Path, capsys) -> None:
     out = tmp_path / "eval"
-    argv = ["--traffic", f"trace:{SLICE}", "--trace-window", "0:30", "--objective", "latency", "--output", str(out)]
+    argv = ["--traffic", f"trace:{TRACE_SLICE}", "--trace-window", "0:30", "--objective", "latency"]
+    argv += ["--output", str(out)]
     assert eval_main(argv) == 0
     doc = json.loads((out / "eval.json").read_text())
     ph = doc["scenarios"]["trace:mooncake_conversation_head400"]["phases"]["trace"]
@@ -120,7 +115,7 @@ def test_eval_cli_runs_a_trace_and_refuses_a_bad_one(tmp_path: Path, capsys) -> 
 
 def test_plan_cli_plans_for_a_trace(tmp_path: Path, capsys) -> None:
     argv = [
-        "--servers", "2", "--traffic", f"trace:{SLICE}", "--trace-window", "0:30", "--trace-speedup", "0.5",
+        "--servers", "2", "--traffic", f"trace:{TRACE_SLICE}", "--trace-window", "0:30", "--trace-speedup", "0.5",
         "--types", "k26-ar,k26-dflash", "--jobs", "1", "--output", str(tmp_path),
     ]  # fmt: skip
     assert plan_main(argv) == 0
@@ -165,8 +160,6 @@ def test_agentic_sessions_grow_a_cached_prefix_and_mark_copy_heavy_turns() -> No
 
 
 def test_agentic_scenario_runs_on_the_virtual_clock() -> None:
-    import msgspec
-
     sc = SCENARIOS["agentic"]
     short = msgspec.structs.replace(sc, phases=(msgspec.structs.replace(sc.phases[0], duration_s=120.0),))
     run = simulate(short, lambda e, s: LeastInflight(), seed=0)

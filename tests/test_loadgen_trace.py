@@ -18,12 +18,10 @@ from loadgen.metrics import on_time
 from loadgen.trace_dataset import TraceOptions, load_trace
 from loadgen.trace_file import BLOCK_TOKENS, TraceRow, TraceSelection
 from loadgen.trace_text import PromptText
-from tests.support import loadgen
+from tests.support import TRACE_SLICE, loadgen, mooncake_trace
 from twin.domain import classify
 from twin.prefix_cache import chain_from_text
 from twin.text import count_prompt_tokens, render_chat
-
-SLICE = Path(__file__).resolve().parents[1] / "loadgen" / "data" / "traces" / "mooncake_conversation_head400.jsonl"
 
 
 def _shared_chars(a: str, b: str) -> int:
@@ -77,7 +75,7 @@ def test_k26_mode_holds_its_share_and_kimis_sampling() -> None:
 
 
 def test_trace_requests_carry_lengths_and_k26_settings() -> None:
-    replay = load_trace(str(SLICE), TraceOptions(thinking_share=0.5, thinking_scale=2.0), seed=1)
+    replay = load_trace(str(TRACE_SLICE), TraceOptions(thinking_share=0.5, thinking_scale=2.0), seed=1)
     opts = RequestOptions()
     for i in range(6):
         p = replay.prompt(i)
@@ -104,14 +102,7 @@ def test_on_time_is_two_percent_of_the_offset_with_a_floor() -> None:
 
 
 def _trace(tmp_path: Path, rows: list[tuple[int, int, int, list[int]]]) -> Path:
-    path = tmp_path / "trace.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"timestamp": ts, "input_length": n, "output_length": o, "hash_ids": ids}) + "\n"
-            for ts, n, o, ids in rows
-        )
-    )
-    return path
+    return mooncake_trace(tmp_path / "trace.jsonl", rows)
 
 
 def _records(out: Path) -> list[dict]:
@@ -168,7 +159,7 @@ def test_replay_of_the_committed_slice_against_a_twin(twin_factory, tmp_path: Pa
     out = tmp_path / "out"
     p = subprocess.run(
         loadgen(
-            "--target", url, "--dataset", f"trace:{SLICE}", "--trace-window", "0:60", "--trace-sample", "4:0",
+            "--target", url, "--dataset", f"trace:{TRACE_SLICE}", "--trace-window", "0:60", "--trace-sample", "4:0",
             "--trace-speedup", "2", "--time-scale", "0.02", "--output", str(out), "--no-plots",
         ),
         capture_output=True,
@@ -176,7 +167,7 @@ def test_replay_of_the_committed_slice_against_a_twin(twin_factory, tmp_path: Pa
         timeout=300,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    expected = load_trace(str(SLICE), TraceOptions(selection=TraceSelection(seconds=60.0, sample=(4, 0))))
+    expected = load_trace(str(TRACE_SLICE), TraceOptions(selection=TraceSelection(seconds=60.0, sample=(4, 0))))
     recs = sorted(_records(out), key=lambda r: r["index"])
     assert [r["trace_line"] for r in recs] == [row.line for row in expected.trace.rows]
     assert all(r["ok"] for r in recs)

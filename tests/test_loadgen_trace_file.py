@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.trace_file import MAX_ROWS, TraceError, TraceSelection, parse_sample, parse_window, read_trace
-from tests.support import loadgen
-
-SLICE = Path(__file__).resolve().parents[1] / "loadgen" / "data" / "traces" / "mooncake_conversation_head400.jsonl"
+from tests.support import TRACE_SLICE, loadgen
 
 
 def _mooncake(tmp_path: Path, rows: list[dict], name: str = "t.jsonl") -> Path:
@@ -26,7 +24,7 @@ def _row(ts: int, inp: int = 600, out: int = 10, ids: list[int] | None = None) -
 
 
 def test_committed_mooncake_slice_reads_whole() -> None:
-    t = read_trace(SLICE)
+    t = read_trace(TRACE_SLICE)
     assert t.format == "mooncake" and len(t.rows) == 400
     assert t.rows[0].at_s == 0.0 and t.rows[-1].at_s == pytest.approx(141.0)
     assert all(b.at_s >= a.at_s for a, b in zip(t.rows, t.rows[1:], strict=False))
@@ -107,7 +105,7 @@ def test_bad_mooncake_rows_name_their_line(tmp_path: Path, lines: list[dict], li
 
 def test_truncated_mooncake_line_is_refused_with_its_line(tmp_path: Path) -> None:
     path = tmp_path / "cut.jsonl"
-    text = SLICE.read_text().splitlines()
+    text = TRACE_SLICE.read_text().splitlines()
     path.write_text("\n".join(text[:5]) + "\n" + text[5][:40])  # the download stopped mid-line
     with pytest.raises(TraceError, match=rf"^{path}:6: not a complete JSON object .*truncated line\?$"):
         read_trace(path)
@@ -141,7 +139,7 @@ def test_unknown_format_and_empty_windows_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot tell the trace format"):
         read_trace(path)
     with pytest.raises(TraceError, match="no requests in the window 500:10"):
-        read_trace(SLICE, TraceSelection(start_s=500, seconds=10))
+        read_trace(TRACE_SLICE, TraceSelection(start_s=500, seconds=10))
     with pytest.raises(TraceError, match="cannot read trace"):
         read_trace(tmp_path / "missing.jsonl")
     assert MAX_ROWS >= 100_000
@@ -184,7 +182,7 @@ def test_loadgen_refuses_a_bad_trace_with_one_line_and_exit_2(tmp_path: Path) ->
 )
 def test_loadgen_refuses_options_a_trace_sets_itself(args: list[str], words: str) -> None:
     p = subprocess.run(
-        loadgen("--target", "http://127.0.0.1:9", "--dataset", f"trace:{SLICE}", *args),
+        loadgen("--target", "http://127.0.0.1:9", "--dataset", f"trace:{TRACE_SLICE}", *args),
         capture_output=True,
         text=True,
         timeout=60,
