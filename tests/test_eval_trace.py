@@ -161,8 +161,11 @@ def test_agentic_sessions_grow_a_cached_prefix_and_mark_copy_heavy_turns() -> No
 
 def test_agentic_scenario_runs_on_the_virtual_clock() -> None:
     sc = SCENARIOS["agentic"]
-    short = msgspec.structs.replace(sc, phases=(msgspec.structs.replace(sc.phases[0], duration_s=120.0),))
-    run = simulate(short, lambda e, s: LeastInflight(), seed=0)
+    phase = msgspec.structs.replace(sc.phases[0], duration_s=120.0)
+    alone = msgspec.structs.replace(sc, pool=("k26-dflash",), phases=(phase,))
+    run = simulate(alone, lambda e, s: Pinned("k26-dflash"), seed=0)
     assert run.records and {r.kind for r in run.records} == {"agent"}
+    # on the server that saw its loop, a call finds most of its prompt cached (the shape's 88%,
+    # less what other loops' contexts evicted from a 260K-token pool)
     later = [r for r in run.records if r.turn > 0]
-    assert later and sum(r.cached_tokens for r in later) / sum(r.prompt_tokens for r in later) > 0.5
+    assert later and sum(r.cached_tokens for r in later) / sum(r.prompt_tokens for r in later) > 0.7
