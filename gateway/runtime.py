@@ -204,7 +204,7 @@ class Runtime:
         if entry is not None:
             raise ConfigError(
                 f'it is an address of backends entry {entry!r} (discover = "dns"), back at its next lookup: '
-                f"drain it (POST /admin/backends/{{name}}/drain), or take it out of the DNS name"
+                f"drain it (POST /admin/backends/{name}/drain), or take its address out of the name"
             )
         entries = [msgspec_entry(b) for b in self.config.backends if b.name != name]
         models = {e["model"] for e in entries}

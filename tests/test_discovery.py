@@ -99,6 +99,16 @@ def dns(tmp_path):
         yield server
 
 
+def _admin(url: str, method: str, body: dict | None = None) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def _inflight(url: str, name: str) -> int:
     return next((b["inflight"] for b in get_json(f"{url}/admin/backends")["backends"] if b["name"] == name), 0)
 
@@ -136,6 +146,13 @@ def test_backends_follow_a_dns_name_and_the_one_that_leaves_loses_no_request(tmp
     ):
         assert wait_until(lambda: _members(url) == {"k26~127.0.0.2": True})
         assert _chat(url, "kimi-k2.6")[0] == 200
+        # a member is the name's, not the admin API's: removing it is refused (it would be back at the
+        # next lookup), and a discovered entry comes from the file
+        status, body = _admin(f"{url}/admin/backends/k26~127.0.0.2", "DELETE")
+        assert status == 409 and "discover" in body["error"]["message"], body
+        entry = {"name": "k27", "url": f"http://{NAME}:{port}", "model": "kimi-k2.6", "discover": "dns"}
+        status, body = _admin(f"{url}/admin/backends", "POST", entry)
+        assert status == 400 and "config file" in body["error"]["message"], body
 
         # an address appears: it joins once its first readiness check passed
         started = time.monotonic()
