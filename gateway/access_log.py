@@ -19,7 +19,11 @@ import queue
 import threading
 import time
 
+import msgspec
+
 from gateway.records import RequestRecord, encode_request
+
+_encoder = msgspec.json.Encoder()
 
 
 class AccessLog:
@@ -44,13 +48,25 @@ class AccessLog:
             self.dropped += 1
             return None
         body = encode_request(record)
-        self._batch.append(b'{"ts":%.3f,"event":"request",' % time.time() + body[1:] + b"\n")
+        self._append(b"request", body)
+        return body
+
+    def event(self, name: str, record: msgspec.Struct) -> None:
+        """Queues one line of another event than a request's (`{"ts", "event": name, ...record}`)."""
+        if not self.enabled:
+            return
+        if len(self._batch) + self._queued >= self.max_pending:
+            self.dropped += 1
+            return
+        self._append(name.encode(), _encoder.encode(record))
+
+    def _append(self, event: bytes, body: bytes) -> None:
+        self._batch.append(b'{"ts":%.3f,"event":"%s",' % (time.time(), event) + body[1:] + b"\n")
         if len(self._batch) == 1:
             try:
                 asyncio.get_running_loop().call_later(self.flush_s, self.flush)
             except RuntimeError:  # no event loop (direct use): hand it over now
                 self.flush()
-        return body
 
     def flush(self) -> None:
         """Hand the pending lines to the writer thread."""

@@ -87,6 +87,8 @@ class Admission:
                 up = [b for b in members if b.serving]
             if pin is not None or adapters:
                 up = [b for b in up if _fits(b, pin, adapters)]
+            if not members and (why := self.pools.why_empty.get(model)) is not None:
+                raise ApiError(503, f"model {model!r} has no backend: {why}", headers={"Retry-After": "1"})
             if not up:
                 loaded = f" with LoRA adapter(s) {sorted(adapters)} loaded" if adapters else ""
                 what = f"backend {pin!r}{loaded} is not" if pin else f"no backend of model {model!r}{loaded} is"

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +29,7 @@ from gateway.auth import AuthGate, posture
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError, clip, model_not_found
 from gateway.fast_routes import FastRoutes
+from gateway.openai_request import Kind
 from gateway.pool import Backend
 from gateway.probe_head import ProbeHead
 from gateway.proxy import BACKEND_HEADER, TRACE_ID_HEADER
@@ -281,6 +283,7 @@ def create_app(
         (log.warning if admits.mode != "keys" else log.info)("access: %s", admits.message)
         await rt.start()
         if config_path is not None:
+            rt.watch_config(config_path, _reload)  # a change on disk is applied as SIGHUP applies it
             loop = asyncio.get_running_loop()
 
             def on_sighup() -> None:
@@ -348,17 +351,22 @@ def serving_asgi(app: Litestar) -> ASGIApp:
     # those of litestar's routes but probes and scrapes.
     inner = rt.tracing.server_span_middleware(litestar_app) if rt.tracing.enabled else litestar_app
     inner = ProbeHead(LoopGuard(inner))
+
+    def refused(kind: Kind, headers: Mapping[str, str], error: ApiError, t_received: float) -> None:
+        rt.refusals.body_refused(error.status)  # counted among the door's refusals (gateway/refusals.py)
+        rt.proxy.refused(kind, error, t_received, headers=headers)
+
     # The generation routes (POST /v1/chat/completions, /v1/completions, under any root_path) are
     # answered by FastRoutes alone; rt.proxy is looked up per request (a reload may replace it).
     fast = FastRoutes(
         inner,
         lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace, client),
-        lambda kind, headers, error, t_received: rt.proxy.refused(kind, error, t_received, headers=headers),
+        refused,
         lambda: rt.config,
         rt.tracing,
         rt.body_budget,
     )
-    gate = AuthGate(fast, config, lambda: rt.config)
+    gate = AuthGate(fast, config, lambda: rt.config, rt.refusals)
     origins = config.gateway.cors_allow_origins
     if not origins:
         return gate

@@ -32,6 +32,7 @@ from gateway.audit import audit
 from gateway.config import AuthSection, Config, ConfigError, parse_listen
 from gateway.errors import ApiError
 from gateway.principal import PRINCIPAL_SCOPE_KEY, Principal
+from gateway.refusals import Refusals
 
 __all__ = ["AuthGate", "Posture", "posture"]
 
@@ -131,10 +132,17 @@ class TokenBucket:
 
 
 class AuthGate:
-    def __init__(self, app: ASGIApp, config: Config, current: Callable[[], Config] | None = None) -> None:
-        """`current`: where a reloaded config is found."""
+    def __init__(
+        self,
+        app: ASGIApp,
+        config: Config,
+        current: Callable[[], Config] | None = None,
+        refusals: Refusals | None = None,
+    ) -> None:
+        """`current`: where a reloaded config is found; `refusals`: where refusals are counted and logged."""
         self.app = app
         self._current = current
+        self.refusals = refusals
         self._section = config.auth
         self._listen = config.gateway.listen
         self._configure(config)
@@ -179,8 +187,10 @@ class AuthGate:
         if path.startswith("/admin"):
             if self.admin_key is not None:
                 if token is None or _match(token, [self.admin_key]) < 0:
+                    self._refused(scope, "missing_key" if token is None else "invalid_admin_key", path)
                     return await _reject(send, 401 if token is None else 403, "a valid admin key is required")
             elif self.posture.mode != "local":
+                self._refused(scope, "admin_closed", path)
                 return await _reject(
                     send,
                     403,
@@ -191,14 +201,17 @@ class AuthGate:
                 return await self.app(scope, receive, send)
             credential = "the admin key" if self.admin_key is not None else "local development (no keys)"
             if scope["method"] == "POST" and not _is_json(content_type):
+                self._refused(scope, "unsupported_media_type", path)
                 return await _reject_media_type(send, content_type)
             return await _audited(self.app, scope, receive, send, path, credential)
         if self.keys:
             index = _match(token, self.keys) if token is not None else -1
             if index < 0:
                 message = "missing API key (Authorization: Bearer ...)" if token is None else "invalid API key"
+                self._refused(scope, "missing_key" if token is None else "invalid_key", path)
                 return await _reject(send, 401, message)
             if self.buckets is not None and (wait := self.buckets[index].take()) > 0:
+                self._refused(scope, "rate_limited", path)
                 return await _reject(
                     send,
                     429,
@@ -209,8 +222,26 @@ class AuthGate:
         else:
             scope[PRINCIPAL_SCOPE_KEY] = self.anonymous
         if scope["method"] == "POST" and not _is_json(content_type):
+            self._refused(scope, "unsupported_media_type", path)
             return await _reject_media_type(send, content_type)
         return await self.app(scope, receive, send)
+
+    def _refused(self, scope: Scope, reason: str, path: str) -> None:
+        if self.refusals is not None:
+            self.refusals.refused(
+                reason, _REASON_STATUS[reason], method=scope["method"], path=path, client=scope.get("client")
+            )
+
+
+# The status each of the gate's refusals is answered with (gateway/refusals.py).
+_REASON_STATUS = {
+    "missing_key": 401,
+    "invalid_key": 401,
+    "invalid_admin_key": 403,
+    "admin_closed": 403,
+    "rate_limited": 429,
+    "unsupported_media_type": 415,
+}
 
 
 async def _audited(app: ASGIApp, scope: Scope, receive: Receive, send: Send, path: str, credential: str) -> None:

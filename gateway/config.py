@@ -6,6 +6,9 @@ prints it as one line and exits non-zero (no traceback).
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
+import itertools
 import json
 import math
 import os
@@ -64,6 +67,9 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Origins a browser may call the gateway from (CORS); empty: no CORS headers at all.
     # ["*"] is what SGLang's own server allows (entrypoints/http_server.py). Read at start only.
     cors_allow_origins: list[str] = msgspec.field(default_factory=list)
+    # How often the config file (`serve --config`) is checked for a change, which is then applied as
+    # SIGHUP applies it (gateway/config_watch.py); 0: never, SIGHUP and POST /admin/reload only.
+    config_watch_s: float = 1.0
 
 
 class TimeoutsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -192,6 +198,9 @@ class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seed: int | None = None
 
 
+Discover = Literal["none", "dns"]
+
+
 class BackendEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     url: str
@@ -203,6 +212,27 @@ class BackendEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Kubernetes Secret mounted as an environment variable: docs/deployment.md). At most one of the two.
     api_key: str | None = None
     api_key_env: str | None = None
+    # "dns": the URL's host is a DNS name (a headless Service) whose every address is a backend of its
+    # own, named `NAME~ADDRESS`, followed as the name's addresses change (gateway/discovery.py).
+    discover: Discover = "none"
+
+
+class DiscoverySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How `discover = "dns"` backends are resolved."""
+
+    resolve_s: float = 5.0  # each DNS name is resolved again this often (Envoy's dns_refresh_rate: 5 s)
+    # DNS servers asked directly ("IP" or "IP:PORT"), the name looked up as written; empty: the
+    # system's resolver (getaddrinfo: /etc/hosts, resolv.conf and its search domains, as the pod's).
+    nameservers: list[str] = msgspec.field(default_factory=list)
+    resolve_timeout_s: float = 5.0  # a lookup with no answer by then failed: the members stay as they were
+
+
+class MetricsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """/metrics. Bucket bounds, in seconds, ascending; empty: derived from the timeouts so that every
+    latency the gateway allows lands in a finite bucket (gateway/metrics.py). Read at start."""
+
+    ttft_buckets_s: list[float] = msgspec.field(default_factory=list)
+    duration_buckets_s: list[float] = msgspec.field(default_factory=list)
 
 
 class TracingSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -230,6 +260,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth: AuthSection = msgspec.field(default_factory=AuthSection)
     tracing: TracingSection = msgspec.field(default_factory=TracingSection)
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
+    discovery: DiscoverySection = msgspec.field(default_factory=DiscoverySection)
+    metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
     backends: list[BackendEntry] = msgspec.field(default_factory=list)
     models: dict[str, ModelSection] = msgspec.field(default_factory=dict)
 
@@ -267,6 +299,10 @@ MODEL_OPTIONS: tuple[str, ...] = tuple(f for f in ModelSection.__struct_fields__
 # Policies a client may choose with x-specroute-policy (gateway/proxy.py refuses `pinned` there).
 HEADER_POLICIES: tuple[str, ...] = tuple(p for p in KNOWN_POLICIES if p != "pinned")
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Between a discovered entry's name and a member's address (`k26-dflash~10.0.0.5`): a character
+# configured names may not hold, so a member's name is never another backend's.
+MEMBER_SEPARATOR = "~"
+MAX_BUCKETS = 64  # histogram bounds of one metrics key
 
 
 def _section_options(section: ModelSection) -> dict[str, Any]:
@@ -388,6 +424,7 @@ def _check(config: Config, source: str) -> None:
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     _check_ranges(config, source)
+    _check_lists(config, source)
     if config.gateway.max_body_bytes > config.gateway.max_body_bytes_in_flight:
         raise ConfigError(
             f"{source}: gateway.max_body_bytes: expected at most gateway.max_body_bytes_in_flight "
@@ -422,12 +459,21 @@ def _check(config: Config, source: str) -> None:
         if b.name in seen:
             raise ConfigError(f"{where}.name: duplicate backend name {b.name!r}")
         seen.add(b.name)
-        if "@" in b.name or "/" in b.name or not b.name.strip():
-            # '@' separates a model from the backend it names; '/' would break the admin API's paths
-            raise ConfigError(f"{where}.name: expected a non-empty name without '@' or '/', got {b.name!r}")
+        if any(c in b.name for c in "@/" + MEMBER_SEPARATOR) or not b.name.strip():
+            # '@' separates a model from the backend it names; '/' would break the admin API's paths;
+            # '~' names the members of a discovered entry (NAME~ADDRESS)
+            raise ConfigError(
+                f"{where}.name: expected a non-empty name without '@', '/' or '{MEMBER_SEPARATOR}', got {b.name!r}"
+            )
         problem = url_problem(b.url)
         if problem:
             raise ConfigError(f"{where}.url: {problem}")
+        if b.discover == "dns" and urlsplit(b.url).scheme != "http":
+            raise ConfigError(
+                f'{where}.discover: "dns" connects to each address the name resolves to, and an https '
+                "server's certificate names its host, not its addresses: use an http:// URL (inside the "
+                "cluster), or one entry per server"
+            )
         if not b.model.strip():
             raise ConfigError(f"{where}.model: expected the non-empty name of the model it serves, got {b.model!r}")
         if b.strategy not in strategies:
@@ -439,12 +485,18 @@ def _check(config: Config, source: str) -> None:
         if name not in KNOWN_POLICIES:
             raise ConfigError(f"{source}: {key}: unknown policy {name!r}, expected one of {list(KNOWN_POLICIES)}")
     models = {b.model for b in config.backends}
+    discovered = {b.name for b in config.backends if b.discover == "dns"}
     for model, section in config.models.items():
         if model not in models:
             raise ConfigError(f"{source}: {model_key(model)}: no backend serves model {model!r}")
         if section.pinned_backend and section.pinned_backend not in seen:
             raise ConfigError(
                 f"{source}: {model_key(model)}.pinned_backend: unknown backend {section.pinned_backend!r}"
+            )
+        if section.pinned_backend in discovered:
+            raise ConfigError(
+                f'{source}: {model_key(model)}.pinned_backend: {section.pinned_backend!r} is a discover = "dns" '
+                "entry, whose members come and go: pin a backend of a fixed URL"
             )
         _check_model_options(config, model, section, source)
     for model in models:  # build each policy once: its own checks (objective, options) name the key
@@ -471,6 +523,53 @@ def _check_backend_key(entry: BackendEntry, where: str) -> None:
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_lists(config: Config, source: str) -> None:
+    for key in ("ttft_buckets_s", "duration_buckets_s"):
+        bounds = getattr(config.metrics, key)
+        if len(bounds) > MAX_BUCKETS or not all(math.isfinite(b) and b > 0 for b in bounds):
+            raise ConfigError(
+                f"{source}: metrics.{key}: expected at most {MAX_BUCKETS} finite bounds > 0, got {bounds!r}"
+            )
+        if any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ConfigError(f"{source}: metrics.{key}: expected ascending bounds, got {bounds!r}")
+    for server in config.discovery.nameservers:
+        if nameserver_address(server) is None:
+            raise ConfigError(
+                f"{source}: discovery.nameservers: expected an IP address, optionally with a port "
+                f"(10.96.0.10, 127.0.0.1:5353, [fd00::a]:53), got {server!r}"
+            )
+
+
+def nameserver_address(server: str) -> tuple[str, int] | None:
+    """(IP, port) of a `discovery.nameservers` entry ("IP", "IP:PORT", "[IPv6]:PORT"), or None if malformed."""
+    host, port = server, 53
+    if server.startswith("["):
+        host, sep, rest = server[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            return None
+        if rest:
+            if not rest[1:].isdigit():
+                return None
+            port = int(rest[1:])
+    elif server.count(":") == 1:
+        host, _, text = server.partition(":")
+        if not text.isdigit():
+            return None
+        port = int(text)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return (host, port) if 1 <= port <= 65535 else None
+
+
+def config_digest(config: Config) -> str:
+    """A short digest of what `config` runs, its listen address aside (replicas that share one file
+    may each be told another with --listen): equal on every replica that runs the same file."""
+    plain = msgspec.structs.replace(config, gateway=msgspec.structs.replace(config.gateway, listen=""))
+    return hashlib.sha256(msgspec.json.encode(plain)).hexdigest()[:16]
 
 
 def _check_auth(auth: AuthSection, source: str) -> None:
@@ -541,6 +640,7 @@ _RANGES: dict[str, tuple[float, bool, float | None]] = {
     "gateway.max_response_bytes": (1, True, None),
     "gateway.max_connections": (1, True, None),
     "gateway.response_lookups": (1, True, None),
+    "gateway.config_watch_s": (0, True, None),  # 0: never
     "timeouts.connect_s": (0, False, None),
     "timeouts.first_byte_s": (0, False, None),
     "timeouts.idle_stream_s": (0, False, None),
@@ -574,6 +674,8 @@ _RANGES: dict[str, tuple[float, bool, float | None]] = {
     "auth.rate_limit_rps": (0, True, None),  # 0: off
     "auth.rate_limit_burst": (0, True, None),  # 0: max(1, rps)
     "tracing.sample_ratio": (0, True, 1),  # None: unset
+    "discovery.resolve_s": (0, False, None),
+    "discovery.resolve_timeout_s": (0, False, None),
 }
 
 

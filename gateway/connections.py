@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ApiError
 from gateway.head_write import HeadHoldingProtocol
+
+if TYPE_CHECKING:
+    from gateway.refusals import Refusals
 
 __all__ = ["ConnectionLimits", "LimitedProtocol"]
 
@@ -43,6 +46,7 @@ class ConnectionLimits:
         "connections",
         "refused",
         "dropped",
+        "refusals",
         "_sweep",
     )
 
@@ -55,6 +59,7 @@ class ConnectionLimits:
         self.connections: set[LimitedProtocol] = set()
         self.refused = 0  # connections turned away at the cap
         self.dropped = 0  # connections closed for their headers' or their reading's time
+        self.refusals: Refusals | None = None  # where the 503s and 408s sent here are counted and logged
         self._sweep: asyncio.TimerHandle | None = None
 
     @property
@@ -113,6 +118,8 @@ class LimitedProtocol(HeadHoldingProtocol):
         limits = self.gateway_limits
         if limits.open >= limits.max_connections:
             limits.refused += 1
+            if limits.refusals is not None:
+                limits.refusals.refused("connection_limit", 503, client=self.client)
             error = ApiError(
                 503, f"the gateway has {limits.max_connections} connections open (gateway.max_connections)"
             )
@@ -147,6 +154,8 @@ class LimitedProtocol(HeadHoldingProtocol):
         if self.transport.is_closing():
             return
         self.gateway_limits.dropped += 1
+        if self.gateway_limits.refusals is not None:
+            self.gateway_limits.refusals.refused("header_timeout", 408, client=self.client)
         timeout = self.gateway_limits.header_timeout_s
         error = ApiError(408, f"request headers not received within {timeout:g}s (timeouts.client_header_s)")
         self.transport.write(_raw_error(408, b"Request Timeout", error))

@@ -3,26 +3,36 @@
 Why prometheus-client rather than the OpenTelemetry Prometheus exporter: it is the reference
 implementation of the text format, its histogram observe is a lock and an add (no SDK metric
 pipeline on the request path), and it needs no collection thread. Label sets are bounded: model,
-backend, domain, status, policy and error kind only; never a per-request label.
+backend, domain, endpoint, status, error type, policy and error kind only; never a per-request label.
 
-Gauges that describe state (in-flight, health, circuit, queue) are read at scrape time by a
-custom collector, so the request path does not maintain them.
+Latency buckets reach past what the config lets a request take (`latency_buckets`): a p99 over a
+histogram is clipped at its last finite bound, and a thinking answer of 4k tokens at 26 tok/s
+takes about 157 s, so buckets that stopped at 10 s (TTFT) and 82 s (duration) showed every such
+p99 as the bound. Every finished request is recorded, with its `error_type` when it failed.
+
+Gauges that describe state (in-flight, health, circuit, queue, refusals at the door) are read at
+scrape time by a custom collector, so the request path does not maintain them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import importlib.metadata
+import platform
+import re
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.config import Config
 from gateway.records import RequestRecord
 
 if TYPE_CHECKING:
     from gateway.admission import Admission
     from gateway.pool import Pools
+    from gateway.refusals import Refusals
 
 # Bucket boundaries from the OpenTelemetry GenAI semantic conventions.
 GENAI_DURATION = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
@@ -33,36 +43,90 @@ QUEUE = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 DECODE_TOK_S = (5, 10, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000)
 ACCEPT = (1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7, 8, 10, 12, 16)
 SPEEDUP = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+# The shortest a request's duration buckets reach: a stream has no overall timeout (idle_stream_s
+# bounds its silences only), and a 16k-token thinking answer at K2.6's 26 tok/s takes 630 s.
+MIN_DURATION_REACH_S = 900.0
+# The `endpoint` label of each request kind (the route's last segment).
+ENDPOINTS = {"chat": "chat", "completion": "completions", "responses": "responses"}
+# error_type label values: the OpenAI error type a failed request got (the gateway's own, or what an
+# upstream said), or the failure's kind. At most this many distinct values, then `_OTHER` (as the
+# OpenTelemetry conventions name an unknown error.type), so an upstream cannot grow the label set.
+MAX_ERROR_TYPES = 32
+OTHER_ERROR = "_OTHER"
+_ERROR_TYPE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+class LatencyBuckets(NamedTuple):
+    ttft: tuple[float, ...]
+    duration: tuple[float, ...]
+    queue: tuple[float, ...]
+
+
+def reaching(bounds: tuple[float, ...], reach: float) -> tuple[float, ...]:
+    """`bounds`, continued by doubling its last bound until one is at least `reach`."""
+    out = list(bounds)
+    while out[-1] < reach:
+        out.append(round(out[-1] * 2, 6))
+    return tuple(out)
+
+
+def latency_buckets(config: Config) -> LatencyBuckets:
+    """The latency histograms' bounds for `config`: the GenAI conventions' bounds, continued (by
+    doubling) past the longest latency the timeouts allow, or `[metrics]`'s own when set.
+
+    - TTFT: a stream's first token may take `first_byte_s` after `queue_timeout_s` in the queue.
+    - Duration: a non-streamed answer may take `request_s`, a stream its TTFT and then as long as
+      it keeps sending; at least MIN_DURATION_REACH_S.
+    - Queue: up to `queue_timeout_s`."""
+    t, a, m = config.timeouts, config.admission, config.metrics
+    first_token = t.first_byte_s + a.queue_timeout_s
+    return LatencyBuckets(
+        ttft=tuple(m.ttft_buckets_s) or reaching(GENAI_TTFT, first_token),
+        duration=tuple(m.duration_buckets_s)
+        or reaching(GENAI_DURATION, max(t.request_s, first_token, MIN_DURATION_REACH_S)),
+        queue=reaching(QUEUE, a.queue_timeout_s),
+    )
+
+
+def build_labels() -> tuple[str, str]:
+    """(version, python): the installed specroute's version and the interpreter's."""
+    try:
+        version = importlib.metadata.version("specroute")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        version = "unknown"
+    return version, platform.python_version()
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, buckets: LatencyBuckets | None = None) -> None:
+        """`buckets`: the latency bounds (`latency_buckets`; None: a default config's)."""
+        self.buckets = buckets = buckets or latency_buckets(Config())
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "specroute_requests",
-            "Requests answered, by model, backend and HTTP status.",
-            ["model", "backend", "status"],
+            "Requests finished, by model, backend, endpoint, HTTP status and error type ('' when none).",
+            ["model", "backend", "endpoint", "status", "error_type"],
             registry=r,
         )
         self.queue = Histogram(
             "specroute_queue_seconds",
             "Time spent waiting for capacity (admission).",
             ["model"],
-            buckets=QUEUE,
+            buckets=buckets.queue,
             registry=r,
         )
         self.ttft = Histogram(
             "specroute_ttft_seconds",
             "Time to first token through the gateway.",
-            ["backend"],
-            buckets=GENAI_TTFT,
+            ["backend", "endpoint"],
+            buckets=buckets.ttft,
             registry=r,
         )
         self.duration = Histogram(
             "specroute_request_duration_seconds",
-            "End-to-end request duration.",
-            ["backend"],
-            buckets=GENAI_DURATION,
+            "End-to-end request duration, of every finished request; error_type '' when it succeeded.",
+            ["backend", "endpoint", "error_type"],
+            buckets=buckets.duration,
             registry=r,
         )
         self.tpot = Histogram(
@@ -113,9 +177,9 @@ class GatewayMetrics:
         )
         self.genai_duration = Histogram(
             "gen_ai_client_operation_duration_seconds",
-            "GenAI operation duration.",
-            ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_provider_name"],
-            buckets=GENAI_DURATION,
+            "GenAI operation duration; error_type (error.type) '' when it succeeded.",
+            ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_provider_name", "error_type"],
+            buckets=buckets.duration,
             registry=r,
         )
         self.genai_tokens = Histogram(
@@ -129,7 +193,7 @@ class GatewayMetrics:
             "gen_ai_server_time_to_first_token_seconds",
             "GenAI time to first token.",
             ["gen_ai_operation_name", "gen_ai_request_model"],
-            buckets=GENAI_TTFT,
+            buckets=buckets.ttft,
             registry=r,
         )
         self.genai_tpot = Histogram(
@@ -141,6 +205,7 @@ class GatewayMetrics:
         )
 
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._error_types: set[str] = set()
         self._pools: Pools | None = None
         # The metrics labelled by backend (`forget_backend`).
         self._by_backend: list[Counter | Histogram] = [
@@ -156,9 +221,16 @@ class GatewayMetrics:
             self.telemetry_skipped,
         ]
 
-    def watch(self, pools: Pools, admission: Admission) -> None:
+    def watch(
+        self,
+        pools: Pools,
+        admission: Admission,
+        refusals: Refusals | None = None,
+        state: Callable[[], Iterator[GaugeMetricFamily | CounterMetricFamily]] | None = None,
+    ) -> None:
+        """Read `pools`, `admission` and `refusals` at each scrape; `state`: more families, made then."""
         self._pools = pools
-        self.registry.register(_StateCollector(pools, admission))
+        self.registry.register(_StateCollector(pools, admission, refusals, state))
 
     def observe(self, rec: RequestRecord) -> None:
         c = self._child
@@ -166,19 +238,23 @@ class GatewayMetrics:
         # A label is a served model, never whatever a client asked for: unknown names would add
         # series (and children here) without bound.
         model = rec.model if self._pools is None or rec.model in self._pools.by_model else "unknown"
-        c(self.requests, model, backend, str(rec.status)).inc()
+        endpoint = ENDPOINTS.get(rec.kind, "other")
+        failed = rec.error_type is not None or rec.status != 200
+        error_type = self._error_type(rec.error_type or str(rec.status)) if failed else ""
+        c(self.requests, model, backend, endpoint, str(rec.status), error_type).inc()
         if rec.queue_s:
             c(self.queue, model).observe(rec.queue_s)
+        op = "text_completion" if rec.kind == "completion" else "chat"
+        c(self.duration, backend, endpoint, error_type).observe(rec.duration_s)
+        if model != "unknown":
+            c(self.genai_duration, op, model, "sglang", error_type).observe(rec.duration_s)
         if rec.backend is None or rec.status != 200:
             return
-        op = "text_completion" if rec.kind == "completion" else "chat"
-        c(self.duration, backend).observe(rec.duration_s)
-        c(self.genai_duration, op, rec.model, "sglang").observe(rec.duration_s)
         if rec.completion_tokens is not None:  # a stream cut before its usage: not known, so not 0
             c(self.genai_tokens, op, rec.model, "input").observe(rec.prompt_tokens or 0)
             c(self.genai_tokens, op, rec.model, "output").observe(rec.completion_tokens)
         if rec.ttft_s is not None:
-            c(self.ttft, backend).observe(rec.ttft_s)
+            c(self.ttft, backend, endpoint).observe(rec.ttft_s)
             c(self.genai_ttft, op, rec.model).observe(rec.ttft_s)
         if rec.tpot_s is not None:
             c(self.tpot, backend).observe(rec.tpot_s)
@@ -190,6 +266,15 @@ class GatewayMetrics:
             c(self.accept, backend, domain).observe(rec.accept_length)
         if rec.speedup is not None:
             c(self.speedup, backend, domain).observe(rec.speedup)
+
+    def _error_type(self, value: str) -> str:
+        """`value` as a label: itself while it is one of the first MAX_ERROR_TYPES well-formed values."""
+        if value in self._error_types:
+            return value
+        if len(self._error_types) < MAX_ERROR_TYPES and _ERROR_TYPE.fullmatch(value):
+            self._error_types.add(value)
+            return value
+        return OTHER_ERROR
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, remembered: `labels()` takes a lock and validates its arguments,
@@ -217,9 +302,22 @@ class GatewayMetrics:
 
 
 class _StateCollector(Collector):
-    def __init__(self, pools: Pools, admission: Admission) -> None:
+    def __init__(
+        self,
+        pools: Pools,
+        admission: Admission,
+        refusals: Refusals | None,
+        state: Callable[[], Iterator[GaugeMetricFamily | CounterMetricFamily]] | None,
+    ) -> None:
         self.pools = pools
         self.admission = admission
+        self.refusals = refusals
+        self.state = state
+        version, python = build_labels()
+        self.build = GaugeMetricFamily(
+            "specroute_build_info", "The gateway's build: 1, with its version.", labels=["version", "python"]
+        )
+        self.build.add_metric([version, python], 1.0)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         inflight = GaugeMetricFamily(
@@ -260,3 +358,15 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             "specroute_admission_rejected", "Requests refused with 429 by admission.", value=self.admission.rejected
         )
+        yield self.build
+        if self.refusals is not None:
+            refused = CounterMetricFamily(
+                "specroute_http_refused",
+                "Requests and connections turned away at the door (keys, limits, headers, bodies), by reason.",
+                labels=["reason", "status"],
+            )
+            for (reason, status), count in self.refusals.counts.items():
+                refused.add_metric([reason, str(status)], count)
+            yield refused
+        if self.state is not None:
+            yield from self.state()

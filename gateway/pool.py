@@ -7,6 +7,7 @@ error or disconnect by a `Lease` that releases exactly once.
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -165,6 +166,10 @@ class Pools:
         self.by_model: dict[str, list[Backend]] = {}
         # At most this share of a model's backends may have their circuit open (at least one).
         self.max_ejected_share = max_ejected_share
+        # Models served even with no backend: those with a discovered entry (gateway/discovery.py), by
+        # how many; and, for such a model with none, why (the 503 for it says so).
+        self.kept: collections.Counter[str] = collections.Counter()
+        self.why_empty: dict[str, str] = {}
         self._on_release: Callable[[Backend], None] | None = None
         for b in backends:
             self.add(b)
@@ -184,9 +189,23 @@ class Pools:
         backend = self.by_name.pop(name)
         members = self.by_model[backend.spec.model]
         members.remove(backend)
-        if not members:
+        if not members and backend.spec.model not in self.kept:
             del self.by_model[backend.spec.model]
         return backend
+
+    def keep(self, model: str) -> None:
+        """`model` stays served with no backend (a discovered entry of it may have no member)."""
+        self.kept[model] += 1
+        self.by_model.setdefault(model, [])
+
+    def release(self, model: str) -> None:
+        """Undoes one `keep`; a model with no backend then leaves."""
+        self.kept[model] -= 1
+        if self.kept[model] <= 0:
+            del self.kept[model]
+            self.why_empty.pop(model, None)
+            if not self.by_model.get(model, True):
+                del self.by_model[model]
 
     def may_eject(self, backend: Backend) -> bool:
         """Whether `backend`'s circuit may open: fewer of its model's backends are ejected than

@@ -5,28 +5,36 @@ applies a new config in place: added backends start receiving traffic, removed o
 pools at once and are retired (their in-flight streams finish, then their connections close),
 changed policies and the tracing sample ratio apply to new requests, and the caps, timeouts and
 retry settings are swapped. An invalid config is refused by `load_config` before anything
-changes, so the old one stays.
+changes, so the old one stays. Backends of `discover = "dns"` entries come and go the same way as
+their name's addresses do (gateway/discovery.py), and the config file is watched for changes
+(gateway/config_watch.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from backends.client import SGLangClient
 from gateway.access_log import AccessLog
 from gateway.admission import Admission
 from gateway.body_budget import BodyBudget
 from gateway.circuit import CircuitBreaker
-from gateway.config import BackendEntry, Config, ConfigError, config_from_dict
+from gateway.config import BackendEntry, Config, ConfigError, config_digest, config_from_dict
+from gateway.config_watch import ConfigWatch
 from gateway.connections import ConnectionLimits
-from gateway.metrics import GatewayMetrics
+from gateway.discovery import Discovery
+from gateway.metrics import GatewayMetrics, latency_buckets
 from gateway.poller import Poller
 from gateway.pool import Backend, Pools
 from gateway.proxy import Proxy
+from gateway.refusals import Refusals
 from gateway.seeding import start_seeding
 from gateway.tracing import Tracing
 from gateway.via import VIA_ENTRY
@@ -49,10 +57,12 @@ class Runtime:
             default_priority=a.default_priority,
         )
         g, t = config.gateway, config.timeouts
+        self.access_log = access_log or AccessLog(config.logging.access_log)
+        self.refusals = Refusals(self.access_log)  # turned away at the door: counted and logged
         self.connection_limits = ConnectionLimits(g.max_connections, t.client_header_s, t.client_send_s)
+        self.connection_limits.refusals = self.refusals
         self.body_budget = BodyBudget(g.max_body_bytes_in_flight)
-        self.metrics = GatewayMetrics()
-        self.metrics.watch(self.pools, self.admission)
+        self.metrics = GatewayMetrics(latency_buckets(config))  # its buckets are fixed at start
         self.tracing = tracing or Tracing(config.tracing)
         self.policies: dict[str, Policy] = {}  # shared with the proxy: changed in place
         # How each model's policy was built (name, sorted options): an unchanged one is kept on reload.
@@ -64,7 +74,7 @@ class Runtime:
             config,
             metrics=self.metrics,
             tracing=self.tracing,
-            access_log=access_log,
+            access_log=self.access_log,
         )
         self.poller = Poller(
             config.health,
@@ -80,9 +90,17 @@ class Runtime:
         self._retire_tasks: set[asyncio.Task[None]] = set()
         self._seeding: asyncio.Task[None] | None = None
         self._shutdown_timer: asyncio.TimerHandle | None = None
+        self.discovery = Discovery(
+            config.discovery, self.pools, lambda entry: self._add(entry, checked_first=True), self._retire
+        )
+        self.config_watch: ConfigWatch | None = None
         for entry in config.backends:
-            self._add(entry)
+            if entry.discover == "dns":
+                self.discovery.add(entry)
+            else:
+                self._add(entry)
         self._build_policies()
+        self.metrics.watch(self.pools, self.admission, self.refusals, self._state_metrics)
 
     # ------------------------------------------------------------------ backends
 
@@ -155,6 +173,11 @@ class Runtime:
 
     async def add_backend(self, data: dict[str, Any]) -> Backend:
         """Admin API: add one backend (same fields as a `[[backends]]` entry)."""
+        if data.get("discover", "none") != "none":
+            raise ConfigError(
+                'backend: discover: a discover = "dns" entry is added through the config file (and a reload), '
+                "not the admin API"
+            )
         entries = [msgspec_entry(b) for b in self.config.backends] + [data]
         current = self._config_dict()
         sections = dict(current.get("models", {}))
@@ -177,6 +200,12 @@ class Runtime:
         """Admin API: drain and remove; in-flight requests finish first."""
         if name not in self.pools.by_name:
             raise KeyError(name)
+        entry = self.discovery.owner(name)
+        if entry is not None:
+            raise ConfigError(
+                f'it is an address of backends entry {entry!r} (discover = "dns"), back at its next lookup: '
+                f"drain it (POST /admin/backends/{name}/drain), or take its address out of the name"
+            )
         entries = [msgspec_entry(b) for b in self.config.backends if b.name != name]
         models = {e["model"] for e in entries}
         current = self._config_dict()
@@ -209,16 +238,69 @@ class Runtime:
         added = [n for n in fresh if n not in old or old[n] != fresh[n]]
         self.config = new
         self.poller.configure(new.health)
+        self.discovery.configure(new.discovery)
         for name in removed:
-            await self._retire(name)
+            if old[name].discover == "dns":
+                for member in await self.discovery.remove(name):
+                    await self._retire(member)
+            else:
+                await self._retire(name)
         for name in added:
-            self._add(fresh[name], checked_first=True)
+            if fresh[name].discover == "dns":
+                self.discovery.add(fresh[name])
+            else:
+                self._add(fresh[name], checked_first=True)
         self._apply_settings(new)
         self._build_policies()
-        await asyncio.gather(*(self.poller.first_check(name) for name in added))
+        await asyncio.gather(*(self._first_check(fresh[name]) for name in added))
         self.admission.kick()
         log.warning("config reloaded: added %s, removed %s", added, removed)
         return {"added": added, "removed": removed}
+
+    async def _first_check(self, entry: BackendEntry) -> None:
+        """Until `entry`'s backend had its first check; a discovered entry's first lookup, then its members'."""
+        if entry.discover != "dns":
+            await self.poller.first_check(entry.name)
+            return
+        members = await self.discovery.settled(entry.name, self.config.discovery.resolve_timeout_s + 1)
+        await asyncio.gather(*(self.poller.first_check(m) for m in members))
+
+    def watch_config(self, path: str | Path, reload: Callable[[], Awaitable[object]]) -> None:
+        """Apply the config file with `reload` whenever it changes on disk (gateway/config_watch.py)."""
+        self.config_watch = ConfigWatch(path, reload, lambda: self.config.gateway.config_watch_s)
+        self.config_watch.start()
+
+    def _state_metrics(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The config running, the file watch and the discovered entries, read at scrape time."""
+        info = GaugeMetricFamily(
+            "specroute_config_info",
+            "The running config: 1, with its digest (equal on replicas that run the same file).",
+            labels=["digest"],
+        )
+        info.add_metric([config_digest(self.config)], 1.0)
+        yield info
+        if self.config_watch is not None:
+            yield GaugeMetricFamily(
+                "specroute_config_file_applied",
+                "1 when the running config is what the config file holds; 0 when the file changed and was "
+                "refused, or is missing (the running config kept).",
+                value=1.0 if self.config_watch.current else 0.0,
+            )
+        members = GaugeMetricFamily(
+            "specroute_discovered_backends",
+            'Addresses of a discover = "dns" entry\'s name in the pool.',
+            labels=["entry"],
+        )
+        failures = CounterMetricFamily(
+            "specroute_discovery_lookup_failures",
+            'Lookups of a discover = "dns" entry\'s name that got no answer (its members kept).',
+            labels=["entry"],
+        )
+        for name, found in self.discovery.entries.items():
+            members.add_metric([name], len(found.members))
+            failures.add_metric([name], found.failures)
+        yield members
+        yield failures
 
     def _apply_settings(self, new: Config) -> None:
         limits = self.connection_limits
@@ -244,6 +326,10 @@ class Runtime:
 
     async def start(self) -> None:
         self.poller.start()
+        self.discovery.start()
+        # the first members of discovered entries are in the pool before the gateway serves
+        timeout_s = self.config.discovery.resolve_timeout_s + 1
+        await asyncio.gather(*(self.discovery.settled(name, timeout_s) for name in self.discovery.entries))
         # policies start from a short measurement of each backend, not the studies' priors
         self._seeding = start_seeding([b.client for b in self.pools.by_name.values()], self.policies)
 
@@ -267,6 +353,9 @@ class Runtime:
     async def stop(self) -> None:
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
+        if self.config_watch is not None:
+            await self.config_watch.stop()
+        await self.discovery.stop()
         await self.poller.stop()
         self.proxy.background.close()
         if self._seeding is not None:

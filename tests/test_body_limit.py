@@ -95,6 +95,9 @@ def test_requests_refused_at_the_door_are_counted_like_any_other(twin_factory):
         if line.startswith("specroute_requests_total{")
     }
     assert counted == {"413": 2.0, "405": 1.0, "400": 1.0}
+    # ...and among the refusals at the door, by reason
+    for reason, status, count in (("body_too_large", 413, 2), ("method_not_allowed", 405, 1), ("bad_request", 400, 1)):
+        assert f'specroute_http_refused_total{{reason="{reason}",status="{status}"}} {count:.1f}' in metrics
 
 
 def test_a_body_that_trickles_in_is_cut_after_client_body_s(twin_factory):
@@ -123,4 +126,6 @@ def test_a_body_that_trickles_in_is_cut_after_client_body_s(twin_factory):
     assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
     error = json.loads(body)["error"]
     assert "not received within 0.5s" in error["message"] and "client_body_s" in error["message"]
-    assert 'specroute_requests_total{backend="none",model="unknown",status="408"} 1.0' in metrics
+    request = 'backend="none",endpoint="chat",error_type="timeout_error",model="unknown",status="408"'
+    assert f"specroute_requests_total{{{request}}} 1.0" in metrics
+    assert 'specroute_http_refused_total{reason="body_timeout",status="408"} 1.0' in metrics

@@ -119,6 +119,9 @@ def test_dashboard_covers_what_the_issue_asks_for():
         "specroute_queue_waiting",
         "specroute_admission_rejected_total",
         "gen_ai_server_time_to_first_token_seconds",
+        "specroute_http_refused_total",
+        "specroute_config_info",
+        "specroute_build_info",
     ):
         assert metric in queries, metric
     ids = [p["id"] for p in json.loads(DASHBOARD.read_text())["panels"]]

@@ -172,7 +172,10 @@ def test_probes_mean_what_the_deployment_expects(tmp_path):
     text = _kind("ConfigMap")["data"]["specroute.toml"]
     ports = {name: free_port() for name in re.findall(r'name = "([^"]+)"', text)}
     for name, port in ports.items():
-        text = re.sub(rf'url = "http://sglang-{re.escape(name)}:30000"', f'url = "http://127.0.0.1:{port}"', text)
+        # each headless Service's name standing for one address: its twin's (an IP resolves to itself)
+        text = re.sub(
+            rf'url = "http://sglang-{re.escape(name)}-headless:30000"', f'url = "http://127.0.0.1:{port}"', text
+        )
     gw = free_port()
     text = text.replace('listen = "0.0.0.0:8000"', f'listen = "127.0.0.1:{gw}"')
     path = tmp_path / "specroute.toml"

@@ -42,4 +42,7 @@ def test_a_departed_backend_takes_every_series_it_had_and_leaves_the_others():
     assert kept and all(line in after for line in kept)
     # a name that comes back starts its series afresh
     metrics.observe(_served("b"))
-    assert 'specroute_requests_total{backend="b",model="kimi-k2.6",status="200"} 1.0' in metrics.render().decode()
+    assert (
+        'specroute_requests_total{backend="b",endpoint="chat",error_type="",model="kimi-k2.6",status="200"} 1.0'
+        in metrics.render().decode()
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -290,7 +291,16 @@ def test_metrics_are_consistent_with_the_requests_sent(tmp_path, k26):
     def count(family):
         return sum(s.value for s in families[family].samples if s.name.endswith("_count"))
 
-    assert count("specroute_request_duration_seconds") == 12
+    # every finished request has its duration, a failed one with its error type (the refusal's 404 too)
+    durations = {
+        (s.labels["backend"], s.labels["endpoint"], s.labels["error_type"]): s.value
+        for s in families["specroute_request_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert sum(v for (_, endpoint, error), v in durations.items() if not error and endpoint == "chat") == 12
+    assert durations[("none", "chat", "not_found_error")] == 1 and count("specroute_request_duration_seconds") == 13
+    (build,) = families["specroute_build_info"].samples
+    assert build.value == 1 and build.labels["version"] == importlib.metadata.version("specroute")
     assert count("specroute_ttft_seconds") == 6  # only streams show a first token
     assert count("gen_ai_client_token_usage") == 24  # input and output per request
     decisions = sum(s.value for s in families["specroute_policy_decisions"].samples if s.name.endswith("_total"))
@@ -320,10 +330,22 @@ def test_metrics_are_consistent_with_the_requests_sent(tmp_path, k26):
             "gen_ai_request_model",
             "gen_ai_provider_name",
             "gen_ai_token_type",
+            "endpoint",
+            "error_type",
+            "reason",  # refusals at the door
+            "version",  # build info
+            "python",
+            "digest",  # the running config's
+            "entry",  # a discover = "dns" entry
         }
         for f in families.values()
         for s in f.samples
     )
+    # the latency buckets reach past what the default timeouts allow (300 s to the first byte after
+    # 30 s queued; 900 s for a whole answer): a long answer lands in a finite bucket
+    for family, reach in (("specroute_ttft_seconds", 330), ("specroute_request_duration_seconds", 900)):
+        bounds = {float(s.labels["le"]) for s in families[family].samples if s.name.endswith("_bucket")}
+        assert max(bounds - {float("inf")}) >= reach, family
 
 
 def test_access_log_one_json_line_per_request_joinable_and_without_secrets(tmp_path, k26):

@@ -195,9 +195,14 @@ def panels() -> list[dict[str, Any]]:
     y += 8
     add(
         "Request duration percentiles",
-        "End-to-end duration through the gateway.",
+        "End-to-end duration through the gateway of the requests answered without error. The buckets "
+        "reach past the configured timeouts (a 150 s thinking answer lands in a finite bucket, so its "
+        "p99 is not clipped at the last bound).",
         [
-            (_quantile(q, "specroute_request_duration_seconds", selector=f"{{{BACKEND}}}"), f"p{int(q * 100)}")
+            (
+                _quantile(q, "specroute_request_duration_seconds", selector=f'{{{BACKEND}, error_type=""}}'),
+                f"p{int(q * 100)}",
+            )
             for q in (0.5, 0.9, 0.99)
         ],
         0,
@@ -232,18 +237,37 @@ def panels() -> list[dict[str, Any]]:
 
     row("Traffic and errors")
     add(
-        "Requests/s, by status",
-        "Answered requests by HTTP status.",
-        [(f"sum by (status) (rate(specroute_requests_total[{RATE}]))", "{{status}}")],
+        "Requests/s, by endpoint and status",
+        "Finished requests by endpoint (chat, completions, responses) and HTTP status.",
+        [(f"sum by (endpoint, status) (rate(specroute_requests_total[{RATE}]))", "{{endpoint}} {{status}}")],
         0,
         8,
         unit="reqps",
     )
     add(
+        "Errors/s, by error type",
+        "Failed requests by the error type the client got (OpenAI's error types, or the failure's "
+        "kind: broken_stream, client_disconnected...).",
+        [(f'sum by (error_type) (rate(specroute_requests_total{{error_type!=""}}[{RATE}]))', "{{error_type}}")],
+        8,
+        8,
+        unit="reqps",
+    )
+    add(
+        "Refused at the door/s, by reason",
+        "Requests and connections turned away before the request path: keys (401/403), rate limit (429), "
+        "media type (415), connection cap (503), headers or body too slow (408), body too large (413).",
+        [(f"sum by (reason) (rate(specroute_http_refused_total[{RATE}]))", "{{reason}}")],
+        16,
+        8,
+        unit="reqps",
+    )
+    y += 8
+    add(
         "Upstream errors/s, by kind",
         "Upstream failures by kind (connect, timeout, HTTP status, stream cut...).",
         [(f"sum by (kind) (rate(specroute_upstream_errors_total{{{BACKEND}}}[{RATE}]))", "{{kind}}")],
-        8,
+        0,
         8,
         unit="reqps",
     )
@@ -255,9 +279,21 @@ def panels() -> list[dict[str, Any]]:
             (f"sum (rate(specroute_retries_total[{RATE}]))", "retries"),
             (f"sum (rate(specroute_telemetry_skipped_total{{{BACKEND}}}[{RATE}]))", "telemetry skipped"),
         ],
-        16,
+        8,
         8,
         unit="reqps",
+    )
+    add(
+        "Replicas by config and version",
+        "Gateway replicas per running config digest and per build: more than one config line means a "
+        "change has not reached every replica (or a replica refused the file: config file applied = 0).",
+        [
+            ("count by (digest) (specroute_config_info)", "config {{digest}}"),
+            ("count by (version) (specroute_build_info)", "version {{version}}"),
+            ("count (specroute_config_file_applied == 0)", "config file refused"),
+        ],
+        16,
+        8,
     )
     y += 8
 
