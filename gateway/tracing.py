@@ -23,9 +23,9 @@ from time import time_ns as _time_ns
 from typing import Any
 
 import msgspec
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from gateway.asgi import ASGIApp, Message, Receive, Scope, Send
 from gateway.config import TracingSection
 from gateway.records import RequestRecord, encode_request
 from gateway.sampling import Sampler, sampler_from
@@ -36,8 +36,6 @@ log = logging.getLogger("specroute.tracing")
 # version may append more. All-zero ids are invalid.
 _TRACEPARENT = re.compile(r"^\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\s*$")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
-# Not traced: probes and scrapes would outnumber requests.
-UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 def _span_id() -> str:
@@ -146,8 +144,10 @@ class Tracing:
             )
 
     def server_span_middleware(self, app: ASGIApp) -> ASGIApp:
-        """ASGI: the SERVER span of every traced request, current while the app runs (the two
-        generation routes make theirs in `FastRoutes`, from the headers they decode anyway).
+        """litestar middleware for the routes it is given (gateway.app: the API and admin routes;
+        not the probes and scrapes, which would outnumber requests, nor the generation routes,
+        which make theirs in gateway.generation): the SERVER span of each traced request, current
+        while the route runs.
 
         Made here rather than by the generic OpenTelemetry ASGI middleware (what litestar's plugin
         uses), which cost about as much per request as the rest of the gateway: it keeps what a
@@ -156,10 +156,6 @@ class Tracing:
         start, end = self.start_server_span, self.end_server_span
 
         async def traced(scope: Scope, receive: Receive, send: Send) -> None:
-            path = scope.get("path", "")
-            if scope["type"] != "http" or path in UNTRACED_PATHS:
-                await app(scope, receive, send)
-                return
             traceparent = tracestate = None
             for name, value in scope["headers"]:
                 if name == b"traceparent":
@@ -186,7 +182,7 @@ class Tracing:
                 await app(scope, receive, send_status)
             finally:
                 _current.reset(token)
-                end(trace, scope["method"], path, status)
+                end(trace, str(scope.get("method", "GET")), scope["path"], status)
 
         return traced
 

@@ -153,6 +153,84 @@ def test_a_planted_forbidden_import_breaks_the_contract(tmp_path: Path, module: 
     assert module.removesuffix(".py").replace("/", ".") in proc.stdout  # the planted line is the one named
 
 
+# ------------------------------------------------------------------ no import cycle
+
+
+def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """`package`'s modules under `root`, each with the modules of the package it imports anywhere:
+    at the top, inside functions, under TYPE_CHECKING. The package itself (its __init__) is left
+    out: every module of it runs it first."""
+    modules = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (root / package).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                target = node.module or ""
+                if node.level:
+                    parent = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
+                    target = f"{parent}.{target}" if target else parent
+                names.add(target)
+                names.update(f"{target}.{alias.name}" for alias in node.names)
+        graph[module] = {n for n in names if n in modules and n not in (module, package)}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected group of more than one module (Tarjan), or a
+    module that imports itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph[module]):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1 or module in graph[module]:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_no_import_cycle_in_a_product_package(package: str) -> None:
+    assert _cycles(_import_graph(REPO, package)) == []
+
+
+def test_a_planted_type_only_import_makes_a_cycle_the_test_finds(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "gateway", tmp_path / "gateway", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "gateway" / "pool.py").open("a") as f:  # the proxy imports the pool
+        f.write("\n\nif TYPE_CHECKING:\n    from gateway.proxy import Proxy\n")
+    cycles = _cycles(_import_graph(tmp_path, "gateway"))
+    assert len(cycles) == 1 and {"gateway.pool", "gateway.proxy"} <= set(cycles[0])
+
+
 # ------------------------------------------------------------------ what the core install pulls
 
 TOOLING_LIBRARIES = {"matplotlib", "numpy", "rich", "jsonschema"}
