@@ -40,6 +40,7 @@ from gateway.response_ids import check_response_id
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
 from gateway.via import forwarded_via, forwarding_loop, has_looped
+from policies import Describes
 
 log = logging.getLogger("specroute.app")
 _encoder = msgspec.json.Encoder()
@@ -392,9 +393,8 @@ def _refuse_loops(request: Request[Any, Any, Any]) -> None:
 def _policies(rt: Runtime) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for model, policy in rt.policies.items():
-        describe = getattr(policy, "describe", None)
         views = [b.view for b in rt.pools.by_model.get(model, [])]
-        out[model] = {"name": policy.name, **(describe(views) if describe else {})}
+        out[model] = {"name": policy.name, **(policy.describe(views) if isinstance(policy, Describes) else {})}
     return out
 
 

@@ -56,7 +56,7 @@ def conclude(
     result, parsed = req.result, req.parsed
     u, spec, t_first, t_last = result.usage, result.spec, result.t_first, result.t_last
     sequences = parsed.sequences
-    per_sequence = (u.completion_tokens if u else 0) / sequences  # sequences decode side by side
+    per_sequence = ((u.completion_tokens if u else None) or 0) / sequences  # sequences decode side by side
     timed = not held_back(req, result)
     decode_s = (t_last - t_first) if timed and t_first is not None and t_last is not None else None
     decode_tok_s = (per_sequence - 1) / decode_s if decode_s and per_sequence > 1 else None

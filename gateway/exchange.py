@@ -20,8 +20,8 @@ import aiohttp
 import msgspec
 
 from backends.client import AnswerTooLarge, read_capped
-from backends.telemetry import usage
 from common.json_errors import JSON_DECODE_ERRORS
+from common.usage import usage
 from gateway.attempt import BUSY, NET_ERRORS, REQUEST_ERRORS, RETRYABLE, STALLED, Attempt, UpstreamFailure
 from gateway.config import Config
 from gateway.downstream import Downstream

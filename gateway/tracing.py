@@ -6,8 +6,8 @@ the SDK's samplers and rules (`gateway.sampling`), inject `traceparent` upstream
 traced request as one flat record of raw facts: ids, times, status, the upstream address and the
 request's record, the very JSON the access log line is made of. The OpenTelemetry SDK runs only on
 the export side, in a separate process (`gateway.span_export`), which makes the spans from those
-records, names their attributes and encodes them, so tracing costs the gateway a few microseconds
-per request instead of the SDK's ~150 (span objects, locks, OTLP encoding). What a collector
+records, names their attributes and encodes them, so the gateway pays for a flat record per
+request, not for the SDK's span objects, locks and OTLP encoding (docs/performance.md). What a collector
 receives is the SDK's OTLP message, configured by the standard OTEL_* variables.
 
 With tracing off there is no middleware and no span at all: every hook below is a no-op.
@@ -39,7 +39,7 @@ _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 
 
 def _span_id() -> str:
-    # to_bytes().hex(), not "%016x": formatting a long as hex costs twice as much
+    # to_bytes().hex(), not "%016x": the cheaper of the two (docs/performance.md)
     return (_getrandbits(64) or 1).to_bytes(8, "big").hex()
 
 
