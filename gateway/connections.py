@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.errors import ApiError
-from gateway.head_write import HeadHoldingProtocol
 
 __all__ = ["ConnectionLimits", "LimitedProtocol"]
 
@@ -92,7 +93,7 @@ def _raw_error(status: int, reason: bytes, error: ApiError) -> bytes:
     )
 
 
-class LimitedProtocol(HeadHoldingProtocol):
+class LimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits above. uvicorn takes a class (`http=`), so a
     server's limits come as a class attribute: `LimitedProtocol.limited_by(limits)`."""
 
@@ -109,7 +110,7 @@ class LimitedProtocol(HeadHoldingProtocol):
         self.send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        super().connection_made(cast(asyncio.Transport, transport))  # uvicorn serves TCP: a Transport
         limits = self.gateway_limits
         if limits.open >= limits.max_connections:
             limits.refused += 1

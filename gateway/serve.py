@@ -48,8 +48,7 @@ def run(config: Config, host: str, port: int, config_path: str | None = None) ->
         runtime,
         grace_s,
         uvicorn.Config(
-            # httptools, with a response's head and body leaving in one write (gateway/head_write.py)
-            # and the connections' limits (gateway/connections.py)
+            # httptools, with the connections' limits (gateway/connections.py)
             serving_asgi(app),
             host=host,
             port=port,
