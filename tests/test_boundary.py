@@ -52,9 +52,9 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-def _imported(module: str, path: Path) -> set[str]:
-    """Every module `path` imports, anywhere in it: at the top, inside functions, under TYPE_CHECKING.
-    `from a import b` counts a, and a.b when that is a module; importing a.b.c runs a and a.b too."""
+def _names(module: str, path: Path) -> set[str]:
+    """Every name `path` imports, anywhere in it: at the top, inside functions, under TYPE_CHECKING.
+    `from a import b` names a and a.b (b may be a module); importing a.b.c runs a and a.b too."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -71,7 +71,12 @@ def _imported(module: str, path: Path) -> set[str]:
     for name in names:
         parts = name.split(".")
         out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
-    return {m for m in out if _module_file(m) is not None}
+    return out
+
+
+def _imported(module: str, path: Path) -> set[str]:
+    """The first-party modules `path` imports (`_names`)."""
+    return {m for m in _names(module, path) if _module_file(m) is not None}
 
 
 def _closure(start: str) -> set[str]:
@@ -164,22 +169,7 @@ def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
         ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
         for p in (root / package).rglob("*.py")
     }
-    graph: dict[str, set[str]] = {}
-    for module, path in modules.items():
-        base = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                target = node.module or ""
-                if node.level:
-                    parent = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
-                    target = f"{parent}.{target}" if target else parent
-                names.add(target)
-                names.update(f"{target}.{alias.name}" for alias in node.names)
-        graph[module] = {n for n in names if n in modules and n not in (module, package)}
-    return graph
+    return {m: {n for n in _names(m, p) if n in modules and n not in (m, package)} for m, p in modules.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
