@@ -19,7 +19,6 @@ from typing import Any
 import aiohttp
 import uvicorn
 
-from gateway.head_write import HeadHoldingProtocol
 from gateway.serve import tune_gc
 
 
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             host="127.0.0.1",
             port=int(args[0]),
             loop="uvloop",
-            http=HeadHoldingProtocol,  # as `specroute serve` runs: a head leaves with its body
+            http="httptools",  # as `specroute serve` runs (without its connection limits)
             lifespan="on",
             log_level="warning",
             access_log=False,

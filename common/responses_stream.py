@@ -42,19 +42,12 @@ API:
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from common.stream_clock import (
-    ChatDelta,
-    Choice,
-    Chunk,
-    CompletionTokensDetails,
-    FunctionDelta,
-    PromptTokensDetails,
-    StreamError,
-    ToolCallDelta,
-    Usage,
-)
+from common.stream_clock import ChatDelta, Choice, Chunk, FunctionDelta, StreamError, ToolCallDelta
+from common.usage import CompletionTokensDetails, PromptTokensDetails, Usage
 
 __all__ = [
     "ResponseObject",
@@ -65,6 +58,7 @@ __all__ = [
     "decode_response",
     "finish_reason",
     "response_chunk",
+    "responses_usage",
     "usage_of",
 ]
 
@@ -150,6 +144,18 @@ def decode_event(payload: bytes) -> ResponsesEvent:
 def decode_response(body: bytes) -> ResponseObject:
     """Decode a non-streamed response body; raises msgspec.DecodeError."""
     return _response_decoder.decode(body)
+
+
+def responses_usage(obj: Any) -> Usage | None:
+    """A Responses API `usage` as decoded JSON (`input_tokens`, `output_tokens` and their details:
+    SGLang's `ResponsesResponse._serialize_usage`, `entrypoints/openai/protocol.py`) in the chat
+    shape; None when absent or not of its shape (never raises)."""
+    if obj is None:
+        return None
+    try:
+        return usage_of(msgspec.convert(obj, ResponsesUsage))
+    except msgspec.ValidationError:
+        return None
 
 
 def usage_of(u: ResponsesUsage | None) -> Usage | None:

@@ -15,11 +15,9 @@ Definitions (docs/metrics.md has them for users):
 - Decode span = last - first chunk with generated output (any kind: a thinking stream decodes
   from its first reasoning token). Decode tok/s = (completion_tokens - 1) / decode span, when
   completion_tokens > 1 and the span is > 0.
-- completion_tokens, reasoning_tokens and cached_tokens are the server's (`usage`): the last usage
-  seen wins, which is the final usage chunk when the client asked for `include_usage`.
-  reasoning_tokens: `completion_tokens_details.reasoning_tokens` (OpenAI's place), else SGLang's
-  top-level `reasoning_tokens`; SGLang counts through the `</think>` token. cached_tokens:
-  `prompt_tokens_details.cached_tokens` (SGLang sends it only with `--enable-cache-report`).
+- completion_tokens, reasoning_tokens and cached_tokens are the server's (`usage`, read as
+  `common.usage` reads it): the last usage seen wins, which is the final usage chunk when the
+  client asked for `include_usage`.
 - Exact tokens per chunk: with `stream_options.continuous_usage_stats` every generated chunk
   carries the cumulative usage of the step that produced it; a chunk's tokens are the difference
   of `completion_tokens` from the previous generated chunk (the first: from 0). Tokens that made
@@ -48,57 +46,23 @@ from collections.abc import Sequence
 
 import msgspec
 
+from common.usage import Usage
+
 __all__ = [
     "ChatDelta",
     "Choice",
     "Chunk",
     "ClockFigures",
-    "CompletionTokensDetails",
     "FunctionDelta",
     "Output",
-    "PromptTokensDetails",
     "StreamClock",
     "StreamError",
     "TokenMark",
     "ToolCallDelta",
-    "Usage",
     "chunk_output",
     "chunk_token_counts",
     "decode_chunk",
 ]
-
-
-class PromptTokensDetails(msgspec.Struct):
-    cached_tokens: int | None = None
-
-
-class CompletionTokensDetails(msgspec.Struct):
-    reasoning_tokens: int | None = None
-
-
-class Usage(msgspec.Struct):
-    """`usage` of a chunk or a response; every field optional (servers differ)."""
-
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
-    reasoning_tokens: int | None = None  # SGLang's top-level copy
-    prompt_tokens_details: PromptTokensDetails | None = None
-    completion_tokens_details: CompletionTokensDetails | None = None
-
-    @property
-    def reasoning(self) -> int | None:
-        """Reasoning tokens: OpenAI's `completion_tokens_details`, else SGLang's top-level field."""
-        d = self.completion_tokens_details
-        if d is not None and d.reasoning_tokens is not None:
-            return d.reasoning_tokens
-        return self.reasoning_tokens
-
-    @property
-    def cached(self) -> int | None:
-        """Prompt tokens served from the prefix cache, when the server reports them."""
-        d = self.prompt_tokens_details
-        return d.cached_tokens if d is not None else None
 
 
 class FunctionDelta(msgspec.Struct):
@@ -155,7 +119,7 @@ def decode_chunk(payload: bytes) -> Chunk:
 
 class Output:
     """What generated output one chunk carried: bits of an int (plain ints rather than an
-    enum.IntFlag, whose operators cost microseconds per chunk on a client's hot path)."""
+    enum.IntFlag, whose Python-level operators would run for every chunk on a client's hot path)."""
 
     NONE = 0
     REASONING = 1  # non-empty delta.reasoning_content
@@ -275,8 +239,8 @@ class StreamClock(msgspec.Struct, kw_only=True):
         n = completion_tokens if completion_tokens is not None else (u.completion_tokens if u else None)
         f = ClockFigures(
             completion_tokens=n,
-            reasoning_tokens=u.reasoning if u else None,
-            cached_tokens=u.cached if u else None,
+            reasoning_tokens=u.reasoning_tokens if u else None,
+            cached_tokens=u.cached_tokens if u else None,
             prompt_tokens=u.prompt_tokens if u else None,
         )
         if self.t_first is None or self.t_last is None:

@@ -1,4 +1,10 @@
-"""The litestar application: OpenAI routes, probes, admin API; every error in OpenAI's shape."""
+"""The litestar application: the OpenAI routes, probes, admin API; every error in OpenAI's shape.
+
+Served behind the door (gateway.auth), which sits outside the router so that with keys configured
+no route answers without one, unknown routes included. The generation routes are litestar ASGI
+route handlers (gateway.generation); the rest are litestar's ordinary handlers. A request this
+gateway forwarded before is answered 508 on every route (gateway.via).
+"""
 
 from __future__ import annotations
 
@@ -9,35 +15,34 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import msgspec
-from litestar import Litestar, Request, Response, delete, get, post
+from litestar import Litestar, Request, Response, Router, delete, get, post, route
+from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
+from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
-from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp as StarletteASGIApp
+from litestar.types import ASGIApp
 
 from backends.client import AnswerTooLarge
 from common.admin_api import AdminBackends, BackendState
 from common.json_errors import JSON_DECODE_ERRORS
 from gateway.access_log import AccessLog
-from gateway.asgi import ASGIApp
-from gateway.attempt import REQUEST_ID_HEADER
-from gateway.auth import AuthGate, posture
+from gateway.auth import AuthGate, posture, routed_path
 from gateway.config import Config, ConfigError, load_config
 from gateway.errors import ApiError, clip, model_not_found
-from gateway.fast_routes import FastRoutes
+from gateway.generation import ROUTES, GenerationRoutes
 from gateway.openai_request import Kind
 from gateway.pool import Backend
-from gateway.probe_head import ProbeHead
-from gateway.proxy import BACKEND_HEADER, TRACE_ID_HEADER
+from gateway.request import BACKEND_HEADER, REQUEST_ID_HEADER, TRACE_ID_HEADER
 from gateway.response_holders import response_segments
 from gateway.response_ids import check_response_id
 from gateway.runtime import Runtime
 from gateway.tracing import Tracing
-from gateway.via import LoopGuard, forwarded_via
+from gateway.via import forwarded_via, forwarding_loop, has_looped
+from policies import Describes
 
 log = logging.getLogger("specroute.app")
 _encoder = msgspec.json.Encoder()
@@ -115,7 +120,9 @@ def create_app(
             cards += [_model_card(model, adapter) for adapter in sorted(loaded)]
         return cards
 
-    @get("/v1/models")
+    # Probes and scrapes answer HEAD as their GET without the body (uptime monitors and load
+    # balancers check with HEAD; uvicorn sends no body after a HEAD, the headers are GET's).
+    @route("/v1/models", http_method=["GET", "HEAD"])
     async def models() -> Response[bytes]:
         return _json({"object": "list", "data": _model_cards()})
 
@@ -128,11 +135,11 @@ def create_app(
                 return _json(card)
         raise model_not_found(model, rt.pools.models())
 
-    @get("/health")
+    @route("/health", http_method=["GET", "HEAD"])
     async def health() -> Response[bytes]:
         return _json({"status": "ok"})
 
-    @get("/ready")
+    @route("/ready", http_method=["GET", "HEAD"])
     async def ready() -> Response[bytes]:
         """200 when every served model has a backend up, as seen by at least one readiness check."""
         pending = [b.name for b in rt.pools.by_name.values() if not rt.poller.checked(b.name)]
@@ -140,11 +147,11 @@ def create_app(
         ok = not down and not pending
         return _json({"ready": ok, "models_without_backend": down, "not_yet_checked": pending}, 200 if ok else 503)
 
-    @get("/metrics")
+    @route("/metrics", http_method=["GET", "HEAD"])
     async def prometheus() -> Response[bytes]:
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4")  # litestar appends the charset
 
-    @get("/server_info")
+    @route("/server_info", http_method=["GET", "HEAD"])
     async def server_info() -> Response[bytes]:
         """What SGLang's bench_serving reads, aggregated over the pool, so users' scripts work here too."""
         # SGLang's avg_spec_accept_length is a lifetime average: the backends' lifetime figures, as reported
@@ -304,24 +311,62 @@ def create_app(
     async def on_shutdown() -> None:
         await rt.stop()
 
+    def refused(kind: Kind, headers: Mapping[str, str], error: ApiError, t_received: float) -> None:
+        rt.refusals.body_refused(error.status)  # counted among the door's refusals (gateway/refusals.py)
+        rt.proxy.refused(kind, error, t_received, headers=headers)
+
+    def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+        error = _http_error(exc)
+        # Refused by litestar's router before any route ran (its host check): a generation request
+        # still gets its record, as every refused one does.
+        if "route_handler" not in request.scope and (kind := ROUTES.get(routed_path(request.scope))) is not None:
+            refused(kind, dict(request.headers), error, time.perf_counter())
+        return error.response()
+
+    # The generation routes: rt.proxy is looked up per request (a reload may replace it).
+    generation = GenerationRoutes(
+        lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace, client),
+        refused,
+        lambda: rt.config,
+        rt.tracing,
+        rt.body_budget,
+    )
+    probes: list[BaseRouteHandler] = [health, ready, prometheus]  # never traced: they would outnumber requests
+    api: list[BaseRouteHandler] = [
+        models,
+        retrieve_model,
+        retrieve_response,
+        cancel_response,
+        server_info,
+        admin_backends,
+        add_backend,
+        remove_backend,
+        drain,
+        undrain,
+        reload,
+    ]
+    traced: list[Router | BaseRouteHandler] = list(api)
+    if rt.tracing.enabled:  # their SERVER spans; the generation routes make their own
+        tracing = rt.tracing
+
+        def server_spans(app: ASGIApp) -> ASGIApp:  # a function: litestar deep-copies a router's middleware
+            return tracing.server_span_middleware(app)
+
+        traced = [Router("/", route_handlers=api, middleware=[server_spans])]
+    origins = config.gateway.cors_allow_origins
     app = Litestar(
-        route_handlers=[
-            models,
-            retrieve_model,
-            retrieve_response,
-            cancel_response,
-            health,
-            ready,
-            prometheus,
-            server_info,
-            admin_backends,
-            add_backend,
-            remove_backend,
-            drain,
-            undrain,
-            reload,
-        ],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+        route_handlers=[*generation.handlers(), *probes, *traced],
+        exception_handlers={ApiError: _api_error, HTTPException: http_error, Exception: _unexpected},
+        before_request=_refuse_loops,
+        cors_config=CORSConfig(
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            # what a browser client may read: who served it, the request and trace ids
+            expose_headers=[BACKEND_HEADER, REQUEST_ID_HEADER, TRACE_ID_HEADER],
+        )
+        if origins
+        else None,
         request_max_body_size=config.gateway.max_body_bytes,
         on_startup=[on_startup],
         on_shutdown=[on_shutdown],
@@ -333,62 +378,30 @@ def create_app(
     return app
 
 
-def create_asgi(config: Config, **kwargs: Any) -> ASGIApp:
-    """The app as served: CORS outermost when configured (a browser's preflight carries no key),
-    then the API-key gate outside the router, so unknown routes need a key too; the generation
-    routes answered as plain ASGI (FastRoutes), everything else by litestar."""
+def create_asgi(config: Config, **kwargs: Any) -> AuthGate:
+    """The app as served: the door (gateway.auth) around the litestar app."""
     return serving_asgi(create_app(config, **kwargs))
 
 
-def serving_asgi(app: Litestar) -> ASGIApp:
+def serving_asgi(app: Litestar) -> AuthGate:
     """`create_asgi` for an app already made (`app.state.runtime` is its Runtime)."""
     rt: Runtime = app.state.runtime
-    config = rt.config
-    # Litestar types its ASGI arguments as its own TypedDicts (HTTPScope, HTTPReceiveMessage, ...),
-    # which a plain-mapping callable is not assignable to; at run time both are the server's dicts.
-    litestar_app = cast(ASGIApp, app)
-    # SERVER spans (tracing on): FastRoutes makes those of the generation routes, the middleware
-    # those of litestar's routes but probes and scrapes.
-    inner = rt.tracing.server_span_middleware(litestar_app) if rt.tracing.enabled else litestar_app
-    inner = ProbeHead(LoopGuard(inner))
+    return AuthGate(app, rt.config, lambda: rt.config, app.cors_config, rt.refusals)
 
-    def refused(kind: Kind, headers: Mapping[str, str], error: ApiError, t_received: float) -> None:
-        rt.refusals.body_refused(error.status)  # counted among the door's refusals (gateway/refusals.py)
-        rt.proxy.refused(kind, error, t_received, headers=headers)
 
-    # The generation routes (POST /v1/chat/completions, /v1/completions, under any root_path) are
-    # answered by FastRoutes alone; rt.proxy is looked up per request (a reload may replace it).
-    fast = FastRoutes(
-        inner,
-        lambda body, kind, headers, trace, client: rt.proxy.serve(body, kind, headers, trace, client),
-        refused,
-        lambda: rt.config,
-        rt.tracing,
-        rt.body_budget,
-    )
-    gate = AuthGate(fast, config, lambda: rt.config, rt.refusals)
-    origins = config.gateway.cors_allow_origins
-    if not origins:
-        return gate
-    return cast(
-        ASGIApp,
-        CORSMiddleware(
-            cast(StarletteASGIApp, gate),
-            allow_origins=origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["*"],
-            # what a browser client may read: who served it, the request and trace ids
-            expose_headers=[BACKEND_HEADER, REQUEST_ID_HEADER, TRACE_ID_HEADER],
-        ),
-    )
+def _refuse_loops(request: Request[Any, Any, Any]) -> None:
+    """Every route litestar's handlers answer (readiness checks and Response lookups from a
+    gateway whose backend this is); the generation routes check their own (gateway.generation)."""
+    for name, value in request.scope["headers"]:
+        if name == b"via" and has_looped(value.decode("latin-1")):
+            raise forwarding_loop()
 
 
 def _policies(rt: Runtime) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for model, policy in rt.policies.items():
-        describe = getattr(policy, "describe", None)
         views = [b.view for b in rt.pools.by_model.get(model, [])]
-        out[model] = {"name": policy.name, **(describe(views) if describe else {})}
+        out[model] = {"name": policy.name, **(policy.describe(views) if isinstance(policy, Describes) else {})}
     return out
 
 
@@ -419,12 +432,12 @@ def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
     return exc.response()
 
 
-def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+def _http_error(exc: HTTPException) -> ApiError:
     status = exc.status_code
     message = {404: "no such route", 405: "method not allowed for this route", 413: "request body too large"}.get(
         status, str(exc.detail)
     )
-    return ApiError(status, message, headers=dict(exc.headers or {})).response()
+    return ApiError(status, message, headers=dict(exc.headers or {}))
 
 
 def _unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

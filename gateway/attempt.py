@@ -2,17 +2,19 @@
 back exactly once, on exit, however the attempt ends (answered, refused, failed, client gone):
 
 - the lease on its backend (the request counts as in flight there from dispatch to exit);
-- its CLIENT span (ended with the attempt's record);
 - its upstream response: released to the connection pool when it was read to the end, closed
   otherwise, which makes SGLang abort the request (a client that left, a broken stream);
-- its place among its backend's open attempts (`Backend.open_attempts`): while it waits for its
-  answer, and again once a stream's headers have gone out. A backend that stops stepping gives
-  them up (`abandon`): one still waiting is tried elsewhere, since nothing of it has reached the
-  client; a stream under way ends with an error event.
+- its prompt, counted as pending prefill on the backend until its first token.
 
-An attempt that fails before anything reached the client raises `UpstreamFailure`: the caller
-may try another backend. Any other exit makes it the request's last attempt, and the request's
-single record is written (by the proxy, through `AttemptHost.attempt_ended`).
+It tells what happened the ordinary way: `post` returns the answer or raises, and so does the
+block it runs in; the proxy decides what follows. One that fails before anything reached the client
+raises `UpstreamFailure`: another backend may be tried. Where it went is on the request
+(`Request.dispatched`), which the request's record is written from.
+
+While it waits for its answer, and again once a stream's headers have gone out, a backend that
+stops stepping gives it up (`Backend.stalled`): the deadline it runs under (an `asyncio.timeout`
+scope, `give_up_by`) expires at once. One still waiting fails as any failure before the first byte
+does; a stream under way ends with an error event.
 """
 
 from __future__ import annotations
@@ -21,25 +23,21 @@ import asyncio
 import logging
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Literal
 
 import aiohttp
 
+from gateway.admission import Admission
 from gateway.errors import ApiError, translate_upstream_error
-from gateway.records import Result
+from gateway.pool import Backend
+from gateway.request import REQUEST_ID_HEADER, Request
+from gateway.tracing import Tracing
 from gateway.via import LOOP_STATUS, VIA_ENTRY, forwarded_via
+from policies import Decision
 from policies.prefill import causal_pairs
-
-if TYPE_CHECKING:
-    from gateway.admission import Admission
-    from gateway.pool import Backend, Lease
-    from gateway.proxy import Request
-    from gateway.tracing import Tracing
-    from policies import Decision
 
 log = logging.getLogger("specroute.proxy")
 
-REQUEST_ID_HEADER = "x-request-id"
 # Upstream answers that mean "not now, not you": the request never ran there, another backend may take it.
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 # 503 (a full queue) and 429 mean busy, not broken: they do not count against the circuit.
@@ -72,57 +70,40 @@ class UpstreamFailure(Exception):
         self.retry = retry
 
 
-class AttemptHost(Protocol):
-    """What an attempt needs from the proxy that runs it."""
-
-    admission: Admission
-    tracing: Tracing
-
-    def attempt_failed(self, attempt: Attempt, failure: UpstreamFailure) -> None: ...
-
-    def attempt_ended(self, attempt: Attempt, error: BaseException | None, mean_inflight: float) -> None: ...
-
-
 class Attempt:
-    """`async with Attempt(host, req, backend, decision) as attempt:` then `await attempt.post(...)`."""
+    """`async with Attempt(req, backend, decision, admission, tracing) as attempt:` then
+    `await attempt.post(...)`."""
 
     __slots__ = (
-        "_host",
         "req",
         "backend",
         "decision",
+        "_admission",
+        "_tracing",
         "result",
         "lease",
-        "span",
         "upstream_headers",
         "response",
         "reusable",
-        "inflight",
-        "t_dispatch",
+        "abandoned",
+        "_scope",
         "_area0",
         "_prefill",
         "_pairs",
-        "abandoned",
-        "_task",
-        "_cancelling",
     )
 
-    lease: Lease
-    span: tuple[Any, ...] | None  # tracing.ClientSpan
-    upstream_headers: dict[str, str]
-    inflight: int
-    t_dispatch: float
-    _area0: float
-
-    def __init__(self, host: AttemptHost, req: Request, backend: Backend, decision: Decision) -> None:
-        self._host = host
+    def __init__(
+        self, req: Request, backend: Backend, decision: Decision, admission: Admission, tracing: Tracing
+    ) -> None:
         self.req = req
         self.backend = backend
         self.decision = decision
-        self.result = Result()
+        self._admission = admission
+        self._tracing = tracing
         self.response: aiohttp.ClientResponse | None = None
         self.reusable = False  # the response was read to its end: its connection can serve another request
-        self.abandoned = False
+        self.abandoned = False  # given up: its backend stopped stepping
+        self._scope: asyncio.Timeout | None = None
 
     async def __aenter__(self) -> Attempt:
         backend, req = self.backend, self.req
@@ -131,17 +112,12 @@ class Attempt:
             if h in req.headers:
                 headers[h] = req.headers[h]
         self.upstream_headers = headers
-        self.span = self._host.tracing.start_client_span(req.trace, backend.address, headers)
-        req.tried.append(backend.name)
+        span = self._tracing.start_client_span(req.trace, backend.address, headers)
         # The lease last: from here on nothing can fail before __aexit__ gives it back.
-        self.lease = self._host.admission.lease(backend, req.parsed.sequences)
-        backend.open_attempts.add(self)
-        # `abandon` cancels the request's task; `taken_back` tells that cancellation from any other
-        # (the count, as asyncio.timeout keeps it), so the common path costs no timeout scope.
-        task = asyncio.current_task()
-        assert task is not None, "an attempt runs inside a task"
-        self._task = task
-        self._cancelling = task.cancelling()
+        self.lease = self._admission.lease(backend, req.parsed.sequences)
+        now = time.perf_counter()
+        req.dispatched(backend, self.decision, span, now)
+        self.result = req.result
         # Until its first token this request's prompt waits to be prefilled there: the policy counts
         # it in the backend's view (SGLang prefills first come, first served).
         tokens = self.decision.prefill_tokens
@@ -149,9 +125,7 @@ class Attempt:
         self._prefill = prompt if tokens is None else tokens
         self._pairs = causal_pairs(prompt, self._prefill)
         backend.view.prefill_queued(self._prefill, self._pairs)
-        self.inflight = backend.inflight
-        self.t_dispatch = time.perf_counter()
-        self._area0 = backend.inflight_area(self.t_dispatch)
+        self._area0 = backend.inflight_area(now)
         return self
 
     async def post(self, path: str, body: bytes, timeouts: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
@@ -190,32 +164,30 @@ class Attempt:
             raise UpstreamFailure("http_503", ApiError(503, error.message[len(_WRAPPED_503) :]), health=False)
         raise error
 
+    def give_up_by(self, scope: asyncio.Timeout) -> None:
+        """From here until `answered` (or the attempt's end), a backend that stops stepping gives
+        the attempt up: it expires `scope`, the `asyncio.timeout` the attempt runs under, at once,
+        and `abandoned` tells that TimeoutError from the deadline's own."""
+        self._scope = scope
+        self.lease.on_stall = self._abandon
+
+    def _abandon(self) -> None:
+        scope = self._scope
+        if scope is not None and not scope.expired():  # not already ending by its own deadline
+            self.abandoned = True
+            scope.reschedule(asyncio.get_running_loop().time())
+
+    def answered(self) -> None:
+        """Its answer (or a stream's first token) is in: not given up any more, unless `give_up_by`
+        again (a stream once its headers have gone out)."""
+        self.lease.on_stall = None
+
     def first_token(self) -> None:
         """The backend has prefilled this request's prompt (it sent a token, or the attempt ended)."""
         if self._prefill:
             self.backend.view.prefill_finished(self._prefill, self._pairs)
             self._prefill, self._pairs = 0, 0.0
         self.answered()
-
-    def streaming(self) -> None:
-        """The stream's headers are out: from here `abandon` ends it rather than moving it."""
-        self.backend.open_attempts.add(self)
-
-    def answered(self) -> None:
-        """Its answer (or a stream's first token) is in: not given up until `streaming`, if ever."""
-        self.backend.open_attempts.discard(self)
-
-    def abandon(self) -> None:
-        """Give up the attempt (its backend stopped stepping): whatever it awaits raises
-        CancelledError, which the caller hands to `taken_back`."""
-        if not self.abandoned and self in self.backend.open_attempts:
-            self.abandoned = True
-            self._task.cancel()
-
-    def taken_back(self) -> bool:
-        """In an `except CancelledError`: True when the cancellation was `abandon`'s alone, which is
-        then undone; False when it was anyone else's too (a client that left)."""
-        return self.abandoned and self._task.uncancel() <= self._cancelling
 
     def stalled_failure(self) -> UpstreamFailure:
         """What an attempt given up before answering raises: another backend may take it."""
@@ -252,12 +224,6 @@ class Attempt:
         """The request ran on the backend until a deadline: the backend's failure, not to be run again."""
         return UpstreamFailure("timeout", ApiError(504, f"backend {self.backend.name} {what}"), retry="no")
 
-    def mean_inflight(self) -> float:
-        """Time-weighted in-flight on the backend over the attempt's life (itself included)."""
-        now = time.perf_counter()
-        span = now - self.t_dispatch
-        return (self.backend.inflight_area(now) - self._area0) / span if span > 0 else float(self.inflight)
-
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
@@ -268,12 +234,12 @@ class Attempt:
                 resp.release()
             else:
                 resp.close()
-        mean_inflight = self.mean_inflight()  # before the release: the attempt counts itself
+        # Time-weighted in-flight on the backend over the attempt's life, itself included: before the release.
+        now = time.perf_counter()
+        span = now - self.req.t_dispatch
+        area = self.backend.inflight_area(now) - self._area0
+        self.req.mean_inflight = area / span if span > 0 else float(self.req.inflight)
         self.first_token()
         self.lease.release()
-        if isinstance(exc, UpstreamFailure):
-            self._host.attempt_failed(self, exc)
-        else:
-            self._host.attempt_ended(self, exc, mean_inflight)
-        if self.lease.probe:  # a verdict (success, failure) has moved the circuit on already
+        if self.lease.probe:  # a verdict (success, failure) moves the circuit on as well
             self.backend.circuit.probe_ended()

@@ -13,6 +13,10 @@ address, not the client's, since behind a sidecar proxy every client comes from 
 Every POST must say it carries JSON (`Content-Type: application/json`, as SGLang requires), or it
 is answered 415 before anything reads it: a web page can send a `text/plain` POST to any address
 without a CORS preflight, so a browser on the operator's machine could otherwise drive the API.
+
+With CORS configured (litestar's `CORSConfig`, gateway.app), a browser's preflight carries no key:
+it passes to litestar's CORS layer, which answers it before any route runs, and the door's own
+refusals carry the headers that let the page read them.
 """
 
 from __future__ import annotations
@@ -26,15 +30,19 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import msgspec
+from litestar import Litestar
+from litestar.config.cors import CORSConfig
+from litestar.enums import ScopeType
+from litestar.types import HTTPScope, LifeSpanReceive, LifeSpanScope, LifeSpanSend, Message, Receive, Scope, Send
+from litestar.utils import normalize_path
 
-from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, routed_path
 from gateway.audit import audit
 from gateway.config import AuthSection, Config, ConfigError, parse_listen
 from gateway.errors import ApiError
-from gateway.principal import PRINCIPAL_SCOPE_KEY, Principal
+from gateway.principal import Principal
 from gateway.refusals import Refusals
 
-__all__ = ["AuthGate", "Posture", "posture"]
+__all__ = ["AuthGate", "Posture", "posture", "routed_path"]
 
 log = logging.getLogger("specroute.auth")
 
@@ -134,15 +142,18 @@ class TokenBucket:
 class AuthGate:
     def __init__(
         self,
-        app: ASGIApp,
+        app: Litestar,
         config: Config,
         current: Callable[[], Config] | None = None,
+        cors: CORSConfig | None = None,
         refusals: Refusals | None = None,
     ) -> None:
-        """`current`: where a reloaded config is found; `refusals`: where refusals are counted and logged."""
+        """`current`: where a reloaded config is found; `cors`: the app's CORS settings, if any;
+        `refusals`: where refusals are counted and logged."""
         self.app = app
-        self._current = current
+        self.cors = cors
         self.refusals = refusals
+        self._current = current
         self._section = config.auth
         self._listen = config.gateway.listen
         self._configure(config)
@@ -168,18 +179,32 @@ class AuthGate:
         else:
             self._section = config.auth
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+    async def __call__(
+        self, scope: Scope | LifeSpanScope, receive: Receive | LifeSpanReceive, send: Send | LifeSpanSend
+    ) -> None:
+        if scope["type"] != ScopeType.HTTP:
             return await self.app(scope, receive, send)
+        await self._door(scope, receive, send)  # type: ignore[arg-type]  # an http scope: its own callables
+
+    async def _door(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
         if self._current is not None and (config := self._current()).auth is not self._section:
             self._follow(config)
-        token = content_type = None
+        token = content_type = origin = None
+        preflight = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 if token is None:
                     token = _bearer(value)
-            elif name == b"content-type" and content_type is None:
-                content_type = value
+            elif name == b"content-type":
+                if content_type is None:
+                    content_type = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"access-control-request-method":
+                preflight = True
+        method = scope["method"]
+        if preflight and method == "OPTIONS" and origin is not None and self.cors is not None:
+            return await self.app(scope, receive, send)  # litestar's CORS layer answers it, before any route
         # the path the router will route, not the raw one: `//admin/...` is an admin route too
         path = routed_path(scope)
         if path in self.public:
@@ -187,53 +212,79 @@ class AuthGate:
         if path.startswith("/admin"):
             if self.admin_key is not None:
                 if token is None or _match(token, [self.admin_key]) < 0:
-                    self._refused(scope, "missing_key" if token is None else "invalid_admin_key", path)
-                    return await _reject(send, 401 if token is None else 403, "a valid admin key is required")
+                    reason = "missing_key" if token is None else "invalid_admin_key"
+                    return await self._reject(scope, send, origin, reason, "a valid admin key is required")
             elif self.posture.mode != "local":
-                self._refused(scope, "admin_closed", path)
-                return await _reject(
+                return await self._reject(
+                    scope,
                     send,
-                    403,
+                    origin,
+                    "admin_closed",
                     "the admin API is closed: no admin key is configured (auth.admin_key, or the environment "
                     f"variable {self._section.admin_key_env})",
                 )
-            if scope["method"] == "GET":
+            if method == "GET":
                 return await self.app(scope, receive, send)
             credential = "the admin key" if self.admin_key is not None else "local development (no keys)"
-            if scope["method"] == "POST" and not _is_json(content_type):
-                self._refused(scope, "unsupported_media_type", path)
-                return await _reject_media_type(send, content_type)
+            if method == "POST" and not _is_json(content_type):
+                return await self._reject(
+                    scope, send, origin, "unsupported_media_type", _media_type_message(content_type)
+                )
             return await _audited(self.app, scope, receive, send, path, credential)
         if self.keys:
             index = _match(token, self.keys) if token is not None else -1
             if index < 0:
                 message = "missing API key (Authorization: Bearer ...)" if token is None else "invalid API key"
-                self._refused(scope, "missing_key" if token is None else "invalid_key", path)
-                return await _reject(send, 401, message)
+                reason = "missing_key" if token is None else "invalid_key"
+                return await self._reject(scope, send, origin, reason, message)
             if self.buckets is not None and (wait := self.buckets[index].take()) > 0:
-                self._refused(scope, "rate_limited", path)
-                return await _reject(
+                return await self._reject(
+                    scope,
                     send,
-                    429,
+                    origin,
+                    "rate_limited",
                     "rate limit exceeded for this API key",
                     [(b"retry-after", str(max(1, round(wait + 0.5))).encode())],
                 )
-            scope[PRINCIPAL_SCOPE_KEY] = self.principals[index]
+            scope["auth"] = self.principals[index]
         else:
-            scope[PRINCIPAL_SCOPE_KEY] = self.anonymous
-        if scope["method"] == "POST" and not _is_json(content_type):
-            self._refused(scope, "unsupported_media_type", path)
-            return await _reject_media_type(send, content_type)
+            scope["auth"] = self.anonymous
+        if method == "POST" and not _is_json(content_type):
+            return await self._reject(scope, send, origin, "unsupported_media_type", _media_type_message(content_type))
         return await self.app(scope, receive, send)
 
-    def _refused(self, scope: Scope, reason: str, path: str) -> None:
+    async def _reject(
+        self,
+        scope: HTTPScope,
+        send: Send,
+        origin: bytes | None,
+        reason: str,
+        message: str,
+        extra: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """The door's refusal: an OpenAI-shaped error, with the headers litestar's CORS layer would
+        have added for `origin` (the refusal never reaches it): without them a page cannot read why.
+        Counted and logged by `reason` (gateway/refusals.py)."""
+        status = _REASON_STATUS[reason]
         if self.refusals is not None:
             self.refusals.refused(
-                reason, _REASON_STATUS[reason], method=scope["method"], path=path, client=scope.get("client")
+                reason, status, method=scope["method"], path=routed_path(scope), client=scope.get("client")
             )
+        param = "content-type" if status == 415 else None
+        body = ApiError(status, message, param=param).body()  # the error type for the status, as everywhere else
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        cors = self.cors
+        if cors is not None and origin is not None:
+            headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in cors.simple_headers.items()]
+            if not cors.is_allow_all_origins and cors.is_origin_allowed(origin.decode("latin-1")):
+                headers += [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-# The status each of the gate's refusals is answered with (gateway/refusals.py).
+# The status each of the door's refusals is answered with (gateway/refusals.py).
 _REASON_STATUS = {
     "missing_key": 401,
     "invalid_key": 401,
@@ -244,7 +295,19 @@ _REASON_STATUS = {
 }
 
 
-async def _audited(app: ASGIApp, scope: Scope, receive: Receive, send: Send, path: str, credential: str) -> None:
+def routed_path(scope: HTTPScope) -> str:
+    """The path as litestar's router matches it: without the root_path, normalised by litestar's
+    own `normalize_path` (`//admin/backends` is `/admin/backends`). For what must judge a path
+    before the router does: the door, and the record of a request the router refused."""
+    path = scope["path"]
+    if root_path := scope.get("root_path", ""):
+        path = path.split(root_path, maxsplit=1)[-1]
+    elif path[:1] == "/" and "//" not in path and (len(path) == 1 or path[-1] != "/"):
+        return path  # normal already: the usual request, without normalize_path's regex
+    return normalize_path(path)
+
+
+async def _audited(app: Litestar, scope: HTTPScope, receive: Receive, send: Send, path: str, credential: str) -> None:
     """Runs an admin action, then logs it with the status it got (gateway.audit)."""
     status = 0
 
@@ -280,16 +343,6 @@ def _match(token: bytes, keys: Sequence[bytes]) -> int:
     return found
 
 
-async def _reject_media_type(send: Send, content_type: bytes | None) -> None:
+def _media_type_message(content_type: bytes | None) -> str:
     got = "none" if content_type is None else repr(content_type[:80].decode("latin-1"))
-    await _reject(send, 415, f"Unsupported Media Type: a POST must carry 'Content-Type: application/json' (got {got})")
-
-
-async def _reject(send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    param = "content-type" if status == 415 else None
-    body = ApiError(status, message, param=param).body()  # the error type for the status, as everywhere else
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body})
+    return f"Unsupported Media Type: a POST must carry 'Content-Type: application/json' (got {got})"

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.errors import ApiError
-from gateway.head_write import HeadHoldingProtocol
 
 if TYPE_CHECKING:
     from gateway.refusals import Refusals
@@ -97,7 +98,7 @@ def _raw_error(status: int, reason: bytes, error: ApiError) -> bytes:
     )
 
 
-class LimitedProtocol(HeadHoldingProtocol):
+class LimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits above. uvicorn takes a class (`http=`), so a
     server's limits come as a class attribute: `LimitedProtocol.limited_by(limits)`."""
 
@@ -114,7 +115,7 @@ class LimitedProtocol(HeadHoldingProtocol):
         self.send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        super().connection_made(cast(asyncio.Transport, transport))  # uvicorn serves TCP: a Transport
         limits = self.gateway_limits
         if limits.open >= limits.max_connections:
             limits.refused += 1

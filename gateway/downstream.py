@@ -8,7 +8,8 @@ queue). If the client leaves before the response is complete, the listener cance
 task; whatever it was awaiting (a place in the queue, the upstream's headers, its body, the next
 chunk) raises `CancelledError`, so the upstream connection is closed at once (SGLang aborts a
 request whose connection closes) and every `async with` on the way releases what it holds. The
-cancellation ends at the watch's exit, as `asyncio.timeout` ends its own.
+block runs in an `asyncio.timeout` scope, which the listener expires: the cancellation ends at the
+watch's exit, and one from anyone else (the server's) goes on.
 
 The gateway can end a request the same way (`DisconnectWatch.end`): at shutdown, once the grace
 period is over, what is still open is cut so that its client gets an answer that says so.
@@ -21,7 +22,8 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from gateway.asgi import Message, Receive, Send
+from litestar.types import Receive, ReceiveMessage, Send
+
 from gateway.body_budget import Reservation
 from gateway.errors import ApiError, sse_error_event
 from gateway.principal import Principal
@@ -75,7 +77,7 @@ class Downstream:
         self.status = status
         await self._send({"type": "http.response.start", "status": status, "headers": raw_headers(headers, JSON, body)})
         self.complete = True
-        await self._send({"type": "http.response.body", "body": body})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def send_error(self, error: ApiError) -> None:
         await self.send_json(error.status, error.headers, error.body())
@@ -120,12 +122,11 @@ class DisconnectWatch:
     block has exited, what it hears is ignored.
 
     It starts `LISTEN_AFTER_S` into the block: a request answered sooner costs a timer, not a task
-    (the listener is about 36k instructions per request, 3.3% of a zero-delay request's cost in the
-    gateway, measured with callgrind). A client that leaves within that time is noticed when the
-    listener starts (`receive()` then reports the disconnect at once): the upstream is aborted at
-    most that late, before a real server has decoded its second token."""
+    (docs/performance.md). A client that leaves within that time is noticed when the listener
+    starts (`receive()` then reports the disconnect at once): the upstream is aborted at most that
+    late, before a real server has decoded its second token."""
 
-    __slots__ = ("_downstream", "_task", "_cancelling", "_active", "_timer", "_listener", "gone", "ended")
+    __slots__ = ("_downstream", "_scope", "_active", "_timer", "_listener", "gone", "ended")
 
     def __init__(self, downstream: Downstream) -> None:
         self._downstream = downstream
@@ -134,10 +135,8 @@ class DisconnectWatch:
         self.ended = False
 
     async def __aenter__(self) -> DisconnectWatch:
-        task = asyncio.current_task()
-        assert task is not None, "a watch runs inside a task"
-        self._task = task
-        self._cancelling = task.cancelling()
+        self._scope = asyncio.timeout(None)
+        await self._scope.__aenter__()
         self._active = True
         self._timer = asyncio.get_running_loop().call_later(LISTEN_AFTER_S, self._listen)
         return self
@@ -147,29 +146,34 @@ class DisconnectWatch:
             self._listener = asyncio.ensure_future(self._downstream.receive())
             self._listener.add_done_callback(self._heard)
 
-    def _heard(self, listener: asyncio.Future[Message]) -> None:
+    def _heard(self, listener: asyncio.Future[ReceiveMessage]) -> None:
         if not self._active or listener.cancelled() or listener.exception() is not None:
             return
         if listener.result()["type"] != "http.disconnect":
             self._listen()  # not the end of the connection: listen on
         elif not self._downstream.complete and not self.ended:
             self.gone = True
-            self._task.cancel()
+            self._cut()
 
     def end(self) -> bool:
         """Cancels the block, once, while it runs and its answer is not complete; says if it did."""
         if self._active and not self.gone and not self.ended and not self._downstream.complete:
             self.ended = True
-            self._task.cancel()
+            self._cut()
             return True
         return False
+
+    def _cut(self) -> None:
+        if not self._scope.expired():
+            self._scope.reschedule(asyncio.get_running_loop().time())
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         self._active = False
         self._timer.cancel()
-        if not (self.gone or self.ended):
-            return False
-        # Ours was the cancellation (the count says whether someone else's is pending too): end it here.
-        return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
+        try:
+            await self._scope.__aexit__(exc_type, exc, tb)
+        except TimeoutError:  # the scope's own cancellation, alone: it ends here
+            return True
+        return False

@@ -195,7 +195,25 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
     temperature = _number(f.temperature, "temperature", 0.0, math.inf, "must be >= 0")
     if f.top_p is not None:
         _number(f.top_p, "top_p", 0.0, 1.0, "must be in (0, 1]", open_below=True)
-    parsed = ParsedRequest(
+    # checked in this order: the first bad field is the one named
+    thinking = _thinking(f.chat_template_kwargs) if f.chat_template_kwargs is not None else None
+    tools = _offers_tools(f.tools)
+    sequences = prompts * _sequences_per_prompt(f.n)
+    lora_paths = requested_lora_paths(f.lora_path) if f.lora_path is not None else frozenset()
+    priority = _priority(f.priority) if f.priority is not None else None
+    store, background = True, False
+    previous_response_id = request_id = None
+    if kind == "responses":
+        if f.store is not None:
+            store = _value(f.store, "store", bool)
+        if f.background is not None:
+            background = _value(f.background, "background", bool)
+        # ids go into backend paths: their shape is checked before anything else reads them
+        if f.previous_response_id is not None:
+            previous_response_id = check_response_id(f.previous_response_id, "previous_response_id")
+        if f.request_id is not None:
+            request_id = check_response_id(f.request_id, "request_id")
+    return ParsedRequest(
         kind=kind,
         body=RequestBody(top),
         model=model,
@@ -205,33 +223,24 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         temperature=temperature,
         client_wants_usage=wants_usage,
         client_wants_spec=wants_spec,
-        thinking=_thinking(f.chat_template_kwargs) if f.chat_template_kwargs is not None else None,
-        tools=_offers_tools(f.tools),
-        sequences=prompts * _sequences_per_prompt(f.n),
+        thinking=thinking,
+        tools=tools,
+        sequences=sequences,
         id_tokens=id_tokens,
         prompt_ids=prompt_ids,
+        lora_paths=lora_paths,
+        priority=priority,
+        store=store,
+        background=background,
+        history=history,
+        stream_options=stream_options,
+        max_output_tokens=max_output_tokens,
+        previous_response_id=previous_response_id,
+        request_id=request_id,
+        lora_path=f.lora_path,
+        extra_key=f.extra_key,
+        cache_salt=f.cache_salt,
     )
-    # The rarer fields after the call: CPython 3.11 compiles a call with more than 15 keyword
-    # arguments through a dict built for it.
-    parsed.history = history
-    parsed.stream_options = stream_options
-    parsed.max_output_tokens = max_output_tokens
-    parsed.lora_path, parsed.extra_key, parsed.cache_salt = f.lora_path, f.extra_key, f.cache_salt
-    if f.lora_path is not None:
-        parsed.lora_paths = requested_lora_paths(f.lora_path)
-    if f.priority is not None:
-        parsed.priority = _priority(f.priority)
-    if kind == "responses":
-        if f.store is not None:
-            parsed.store = _value(f.store, "store", bool)
-        if f.background is not None:
-            parsed.background = _value(f.background, "background", bool)
-        # ids go into backend paths: their shape is checked before anything else reads them
-        if f.previous_response_id is not None:
-            parsed.previous_response_id = check_response_id(f.previous_response_id, "previous_response_id")
-        if f.request_id is not None:
-            parsed.request_id = check_response_id(f.request_id, "request_id")
-    return parsed
 
 
 # Token ids of a prompt that routing reads: its prefix chain's (policies.prefix.token_blocks).

@@ -11,7 +11,6 @@ import collections
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from backends import BackendSpec
@@ -19,9 +18,6 @@ from backends.client import SGLangClient
 from backends.loads import LoadReport, ServerInfo
 from gateway.circuit import CircuitBreaker
 from policies import BackendView
-
-if TYPE_CHECKING:
-    from gateway.attempt import Attempt
 
 
 class Backend:
@@ -33,7 +29,7 @@ class Backend:
         "view",
         "info",
         "adapters",
-        "open_attempts",
+        "leases",
         "load",
         "circuit",
         "ready",
@@ -55,9 +51,7 @@ class Backend:
         self.info: ServerInfo | None = None  # from /server_info, once
         # LoRA adapters loaded there (its /v1/models, re-read every health.models_refresh_s)
         self.adapters: frozenset[str] = frozenset()
-        # Attempts here that a stalled engine ends: waiting for their answer, or streaming it
-        # (gateway.attempt).
-        self.open_attempts: set[Attempt] = set()
+        self.leases: set[Lease] = set()  # held here now: requests in flight, background Responses
         self.load: LoadReport | None = None  # latest backend-reported load
         self.circuit = circuit or CircuitBreaker()
         self.ready = True  # optimistic until the first readiness check says otherwise
@@ -121,35 +115,46 @@ class Backend:
         self._area_t = now
 
     def stalled(self) -> int:
-        """The backend stopped stepping: every open attempt is given up (`Attempt.abandon`). Those
-        still waiting are tried on another backend; streams under way end with an error event,
-        rather than waiting out their idle deadline. Returns how many."""
-        attempts = list(self.open_attempts)
-        for attempt in attempts:
-            attempt.abandon()
-        return len(attempts)
+        """The backend stopped stepping: every lease whose holder can give it up now does
+        (`Lease.on_stall`, gateway.attempt): a request still waiting for its answer is tried on
+        another backend, a stream under way ends with an error event rather than waiting out its
+        idle deadline. Returns how many."""
+        given_up = [lease for lease in self.leases if lease.on_stall is not None]
+        for lease in given_up:
+            stall, lease.on_stall = lease.on_stall, None
+            if stall is not None:
+                stall()
+        return len(given_up)
 
     def lease(self, sequences: int = 1) -> Lease:
         """Count a request's sequences in flight until the lease is released (exactly once). In
         sequences, as SGLang's running count and `max_running_requests` are: `n` > 1 runs n."""
         self._advance()
         self.view.inflight += sequences
-        return Lease(self, sequences, self.circuit.on_dispatch())
+        lease = Lease(self, sequences, self.circuit.on_dispatch())
+        self.leases.add(lease)
+        return lease
 
 
 class Lease:
-    """Releasing twice is harmless: the counter can never drift negative or leak."""
+    """Releasing twice is harmless: the counter can never drift negative or leak.
 
-    __slots__ = ("_backend", "_sequences", "probe")
+    `on_stall`: what its holder does when the backend stops stepping (`Backend.stalled`), set only
+    while giving the request up is possible (None: it runs on)."""
+
+    __slots__ = ("_backend", "_sequences", "probe", "on_stall")
 
     def __init__(self, backend: Backend, sequences: int = 1, probe: bool = False) -> None:
         self._backend: Backend | None = backend
         self._sequences = sequences
         self.probe = probe  # the request is its backend's half-open circuit's probe
+        self.on_stall: Callable[[], None] | None = None
 
     def release(self) -> None:
         backend, self._backend = self._backend, None
         if backend is not None:
+            self.on_stall = None
+            backend.leases.discard(self)
             backend._advance()
             backend.view.inflight -= self._sequences
             if backend._on_release is not None:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["PRINCIPAL_SCOPE_KEY", "Principal"]
-
-# Where the door leaves the caller's Principal in the ASGI scope, for the routes to read.
-PRINCIPAL_SCOPE_KEY = "specroute.principal"
+__all__ = ["Principal"]
 
 
 class Principal(msgspec.Struct, frozen=True):

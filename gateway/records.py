@@ -8,7 +8,8 @@ from typing import Any
 
 import msgspec
 
-from backends.telemetry import SpecStats, Usage, spec_stats
+from backends.telemetry import SpecStats, spec_stats
+from common.usage import Usage
 
 
 class Result(msgspec.Struct, kw_only=True):
@@ -36,7 +37,7 @@ class Result(msgspec.Struct, kw_only=True):
     def read_spec(self, speculative: bool) -> bool:
         """Spec stats from `sglext` (they need the final token count, which SGLang sends after it);
         returns whether telemetry a speculative backend should have sent is missing."""
-        if self.sglext is not None and self.usage is not None:
+        if self.sglext is not None and self.usage is not None and self.usage.completion_tokens is not None:
             self.spec = spec_stats(self.sglext, self.usage.completion_tokens)
         return speculative and self.sglext is None
 

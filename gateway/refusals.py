@@ -3,7 +3,7 @@ logged as one access-log line each (`"event": "refused"`).
 
 The door is everything in front of the request path: the key gate (gateway/auth.py: 401, 403,
 415, 429), the connection limits (gateway/connections.py: 503 at the connection cap, 408 for
-headers not sent in time) and the body reader (gateway/fast_routes.py: 413, 408, 503). The body
+headers not sent in time) and the body reader (gateway/generation.py: 413, 408, 503). The body
 reader's refusals have a request record already (the access log's `"event": "request"` line, the
 requests counter); they are counted here too, so that one series shows every refusal at the door.
 
@@ -36,7 +36,7 @@ REASONS: tuple[tuple[str, int], ...] = (
     ("method_not_allowed", 405),  # a generation route asked with another method than POST
     ("forwarding_loop", 508),  # a request this gateway forwarded before (gateway/via.py)
 )
-# The body reader's refusals (gateway/fast_routes.py) by status: each status names one reason there.
+# The body reader's refusals (gateway/generation.py) by status: each status names one reason there.
 BODY_REASONS: dict[int, str] = {
     413: "body_too_large",
     408: "body_timeout",

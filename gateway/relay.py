@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from backends.telemetry import usage
 from common.json_errors import JSON_DECODE_ERRORS
+from common.usage import usage
 from gateway.errors import sse_error_event
 from gateway.records import Result
 
@@ -100,8 +100,8 @@ class SseRelay(ClockedRelay):
 
     def feed(self, chunk: bytes) -> bytes:
         # Exactly one whole event, the usual read: it ends with the blank line and has no other
-        # newline (a one-byte find is a memchr, ~4x cheaper than searching for b"\n\n"; an event
-        # with a newline elsewhere, e.g. multi-line data, takes the general loop, same result).
+        # newline (a one-byte find is a memchr, cheaper than searching for b"\n\n"; an event with a
+        # newline elsewhere, e.g. multi-line data, takes the general loop, same result).
         if not self._buf and chunk.endswith(b"\n\n") and chunk.find(b"\n", 0, -2) < 0:
             return self._event(chunk) or b""
         buf = self._buf + chunk if self._buf else chunk
@@ -119,8 +119,8 @@ class SseRelay(ClockedRelay):
         return b"".join(out)
 
     def _event(self, event: bytes) -> bytes | None:
-        # rfind: finish_reason sits near the end of a chunk, so the search stops early (~3x cheaper
-        # than `in`, which scans from the start); the test is the same, presence.
+        # rfind: finish_reason sits near the end of a chunk, so the search stops early (`in` scans
+        # from the start); the test is the same, presence.
         if event.rfind(_IN_FLIGHT) >= 0 and _EMPTY_CHOICES not in event:
             i = event.find(_CONTENT)
             if i >= 0 and event[i + _CONTENT_LEN] != _QUOTE:  # the usual chunk: content, first search

@@ -24,8 +24,8 @@ from typing import Any
 
 import msgspec
 
-from backends.telemetry import responses_usage
 from common.json_errors import JSON_DECODE_ERRORS
+from common.responses_stream import responses_usage
 from gateway.records import Result
 from gateway.relay import ClockedRelay
 

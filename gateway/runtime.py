@@ -38,7 +38,7 @@ from gateway.refusals import Refusals
 from gateway.seeding import start_seeding
 from gateway.tracing import Tracing
 from gateway.via import VIA_ENTRY
-from policies import Policy, make_policy
+from policies import Policy, TracksPrefixes, make_policy
 
 log = logging.getLogger("specroute.runtime")
 
@@ -336,9 +336,8 @@ class Runtime:
     def _cache_lost(self, backend: str) -> None:
         """The backend may have lost its radix cache: no policy may count on the prefixes it held."""
         for policy in self.proxy.all_policies():
-            forget = getattr(policy, "forget_prefixes", None)  # the policies that track prefixes
-            if forget is not None:
-                forget(backend)
+            if isinstance(policy, TracksPrefixes):
+                policy.forget_prefixes(backend)
 
     def begin_shutdown(self, grace_s: float) -> None:
         """The server has stopped accepting: what is still being answered after `grace_s` is ended."""

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any
 
 import aiohttp
 
 from backends.client import SGLangClient
 from backends.measure import MeasurementFailed, measure
-from policies import Policy
+from policies import Policy, Seedable
 
 log = logging.getLogger("specroute.seeding")
 
@@ -33,7 +34,7 @@ def _enabled() -> bool:
     return os.environ.get("SPECROUTE_MEASURE_BACKENDS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-async def _seed_one(client: SGLangClient, policy: Policy) -> None:
+async def _seed_one(client: SGLangClient, policy: Seedable) -> None:
     spec = client.spec
     try:
         m = await measure(client, speculative=spec.strategy.speculative)
@@ -42,7 +43,7 @@ async def _seed_one(client: SGLangClient, policy: Policy) -> None:
             "backend %s could not be measured at startup (%s); its policy keeps the strategy prior", spec.name, e
         )
         return
-    policy.seed(spec, m)  # type: ignore[attr-defined]
+    policy.seed(spec, m)
     log.info(  # a normal start; what it seeded shows in GET /admin/backends
         "backend %s measured at startup: step %s ms, accept %s, prefill %s ms/1k tokens",
         spec.name,
@@ -64,11 +65,11 @@ def start_seeding(clients: Iterable[SGLangClient], policies: dict[str, Policy]) 
     strategies: dict[str, set[str]] = {}
     for c in clients:
         strategies.setdefault(c.spec.model, set()).add(c.spec.strategy.value)
-    jobs = [
-        _seed_one(c, policies[c.spec.model])
-        for c in clients
-        if c.spec.model in policies and hasattr(policies[c.spec.model], "seed") and len(strategies[c.spec.model]) > 1
-    ]
+    jobs: list[Coroutine[Any, Any, None]] = []
+    for c in clients:
+        policy = policies.get(c.spec.model)
+        if isinstance(policy, Seedable) and len(strategies[c.spec.model]) > 1:
+            jobs.append(_seed_one(c, policy))
     if not jobs:
         return None
 

@@ -48,8 +48,7 @@ def run(config: Config, host: str, port: int, config_path: str | None = None) ->
         runtime,
         grace_s,
         uvicorn.Config(
-            # httptools, with a response's head and body leaving in one write (gateway/head_write.py)
-            # and the connections' limits (gateway/connections.py)
+            # httptools, with the connections' limits (gateway/connections.py)
             serving_asgi(app),
             host=host,
             port=port,
@@ -92,9 +91,9 @@ class GatewayServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-# Cyclic GC: the collector's own cost, not the requests', was ~15% of the gateway's CPU. Requests free
-# their objects by reference counting; what the collector kept doing was walking the ~70k long-lived
-# objects of the app and its libraries (a full pass takes ~16 ms, a pause at the tail of latency).
+# Cyclic GC: requests free their objects by reference counting; what the collector kept doing was
+# walking the long-lived objects of the app and its libraries, a CPU cost and a pause at the tail of
+# latency (docs/performance.md, Memory and processes).
 GC_THRESHOLDS = (10_000, 20, 20)
 
 

@@ -1,10 +1,10 @@
 """Span export off the request path: records are batched, then exported by a separate process.
 
-Why a process: the OpenTelemetry Python SDK spends about 90 us per request turning two spans into
-OTLP protobuf, and a background thread in the gateway takes that from the same GIL the requests
-need (tracing on cost half of a saturated gateway's throughput). Here the gateway msgpack-encodes
-each traced request's `TraceRecord` (its SERVER and CLIENT spans' raw facts) into a buffer (under
-a microsecond); every 32 requests or 100 ms the buffer is written to a pipe. The exporter process
+Why a process: the OpenTelemetry Python SDK's work per request, turning two spans into OTLP
+protobuf, is many times the gateway's own, and a background thread in the gateway would take it
+from the same GIL the requests need (docs/performance.md, Tracing). Here the gateway
+msgpack-encodes each traced request's `TraceRecord` (its SERVER and CLIENT spans' raw facts) into
+a buffer; every 32 requests or 100 ms the buffer is written to a pipe. The exporter process
 (`python -m gateway.span_export`, started with the gateway, ends with it) builds the SDK exporter
 the standard way (OTLP over HTTP/protobuf or gRPC, or the console, from the OTEL_* settings) and
 batches for the collector as the SDK's batch processor does (OTEL_BSP_SCHEDULE_DELAY,
@@ -261,8 +261,8 @@ class SpanShipper:
 
     def __init__(self, sink: Sink, batch_size: int = 32, delay_s: float = 0.1) -> None:
         self.sink = sink
-        # Small batches: the buffer stays in the CPU cache (512-span batches measured ~3% slower)
-        # and spans reach the exporter process soon; it re-batches for the collector (OTEL_BSP_*).
+        # Small batches: the buffer stays in the CPU cache (docs/performance.md, Tracing) and spans
+        # reach the exporter process soon; it re-batches for the collector (OTEL_BSP_*).
         self.batch_size = batch_size  # traces (records)
         self.delay_s = delay_s
         self._frame = _new_frame()

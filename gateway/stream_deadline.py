@@ -44,7 +44,14 @@ class StreamDeadline:
         self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_at(self.clock() + self.limit, self._check)
 
+    @property
+    def scope(self) -> asyncio.Timeout:
+        """The `asyncio.timeout` scope underneath: expiring it ends the block as the deadline would."""
+        return self._timeout
+
     def _check(self) -> None:
+        if self._timeout.expired():  # ended already (a backend that stopped stepping: gateway.attempt)
+            return
         now = self.clock()
         since = self.since
         if since is not None and now - since >= self.limit:

@@ -6,8 +6,8 @@ the SDK's samplers and rules (`gateway.sampling`), inject `traceparent` upstream
 traced request as one flat record of raw facts: ids, times, status, the upstream address and the
 request's record, the very JSON the access log line is made of. The OpenTelemetry SDK runs only on
 the export side, in a separate process (`gateway.span_export`), which makes the spans from those
-records, names their attributes and encodes them, so tracing costs the gateway a few microseconds
-per request instead of the SDK's ~150 (span objects, locks, OTLP encoding). What a collector
+records, names their attributes and encodes them, so the gateway pays for a flat record per
+request, not for the SDK's span objects, locks and OTLP encoding (docs/performance.md). What a collector
 receives is the SDK's OTLP message, configured by the standard OTEL_* variables.
 
 With tracing off there is no middleware and no span at all: every hook below is a no-op.
@@ -23,9 +23,9 @@ from time import time_ns as _time_ns
 from typing import Any
 
 import msgspec
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from gateway.asgi import ASGIApp, Message, Receive, Scope, Send
 from gateway.config import TracingSection
 from gateway.records import RequestRecord, encode_request
 from gateway.sampling import Sampler, sampler_from
@@ -36,12 +36,10 @@ log = logging.getLogger("specroute.tracing")
 # version may append more. All-zero ids are invalid.
 _TRACEPARENT = re.compile(r"^\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\s*$")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
-# Not traced: probes and scrapes would outnumber requests.
-UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 def _span_id() -> str:
-    # to_bytes().hex(), not "%016x": formatting a long as hex costs twice as much
+    # to_bytes().hex(), not "%016x": the cheaper of the two (docs/performance.md)
     return (_getrandbits(64) or 1).to_bytes(8, "big").hex()
 
 
@@ -146,8 +144,10 @@ class Tracing:
             )
 
     def server_span_middleware(self, app: ASGIApp) -> ASGIApp:
-        """ASGI: the SERVER span of every traced request, current while the app runs (the two
-        generation routes make theirs in `FastRoutes`, from the headers they decode anyway).
+        """litestar middleware for the routes it is given (gateway.app: the API and admin routes;
+        not the probes and scrapes, which would outnumber requests, nor the generation routes,
+        which make theirs in gateway.generation): the SERVER span of each traced request, current
+        while the route runs.
 
         Made here rather than by the generic OpenTelemetry ASGI middleware (what litestar's plugin
         uses), which cost about as much per request as the rest of the gateway: it keeps what a
@@ -156,10 +156,6 @@ class Tracing:
         start, end = self.start_server_span, self.end_server_span
 
         async def traced(scope: Scope, receive: Receive, send: Send) -> None:
-            path = scope.get("path", "")
-            if scope["type"] != "http" or path in UNTRACED_PATHS:
-                await app(scope, receive, send)
-                return
             traceparent = tracestate = None
             for name, value in scope["headers"]:
                 if name == b"traceparent":
@@ -186,7 +182,7 @@ class Tracing:
                 await app(scope, receive, send_status)
             finally:
                 _current.reset(token)
-                end(trace, scope["method"], path, status)
+                end(trace, str(scope.get("method", "GET")), scope["path"], status)
 
         return traced
 

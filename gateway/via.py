@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import secrets
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send
-from gateway.downstream import Downstream
 from gateway.errors import ApiError
 
-__all__ = ["LOOP_STATUS", "VIA_ENTRY", "LoopGuard", "forwarded_via", "forwarding_loop", "has_looped"]
+__all__ = ["LOOP_STATUS", "VIA_ENTRY", "forwarded_via", "forwarding_loop", "has_looped"]
 
 LOOP_STATUS = 508
 # "1.1" is the protocol the request came in on to this hop, as RFC 9110's Via syntax wants; the
@@ -50,18 +48,3 @@ def forwarding_loop() -> ApiError:
         "a backend's URL leads back here",
         code="loop_detected",
     )
-
-
-class LoopGuard:
-    """Answers 508 to a request that came back, for the routes litestar answers (readiness checks
-    and Response lookups from a gateway whose backend this is); FastRoutes checks its own."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope["headers"]:
-                if name == b"via" and has_looped(value.decode("latin-1")):
-                    return await Downstream(receive, send).send_error(forwarding_loop())
-        await self.app(scope, receive, send)

@@ -149,8 +149,8 @@ def measure(
             record.token_mismatch = _mismatch(chunks, usage_n)
     record.output_tokens = n
     if usage is not None:
-        record.reasoning_tokens = usage.reasoning
-        record.cached_tokens = usage.cached
+        record.reasoning_tokens = usage.reasoning_tokens
+        record.cached_tokens = usage.cached_tokens
     if parser.answer is not None:
         record.tool_calls = len(parser.answer.tool_calls)
     e2e = t_end - t_send

@@ -13,7 +13,8 @@ from __future__ import annotations
 import msgspec
 
 from common.json_errors import JSON_DECODE_ERRORS
-from common.stream_clock import Chunk, StreamClock, TokenMark, Usage
+from common.stream_clock import Chunk, StreamClock, TokenMark
+from common.usage import Usage
 
 __all__ = ["AnswerText", "SpecDetails", "StreamParser", "TokenMark", "Usage", "first_spec"]
 

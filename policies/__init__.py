@@ -1,7 +1,19 @@
 """Routing decisions: the policy contract, live estimates, the policies, the prompt-domain
 classifier. The evaluation harness (`evaluate/`) is tooling outside the product."""
 
-from policies.base import BackendView, Decision, Domain, NoCandidate, Outcome, Policy, RequestFeatures, view_load
+from policies.base import (
+    BackendView,
+    Decision,
+    Describes,
+    Domain,
+    NoCandidate,
+    Outcome,
+    Policy,
+    RequestFeatures,
+    Seedable,
+    TracksPrefixes,
+    view_load,
+)
 from policies.domain import classify
 from policies.estimates import BackendEstimate, Estimates
 from policies.goodput import OBJECTIVES, Goodput
@@ -16,6 +28,7 @@ __all__ = [
     "BackendEstimate",
     "BackendView",
     "Decision",
+    "Describes",
     "Domain",
     "Estimates",
     "Goodput",
@@ -23,7 +36,9 @@ __all__ = [
     "Outcome",
     "Policy",
     "RequestFeatures",
+    "Seedable",
     "Threshold",
+    "TracksPrefixes",
     "classify",
     "make_policy",
     "message_blocks",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from backends import BackendSpec
+from backends.measure import Measurement
 
 
 class Domain(str, enum.Enum):  # noqa: UP042  (StrEnum would change str() in logs and keys)
@@ -192,3 +193,28 @@ class Policy(Protocol):
     def choose(self, request: RequestFeatures, candidates: Sequence[BackendView]) -> Decision: ...
 
     def observe(self, outcome: Outcome) -> None: ...
+
+
+# What some policies can do besides routing; the gateway asks with isinstance.
+
+
+@runtime_checkable
+class Seedable(Protocol):
+    """Takes a start-up measurement of a backend (`backends.measure`) in place of its prior."""
+
+    def seed(self, backend: BackendSpec, measurement: Measurement) -> None: ...
+
+
+@runtime_checkable
+class TracksPrefixes(Protocol):
+    """Remembers which backend holds which conversation prefix: a restarted or removed backend's
+    must be forgotten."""
+
+    def forget_prefixes(self, backend: str) -> None: ...
+
+
+@runtime_checkable
+class Describes(Protocol):
+    """Explains its state for `GET /admin/backends` (plain dicts), given the current views."""
+
+    def describe(self, candidates: Sequence[BackendView] | None = None) -> dict[str, Any]: ...

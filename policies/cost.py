@@ -66,14 +66,14 @@ def own_and_imposed_s(
     pending: int = 0,
     ttft_slo_s: float = float("inf"),
     slo_weight: float = 0.0,
-    *,
     sequences: int = 1,
     pairs: float = 0.0,
     pending_pairs: float = 0.0,
 ) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
     what it adds to the requests running beside it. `pairs` and `pending_pairs` are the causal
-    attention pairs of `uncached` and of `pending` (`policies.prefill.causal_pairs`)."""
+    attention pairs of `uncached` and of `pending` (`policies.prefill.causal_pairs`). It runs for
+    every candidate of every decision: arguments by position."""
     acc = est.accept_at(c)
     n1 = load + sequences
     step = est.step_s(n1)
@@ -82,7 +82,8 @@ def own_and_imposed_s(
     # in the next one; either way after the prompts queued before it (SGLang prefills FCFS)
     stall = est.prefill_stall_s(uncached, pairs)
     ttft = 1.5 * step + stall if load else est.prefill_s(uncached, pairs)
-    ttft += est.prefill_stall_s(pending, pending_pairs)
+    if pending or pending_pairs:
+        ttft += est.prefill_stall_s(pending, pending_pairs)
     cap = est.max_running
     if n1 > cap:
         ttft += (n1 - cap) / cap * decode

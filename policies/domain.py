@@ -35,9 +35,9 @@ _MATH_WORDS = re.compile(
 )
 _ARITHMETIC = re.compile(r"\d\s*[-+*/^=×÷]\s*\d|\$\d|\d+%")
 # The same rules for ASCII text, matched on its lower-case copy without IGNORECASE and with the word
-# boundary factored out of the alternatives: 6-7x faster (classify runs on every request, and a
-# 2,000-character prompt cost ~0.5 ms with the patterns above). Non-ASCII text keeps the patterns
-# above, whose Unicode case folding (e.g. U+017F for "s") this shortcut would not reproduce.
+# boundary factored out of the alternatives: classify runs on every request, and these are several
+# times faster than the patterns above on a long prompt (docs/performance.md). Non-ASCII text keeps
+# the patterns above, whose Unicode case folding (e.g. U+017F for "s") this shortcut would not reproduce.
 _CODE_ASCII = re.compile(
     r"```|#include|\b(?:def |class |function\b|import |python\b|javascript\b|rust\b|implement\b|compile|"
     r"bug\b|regex\b|sql\b|code\b|algorithm\b|return\b|stack trace\b)"

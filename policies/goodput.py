@@ -46,6 +46,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgspec
+
 from backends import BackendSpec
 from backends.measure import Measurement
 from policies.base import BackendView, Decision, NoCandidate, Outcome, RequestFeatures, view_load
@@ -55,12 +57,22 @@ from policies.lengths import OutputLengths
 from policies.prefill import causal_pairs
 from policies.prefix_cache import TRACKED_TOKENS, PrefixCache, tracked
 from policies.priors import DOMAIN_INDEX, DOMAINS, cell_of
-from policies.steptime import StepCurve
 
 __all__ = ["OBJECTIVES", "Goodput"]
 
 OBJECTIVES = ("latency", "throughput")
 _BONUS_TABLE = 1024  # samples beyond which the optimism bonus is looked up as zero-ish
+
+
+class _Scored(msgspec.Struct, gc=False):
+    """One candidate as the scorer left it: its cost for this request and what that cost assumed."""
+
+    view: BackendView
+    est: BackendEstimate
+    cost: float
+    load: int
+    uncached: int  # prompt tokens its cache does not hold
+    held: int  # tracked prefix blocks it holds
 
 
 class Goodput:
@@ -126,49 +138,69 @@ class Goodput:
     # ---------------------------------------------------------------------- decide
 
     def choose(self, request: RequestFeatures, candidates: Sequence[BackendView]) -> Decision:
+        """Score every healthy candidate (`_score`), then pick among them (`_pick`): llm-d's
+        scheduler shape, filter, scorer, picker."""
         d = DOMAIN_INDEX.get(request.domain, 2)
         cell = cell_of(d, request.temperature, request.prompt_tokens)
         out = self.lengths.expected(request)
-        prompt = request.prompt_tokens
-        whole_pairs = 0.5 * prompt * prompt  # of a prompt no backend holds any of
-        k = request.sequences  # decoded side by side: the load it adds
         prefixes = self.prefixes
         chain = tracked(request.prefix) if prefixes is not None else ()
-        depths = prefixes.depths(chain) if chain else None  # type: ignore[union-attr]
-        backends = self.estimates.backends
-        latency = self._latency
-        weight = self.externality
-        wt = self.ttft_weight
-        slo, over = self.ttft_slo_s, self.slo_weight
+        depths = prefixes.depths(chain) if prefixes is not None and chain else None
+        scored = self._score(request, candidates, d, cell, out, depths)
+        if not scored:
+            raise NoCandidate("no healthy backend")
+        self._tick += 1
+        best, reason = self._pick(request, candidates, scored, d, cell, out)
+        best.est.last_chosen = self._tick
+        best.est.note_dispatch(cell)
+        if prefixes is not None and chain:
+            prefixes.of(best.view.spec.name, best.view.kv_tokens).record(chain, best.held)
+        guess = best.est if best.est.observed else self.estimates.stand_in(best.est)
+        after = best.load + request.sequences
+        predicted = guess.accept_at(cell) / guess.step_s(after)
+        cap = guess.max_running
+        if after > cap:
+            predicted *= cap / after
+        prompt = request.prompt_tokens
+        cached = f", {prompt - best.uncached} cached" if best.uncached < prompt else ""
+        return Decision(
+            backend=best.view,
+            score=predicted,
+            prefill_tokens=best.uncached,
+            reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {after}{cached}",
+        )
+
+    def _score(
+        self,
+        request: RequestFeatures,
+        candidates: Sequence[BackendView],
+        d: int,
+        cell: int,
+        out: float,
+        depths: dict[str, int] | None,
+    ) -> list[_Scored]:
+        """Every healthy candidate with this request's cost there (`_cost`'s: the cost model of
+        `policies.cost`, with what is the same for every candidate taken out of the loop), less the
+        exploration bonus of its domain's measurements, in the candidates' order. Each candidate's
+        estimate first takes in what its view reports (cap, idleness, windowed acceptance, counters)."""
+        prompt = request.prompt_tokens
+        whole = causal_pairs(prompt, prompt)  # the pairs of a prompt no backend holds any of
+        k = request.sequences
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
-        memo_top = StepCurve.MEMO
-        incumbent = self._incumbent[d]
-        inc_view = inc_est = None
-        inc_cost = 0.0
-        inc_load = 0
-        best_view = best_est = None
-        best_cost = below = math.inf  # a cost below `below` is a new best, one up to `above` a tie
-        above = -math.inf
-        best_load = best_uncached = best_held = 0
-        ties = 0
+        estimates = self.estimates
+        if self._latency:
+            weight, wt, slo, over = self.externality, self.ttft_weight, self.ttft_slo_s, self.slo_weight
+        scored: list[_Scored] = []
+        backends = estimates.backends
         for v in candidates:
             if not v.healthy:
                 continue
-            name = v.spec.name
-            est = backends.get(name)
+            load = view_load(v)
+            # the candidate's estimate, told what its view reports since the last decision
+            est = backends.get(v.spec.name)
             if est is None:
                 est = self._register(v)
-            load = v.inflight
-            rep = v.reported_running
-            if rep is not None:  # inlined view_load(v)
-                rep += v.reported_waiting or 0
-                at = v.reported_inflight
-                if at is None:
-                    if rep > load:
-                        load = rep
-                elif rep > at:
-                    load += rep - at
             mr = v.max_running
             if mr and mr != est.max_running and mr > 0:
                 est.set_max_running(mr)
@@ -179,122 +211,76 @@ class Goodput:
                 est.note_report(acc, v.reported_running)
             if v.decode_moments is not est.last_moments or v.prefill_counters is not est.last_prefill_counters:
                 est.note_counters(v.decode_moments, v.prefill_counters, v.prefilled_at_report)
+            held = depths.get(v.spec.name, 0) if depths else 0
             uncached = prompt
-            held = 0
-            if depths:
-                held = depths.get(name, 0)
-                if held:
-                    uncached -= held * TRACKED_TOKENS
-                    if uncached < 0:
-                        uncached = 0
-            # attention's causal pairs of the uncached part (policies.prefill.causal_pairs, inlined)
-            pairs = whole_pairs if uncached == prompt else uncached * (prompt - 0.5 * uncached)
+            if held:
+                uncached -= held * TRACKED_TOKENS
+                if uncached < 0:
+                    uncached = 0
+            pairs = whole if uncached == prompt else causal_pairs(prompt, uncached)
             # an unmeasured AR backend is predicted like its measured AR peers (Estimates.stand_in)
-            guess = est if est.observed or est.speculative else self.estimates.stand_in(est)
-            if not latency:
-                cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
-            elif type(guess) is BackendEstimate:  # policies.cost.own_and_imposed_s, inlined
-                acc = guess._cells[cell]
-                memo = guess.step_memo
-                n1 = load + k
-                step = memo[n1] if n1 <= memo_top else 0.0
-                if not step:
-                    step = guess.step_s(n1)
-                decode = out * step / acc
-                pre = guess.prefill
-                # idle: a forward pass of its own; busy: the rest of the current pass, then its
-                # prefill rides in the next one; either way after the prompts queued before it
-                per_token, per_pair = pre.per_token_s, pre.pair_s
-                ttft = (
-                    (1.5 * step if load else step)
-                    + per_token * (uncached + v.pending_prefill)
-                    + per_pair * (pairs + v.pending_pairs)
-                )
-                cap = guess.max_running
-                if n1 > cap:
-                    ttft += (n1 - cap) / cap * decode
-                cost = wt * ttft + decode
-                if ttft > slo:
-                    cost += over * (ttft - slo)
-                if weight and load:
-                    s0 = memo[load] if load <= memo_top else 0.0
-                    if not s0:
-                        s0 = guess.step_s(load)
-                    slower = step - s0 if step > s0 else 0.0
-                    stall = per_token * uncached + per_pair * pairs
-                    cost += weight * (load if load < cap else cap) * (stall + out / acc * slower)
-            else:
+            guess = est if est.observed or est.speculative else estimates.stand_in(est)
+            if self._latency:
+                pending, pending_pairs = v.pending_prefill, v.pending_pairs
                 cost = own_and_imposed_s(
-                    guess,
-                    cell,
-                    load,
-                    uncached,
-                    out,
-                    weight,
-                    wt,
-                    v.pending_prefill,
-                    slo,
-                    over,
-                    sequences=k,
-                    pairs=pairs,
-                    pending_pairs=v.pending_pairs,
+                    guess, cell, load, uncached, out, weight, wt, pending, slo, over, k, pairs, pending_pairs
                 )
+            else:
+                cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
             seen = est.seen[d]
             cost -= (cost if cost > 0 else -cost) * bonus_table[seen if seen < top else top]
-            if name == incumbent:
-                inc_view, inc_est, inc_cost, inc_load = v, est, cost, load
-            if cost < below:
-                best_view, best_est, best_cost, best_load, ties = v, est, cost, load, 1
-                best_uncached, best_held = uncached, held
+            scored.append(_Scored(v, est, cost, load, uncached, held))
+        return scored
+
+    def _pick(
+        self,
+        request: RequestFeatures,
+        candidates: Sequence[BackendView],
+        scored: list[_Scored],
+        d: int,
+        cell: int,
+        out: float,
+    ) -> tuple[_Scored, str]:
+        """The least cost, ties broken at random; then exploration, else hysteresis (the module
+        docstring). Returns the pick and why."""
+        best: _Scored | None = None
+        below, above = math.inf, -math.inf  # a cost below `below` is a new best, one up to `above` a tie
+        ties = 0
+        for s in scored:
+            if s.cost < below:
+                best, ties = s, 1
                 # costs equal within 1e-9 (relative) are ties: identical backends at equal load
-                tol = 1e-9 * (cost if cost > 0 else -cost) + 1e-12
-                below, above = cost - tol, cost + tol
-            elif cost <= above:
+                tol = 1e-9 * (s.cost if s.cost > 0 else -s.cost) + 1e-12
+                below, above = s.cost - tol, s.cost + tol
+            elif s.cost <= above:
                 ties += 1  # reservoir sampling: every tied candidate equally likely
                 if self._rng.random() * ties < 1.0:
-                    best_view, best_est, best_cost, best_load = v, est, cost, load
-                    best_uncached, best_held = uncached, held
-        if best_view is None or best_est is None:
+                    best = s
+        if best is None:
             raise NoCandidate("no healthy backend")
-        self._tick += 1
-        reason = "best"
-        explore = None
         if self.epsilon and self._rng.random() < self.epsilon:
-            best_e2e = self._cost(best_est, cell, best_load, best_uncached, out, best_view, request, own_only=True)
-            explore = self._explore(cell, out, request, candidates, best_cost, best_e2e)
-        if explore is not None and explore[0] is not best_view:
-            best_view, best_est = explore
-            reason = "explore"
-        elif inc_view is not None and inc_view is not best_view and inc_load <= best_load:
+            best_e2e = self._cost(best.est, cell, best.load, best.uncached, out, best.view, request, own_only=True)
+            explore = self._explore(cell, out, request, candidates, best.cost, best_e2e)
+            if explore is not None and explore[0] is not best.view:
+                return self._rescored(explore[0], explore[1], request), "explore"
+        incumbent = self._incumbent[d]
+        inc = next((s for s in scored if s.view.spec.name == incumbent), None)
+        if inc is not None and inc is not best and inc.load <= best.load:
             # Only a challenger that wins on estimates (not because the incumbent holds more
             # requests) must clear the margin: load balancing is not flapping.
             # An exact tie stays with the random tie-break: identical backends share traffic.
-            size = inc_cost if inc_cost > 0 else -inc_cost
-            if inc_cost - self.hysteresis * size <= best_cost < inc_cost - 1e-9 * size - 1e-12:
-                best_view, best_est, reason = inc_view, inc_est, "hold"
-        assert best_view is not None and best_est is not None
-        if reason == "best":
-            self._incumbent[d] = best_view.spec.name
-        else:
-            best_load, best_uncached = view_load(best_view), self._uncached(best_view, request)
-            best_held = (prompt - best_uncached) // TRACKED_TOKENS if best_uncached < prompt else 0
-        best_est.last_chosen = self._tick
-        best_est.note_dispatch(cell)
-        if chain:
-            prefixes.of(best_view.spec.name, best_view.kv_tokens).record(chain, best_held)  # type: ignore[union-attr]
-        guess = best_est if best_est.observed else self.estimates.stand_in(best_est)
-        after = best_load + k
-        predicted = guess.accept_at(cell) / guess.step_s(after)
-        cap = guess.max_running
-        if after > cap:
-            predicted *= cap / after
-        cached = f", {prompt - best_uncached} cached" if best_uncached < prompt else ""
-        return Decision(
-            backend=best_view,
-            score=predicted,
-            prefill_tokens=best_uncached,
-            reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {after}{cached}",
-        )
+            size = inc.cost if inc.cost > 0 else -inc.cost
+            if inc.cost - self.hysteresis * size <= best.cost < inc.cost - 1e-9 * size - 1e-12:
+                return self._rescored(inc.view, inc.est, request), "hold"
+        self._incumbent[d] = best.view.spec.name
+        return best, "best"
+
+    def _rescored(self, v: BackendView, est: BackendEstimate, request: RequestFeatures) -> _Scored:
+        """A pick other than the least cost, with its load and uncached prompt read afresh."""
+        uncached = self._uncached(v, request)
+        prompt = request.prompt_tokens
+        held = (prompt - uncached) // TRACKED_TOKENS if uncached < prompt else 0
+        return _Scored(v, est, 0.0, view_load(v), uncached, held)
 
     def _uncached(self, v: BackendView, request: RequestFeatures) -> int:
         if not request.prefix or self.prefixes is None or v.spec.name not in self.prefixes.backends:

@@ -72,16 +72,16 @@ def test_model_cards_give_the_context_length_and_the_adapters():
 def test_prefixes_are_tracked_per_radix_cache_namespace():
     """SGLang keys its radix cache by adapter, extra_key and cache_salt too: the same history under
     another of them shares no prefix; with none of them the chain is the plain one."""
-    from gateway.proxy import Proxy
+    from gateway.reading import prefix_chain
     from policies.prefix import message_blocks
 
     fields = {"messages": [{"role": "user", "content": "x" * 2000}]}
-    base = Proxy._prefix(parse(_chat(**fields), "chat"), None)
+    base = prefix_chain(parse(_chat(**fields), "chat"), None)
     assert base == message_blocks(fields["messages"]) and len(base) >= 7
-    styled = Proxy._prefix(parse(_chat(**fields), "chat"), "style")
-    by_path = Proxy._prefix(parse(_chat(lora_path="style", **fields), "chat"), None)
-    salted = Proxy._prefix(parse(_chat(cache_salt="tenant-1", **fields), "chat"), None)
-    keyed = Proxy._prefix(parse(_chat(extra_key="k", **fields), "chat"), None)
+    styled = prefix_chain(parse(_chat(**fields), "chat"), "style")
+    by_path = prefix_chain(parse(_chat(lora_path="style", **fields), "chat"), None)
+    salted = prefix_chain(parse(_chat(cache_salt="tenant-1", **fields), "chat"), None)
+    keyed = prefix_chain(parse(_chat(extra_key="k", **fields), "chat"), None)
     assert styled == by_path  # the same adapter, however it was named
     assert len({base[0], styled[0], salted[0], keyed[0]}) == 4
-    assert Proxy._prefix(parse(_chat(cache_salt="tenant-1", **fields), "chat"), None) == salted
+    assert prefix_chain(parse(_chat(cache_salt="tenant-1", **fields), "chat"), None) == salted

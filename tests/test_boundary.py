@@ -52,9 +52,9 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-def _imported(module: str, path: Path) -> set[str]:
-    """Every module `path` imports, anywhere in it: at the top, inside functions, under TYPE_CHECKING.
-    `from a import b` counts a, and a.b when that is a module; importing a.b.c runs a and a.b too."""
+def _names(module: str, path: Path) -> set[str]:
+    """Every name `path` imports, anywhere in it: at the top, inside functions, under TYPE_CHECKING.
+    `from a import b` names a and a.b (b may be a module); importing a.b.c runs a and a.b too."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -71,7 +71,12 @@ def _imported(module: str, path: Path) -> set[str]:
     for name in names:
         parts = name.split(".")
         out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
-    return {m for m in out if _module_file(m) is not None}
+    return out
+
+
+def _imported(module: str, path: Path) -> set[str]:
+    """The first-party modules `path` imports (`_names`)."""
+    return {m for m in _names(module, path) if _module_file(m) is not None}
 
 
 def _closure(start: str) -> set[str]:
@@ -151,6 +156,69 @@ def test_a_planted_forbidden_import_breaks_the_contract(tmp_path: Path, module: 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"{broken}" in proc.stdout and "BROKEN" in proc.stdout
     assert module.removesuffix(".py").replace("/", ".") in proc.stdout  # the planted line is the one named
+
+
+# ------------------------------------------------------------------ no import cycle
+
+
+def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """`package`'s modules under `root`, each with the modules of the package it imports anywhere:
+    at the top, inside functions, under TYPE_CHECKING. The package itself (its __init__) is left
+    out: every module of it runs it first."""
+    modules = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (root / package).rglob("*.py")
+    }
+    return {m: {n for n in _names(m, p) if n in modules and n not in (m, package)} for m, p in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected group of more than one module (Tarjan), or a
+    module that imports itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph[module]):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1 or module in graph[module]:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_no_import_cycle_in_a_product_package(package: str) -> None:
+    assert _cycles(_import_graph(REPO, package)) == []
+
+
+def test_a_planted_type_only_import_makes_a_cycle_the_test_finds(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "gateway", tmp_path / "gateway", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "gateway" / "pool.py").open("a") as f:  # the proxy imports the pool
+        f.write("\n\nif TYPE_CHECKING:\n    from gateway.proxy import Proxy\n")
+    cycles = _cycles(_import_graph(tmp_path, "gateway"))
+    assert len(cycles) == 1 and {"gateway.pool", "gateway.proxy"} <= set(cycles[0])
 
 
 # ------------------------------------------------------------------ what the core install pulls

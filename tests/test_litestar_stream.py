@@ -1,5 +1,5 @@
-"""The generation routes under a root_path (which litestar's router strips; `FastRoutes` matches them
-the same way): streams complete, and a client disconnect still aborts upstream."""
+"""The generation routes under a root_path (which litestar's router strips before it routes them to
+their ASGI handlers): streams complete, and a client disconnect still aborts upstream."""
 
 from __future__ import annotations
 

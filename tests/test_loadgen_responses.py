@@ -280,7 +280,11 @@ def test_non_streamed_response_fills_the_same_fields() -> None:
     assert parse_full(body, p, 3.0) is None
     assert p.finish_reason == "stop" and p.answer is not None and p.answer.content == "The answer is 4."
     assert p.answer.reasoning == "Let me think." and p.clock.t_first_reasoning == p.clock.t_first_answer == 3.0
-    assert p.usage is not None and (p.usage.completion_tokens, p.usage.cached, p.usage.reasoning) == (12, 16, 4)
+    assert p.usage is not None and (p.usage.completion_tokens, p.usage.cached_tokens, p.usage.reasoning_tokens) == (
+        12,
+        16,
+        4,
+    )
     failed = {**_response("failed", []), "error": {"code": "server_error", "message": "engine died"}}
     assert parse_full(json.dumps(failed).encode(), ResponsesStreamParser(), 1.0) == ("stream_error", "engine died")
     assert parse_full(b"<html>", ResponsesStreamParser(), 1.0) is not None

@@ -130,9 +130,9 @@ def test_usage_reads_openai_and_sglang_places() -> None:
         b'{"choices":[],"usage":{"completion_tokens":9,'
         b'"completion_tokens_details":{"reasoning_tokens":4},"prompt_tokens_details":{"cached_tokens":3}}}'
     )
-    assert c.usage is not None and c.usage.reasoning == 4 and c.usage.cached == 3
+    assert c.usage is not None and c.usage.reasoning_tokens == 4 and c.usage.cached_tokens == 3
     c = decode_chunk(b'{"choices":[],"usage":{"completion_tokens":9,"reasoning_tokens":5}}')
-    assert c.usage is not None and c.usage.reasoning == 5 and c.usage.cached is None
+    assert c.usage is not None and c.usage.reasoning_tokens == 5 and c.usage.cached_tokens is None
 
 
 def test_a_proxy_clock_keeps_nothing_per_chunk() -> None:

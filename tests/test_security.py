@@ -341,7 +341,9 @@ def test_bodies_being_read_are_bounded_in_bytes(tmp_path, fakes):
         with socket.create_connection(("127.0.0.1", port), timeout=60) as chunked:
             chunk = big[:500_000]
             chunked.sendall(head("Transfer-Encoding: chunked\r\n\r\n") + b"%x\r\n" % len(chunk) + chunk + b"\r\n")
-            refused = chunked.recv(65536)
+            refused = b""
+            while b"max_body_bytes_in_flight" not in refused and (part := chunked.recv(65536)):
+                refused += part  # the head and the body may come in two reads
         assert refused.startswith(b"HTTP/1.1 503") and b"max_body_bytes_in_flight" in refused
         second.settimeout(0.5)
         with pytest.raises(TimeoutError):
@@ -434,6 +436,6 @@ def test_a_request_that_timed_out_on_its_backend_is_not_run_again(tmp_path, twin
         for stream in (False, True):
             status, data = call(url, "POST", "/v1/chat/completions", {**CHAT, "stream": stream})
             message = data["error"]["message"]
-            assert status == 504 and ("timed out" in message or "no token" in message), data
+            assert status == 504 and "within 0.5s" in message, data
         state = get_json(f"{url}/admin/backends")
     assert state["retries"] == 0
