@@ -1,0 +1,302 @@
+"""One round of a sweep: `concurrency` streamed chat requests sent together, timed by the client and
+by the server's own counters.
+
+A round's requests start together, so from the moment the last of them has its first token until
+the first of them finishes, exactly `concurrency` sequences decode together: the round's window.
+The server's decode moments (`/v1/loads`, SGLang 0.5.23) read at both ends of it give the mean step
+time and batch over it; the client counts the chunks and tokens each request received in it (a
+stream sends one chunk per decode step at SGLang's default `--stream-interval 1`), and the KV
+tokens its requests held. The prefill counters read before and after the round give its prefill
+time. Every duration is divided by the server's time scale (a twin's; 1 for SGLang).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from backends.client import SGLangClient
+from backends.loads import LoadReport
+from common.stream_clock import Chunk, StreamClock, decode_chunk
+from tools.fit.discover import ServerFacts, read_load
+from tools.fit.measurements import Level, Request, Window
+from tools.fit.prompts import PromptMaker
+
+__all__ = ["ForeignLoad", "LiveRequest", "RoundSpec", "calibrate", "request_body", "run_round", "stream_request"]
+
+
+class ForeignLoad(RuntimeError):
+    """The server runs requests this sweep did not send: it is not idle any more."""
+
+
+class RoundSpec(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+    temperature: float = 0.0
+    thinking: bool = False
+    ignore_eos: bool = True
+    domains: tuple[str, ...] = ("math", "code", "chat")
+
+
+class _Sglext(msgspec.Struct):
+    sglext: dict[str, Any] | None = None
+
+
+_sglext = msgspec.json.Decoder(_Sglext)
+
+
+class LiveRequest:
+    """One request in flight: what the window's snapshots read of it."""
+
+    __slots__ = ("clock", "chunks", "tokens", "prompt_tokens", "finished", "sglext", "error")
+
+    def __init__(self, t_start: float) -> None:
+        self.clock = StreamClock(t_start=t_start)
+        self.chunks = 0
+        self.tokens = 0
+        self.prompt_tokens = 0
+        self.finished = False
+        self.sglext: dict[str, Any] | None = None
+        self.error: str | None = None
+
+
+def request_body(facts: ServerFacts, spec: RoundSpec, prompt: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": facts.served_model_name,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "ignore_eos": spec.ignore_eos,
+    }
+    if facts.classification is not None and facts.classification.reported is not None:
+        body["return_spec_tokens_details"] = True
+    # The thinking switch of Kimi's and DeepSeek's chat templates, and of Qwen's (a template ignores
+    # the other's). Sent whether or not the server has a reasoning parser: a model that thinks by
+    # default thinks without one too, its reasoning then inside the content.
+    body["chat_template_kwargs"] = {"thinking": spec.thinking, "enable_thinking": spec.thinking}
+    return body
+
+
+async def stream_request(
+    client: SGLangClient, body: dict[str, Any], live: LiveRequest, events: asyncio.Queue[str], timeout_s: float
+) -> None:
+    seen_first = False
+    try:
+        resp = await client.post(
+            "/v1/chat/completions", msgspec.json.encode(body), timeouts=aiohttp.ClientTimeout(total=timeout_s)
+        )
+        try:
+            if resp.status != 200:
+                text = (await resp.read())[:300].decode("utf-8", "replace")
+                live.error = f"HTTP {resp.status}: {text}"
+                return
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                now = time.perf_counter()
+                try:
+                    chunk: Chunk = decode_chunk(payload)
+                except msgspec.DecodeError:
+                    continue
+                if chunk.usage is not None:
+                    live.prompt_tokens = chunk.usage.prompt_tokens or live.prompt_tokens
+                if live.clock.observe(chunk, now):
+                    live.chunks += 1
+                    if chunk.usage is not None and chunk.usage.completion_tokens is not None:
+                        live.tokens = chunk.usage.completion_tokens
+                    if not seen_first:
+                        seen_first = True
+                        events.put_nowait("first")
+                if b'"sglext"' in payload:
+                    live.sglext = _sglext.decode(payload).sglext
+                if live.clock.error is not None:
+                    live.error = f"stream error: {live.clock.error.message}"
+                    return
+        finally:
+            resp.release()
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        live.error = f"{type(e).__name__}: {e}".rstrip(": ")
+    finally:
+        live.finished = True
+        if not seen_first:
+            events.put_nowait("first")
+        events.put_nowait("done")
+
+
+def _spec_counts(sglext: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """(verify passes, accepted drafts) from a response's `sglext`, summed over its sequences."""
+    if not isinstance(sglext, dict):
+        return None, None
+    details = sglext.get("spec_tokens_details")
+    entries = details if isinstance(details, list) else [details]
+    verify = 0
+    correct: int | None = 0
+    for e in entries:
+        if not isinstance(e, dict):
+            return None, None
+        v, c = e.get("spec_verify_ct"), e.get("spec_num_correct_drafts")
+        if type(v) is not int or v <= 0:
+            return None, None
+        verify += v
+        correct = correct + c if correct is not None and type(c) is int and c >= 0 else None
+    return verify, correct
+
+
+def _request(spec: RoundSpec, domain: str, live: LiveRequest, scale: float) -> Request:
+    f = live.clock.figures()
+    verify, correct = _spec_counts(live.sglext)
+    e2e = (live.clock.t_last - live.clock.t_start) / scale if live.clock.t_last is not None else None
+    return Request(
+        domain=domain,
+        temperature=spec.temperature,
+        thinking=spec.thinking,
+        prompt_tokens=f.prompt_tokens or live.prompt_tokens,
+        completion_tokens=f.completion_tokens or 0,
+        reasoning_tokens=f.reasoning_tokens,
+        cached_tokens=f.cached_tokens,
+        finish_reason=live.clock.finish_reason,
+        ttft_s=f.ttft / scale if f.ttft is not None else None,
+        e2e_s=e2e,
+        chunks=live.chunks,
+        verify_ct=verify,
+        correct_drafts=correct,
+        error=live.error,
+    )
+
+
+class _Snapshot(msgspec.Struct):
+    t: float
+    load: LoadReport | None
+    chunks: list[int]
+    tokens: list[int]
+    kv: int
+
+
+async def _snapshot(client: SGLangClient, facts: ServerFacts, lives: list[LiveRequest], in_flight: int) -> _Snapshot:
+    t = time.perf_counter()
+    chunks = [x.chunks for x in lives]
+    tokens = [x.tokens for x in lives]
+    # every request of the round: one that just finished was in the batch until its last step
+    kv = sum(x.prompt_tokens + x.tokens for x in lives)
+    load = await read_load(client, facts)
+    if (
+        load is not None
+        and load.running is not None
+        and load.waiting is not None
+        and load.running + load.waiting > in_flight
+    ):
+        raise ForeignLoad(
+            f"the server reports {load.running} running and {load.waiting} waiting requests while this sweep "
+            f"has {in_flight} in flight: another client is sending requests"
+        )
+    return _Snapshot(t, load, chunks, tokens, kv)
+
+
+def _window(a: _Snapshot, b: _Snapshot, scale: float) -> Window:
+    moments = None
+    ma = a.load.decode_moments if a.load is not None else None
+    mb = b.load.decode_moments if b.load is not None else None
+    if ma is not None and mb is not None:
+        moments = [y - x for x, y in zip(ma, mb, strict=True)]
+        moments[2] /= scale  # step time, us
+        moments[4] /= scale  # batch x step time
+    return Window(
+        span_s=(b.t - a.t) / scale,
+        moments=moments,
+        chunks=[y - x for x, y in zip(a.chunks, b.chunks, strict=True)],
+        tokens=[y - x for x, y in zip(a.tokens, b.tokens, strict=True)],
+        kv_start=a.kv,
+        kv_end=b.kv,
+    )
+
+
+def _prefill(before: LoadReport | None, after: LoadReport | None, scale: float) -> tuple[float | None, int | None]:
+    p, q = (before.prefill_counters if before else None), (after.prefill_counters if after else None)
+    if p is None or q is None:
+        return None, None
+    return (q[0] - p[0]) / 1e6 / scale, int(q[1] - p[1])
+
+
+async def run_round(
+    client: SGLangClient,
+    facts: ServerFacts,
+    maker: PromptMaker,
+    spec: RoundSpec,
+    *,
+    timeout_s: float = 900.0,
+) -> Level:
+    """Send the round's requests together and measure them (see the module docstring). Raises
+    ForeignLoad when the server runs more requests than the round sent."""
+    scale = facts.time_scale
+    domains = [spec.domains[i % len(spec.domains)] for i in range(spec.concurrency)]
+    prompts = [maker.make(d, spec.prompt_tokens) for d in domains]
+    before = await read_load(client, facts)
+    events: asyncio.Queue[str] = asyncio.Queue()
+    t0 = time.perf_counter()
+    lives = [LiveRequest(t0) for _ in domains]
+    tasks = [
+        asyncio.create_task(stream_request(client, request_body(facts, spec, p), live, events, timeout_s))
+        for p, live in zip(prompts, lives, strict=True)
+    ]
+    window: Window | None = None
+    try:
+        first = done = 0
+        a: _Snapshot | None = None
+        n = spec.concurrency
+        while done < n:
+            ev = await events.get()
+            if ev == "first":
+                first += 1
+            else:
+                done += 1
+            if a is None and first == n and done == 0 and spec.max_tokens > 1:
+                a = await _snapshot(client, facts, lives, n)
+            elif a is not None and window is None and done >= 1:
+                b = await _snapshot(client, facts, lives, n)
+                window = _window(a, b, scale)
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+    wall = time.perf_counter() - t0
+    after = await read_load(client, facts)
+    busy, computed = _prefill(before, after, scale)
+    return Level(
+        kind=spec.kind,
+        concurrency=spec.concurrency,
+        prompt_tokens=spec.prompt_tokens,
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        thinking=spec.thinking,
+        ignore_eos=spec.ignore_eos,
+        domains=list(spec.domains),
+        requests=[_request(spec, d, live, scale) for d, live in zip(domains, lives, strict=True)],
+        window=window,
+        prefill_busy_s=busy,
+        prefill_tokens=computed,
+        wall_s=wall,
+    )
+
+
+async def calibrate(client: SGLangClient, facts: ServerFacts, maker: PromptMaker, tokens: int = 2000) -> Level:
+    """Set `maker`'s characters per token to the server tokenizer's on the sweep's text: one request
+    of about `tokens` tokens, `max_tokens` 1. The round is returned (its request may have failed)."""
+    level = await run_round(
+        client, facts, maker, RoundSpec(kind="warmup", concurrency=1, prompt_tokens=tokens, max_tokens=1)
+    )
+    got = level.requests[0].prompt_tokens
+    if got > 0 and not level.requests[0].error:
+        maker.chars_per_token = maker.chars_per_token * got / tokens
+    return level
