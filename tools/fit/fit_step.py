@@ -46,6 +46,7 @@ class StepFit(msgspec.Struct, frozen=True, kw_only=True):
     width: int
     const_ms: float
     per_seq_ms: float
+    per_seq_measured: bool  # False: every window ran one batch size (a cap of 1): no slope to measure
     kv_ns_per_token: float
     knee_tokens: int | None  # None: no knee up to max_tokens_per_step
     compute_ms_per_token: float
@@ -102,10 +103,10 @@ def step_points(m: Measurements) -> tuple[list[StepPoint], str]:
     return pts, "decode moments" if moments else "client clock"
 
 
-def _solve(pts: list[StepPoint], width: int, knee: int | None) -> Solution:
+def _solve(pts: list[StepPoint], width: int, knee: int | None, slope: bool = True) -> Solution:
     rows = []
     for p in pts:
-        row = [1.0, p.batch, p.kv_tokens / 1e6]
+        row = [1.0, p.batch if slope else 0.0, p.kv_tokens / 1e6]
         if knee is not None:
             row.append(max(0.0, p.batch * width - knee))
         rows.append(row)
@@ -113,15 +114,17 @@ def _solve(pts: list[StepPoint], width: int, knee: int | None) -> Solution:
 
 
 def fit_step(m: Measurements) -> StepFit:
-    """Raises ValueError when there are too few windows to fit."""
+    """Raises ValueError when there are too few windows to fit. A server whose windows all ran one
+    batch size (a cap of 1) gets no slope per sequence: it never runs more."""
     width = m.facts.verify_width or 1
     pts, source = step_points(m)
     batches = {round(p.batch) for p in pts}
-    if len(pts) < 3 or len(batches) < 2:
-        raise ValueError(f"{len(pts)} decode window(s) at {len(batches)} batch size(s): at least 3 at 2 sizes needed")
-    line = _solve(pts, width, None)
+    if len(pts) < 2:
+        raise ValueError(f"{len(pts)} decode window(s): at least 2 needed")
+    slope = len(batches) >= 2
+    line = _solve(pts, width, None, slope)
     best, knee = line, None
-    candidates = sorted({round(p.batch * width) for p in pts})[1:-1]
+    candidates = sorted({round(p.batch * width) for p in pts})[1:-1] if slope else []
     for k in candidates:
         sol = _solve(pts, width, k)
         if sol.coef[3] > 0 and sol.rms < best.rms:
@@ -133,6 +136,7 @@ def fit_step(m: Measurements) -> StepFit:
         width=width,
         const_ms=c[0],
         per_seq_ms=c[1],
+        per_seq_measured=slope,
         kv_ns_per_token=c[2],  # ms per million tokens = ns per token
         knee_tokens=knee,
         compute_ms_per_token=c[3] if knee is not None else 0.0,

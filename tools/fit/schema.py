@@ -158,7 +158,16 @@ def _step(w: _Writer, fit: FitResult) -> None:
     k = s.per_seq_ms / width
     what = s.describe()
     w.measured("step.t0_ms", _r(s.const_ms + k), f"{what}; the fixed cost of a step (target and drafter together)")
-    w.measured("step.k_ms", _r(k), f"{what}; the cost per sequence over its {width} verified token(s)")
+    if s.per_seq_measured:
+        w.measured("step.k_ms", _r(k), f"{what}; the cost per sequence over its {width} verified token(s)")
+    else:
+        w.assumed(
+            "step.k_ms",
+            0.0,
+            f"the server runs one sequence at a time (cap {fit.measurements.facts.max_running_requests}), so no "
+            "batch grows; 0",
+            "step time at two batch sizes or more (a server started with a larger --max-running-requests)",
+        )
     if s.knee_tokens is not None:
         w.measured("step.knee_tokens", s.knee_tokens, f"{what}; where the cost per token rises")
         w.measured("step.k_compute_ms", _r(s.compute_ms_per_token), f"{what}; the extra cost per token past the knee")

@@ -44,6 +44,8 @@ SHORT = 64  # tokens of a "short" prompt: the question alone
 TEMPERATURES = (0.0, 0.6, 1.0)
 HELD_OUT_CONCURRENCY = frozenset({3, 12, 24})
 HELD_OUT_PROMPTS = frozenset({4096, 16384})
+MIN_CELL = 8  # requests per (domain, temperature) cell at least
+MAX_LENGTH_ROUNDS = 6  # per thinking setting: a small cap gets fewer length samples, not hours of rounds
 
 
 class SweepRefused(RuntimeError):
@@ -101,12 +103,12 @@ def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None
     for p in lengths[1:]:
         if p < 1536:
             continue
-        for c in (2, 8) if full else (8 if p <= 8192 else 4,):
+        for c in (4, 16) if full else (16 if p <= 8192 else 8,):
             c = min(c, cap)
             # all of the round's sequences fit in the KV pool with room to spare
-            while c > 1 and c * (p + out_tokens) > 0.8 * kv:
+            while c > 1 and c * (p + 512) > 0.8 * kv:
                 c //= 2
-            if c * (p + out_tokens) <= 0.8 * kv and (c, p) not in context:
+            if c * (p + 512) <= 0.8 * kv and (c, p) not in context:
                 context.append((c, p))
     return SweepPlan(
         mode="full" if full else "quick",
@@ -116,11 +118,11 @@ def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None
         step_tokens=out_tokens,
         step_repeats=2 if full else 1,
         context=context,
-        context_tokens=out_tokens,
+        context_tokens=512 if full else 256,
         accept_concurrency=min(cap, 64 if full else 48),
-        accept_tokens=256 if full else 128,
+        accept_tokens=384 if full else 256,
         accept_repeats=2 if full else 1,
-        lengths_per_domain=16 if full else 6,
+        lengths_per_domain=32 if full else 12,
         lengths_budget_s=240.0 if full else 45.0,
         max_prompt_tokens=bound,
     )
@@ -141,7 +143,9 @@ def _rounds(plan: SweepPlan, facts: ServerFacts) -> list[RoundSpec]:
         out.append(RoundSpec(kind="context", concurrency=c, prompt_tokens=p, max_tokens=plan.context_tokens))
     speculative = facts.classification is not None and facts.classification.reported is not None
     if speculative:
-        for _ in range(plan.accept_repeats):
+        # every cell gets MIN_CELL requests at least, a small cap in more rounds
+        repeats = max(plan.accept_repeats, math.ceil(MIN_CELL / plan.accept_concurrency))
+        for _ in range(repeats):
             for t in TEMPERATURES:
                 for d in DOMAINS:
                     out.append(
@@ -190,7 +194,7 @@ def _length_rounds(plan: SweepPlan, facts: ServerFacts, levels: list[Level]) -> 
             ignore_eos=False,
         )
         for thinking in settings
-        for _ in range(math.ceil(n / c))
+        for _ in range(min(MAX_LENGTH_ROUNDS, math.ceil(n / c)))
     ]
 
 
