@@ -29,7 +29,7 @@ import numpy as np
 
 from tools.fit.measurements import Measurements, Request
 
-__all__ = ["AcceptFit", "Cell", "fit_accept", "mean_drafts"]
+__all__ = ["AcceptFit", "Cell", "PowerLaw", "WindowLaw", "fit_accept", "fit_power_law", "fit_window_law", "mean_drafts"]
 
 _U = np.linspace(-1.0, 1.0, 41)  # quadrature over the prompt offset u
 SHORT_CONTEXT = 1024  # prompts up to this many tokens count as short (no context effect)
@@ -236,6 +236,32 @@ def fit_window_law(context: dict[int, float], reported_window: int | None) -> Wi
         d = max(0.0, num / den) if den > 0 else 0.0
         sse = sum((1.0 + d * max(0.0, math.log2(p / w)) - g) ** 2 for p, g in pts)
         law = WindowLaw(window=w, per_doubling=d, window_reported=bool(reported_window), rms=math.sqrt(sse / len(pts)))
+        if best is None or law.rms < best.rms - 1e-9:
+            best = law
+    return best
+
+
+class PowerLaw(msgspec.Struct, frozen=True, kw_only=True):
+    """g(P) = (P / trained) ** exponent beyond `trained`, 1 within (twin/sampling.py): a drafter that
+    attends to the whole context and was trained on sequences of about `trained` tokens."""
+
+    trained: int
+    exponent: float
+    rms: float
+
+
+def fit_power_law(context: dict[int, float]) -> PowerLaw | None:
+    """The power law through the context factors (None: no long-context point)."""
+    if not context:
+        return None
+    pts = sorted(context.items())
+    best: PowerLaw | None = None
+    for t in [SHORT_CONTEXT] + [p for p, _ in pts[:-1]]:
+        xs = [(math.log(p / t), math.log(g)) for p, g in pts if p > t and g > 0]
+        den = sum(x * x for x, _ in xs)
+        e = max(0.0, sum(x * y for x, y in xs) / den) if den > 0 else 0.0
+        sse = sum((((p / t) ** e if p > t else 1.0) - g) ** 2 for p, g in pts)
+        law = PowerLaw(trained=t, exponent=e, rms=math.sqrt(sse / len(pts)))
         if best is None or law.rms < best.rms - 1e-9:
             best = law
     return best

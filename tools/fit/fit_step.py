@@ -27,6 +27,7 @@ __all__ = ["StepFit", "StepPoint", "fit_step", "step_points"]
 
 # A knee must cut the straight line's rms error by this factor (and leave it above this floor) to be
 # kept: with a handful of points a knee always fits somewhat better.
+STEADY = 0.9  # a window is steady when its mean batch is at least this share of the round's requests
 KNEE_GAIN = 0.5
 KNEE_FLOOR = 0.01
 _KIND_OF_STEP = ("step", "context", "accept", "lengths")
@@ -36,6 +37,7 @@ class StepPoint(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
     concurrency: int
     batch: float  # mean sequences per step
+    steady: bool = True  # every step of the window ran the round's whole batch (its moments say so)
     kv_tokens: float
     step_ms: float
     steps: int
@@ -74,10 +76,13 @@ def _point(level: Level) -> StepPoint | None:
     if w.moments is not None and w.moments[0] >= 2:
         m = w.moments
         per_verify = m[5] / m[1] if m[1] > 0 else None
+        batch = m[1] / m[0]
+        spread = max(0.0, m[3] / m[0] - batch * batch)
         return StepPoint(
             kind=level.kind,
             concurrency=level.concurrency,
-            batch=m[1] / m[0],
+            batch=batch,
+            steady=batch >= STEADY * level.concurrency and spread <= 0.25,
             kv_tokens=kv,
             step_ms=m[2] / m[0] / 1000.0,
             steps=int(m[0]),
@@ -97,9 +102,19 @@ def _point(level: Level) -> StepPoint | None:
 
 
 def step_points(m: Measurements) -> tuple[list[StepPoint], str]:
-    """The windows' points, and where their times come from."""
-    pts = [p for lv in m.levels if lv.kind in _KIND_OF_STEP if (p := _point(lv)) is not None]
+    """The windows' points, and where their times come from. Windows whose batch changed within
+    them are left out when enough steady ones remain: a client that reads its streams late (a busy
+    machine, a fast twin) sees the round's first tokens after some of its requests have finished."""
     moments = any(lv.window is not None and lv.window.moments is not None for lv in m.levels)
+    pts = [
+        p
+        for lv in m.levels
+        if lv.kind in _KIND_OF_STEP and (lv.window is not None and (lv.window.moments is not None or not moments))
+        if (p := _point(lv)) is not None
+    ]
+    steady = [p for p in pts if p.steady]
+    if len(steady) >= 3 and len({round(p.batch) for p in steady}) >= min(2, len({round(p.batch) for p in pts})):
+        pts = steady
     return pts, "decode moments" if moments else "client clock"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tools.fit.fit_accept import AcceptFit, WindowLaw, fit_accept, fit_window_law
+from tools.fit.fit_accept import AcceptFit, PowerLaw, WindowLaw, fit_accept, fit_power_law, fit_window_law
 from tools.fit.fit_lengths import LengthFit, fit_lengths, length_samples
 from tools.fit.fit_prefill import PrefillFit, fit_prefill
 from tools.fit.fit_step import StepFit, fit_step
@@ -20,7 +20,8 @@ class FitResult(msgspec.Struct, kw_only=True):
     step: StepFit | None = None
     prefill: PrefillFit | None = None
     accept: AcceptFit | None = None
-    window: WindowLaw | None = None
+    window: WindowLaw | None = None  # the context law of a windowed drafter
+    power: PowerLaw | None = None  # the context law of a drafter that sees the whole context
     reasoning: LengthFit | None = None
     answer: LengthFit | None = None
     unfitted: dict[str, str] = {}  # part -> why it could not be fitted
@@ -49,7 +50,13 @@ def fit_all(m: Measurements) -> FitResult:
         out.unfitted["prefill"] = str(e)
     if out.speculative:
         drafts = max_accept_drafts(m.facts)
-        if drafts is None:
+        detailed = any(r.verify_ct for lv in m.levels for r in lv.requests)
+        if not detailed and any(lv.requests for lv in m.levels):
+            out.unfitted["acceptance"] = (
+                f"the server (SGLang {m.facts.version or '?'}) sent no per-request speculation details: acceptance "
+                "is measured from `return_spec_tokens_details` (`sglext`, SGLang 0.5.23)"
+            )
+        elif drafts is None:
             out.unfitted["acceptance"] = (
                 "the server does not report its speculative settings (the deepest run of drafts)"
             )
@@ -58,6 +65,7 @@ def fit_all(m: Measurements) -> FitResult:
                 out.accept = fit_accept(m, drafts)
                 reported = m.facts.speculative.get("speculative_draft_window_size")
                 out.window = fit_window_law(out.accept.context, reported if isinstance(reported, int) else None)
+                out.power = fit_power_law(out.accept.context)
             except ValueError as e:
                 out.unfitted["acceptance"] = str(e)
     reasoning, answer, budget = length_samples(m)

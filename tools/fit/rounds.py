@@ -13,6 +13,8 @@ time. Every duration is divided by the server's time scale (a twin's; 1 for SGLa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from typing import Any
 
@@ -20,11 +22,14 @@ import aiohttp
 import msgspec
 
 from backends.client import SGLangClient
-from backends.loads import LoadReport
+from backends.loads import LoadReport, parse_loads
 from common.stream_clock import Chunk, StreamClock, decode_chunk
 from tools.fit.discover import ServerFacts, read_load
 from tools.fit.measurements import Level, Request, Window
 from tools.fit.prompts import PromptMaker
+
+# Between two reads of /v1/loads during a round, in the server's seconds (a twin's time scale shrinks it)
+POLL_S = 0.05
 
 __all__ = ["ForeignLoad", "LiveRequest", "RoundSpec", "calibrate", "request_body", "run_round", "stream_request"]
 
@@ -176,45 +181,115 @@ def _request(spec: RoundSpec, domain: str, live: LiveRequest, scale: float) -> R
     )
 
 
-class _Snapshot(msgspec.Struct):
+class _Client(msgspec.Struct):
+    """What the client had received of every request at one moment (the fallback window's ends)."""
+
     t: float
-    load: LoadReport | None
     chunks: list[int]
     tokens: list[int]
     kv: int
 
 
-async def _snapshot(client: SGLangClient, facts: ServerFacts, lives: list[LiveRequest], in_flight: int) -> _Snapshot:
-    t = time.perf_counter()
-    chunks = [x.chunks for x in lives]
-    tokens = [x.tokens for x in lives]
+def _client(lives: list[LiveRequest]) -> _Client:
     # every request of the round: one that just finished was in the batch until its last step
-    kv = sum(x.prompt_tokens + x.tokens for x in lives)
-    load = await read_load(client, facts)
-    if (
-        load is not None
-        and load.running is not None
-        and load.waiting is not None
-        and load.running + load.waiting > in_flight
-    ):
-        raise ForeignLoad(
-            f"the server reports {load.running} running and {load.waiting} waiting requests while this sweep "
-            f"has {in_flight} in flight: another client is sending requests"
-        )
-    return _Snapshot(t, load, chunks, tokens, kv)
+    return _Client(
+        t=time.perf_counter(),
+        chunks=[x.chunks for x in lives],
+        tokens=[x.tokens for x in lives],
+        kv=sum(x.prompt_tokens + x.tokens for x in lives),
+    )
 
 
-def _window(a: _Snapshot, b: _Snapshot, scale: float) -> Window:
-    moments = None
-    ma = a.load.decode_moments if a.load is not None else None
-    mb = b.load.decode_moments if b.load is not None else None
-    if ma is not None and mb is not None:
-        moments = [y - x for x, y in zip(ma, mb, strict=True)]
-        moments[2] /= scale  # step time, us
-        moments[4] /= scale  # batch x step time
+class _Poll(msgspec.Struct, frozen=True):
+    t: float
+    running: int
+    used_tokens: int
+    moments: tuple[float, ...] | None
+
+
+def _used_tokens(data: Any) -> int:
+    loads = data.get("loads") if isinstance(data, dict) else None
+    total = 0
+    for rank in loads if isinstance(loads, list) else ():
+        v = rank.get("num_used_tokens") if isinstance(rank, dict) else None
+        total += v if type(v) is int else 0
+    return total
+
+
+async def _poll(
+    client: SGLangClient,
+    facts: ServerFacts,
+    lives: list[LiveRequest],
+    stop: asyncio.Event,
+    out: list[_Poll],
+    interval_s: float,
+) -> None:
+    """`/v1/loads` again and again while the round runs: its decode moments, running count and KV in
+    use. Raises ForeignLoad when the server runs more requests than the round has in flight."""
+    while not stop.is_set():
+        # counted before asking: a request that ends while the answer is on its way is still the server's
+        in_flight = sum(1 for x in lives if not x.finished)
+        status, raw = await client.get("/v1/loads?include=core")
+        data = json.loads(raw) if status == 200 else None
+        report = parse_loads(data)
+        if report is not None and report.running is not None and report.waiting is not None:
+            if report.running + report.waiting > in_flight:
+                raise ForeignLoad(
+                    f"the server reports {report.running} running and {report.waiting} waiting requests while this "
+                    f"sweep has {in_flight} in flight: another client is sending requests"
+                )
+            out.append(_Poll(time.perf_counter(), report.running, _used_tokens(data), report.decode_moments))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+
+
+def _delta(a: tuple[float, ...], b: tuple[float, ...]) -> list[float]:
+    return [y - x for x, y in zip(a, b, strict=True)]
+
+
+def _steady(d: list[float], batch: int) -> bool:
+    """Every decode step between two polls ran exactly `batch` sequences (or there was none)."""
+    n = d[0]
+    if n < 0.5:
+        return True
+    mean = d[1] / n
+    return abs(mean - batch) < 1e-6 and d[3] / n - mean * mean < 1e-6
+
+
+def _server_window(polls: list[_Poll], batch: int, scale: float) -> Window | None:
+    """The longest stretch between polls over which every step ran the whole round (the server's
+    own account, whatever the client had read by then)."""
+    best: tuple[float, int, int] | None = None
+    start: int | None = None
+    for k, p in enumerate(polls):
+        if p.moments is None or p.running != batch:
+            start = None
+            continue
+        if start is not None and polls[start].moments is not None:
+            prev = polls[k - 1].moments
+            if prev is None or not _steady(_delta(prev, p.moments), batch):
+                start = k
+        else:
+            start = k
+        first = polls[start].moments
+        assert first is not None
+        steps = p.moments[0] - first[0]
+        if steps >= 2 and (best is None or steps > best[0]):
+            best = (steps, start, k)
+    if best is None:
+        return None
+    _, i, j = best
+    a, b = polls[i], polls[j]
+    assert a.moments is not None and b.moments is not None
+    moments = _delta(a.moments, b.moments)
+    moments[2] /= scale  # step time, us
+    moments[4] /= scale  # batch x step time
+    return Window(span_s=(b.t - a.t) / scale, moments=moments, kv_start=a.used_tokens, kv_end=b.used_tokens)
+
+
+def _client_window(a: _Client, b: _Client, scale: float) -> Window:
     return Window(
         span_s=(b.t - a.t) / scale,
-        moments=moments,
         chunks=[y - x for x, y in zip(a.chunks, b.chunks, strict=True)],
         tokens=[y - x for x, y in zip(a.tokens, b.tokens, strict=True)],
         kv_start=a.kv,
@@ -250,10 +325,17 @@ async def run_round(
         asyncio.create_task(stream_request(client, request_body(facts, spec, p), live, events, timeout_s))
         for p, live in zip(prompts, lives, strict=True)
     ]
-    window: Window | None = None
+    polls: list[_Poll] = []
+    stop = asyncio.Event()
+    poller = (
+        asyncio.create_task(_poll(client, facts, lives, stop, polls, POLL_S * scale))
+        if facts.load_path == "/v1/loads" and spec.max_tokens > 1
+        else None
+    )
+    client_window: Window | None = None
     try:
         first = done = 0
-        a: _Snapshot | None = None
+        a: _Client | None = None
         n = spec.concurrency
         while done < n:
             ev = await events.get()
@@ -261,15 +343,21 @@ async def run_round(
                 first += 1
             else:
                 done += 1
+            if poller is not None and poller.done():
+                poller.result()  # a ForeignLoad ends the round
             if a is None and first == n and done == 0 and spec.max_tokens > 1:
-                a = await _snapshot(client, facts, lives, n)
-            elif a is not None and window is None and done >= 1:
-                b = await _snapshot(client, facts, lives, n)
-                window = _window(a, b, scale)
+                a = _client(lives)
+            elif a is not None and client_window is None and done >= 1:
+                client_window = _client_window(a, _client(lives), scale)
         await asyncio.gather(*tasks)
+        stop.set()
+        if poller is not None:
+            await poller
     finally:
-        for t in tasks:
+        stop.set()
+        for t in [*tasks, *([poller] if poller is not None else [])]:
             t.cancel()
+    window = _server_window(polls, spec.concurrency, scale) or client_window
     wall = time.perf_counter() - t0
     after = await read_load(client, facts)
     busy, computed = _prefill(before, after, scale)

@@ -47,17 +47,22 @@ def spec_config(facts: ServerFacts) -> SpecConfig | None:
     if c is None or c.reported is None or c.twin_algorithm is None:
         return None
     width = facts.verify_width or 0
+    if width < 2:
+        return None  # the server does not say how many tokens it verifies
     block = _reported_int(facts, "speculative_dflash_block_size")
-    return SpecConfig(
-        algorithm=c.twin_algorithm,
-        draft_model_path=str(facts.speculative.get("speculative_draft_model_path") or ""),
-        num_steps=_reported_int(facts, "speculative_num_steps") or 1,
-        eagle_topk=_reported_int(facts, "speculative_eagle_topk") or 1,
-        num_draft_tokens=width,
-        dflash_block_size=block if c.twin_algorithm in ("DFLASH", "DDTREE") else None,
-        ddtree_budget=_reported_int(facts, "speculative_ddtree_budget") if c.twin_algorithm == "DDTREE" else None,
-        tree_gamma=0.0,
-    )
+    draft = facts.speculative.get("speculative_draft_model_path")
+    fields: dict[str, Any] = {
+        "algorithm": c.twin_algorithm,
+        "draft_model_path": None if c.twin_algorithm == "NGRAM" else str(draft or ""),
+        "num_steps": _reported_int(facts, "speculative_num_steps") or 1,
+        "eagle_topk": _reported_int(facts, "speculative_eagle_topk") or 1,
+        "num_draft_tokens": width,
+        "dflash_block_size": block if c.twin_algorithm in ("DFLASH", "DDTREE") else None,
+        "ddtree_budget": _reported_int(facts, "speculative_ddtree_budget") if c.twin_algorithm == "DDTREE" else None,
+    }
+    if "tree_gamma" in SpecConfig.__struct_fields__:
+        fields["tree_gamma"] = 0.0  # the tree's own rates are measured: no transform of them
+    return msgspec.convert(fields, SpecConfig)
 
 
 def _stub(facts: ServerFacts, spec: SpecConfig | None) -> Profile:
@@ -81,7 +86,7 @@ def _stub(facts: ServerFacts, spec: SpecConfig | None) -> Profile:
 def max_accept_drafts(facts: ServerFacts) -> int | None:
     """The deepest run of drafts a verify pass accepts, as the twin will simulate the server."""
     spec = spec_config(facts)
-    if spec is None or spec.num_draft_tokens < 2:
+    if spec is None:
         return None
     return _stub(facts, spec).max_accept_drafts
 
@@ -197,6 +202,19 @@ def _step(w: _Writer, fit: FitResult) -> None:
         )
 
 
+def _context_law(fit: FitResult) -> str:
+    """Which of the twin's context laws a server's drafter follows: the window law when it reports a
+    draft window or drafts in blocks (DFlash's family keeps a window of the target's tokens), else the
+    power law of a drafter that sees the whole context, where the profile format has it."""
+    f = fit.measurements.facts
+    c = f.classification
+    if f.speculative.get("speculative_draft_window_size") or (
+        c is not None and c.twin_algorithm in ("DFLASH", "DDTREE")
+    ):
+        return "window"
+    return "power" if "train_context_tokens" in SpecConfig.__struct_fields__ else "window"
+
+
 def _speculative(w: _Writer, fit: FitResult) -> None:
     f = fit.measurements.facts
     spec = spec_config(f)
@@ -214,14 +232,20 @@ def _speculative(w: _Writer, fit: FitResult) -> None:
     ):
         if value is not None:
             w.measured(f"speculative.{key}", value, info)
-    if spec.algorithm == "DDTREE":
+    if spec.algorithm == "DDTREE" and "tree_gamma" in SpecConfig.__struct_fields__:
         w.put(
             "speculative.tree_gamma",
             0.0,
             f"derived: acceptance.* are the tree's own per-depth rates at budget {spec.ddtree_budget}, as measured; "
             "0 keeps them (another budget, `:b=` in a fleet, is not measured)",
         )
-    if fit.window is not None and fit.window.per_doubling > 0:
+    if _context_law(fit) == "power" and fit.power is not None and fit.power.exponent > 0:
+        law_p = fit.power
+        bands = ", ".join(f"{n:,}: {g:.2f}" for n, g in sorted(a.context.items()))
+        what = f"miss-rate factor by prompt tokens {bands} (T=0, three domains), rms {law_p.rms:.3f}"
+        w.measured("speculative.train_context_tokens", law_p.trained, f"where the context law starts; {what}")
+        w.measured("speculative.context_miss_exponent", _r(law_p.exponent), what)
+    elif _context_law(fit) == "window" and fit.window is not None and fit.window.per_doubling > 0:
         law = fit.window
         bands = ", ".join(f"{n:,}: {g:.2f}" for n, g in sorted(a.context.items()))
         where = "reported" if law.window_reported else "fitted"

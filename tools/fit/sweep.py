@@ -74,13 +74,11 @@ class SweepPlan(msgspec.Struct, kw_only=True):
 
 
 def _levels(cap: int, full: bool) -> list[int]:
+    """Doubling concurrency up to the cap, the cap, and 5/8 of it (a point between the top two, where a
+    compute knee shows), none of them a held-out level (one less instead)."""
     ladder = [1, 2, 4, 6, 8, 16, 32, 48, 64, 96, 128, 192, 256] if full else [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    out = [c for c in ladder if c < cap and c not in HELD_OUT_CONCURRENCY]
-    if cap not in HELD_OUT_CONCURRENCY:
-        out.append(cap)
-    elif cap - 1 >= 1:
-        out.append(cap - 1)
-    return sorted(set(out))
+    wanted = [c for c in ladder if c < cap] + [cap, max(1, round(cap * 5 / 8))]
+    return sorted({c - 1 if c in HELD_OUT_CONCURRENCY else c for c in wanted})
 
 
 def _lengths(bound: int, full: bool) -> list[int]:
@@ -226,6 +224,14 @@ async def _run(
             if _failures(lv):
                 raise SweepStopped(f"the first requests failed: {_failures(lv)[0]}")
         m.notes.append(f"characters per token on the sweep's text: {maker.chars_per_token:.2f}")
+        speculative = facts.classification is not None and facts.classification.reported is not None
+        if speculative and warm.requests[0].verify_ct is None:
+            note = (
+                f"no per-request speculation details (SGLang {facts.version}): acceptance cannot be measured; "
+                "the sweep goes on for the step and prefill times"
+            )
+            m.notes.append(note)
+            log(f"note: {note}")
         rounds = _rounds(plan, facts)
         total = len(rounds)
         i = 0
