@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tomllib
 from pathlib import Path
@@ -36,7 +35,7 @@ from gateway.config import (
     parse_listen,
     url_problem,
 )
-from tools.cli_usage import UsageError, UsageParser
+from tools.cli_usage import UsageError, UsageParser, api_key_from_env
 
 __all__ = ["Backend", "main", "render_config"]
 
@@ -193,7 +192,7 @@ def _init(args: argparse.Namespace) -> int:
 
         backends = backends_from_urls(
             [u.strip() for spec in args.from_urls for u in spec.split(",") if u.strip()],
-            api_key=_api_key(args.api_key_env),
+            api_key=api_key_from_env(args.api_key_env),
         )
     else:
         if args.api_key_env is not None:
@@ -226,15 +225,6 @@ def summary(config: Config) -> str:
         models.setdefault(b.model, []).append(f"{b.name} ({b.strategy})")
     parts = [f"{m}: {', '.join(bs)}" for m, bs in models.items()] or ["no backends"]
     return f"listen {config.gateway.listen}, policy {config.gateway.policy}; " + "; ".join(parts)
-
-
-def _api_key(var: str | None) -> str | None:
-    if var is None:
-        return None
-    key = os.environ.get(var)
-    if not key:
-        raise UsageError(f"--api-key-env {var}: the variable is not set")
-    return key
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -19,13 +19,12 @@ Exit status: 0 done; 1 the sweep stopped or the fit is incomplete (the measureme
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import msgspec
 
-from tools.cli_usage import UsageError, UsageParser
+from tools.cli_usage import UsageError, UsageParser, api_key_from_env
 from tools.fit.fitted import FitResult, fit_all
 from tools.fit.measurements import Measurements, load_measurements
 from tools.fit.render import render_profile
@@ -84,15 +83,6 @@ def _output(path_text: str, force: bool) -> Path:
     return path
 
 
-def _api_key(var: str | None) -> str | None:
-    if var is None:
-        return None
-    key = os.environ.get(var)
-    if not key:
-        raise UsageError(f"--api-key-env {var}: the variable is not set")
-    return key
-
-
 def write_profile(fit: FitResult, path: Path, name: str) -> str:
     """Write the fit's profile to `path` and load it back as the twin does; the text written."""
     from twin.profile import ProfileError, load_profile
@@ -145,7 +135,7 @@ def _sweep_main(argv: list[str]) -> int:
 
     args = _sweep_parser().parse_args(argv)
     out = _output(args.output, args.force)
-    api_key = _api_key(args.api_key_env)
+    api_key = api_key_from_env(args.api_key_env)
     measurements = Path(args.measurements) if args.measurements else out.with_name(out.stem + ".measurements.json")
     try:
         m = sweep(

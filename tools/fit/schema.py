@@ -178,13 +178,25 @@ def _step(w: _Writer, fit: FitResult) -> None:
         w.measured("step.k_compute_ms", _r(s.compute_ms_per_token), f"{what}; the extra cost per token past the knee")
     else:
         most = (fit.measurements.facts.max_running_requests or 1) * width
-        w.measured(
-            "step.knee_tokens",
-            max(most, s.max_tokens_per_step),
-            f"{what}; no knee up to {s.max_tokens_per_step} tokens per step measured, set at the cap times the "
-            f"verify width ({most}: the most this server runs)",
-        )
-        w.measured("step.k_compute_ms", 0.0, f"{what}; no extra cost per token up to {s.max_tokens_per_step}")
+        if s.max_tokens_per_step >= 0.95 * most:  # the sweep ran the cap: no knee within what the server runs
+            w.measured(
+                "step.knee_tokens",
+                max(most, s.max_tokens_per_step),
+                f"{what}; no knee up to {s.max_tokens_per_step} tokens per step, the cap times the verify width",
+            )
+            w.measured("step.k_compute_ms", 0.0, f"{what}; no extra cost per token up to the cap")
+        else:
+            w.measured(
+                "step.knee_tokens",
+                s.max_tokens_per_step,
+                f"{what}; no knee up to {s.max_tokens_per_step} tokens per step, the largest batch the sweep ran",
+            )
+            w.assumed(
+                "step.k_compute_ms",
+                0.0,
+                f"no batch beyond {s.max_tokens_per_step} tokens per step was run (the cap allows {most}); 0 past it",
+                "rounds at a higher concurrency (a larger KV pool, or --max-prompt-tokens and a full sweep)",
+            )
     if s.kv_ns_per_token > 0 or any(pt.kv_tokens > 10_000 for pt in s.points):
         w.measured("step.kv_ns_per_token", _r(s.kv_ns_per_token), f"{what}; the cost per KV token the batch reads")
     else:

@@ -45,6 +45,9 @@ TEMPERATURES = (0.0, 0.6, 1.0)
 HELD_OUT_CONCURRENCY = frozenset({3, 12, 24})
 HELD_OUT_PROMPTS = frozenset({4096, 16384})
 MIN_CELL = 8  # requests per (domain, temperature) cell at least
+# Requests of one round at most: an AR server's cap is SGLang's request pool (2048 and more), far beyond
+# what a batch of a sweep's lengths needs to show its cost; the step law is fitted up to this.
+MAX_ROUND = 512
 MAX_LENGTH_ROUNDS = 6  # per thinking setting: a small cap gets fewer length samples, not hours of rounds
 
 
@@ -74,8 +77,9 @@ class SweepPlan(msgspec.Struct, kw_only=True):
 
 
 def _levels(cap: int, full: bool) -> list[int]:
-    """Doubling concurrency up to the cap, the cap, and 5/8 of it (a point between the top two, where a
-    compute knee shows), none of them a held-out level (one less instead)."""
+    """Doubling concurrency up to `cap` (the server's, or what its KV pool or the sweep's limit
+    allows), `cap` itself, and 5/8 of it (a point between the top two, where a compute knee shows),
+    none of them a held-out level (one less instead)."""
     ladder = [1, 2, 4, 6, 8, 16, 32, 48, 64, 96, 128, 192, 256] if full else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     wanted = [c for c in ladder if c < cap] + [cap, max(1, round(cap * 5 / 8))]
     return sorted({c - 1 if c in HELD_OUT_CONCURRENCY else c for c in wanted})
@@ -112,12 +116,14 @@ def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None
         mode="full" if full else "quick",
         prefill_lengths=lengths,
         prefill_repeats=3 if full else 1,
-        step_levels=_levels(cap, full),
+        step_levels=_levels(
+            min(cap, MAX_ROUND if full else MAX_ROUND // 2, int(0.8 * kv / (SHORT + out_tokens + 64))), full
+        ),
         step_tokens=out_tokens,
         step_repeats=2 if full else 1,
         context=context,
         context_tokens=512 if full else 256,
-        accept_concurrency=min(cap, 64 if full else 48),
+        accept_concurrency=min(cap, 64 if full else 48, max(1, int(0.8 * kv / (SHORT + 512)))),
         accept_tokens=384 if full else 256,
         accept_repeats=2 if full else 1,
         lengths_per_domain=32 if full else 12,
@@ -137,9 +143,11 @@ def _rounds(plan: SweepPlan, facts: ServerFacts) -> list[RoundSpec]:
     for _ in range(plan.step_repeats):
         for c in plan.step_levels:
             out.append(RoundSpec(kind="step", concurrency=c, prompt_tokens=SHORT, max_tokens=plan.step_tokens))
-    for c, p in plan.context:
-        out.append(RoundSpec(kind="context", concurrency=c, prompt_tokens=p, max_tokens=plan.context_tokens))
     speculative = facts.classification is not None and facts.classification.reported is not None
+    for c, p in plan.context:
+        # longer answers on a speculative server: more verify passes for the acceptance at that length
+        tokens = plan.context_tokens if speculative else plan.step_tokens
+        out.append(RoundSpec(kind="context", concurrency=c, prompt_tokens=p, max_tokens=tokens))
     if speculative:
         # every cell gets MIN_CELL requests at least, a small cap in more rounds
         repeats = max(plan.accept_repeats, math.ceil(MIN_CELL / plan.accept_concurrency))
