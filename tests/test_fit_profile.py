@@ -213,6 +213,7 @@ def test_plan_on_fitted_profiles_picks_the_fleet_of_the_true_ones(fitted, tmp_pa
     on_true = plan(3, traffic, types=sorted(str(p) for p in true.glob("*.toml")), **kw)
     on_fit = plan(3, traffic, types=sorted(str(p) for p in out.glob("*.toml")), **kw)
     want, got = _canonical(on_true.ranked[0].fleet, true), _canonical(on_fit.ranked[0].fleet, out)
+    print(f"plan on the true profiles: {want} ({on_true.ranked[0].score:.2f}); on the fitted: {got}")
     if want != got:  # the fitted plan's pick, scored on the true profiles, within 3% of the true pick
         assert on_true.exhaustive is not None
         scores = {_canonical(k, true): v for k, v in on_true.exhaustive.scores.items()}

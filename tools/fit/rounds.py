@@ -1,13 +1,19 @@
-"""One round of a sweep: `concurrency` streamed chat requests sent together, timed by the client and
-by the server's own counters.
+"""One round of a sweep: `concurrency` streamed chat requests sent together, timed by the server's
+own counters and by the client.
 
-A round's requests start together, so from the moment the last of them has its first token until
-the first of them finishes, exactly `concurrency` sequences decode together: the round's window.
-The server's decode moments (`/v1/loads`, SGLang 0.5.23) read at both ends of it give the mean step
-time and batch over it; the client counts the chunks and tokens each request received in it (a
-stream sends one chunk per decode step at SGLang's default `--stream-interval 1`), and the KV
-tokens its requests held. The prefill counters read before and after the round give its prefill
-time. Every duration is divided by the server's time scale (a twin's; 1 for SGLang).
+A round's requests start together, so once the last of them is prefilled and until the first of
+them finishes, exactly `concurrency` sequences decode together: the round's window. While the
+round runs, `/v1/loads` is read again and again (every `POLL_S` of the server's time); the window
+is the longest stretch between two reads over which the server's decode moments (SGLang 0.5.23:
+steps, and the sums of batch, batch squared and step time) say every step ran the whole round,
+and its KV is the server's `num_used_tokens` at both ends. That is the server's own account, right
+however late the client reads its streams. A server without decode moments gets the client's
+window instead: from the moment the client has every first token to the first finish, the chunks
+and tokens each request received in it (a stream sends a chunk per decode step at SGLang's
+default `--stream-interval 1`) and the KV its requests held. The prefill counters read before and
+after the round give its prefill time. Every duration is divided by the server's time scale (a
+twin's; 1 for SGLang). A read that shows more requests than the round has in flight means another
+client is sending: `ForeignLoad` ends the round.
 """
 
 from __future__ import annotations

@@ -187,7 +187,8 @@ def _length_rounds(plan: SweepPlan, facts: ServerFacts, levels: list[Level]) -> 
     n = plan.lengths_per_domain * len(DOMAINS)
     c = min(n, facts.max_running_requests or n)
     speed = _per_request_tok_s(levels, c) or 20.0
-    budget = max(256, int(speed * plan.lengths_budget_s))
+    # what the round's time allows, within the context length (SGLang refuses a longer max_tokens)
+    budget = min(max(256, int(speed * plan.lengths_budget_s)), (facts.context_length or 32768) - 4 * SHORT)
     settings = (True, False) if facts.thinking else (False,)
     return [
         RoundSpec(

@@ -3,16 +3,17 @@
 At each held-out load point (concurrency C, prompt length P, temperature T; by default C = 3, 12,
 24, P = 4096 and 16384, T = 0.6, the points a sweep never uses) the server is run closed-loop over
 HTTP (C requests in flight until R have finished, every request `max_tokens` long, the three
-domains in turn) and so is the profile on the virtual clock (`twin.virtual.run_closed_loop`, the
-same C, R, lengths and temperature, averaged over seeds). The figures compared are loadgen's: the
-mean over requests of completion tokens / end-to-end seconds, and the mean TTFT. `--against
-PROFILE` takes a second profile's virtual-clock figures as the truth instead of a server (a twin
-whose profile is known).
+domains in turn) and so is the profile on the twin's engine on a virtual clock (`closed_loop`: the
+same C, R, lengths and temperature, requests arriving as over HTTP, averaged over seeds). The
+figures compared are loadgen's: the mean over requests of completion tokens / end-to-end seconds,
+and the mean TTFT. `--against PROFILE` takes a second profile's virtual-clock figures as the truth
+instead of a server (a twin whose profile is known).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import statistics
 import sys
 import time
@@ -27,8 +28,9 @@ from tools.cli_usage import UsageError, UsageParser
 from tools.fit.discover import ServerFacts, discover
 from tools.fit.prompts import DOMAINS, PromptMaker
 from tools.fit.rounds import LiveRequest, RoundSpec, calibrate, request_body, stream_request
+from twin.engine import Engine, SimRequest
 from twin.profile import Profile, ProfileError, load_profile
-from twin.virtual import run_closed_loop
+from twin.text import render_chat
 
 __all__ = ["Point", "PointResult", "measure_point", "predict_point", "main"]
 
@@ -69,26 +71,61 @@ def _prompts(n: int, seed: int) -> list[str]:
     return [maker.make(DOMAINS[i % 3], 64) for i in range(n)]
 
 
-def predict_point(profile: Profile, point: Point, seeds: Sequence[int] = (0, 1, 2, 3)) -> Figures:
-    """The profile's figures at `point` on the virtual clock, the mean over `seeds`."""
+# A client's request reaches the server this long after it was sent, or after the answer it follows
+# ended (the server's seconds): it joins the step after the one running then, as over HTTP.
+ARRIVAL_S = 0.002
+
+
+def closed_loop(profile: Profile, point: Point, prompts: Sequence[str], seed: int) -> Figures:
+    """`point` run closed-loop on the virtual clock as a client runs it over HTTP: the first request
+    reaches an idle server alone (the others a moment later, so it prefills by itself), and each
+    next one arrives `ARRIVAL_S` after the answer it follows (the step then running does not take
+    it). `twin.virtual.run_closed_loop` admits a round's requests in one step instead: over HTTP the
+    first TTFTs of a round of long prompts come out up to a third apart from that."""
+    engine = Engine(profile, seed=seed)
+    pending: list[tuple[float, int]] = []
+    for i in range(min(point.concurrency, point.requests)):
+        heapq.heappush(pending, (0.0 if i == 0 else ARRIVAL_S, i))
+    issued = len(pending)
+    now = 0.0
+    sent: dict[str, float] = {}
+    first: dict[str, float] = {}
+    live: dict[str, SimRequest] = {}
     tok: list[float] = []
     ttft: list[float] = []
-    done = 0
-    for s in seeds:
-        res = run_closed_loop(
-            profile,
-            point.concurrency,
-            point.requests,
-            point.max_tokens,
-            prompts=_prompts(point.requests, 1000 + s),
-            seed=s,
-            temperature=point.temperature,
-            prompt_tokens=point.prompt_tokens,
-        )
-        tok.append(res.mean_request_output_throughput)
-        ttft.append(res.mean_ttft_s)
-        done += res.completed
-    return Figures(request_tok_s=statistics.fmean(tok), ttft_s=statistics.fmean(ttft), completed=done)
+    while pending or not engine.idle:
+        while pending and pending[0][0] <= now:
+            t, i = heapq.heappop(pending)
+            rid = f"r{i}"
+            text = render_chat([("user", prompts[i % len(prompts)])])
+            live[rid] = engine.submit(rid, point.prompt_tokens, point.max_tokens, text, temperature=point.temperature)
+            sent[rid] = t
+        if engine.idle:
+            now = pending[0][0]
+            continue
+        step = engine.step()
+        now += step.duration_s
+        for em in step.emissions:
+            first.setdefault(em.rid, now)
+            if em.finished:
+                req = live.pop(em.rid)
+                e2e = now - sent[em.rid]
+                ttft.append(first[em.rid] - sent[em.rid])
+                tok.append(req.completion_tokens / e2e if e2e > 0 else 0.0)
+                if issued < point.requests:
+                    heapq.heappush(pending, (now + ARRIVAL_S, issued))
+                    issued += 1
+    return Figures(request_tok_s=statistics.fmean(tok), ttft_s=statistics.fmean(ttft), completed=len(tok))
+
+
+def predict_point(profile: Profile, point: Point, seeds: Sequence[int] = (0, 1, 2, 3)) -> Figures:
+    """The profile's figures at `point` on the virtual clock, the mean over `seeds`."""
+    runs = [closed_loop(profile, point, _prompts(point.requests, 1000 + s), s) for s in seeds]
+    return Figures(
+        request_tok_s=statistics.fmean(r.request_tok_s for r in runs),
+        ttft_s=statistics.fmean(r.ttft_s for r in runs),
+        completed=sum(r.completed for r in runs),
+    )
 
 
 async def _closed_loop(client: SGLangClient, facts: ServerFacts, point: Point, timeout_s: float) -> Figures:
