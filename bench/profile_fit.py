@@ -7,8 +7,8 @@ T = 0.6) are compared with the same twin measured over HTTP (`specroute profile 
 twin's own profile serves as a second truth on the virtual clock, which separates the fit's error
 from what the HTTP path adds.
 
-    python -m bench.profile_fit [--profiles k26-ar,k26-dflash,k26-ddtree] [--time-scale 1] [--full]
-                                [--output DIR]
+    python -m bench.profile_fit [--profiles k26-ar,k26-dflash,k26-ddtree] [--time-scale 1]
+                                [--full | --full-only] [--no-http] [--output DIR]
 
 Prints the sweeps' wall-clock durations and each point's errors; checks the targets (quick under
 5 minutes at time scale 1, every held-out error within 10%) and exits 1 when one is missed.
@@ -80,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", default="k26-ar,k26-dflash,k26-ddtree")
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--full", action="store_true", help="also run the full sweep of each profile")
+    ap.add_argument("--full-only", action="store_true", help="run the full sweep only")
     ap.add_argument("--no-http", action="store_true", help="compare on the virtual clock only")
     ap.add_argument("--output", type=Path, default=Path("out/bench-profile"))
     args = ap.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     for profile in [p for p in args.profiles.split(",") if p]:
-        for mode in ("quick", "full") if args.full else ("quick",):
+        for mode in ("full",) if args.full_only else ("quick", "full") if args.full else ("quick",):
             print(f"{profile}: {mode} sweep at time scale {args.time_scale:g} ...", flush=True)
             row = _run(profile, mode, args.time_scale, args.output, not args.no_http)
             rows.append(row)

@@ -124,11 +124,11 @@ def _apply_info(facts: ServerFacts, info: dict[str, Any]) -> None:
     facts.sim_profile = _str(info.get("sim_profile"))
 
 
-async def read_load(client: SGLangClient, facts: ServerFacts) -> LoadReport | None:
+async def read_load(client: SGLangClient, facts: ServerFacts, timeout_s: float = 30.0) -> LoadReport | None:
     """`/v1/loads` summed over DP ranks, else `/get_load` (older servers: running and waiting only),
     else None. Updates `facts`' running, waiting, cap, KV pool and which counters it keeps."""
     if facts.load_path != "/get_load":
-        status, raw = await client.get("/v1/loads?include=core")
+        status, raw = await client.get("/v1/loads?include=core", timeout_s=timeout_s)
         if status == 200:
             data = _json(raw)
             report = parse_loads(data)
@@ -140,7 +140,7 @@ async def read_load(client: SGLangClient, facts: ServerFacts) -> LoadReport | No
                 facts.decode_moments = report.decode_moments is not None
                 facts.prefill_counters = report.prefill_counters is not None
                 return report
-    status, raw = await client.get("/get_load")
+    status, raw = await client.get("/get_load", timeout_s=timeout_s)
     report = parse_get_load(_json(raw)) if status == 200 else None
     if report is None:
         facts.load_path = None
@@ -175,7 +175,7 @@ async def discover(url: str, *, api_key: str | None = None, timeout_s: float = 1
         cards = parse_model_cards(_json(raw), facts.served_model_name) if status == 200 else None
         if cards is not None and cards.max_model_len:
             facts.context_length = cards.max_model_len
-        await read_load(client, facts)
+        await read_load(client, facts, timeout_s)
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
         facts.error = f"unreachable: {type(e).__name__}: {e}".rstrip(": ")
     finally:

@@ -36,6 +36,7 @@ from tools.fit.prompts import PromptMaker
 
 # Between two reads of /v1/loads during a round, in the server's seconds (a twin's time scale shrinks it)
 POLL_S = 0.05
+POLL_TIMEOUT_S = 30.0  # a server busy with a long prefill answers late (the twin's loop, SGLang's tokenizer)
 
 __all__ = ["ForeignLoad", "LiveRequest", "RoundSpec", "calibrate", "request_body", "run_round", "stream_request"]
 
@@ -235,7 +236,10 @@ async def _poll(
     while not stop.is_set():
         # counted before asking: a request that ends while the answer is on its way is still the server's
         in_flight = sum(1 for x in lives if not x.finished)
-        status, raw = await client.get("/v1/loads?include=core")
+        try:
+            status, raw = await client.get("/v1/loads?include=core", timeout_s=POLL_TIMEOUT_S)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            continue  # a read that failed or came late is a point fewer, not a broken round
         data = json.loads(raw) if status == 200 else None
         report = parse_loads(data)
         if report is not None and report.running is not None and report.waiting is not None:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import msgspec
 
 from backends import BackendSpec
@@ -316,6 +317,10 @@ def sweep(
     )
     try:
         asyncio.run(_run(facts, plan, m, save, log, api_key))
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        m.stopped = f"lost the server mid-sweep: {type(e).__name__}: {e}".rstrip(": ")
+        save()
+        raise SweepStopped(m.stopped) from None
     except ForeignLoad as e:
         m.stopped = str(e)
         save()
