@@ -89,6 +89,8 @@ _SPEC_KEYS = (
     "speculative_dflash_block_size",
     "speculative_ddtree_budget",
     "speculative_draft_window_size",
+    "speculative_ngram_max_trie_depth",
+    "speculative_ngram_capacity",
 )
 
 

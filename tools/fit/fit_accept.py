@@ -29,7 +29,18 @@ import numpy as np
 
 from tools.fit.measurements import Measurements, Request
 
-__all__ = ["AcceptFit", "Cell", "PowerLaw", "WindowLaw", "fit_accept", "fit_power_law", "fit_window_law", "mean_drafts"]
+__all__ = [
+    "AcceptFit",
+    "Cell",
+    "CopyFit",
+    "PowerLaw",
+    "WindowLaw",
+    "fit_accept",
+    "fit_copy",
+    "fit_power_law",
+    "fit_window_law",
+    "mean_drafts",
+]
 
 _U = np.linspace(-1.0, 1.0, 41)  # quadrature over the prompt offset u
 SHORT_CONTEXT = 1024  # prompts up to this many tokens count as short (no context effect)
@@ -265,3 +276,22 @@ def fit_power_law(context: dict[int, float]) -> PowerLaw | None:
         if best is None or law.rms < best.rms - 1e-9:
             best = law
     return best
+
+
+class CopyFit(msgspec.Struct, frozen=True, kw_only=True):
+    """NGRAM: per-draft acceptance inside output that repeats the server's own earlier output."""
+
+    accept: float
+    requests: int
+    mean_drafts: float
+
+
+def fit_copy(m: Measurements, max_drafts: int) -> CopyFit | None:
+    """From the rounds that repeat an earlier greedy round's prompts (None: none ran). A repeat
+    regenerates the text the server just generated, so every pass drafts from its trie: no prompt
+    spread (the draft is the server's own earlier answer, whatever the prompt)."""
+    xs = [d for lv in m.levels if lv.kind == "copy" for r in lv.requests if (d := _drafts(r)) is not None]
+    if not xs:
+        return None
+    target = float(np.mean(xs))
+    return CopyFit(accept=1.0 - _solve_miss(target, 0.0, max_drafts), requests=len(xs), mean_drafts=target)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import msgspec
 
-from tools.fit.fit_accept import AcceptFit, PowerLaw, WindowLaw, fit_accept, fit_power_law, fit_window_law
+from tools.fit.fit_accept import (
+    AcceptFit,
+    CopyFit,
+    PowerLaw,
+    WindowLaw,
+    fit_accept,
+    fit_copy,
+    fit_power_law,
+    fit_window_law,
+)
 from tools.fit.fit_lengths import LengthFit, fit_lengths, length_samples
 from tools.fit.fit_prefill import PrefillFit, fit_prefill
 from tools.fit.fit_step import StepFit, fit_step
@@ -22,6 +31,7 @@ class FitResult(msgspec.Struct, kw_only=True):
     accept: AcceptFit | None = None
     window: WindowLaw | None = None  # the context law of a windowed drafter
     power: PowerLaw | None = None  # the context law of a drafter that sees the whole context
+    copy: CopyFit | None = None  # NGRAM: acceptance inside copies of the server's own output
     reasoning: LengthFit | None = None
     answer: LengthFit | None = None
     unfitted: dict[str, str] = {}  # part -> why it could not be fitted
@@ -66,6 +76,7 @@ def fit_all(m: Measurements) -> FitResult:
                 reported = m.facts.speculative.get("speculative_draft_window_size")
                 out.window = fit_window_law(out.accept.context, reported if isinstance(reported, int) else None)
                 out.power = fit_power_law(out.accept.context)
+                out.copy = fit_copy(m, drafts)
             except ValueError as e:
                 out.unfitted["acceptance"] = str(e)
     reasoning, answer, budget = length_samples(m)

@@ -46,6 +46,7 @@ class PromptMaker:
         self._rng = random.Random(seed)
         self._count: dict[str, int] = {}
         self.chars_per_token = chars_per_token
+        self.last_round: list[str] = []  # the prompts of the last round sent (a repeat sends them again)
 
     def _nonce(self) -> str:
         return "".join(self._rng.choice(string.ascii_lowercase) for _ in range(10))

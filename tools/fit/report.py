@@ -77,6 +77,11 @@ def render_report(fit: FitResult) -> str:
                 f"  window law: {fit.window.per_doubling:.3f} per doubling past {fit.window.window:,} tokens "
                 f"(rms {fit.window.rms:.3f})"
             )
+        if fit.copy is not None:
+            out.append(
+                f"  inside copies of its own output (NGRAM): {fit.copy.accept:.4f} per draft, "
+                f"{fit.copy.mean_drafts:.2f} drafts a pass over {fit.copy.requests} requests"
+            )
         if a.thinking_miss_ratio:
             out.append(
                 "  thinking on / off miss rate (T=0.6): "

@@ -321,12 +321,16 @@ async def run_round(
     spec: RoundSpec,
     *,
     timeout_s: float = 900.0,
+    prompts: list[str] | None = None,
 ) -> Level:
-    """Send the round's requests together and measure them (see the module docstring). Raises
-    ForeignLoad when the server runs more requests than the round sent."""
+    """Send the round's requests together and measure them (see the module docstring). `prompts`:
+    send these instead of new ones (a round repeating an earlier one's); the prompts sent are kept
+    in `maker.last_round`. Raises ForeignLoad when the server runs more requests than the round sent."""
     scale = facts.time_scale
     domains = [spec.domains[i % len(spec.domains)] for i in range(spec.concurrency)]
-    prompts = [maker.make(d, spec.prompt_tokens) for d in domains]
+    if prompts is None:
+        prompts = [maker.make(d, spec.prompt_tokens) for d in domains]
+    maker.last_round = list(prompts)
     before = await read_load(client, facts)
     events: asyncio.Queue[str] = asyncio.Queue()
     t0 = time.perf_counter()

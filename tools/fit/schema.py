@@ -310,11 +310,41 @@ def _speculative(w: _Writer, fit: FitResult) -> None:
             )
     else:
         w.not_measured.append("temperature: no round at a temperature above 0; acceptance taken as at T=0")
+    if spec.algorithm == "NGRAM" and "ngram" in Profile.__struct_fields__:
+        _ngram(w, fit)
     for d, ratio in sorted(a.thinking_miss_ratio.items()):
         w.findings.append(
             f"thinking on vs off ({d}, T=0.6): miss rate x{ratio:.2f} (the profile has no parameter for it; "
             "acceptance.* are thinking off)"
         )
+
+
+def _ngram(w: _Writer, fit: FitResult) -> None:
+    """NGRAM's trie: the acceptance inside copies of the server's own output, its size as reported."""
+    f = fit.measurements.facts
+    for key, name in (
+        ("trie_capacity", "speculative_ngram_capacity"),
+        ("max_trie_depth", "speculative_ngram_max_trie_depth"),
+    ):
+        value = f.speculative.get(name)
+        if type(value) is int and value > 0:
+            w.measured(f"ngram.{key}", value, f"{f.info_path} {name} (reported)")
+    c = fit.copy
+    if c is not None:
+        w.measured(
+            "ngram.copy_accept",
+            _r(min(c.accept, ProbabilityMax)),
+            f"{c.requests} greedy requests repeating an earlier round's prompts (each regenerates the server's own "
+            f"earlier answer: {c.mean_drafts:.2f} accepted drafts a pass)",
+        )
+    else:
+        w.assumed(
+            "ngram.copy_accept",
+            _r(min(fit.accept.accept["chat"] if fit.accept else 0.0, ProbabilityMax)),
+            "no round repeated an earlier one; the rate on new chat text, no gain from copies",
+            "greedy prompts sent twice (`specroute profile` does on an NGRAM server)",
+        )
+    w.not_measured.append("ngram.copy_temperature: copies measured greedy only; the twin's 1.0")
 
 
 def _lengths(w: _Writer, fit: FitResult) -> None:

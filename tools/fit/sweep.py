@@ -7,7 +7,9 @@ Against an otherwise idle server (refused when `/v1/loads` shows requests at the
    domains, greedy, thinking off, `ignore_eos` (every request the same length);
 3. context: rounds of long prompts (as many sequences as the KV pool holds), which give step time
    against the KV the batch reads and acceptance against context length;
-4. acceptance (speculative servers): a round per domain and temperature (0, 0.6, 1.0);
+4. acceptance (speculative servers): a round per domain and temperature (0, 0.6, 1.0); on an
+   NGRAM server each greedy round is sent twice, the second time measuring the acceptance inside
+   a copy of the server's own output;
 5. lengths (a model that ends its answers): a round per thinking setting (on and off where the
    server has a reasoning parser) without `ignore_eos`, at temperature 0.6, for the reasoning and
    answer lengths; requests still running at the round's token budget count as censored.
@@ -145,6 +147,7 @@ def _rounds(plan: SweepPlan, facts: ServerFacts) -> list[RoundSpec]:
         for c in plan.step_levels:
             out.append(RoundSpec(kind="step", concurrency=c, prompt_tokens=SHORT, max_tokens=plan.step_tokens))
     speculative = facts.classification is not None and facts.classification.reported is not None
+    ngram = facts.classification is not None and facts.classification.twin_algorithm == "NGRAM"
     for c, p in plan.context:
         # longer answers on a speculative server: more verify passes for the acceptance at that length
         tokens = plan.context_tokens if speculative else plan.step_tokens
@@ -155,16 +158,19 @@ def _rounds(plan: SweepPlan, facts: ServerFacts) -> list[RoundSpec]:
         for _ in range(repeats):
             for t in TEMPERATURES:
                 for d in DOMAINS:
-                    out.append(
-                        RoundSpec(
-                            kind="accept",
-                            concurrency=plan.accept_concurrency,
-                            prompt_tokens=SHORT,
-                            max_tokens=plan.accept_tokens,
-                            temperature=t,
-                            domains=(d,),
-                        )
+                    spec = RoundSpec(
+                        kind="accept",
+                        concurrency=plan.accept_concurrency,
+                        prompt_tokens=SHORT,
+                        max_tokens=plan.accept_tokens,
+                        temperature=t,
+                        domains=(d,),
                     )
+                    out.append(spec)
+                    if t == 0.0 and ngram:
+                        # the same greedy prompts again: the server regenerates what it generated, and its
+                        # n-gram trie holds it (the acceptance inside copies of its own output)
+                        out.append(msgspec.structs.replace(spec, kind="copy"))
     return out
 
 
@@ -247,7 +253,8 @@ async def _run(
         i = 0
         while i < len(rounds):
             spec = rounds[i]
-            level = await run_round(client, facts, maker, spec)
+            repeat = maker.last_round if spec.kind == "copy" else None
+            level = await run_round(client, facts, maker, spec, prompts=repeat)
             m.levels.append(level)
             m.wall_s = time.perf_counter() - t0
             save()
