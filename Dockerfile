@@ -5,7 +5,7 @@
 #     loadgen, no matplotlib or numpy.
 #   twin: the SGLang-compatible simulator (`specroute sim`), for compose and the container tests.
 #
-#   docker build -t specroute:0.1.0 .
+#   docker build --target gateway -t specroute:0.1.0 .
 #   docker build --target twin -t specroute-twin:0.1.0 .
 #   docker run -p 127.0.0.1:8000:8000 -v "$PWD/etc:/etc/specroute:ro" specroute:0.1.0
 #   docker run specroute-twin:0.1.0 sim --profile k26-dflash --host 0.0.0.0 --port 30000   # a twin backend
@@ -15,10 +15,12 @@
 # Kubernetes ConfigMap update reaches the running container. deploy/ has compose, Kubernetes and Helm.
 #
 # BASE: any Debian-family image with python3 (>= 3.11) and its venv module. The default is the
-# official Python image; the container tests build on a local debootstrap image instead
+# official Python image: the newest 3.11 patch release (3.11 is what the suite, the locks and mypy
+# run on; it has security fixes until 2027-10) on Debian 13 trixie, the current stable release
+# (docs/deployment.md says why). The container tests build on a local debootstrap image instead
 # (deploy/local/dockerhost.py), since no container registry is reachable there. Pin by digest as
-# well (python:3.11.7-slim-bookworm@sha256:...) where the registry is reachable to look it up.
-ARG BASE=python:3.11.7-slim-bookworm
+# well (python:3.11.15-slim-trixie@sha256:...) where the registry is reachable to look it up.
+ARG BASE=python:3.11.15-slim-trixie
 
 # All stages use the same base: the venv is copied between them and points at the base's python3.
 # BuildKit (the default builder since Docker 23; DOCKER_BUILDKIT=1 before): pip's cache lives in a
@@ -31,19 +33,20 @@ RUN python3 -m venv /opt/specroute
 # lock (requirements.lock: pip format, hashed) is what `pip install .` needs, nothing of the tooling's.
 COPY requirements.lock ./
 RUN --mount=type=cache,target=/root/.cache/pip /opt/specroute/bin/pip install -r requirements.lock
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY gateway ./gateway
 COPY policies ./policies
 COPY backends ./backends
 COPY common ./common
 # --no-deps: everything it needs is installed above (pip check proves it). setuptools' packages.find
-# skips the folders that are not here, so the wheel holds the product only; the `specroute` and
-# `loadgen` commands, which need the tooling, are removed. The smoke checks fail the build if the
-# gateway's command does not start or a tooling package got in (-I: the installed package).
+# skips the folders that are not here, so the wheel holds the product only (and the LICENSE, in its
+# metadata); the `specroute` and `loadgen` commands, which need the tooling, are removed. The smoke
+# checks fail the build if the gateway's command does not start or a tooling package got in (-I: the
+# installed package).
 RUN /opt/specroute/bin/pip install --no-cache-dir --no-deps . \
  && /opt/specroute/bin/pip check \
  && rm /opt/specroute/bin/specroute /opt/specroute/bin/loadgen \
- && /opt/specroute/bin/specroute-gateway --help > /dev/null \
+ && /opt/specroute/bin/specroute-gateway --version \
  && /opt/specroute/bin/python -I -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(p) for p in ('twin', 'evaluate', 'tools', 'loadgen', 'bench', 'matplotlib', 'numpy')))"
 
 # The twin: the core venv plus the tools lock, the twin and the `specroute` command.

@@ -14,6 +14,7 @@ class Strategy(str, enum.Enum):  # noqa: UP042  (StrEnum would change str() and 
     EAGLE3 = "eagle3"
     DFLASH = "dflash"
     DDTREE = "ddtree"
+    NGRAM = "ngram"  # SGLang's NGRAM: drafts from a trie of the server's own recent output
 
     @property
     def speculative(self) -> bool:

@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from common.version import package_version
 from gateway.config import ConfigError
 
 __all__ = ["NO_BACKENDS", "guarded", "main"]
@@ -24,6 +25,7 @@ NO_BACKENDS = (
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Speculative-decoding-aware LLM gateway for SGLang servers.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the gateway on a config file")
     s.add_argument("--config", help="TOML config file (docs/configuration.md)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -197,7 +198,11 @@ class BackendEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     strategy: str = "ar"
     served_name: str | None = None
+    # The upstream's own key (SGLang's --api-key), sent as Authorization: Bearer. Either here in
+    # plaintext, or, better, read at load from the environment variable api_key_env names (a
+    # Kubernetes Secret mounted as an environment variable: docs/deployment.md). At most one of the two.
     api_key: str | None = None
+    api_key_env: str | None = None
 
 
 class TracingSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -236,7 +241,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 model=b.model,
                 strategy=Strategy(b.strategy),
                 served_name=b.served_name,
-                api_key=b.api_key,
+                api_key=backend_api_key(b),
             )
             for b in self.backends
         ]
@@ -267,6 +272,23 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def _section_options(section: ModelSection) -> dict[str, Any]:
     """The options a model section sets (None: not set)."""
     return {k: v for k in MODEL_OPTIONS if (v := getattr(section, k)) is not None}
+
+
+def backend_api_key(entry: BackendEntry, where: str | None = None) -> str | None:
+    """The key a backend entry sends upstream: its `api_key`, or the value of the environment
+    variable its `api_key_env` names, without surrounding whitespace (a key file's newline).
+    ConfigError when that variable is unset or empty: the upstream would answer every request 401."""
+    if entry.api_key_env is None:
+        return entry.api_key
+    value = os.environ.get(entry.api_key_env, "").strip()
+    if not value:
+        state = "empty" if entry.api_key_env in os.environ else "not set"
+        where = where or f"backend {entry.name!r}"
+        raise ConfigError(
+            f"{where}.api_key_env: the environment variable {entry.api_key_env} is {state}; "
+            "set it to the upstream's --api-key, or remove api_key_env"
+        )
+    return value
 
 
 def model_key(model: str) -> str:
@@ -410,6 +432,7 @@ def _check(config: Config, source: str) -> None:
             raise ConfigError(f"{where}.model: expected the non-empty name of the model it serves, got {b.model!r}")
         if b.strategy not in strategies:
             raise ConfigError(f"{where}.strategy: expected one of {sorted(strategies)}, got {b.strategy!r}")
+        _check_backend_key(b, where)
     policies = [("gateway.policy", config.gateway.policy)]
     policies += [(f"{model_key(m)}.policy", s.policy) for m, s in config.models.items() if s.policy]
     for key, name in policies:
@@ -431,6 +454,23 @@ def _check(config: Config, source: str) -> None:
             make_policy(policy, **config.policy_options(model, policy))
         except (ValueError, TypeError) as e:
             raise ConfigError(f"{source}: {key}: policy {policy!r}: {e}") from None
+
+
+def _check_backend_key(entry: BackendEntry, where: str) -> None:
+    if entry.api_key is not None and entry.api_key_env is not None:
+        raise ConfigError(f"{where}: expected at most one of api_key and api_key_env, got both")
+    if entry.api_key is not None and not entry.api_key.strip():
+        raise ConfigError(f"{where}.api_key: expected a non-empty key (or no api_key: the upstream has none)")
+    if entry.api_key_env is not None:
+        if not _ENV_NAME.fullmatch(entry.api_key_env):
+            raise ConfigError(
+                f"{where}.api_key_env: expected an environment variable name (letters, digits, '_', "
+                f"not starting with a digit), got {entry.api_key_env!r}"
+            )
+        backend_api_key(entry, where)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _check_auth(auth: AuthSection, source: str) -> None:

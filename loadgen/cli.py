@@ -26,9 +26,11 @@ from rich.console import Console
 
 from common.output_dir import output_dir
 from common.priority import priority_in_range
+from common.version import package_version
 from loadgen.client import ENDPOINTS, RequestOptions
 from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
 from loadgen.driver import LevelSpec
+from loadgen.metrics import GOODPUT_METRICS
 from loadgen.report import make_console
 from loadgen.runner import Plan, execute
 
@@ -144,6 +146,27 @@ def _top_p(text: str) -> float:
     return v
 
 
+def _goodput_slos(text: str) -> dict[str, float]:
+    """`ttft=S,tpot=S,e2el=S` (seconds; any of the three) -> SLOs in ms, SGLang's unit."""
+    slos: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name not in GOODPUT_METRICS:
+            raise argparse.ArgumentTypeError(
+                f"expected NAME=SECONDS with NAME in {', '.join(GOODPUT_METRICS)}, got {part.strip()!r}"
+            )
+        if name in slos:
+            raise argparse.ArgumentTypeError(f"{name} is given twice")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: not a number of seconds: {value!r}") from None
+        if not 0 < seconds < math.inf:
+            raise argparse.ArgumentTypeError(f"{name}: expected seconds > 0, got {value}")
+        slos[name] = seconds * 1000
+    return slos
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loadgen",
@@ -151,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "servers). Subcommands: 'loadgen compare A B', 'loadgen study NAME' "
         "(see 'loadgen study --help').",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument(
         "--target",
         default="gateway",
@@ -299,6 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="live progress (default: when stderr is a terminal)",
     )
     p.add_argument(
+        "--goodput",
+        type=_goodput_slos,
+        default=None,
+        metavar="ttft=S,tpot=S,e2el=S",
+        help="SLOs in seconds (any of the three): report SLO goodput as SGLang's bench_serving --goodput "
+        "defines it, the requests that succeeded and met every SLO per second of the level, and the share "
+        "of requests that did (summary.json: goodput)",
+    )
+    p.add_argument(
         "--plots",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -371,6 +404,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         seed=args.seed,
         output=args.output,
         progress=args.progress,
+        goodput_slos_ms=args.goodput or {},
     )
 
 

@@ -25,7 +25,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import aiohttp
 import msgspec
@@ -208,8 +208,10 @@ async def run_level(
     *,
     seed: int = 0,
     on_record: OnRecord | None = None,
+    goodput_slos_ms: Mapping[str, float] | None = None,
 ) -> LevelResult:
-    """Run warmup then the measured level; every issued request ends up in the records."""
+    """Run warmup then the measured level; every issued request ends up in the records.
+    `goodput_slos_ms`: SLOs on the wall clock, for the level's SLO goodput."""
     if spec.warmup > 0:
         width = spec.concurrency or spec.warmup
         size = len(dataset.sessions or dataset.prompts)
@@ -231,6 +233,7 @@ async def run_level(
         max_concurrency=spec.concurrency,
         request_rate=spec.request_rate,
         mode=spec.mode,
+        goodput_slos_ms=goodput_slos_ms,
     )
     return LevelResult(level, records)
 

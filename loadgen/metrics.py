@@ -23,17 +23,18 @@ meanings match):
 - Priority classes: per-priority figures (`PriorityLevel`) over the requests sent with each
   `priority`, from the same samples (`_ttfts`, `_e2es`, `_single_throughputs`) as the level's.
 - Percentiles: `common/percentile.py` (linear interpolation, numpy's default).
+- SLO goodput (`--goodput`): SGLang's `bench_serving --goodput`, see `goodput`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from common.percentile import percentile, weighted_percentile
 from common.stream_clock import TokenMark, chunk_token_counts
 from loadgen.stream import StreamParser
-from loadgen.summary import Level, PriorityLevel, RequestRecord, TurnLevel
+from loadgen.summary import Goodput, Level, PriorityLevel, RequestRecord, TurnLevel
 
 Gap = tuple[float, int]  # (per-token gap in seconds, number of tokens it stands for)
 
@@ -213,6 +214,44 @@ def _mismatch(chunks: Sequence[TokenMark], server_n: int) -> str | None:
     return None
 
 
+# The SLOs `--goodput` takes, by SGLang's names: time to first token, time per output token after the
+# first, end-to-end latency.
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def goodput(records: Sequence[RequestRecord], slos_ms: Mapping[str, float], duration: float) -> Goodput:
+    """SLO goodput as SGLang's `calculate_goodput`: a request counts when it succeeded and met every
+    SLO. A request of one token has no TPOT (counted 0, as there); one whose figure is missing (no
+    generated output, so no TTFT) does not meet that SLO."""
+    met = dict.fromkeys(slos_ms, 0)
+    good = 0
+    for r in records:
+        if not r.ok:
+            continue
+        observed = {"ttft": r.ttft_ms, "tpot": _slo_tpot_ms(r), "e2el": r.e2e_ms}
+        passed = [name for name, limit in slos_ms.items() if (v := observed[name]) is not None and v <= limit]
+        for name in passed:
+            met[name] += 1
+        good += len(passed) == len(slos_ms)
+    sent = len(records)
+    return Goodput(
+        goodput_slos_ms=dict(slos_ms),
+        request_goodput=good / duration if duration > 0 else 0.0,
+        slo_attainment=good / sent if sent else 0.0,
+        slo_attainment_by_metric={name: n / sent if sent else 0.0 for name, n in met.items()},
+    )
+
+
+def _slo_tpot_ms(r: RequestRecord) -> float | None:
+    """TPOT as `calculate_goodput` takes it: (E2E - TTFT) / (n - 1), 0 for a single token (and for a
+    non-streamed answer, whose TTFT is its E2E)."""
+    if r.output_tokens <= 1:
+        return 0.0
+    if r.ttft_ms is None or r.e2e_ms is None:
+        return None
+    return (r.e2e_ms - r.ttft_ms) / (r.output_tokens - 1)
+
+
 def summarize(
     records: Sequence[RequestRecord],
     gaps: Iterable[Gap],
@@ -221,8 +260,10 @@ def summarize(
     max_concurrency: int | None,
     request_rate: float | None,
     mode: str,
+    goodput_slos_ms: Mapping[str, float] | None = None,
 ) -> Level:
-    """Aggregate one level; only successful requests enter latencies and throughputs."""
+    """Aggregate one level; only successful requests enter latencies and throughputs. With
+    `goodput_slos_ms` (wall-clock ms) the level carries its SLO goodput too."""
     ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     ttft = _ttfts(ok)
@@ -298,6 +339,7 @@ def summarize(
         sessions=len({r.session for r in records}) if any(r.session is not None for r in records) else None,
         turns=turn_levels(records),
         by_priority=classes,
+        goodput=goodput(records, goodput_slos_ms, duration) if goodput_slos_ms else None,
     )
 
 

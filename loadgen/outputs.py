@@ -57,6 +57,8 @@ def summary_csv(summary: Summary) -> str:
             row: list[object] = [run.target, run.url, run.model or "", run.dataset]
             for name in level_fields:
                 v = getattr(lv, name)
+                if name == "goodput" and v is not None:  # the figure and its share; the SLOs are in summary.json
+                    v = f"request_goodput={v.request_goodput:.4g};slo_attainment={v.slo_attainment:.4g}"
                 if name in _DICT_FIELDS:
                     v = ";".join(f"{k}={n:.4g}" if isinstance(n, float) else f"{k}={n}" for k, n in sorted(v.items()))
                 row.append("" if v is None else v)

@@ -52,24 +52,47 @@ _COLUMNS: tuple[tuple[str, Callable[[Level], str]], ...] = (
 )
 
 
-def _table(title: str | None) -> Table:
+def _goodput(lv: Level) -> str:
+    g = lv.goodput
+    return "-" if g is None else f"{g.request_goodput:,.2f} ({100 * g.slo_attainment:.0f}%)"
+
+
+# Shown when a level of the table has SLO goodput (`--goodput`): good requests/s and their share.
+_GOODPUT_COLUMN: tuple[str, Callable[[Level], str]] = ("goodput req/s", _goodput)
+
+
+def _columns(levels: list[Level]) -> tuple[tuple[str, Callable[[Level], str]], ...]:
+    if not any(lv.goodput for lv in levels):
+        return _COLUMNS
+    return (*_COLUMNS[:-1], _GOODPUT_COLUMN, _COLUMNS[-1])
+
+
+def _table(title: str | None, columns: tuple[tuple[str, Callable[[Level], str]], ...] = _COLUMNS) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
     t.add_column("C", justify="right")
     t.add_column("target")
-    for name, _ in _COLUMNS:
+    for name, _ in columns:
         t.add_column(name, justify="left" if name == "backends" else "right")
     return t
 
 
-def _row(t: Table, run: Run, lv: Level, *, end_section: bool = False) -> None:
-    t.add_row(_level_key(lv), run.target, *(fmt(lv) for _, fmt in _COLUMNS), end_section=end_section)
+def _row(
+    t: Table,
+    run: Run,
+    lv: Level,
+    columns: tuple[tuple[str, Callable[[Level], str]], ...] = _COLUMNS,
+    *,
+    end_section: bool = False,
+) -> None:
+    t.add_row(_level_key(lv), run.target, *(fmt(lv) for _, fmt in columns), end_section=end_section)
 
 
 def print_level(run: Run, level: Level, console: Console | None = None) -> None:
     """The table of one finished level, printed as soon as it is measured."""
     console = console or make_console()
-    t = _table(None)
-    _row(t, run, level)
+    columns = _columns([level])
+    t = _table(None, columns)
+    _row(t, run, level, columns)
     console.print(t)
     if level.errors:
         errs = ", ".join(f"{k}: {n}" for k, n in sorted(level.errors.items()))
@@ -112,6 +135,14 @@ def level_notes(level: Level) -> list[str]:
         )
     if level.tool_call_requests:
         notes.append(f"tool calls: {level.tool_call_requests} of {level.completed} answers")
+    if level.goodput is not None:
+        g = level.goodput
+        slos = ", ".join(f"{name} <= {ms / 1000:g} s" for name, ms in g.goodput_slos_ms.items())
+        each = ", ".join(f"{name} {100 * share:.1f}%" for name, share in g.slo_attainment_by_metric.items())
+        notes.append(
+            f"goodput ({slos}): {g.request_goodput:,.2f} requests/s met every SLO, "
+            f"{100 * g.slo_attainment:.1f}% of those sent (each SLO: {each})"
+        )
     return notes
 
 
@@ -170,7 +201,8 @@ def print_table(
     """Side-by-side table of every target of a summary, grouped by load level."""
     summary = load_summary(summary)
     console = console or make_console()
-    t = _table(title)
+    columns = _columns([lv for run in summary.runs for lv in run.levels])
+    t = _table(title, columns)
     keys: list[str] = []
     for run in summary.runs:
         for lv in run.levels:
@@ -179,7 +211,7 @@ def print_table(
     rows = [(run, lv) for key in keys for run in summary.runs for lv in run.levels if _level_key(lv) == key]
     for i, (run, lv) in enumerate(rows):
         last = i + 1 == len(rows) or _level_key(rows[i + 1][1]) != _level_key(lv)
-        _row(t, run, lv, end_section=last)
+        _row(t, run, lv, columns, end_section=last)
     console.print(t)
     for key in keys:
         issued = {run.target: lv.completed + lv.failed for run, lv in rows if _level_key(lv) == key}

@@ -50,6 +50,8 @@ class Plan(msgspec.Struct, kw_only=True):
     # Targets run `time_scale` x faster than real time (twins started with --time-scale):
     # results are converted back to simulated time before they are shown or saved.
     time_scale: float = 1.0
+    # `--goodput`: SLOs (ttft, tpot, e2el) in ms of simulated time; empty: no goodput.
+    goodput_slos_ms: Mapping[str, float] = {}
 
 
 def connection_limit(levels: Sequence[LevelSpec]) -> int:
@@ -111,7 +113,17 @@ async def execute(
                 target = msgspec.structs.replace(target, label=label)
             run.url, run.model = target.url, target.model
             for spec in plan.levels:
-                start = functools.partial(run_level, session, target, plan.dataset, spec, plan.opts, seed=plan.seed)
+                start = functools.partial(
+                    run_level,
+                    session,
+                    target,
+                    plan.dataset,
+                    spec,
+                    plan.opts,
+                    seed=plan.seed,
+                    # judged on the wall clock: a twin at time scale F takes F x the simulated time
+                    goodput_slos_ms={k: v * plan.time_scale for k, v in plan.goodput_slos_ms.items()},
+                )
                 result = await _with_progress(plan, spec, label, err_console, start)
                 if plan.time_scale != 1.0:
                     result = timescale.to_simulated(result, plan.time_scale)

@@ -98,6 +98,17 @@ class PriorityLevel(msgspec.Struct, kw_only=True):
     mean_request_output_throughput: float | None = None  # tok/s, over requests' output_throughput
 
 
+class Goodput(msgspec.Struct, kw_only=True):
+    """SLO goodput, as SGLang's `bench_serving --goodput` defines it (`sglang/benchmark/goodput.py`,
+    0.5.23) and with its result-file names: a request is good when it succeeded and met every SLO
+    given (TTFT, TPOT, E2E latency: each at most its limit)."""
+
+    goodput_slos_ms: dict[str, float]  # the SLOs: ttft, tpot, e2el (ms)
+    request_goodput: float  # good requests per second of the level's wall time
+    slo_attainment: float  # good requests / requests sent (failed ones included)
+    slo_attainment_by_metric: dict[str, float]  # per SLO: requests that succeeded and met it / requests sent
+
+
 class Level(msgspec.Struct, kw_only=True):
     """One load level of one target. Latencies in ms, throughputs in tok/s or req/s."""
 
@@ -163,6 +174,7 @@ class Level(msgspec.Struct, kw_only=True):
     sessions: int | None = None  # conversations replayed (session datasets)
     turns: list[TurnLevel] = []  # per-turn figures of session datasets
     by_priority: list[PriorityLevel] = []  # per priority value sent, ascending (empty when none was)
+    goodput: Goodput | None = None  # with `--goodput`: requests that met every SLO
 
 
 class Run(msgspec.Struct, kw_only=True):

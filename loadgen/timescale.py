@@ -9,7 +9,8 @@ one rule per kind of unit, and every field of the result schema is classified he
 - counts and ratios (tokens, requests, accept length, tokens per chunk): unchanged
   (`UNSCALED_FIELDS`)
 - a level's per-turn and per-priority figures (`turns`, `by_priority`: lists of `TurnLevel`,
-  `PriorityLevel`) element by element, by their own class's sets (`LEVEL_NESTED_FIELDS`)
+  `PriorityLevel`) element by element, and its SLO goodput (`goodput`: a `Goodput` or None), by
+  their own class's sets (`LEVEL_NESTED_FIELDS`); a dict of durations has each value converted
 
 A field missing from every set of its class, or in more than one, is an error (a test checks it),
 so a field added to the schema later cannot silently keep wall-clock units. Client-side overhead
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
-from loadgen.summary import Level, PriorityLevel, RequestRecord, TurnLevel
+from loadgen.summary import Goodput, Level, PriorityLevel, RequestRecord, TurnLevel
 
 if TYPE_CHECKING:
     from loadgen.driver import LevelResult
@@ -95,8 +96,8 @@ LEVEL_UNSCALED_FIELDS = frozenset(
         "sessions",
     }
 )
-# Lists of structs holding durations and rates of their own: each element rescaled by its class's sets.
-LEVEL_NESTED_FIELDS = frozenset({"turns", "by_priority"})
+# Structs (or lists of them) holding durations and rates of their own: rescaled by their class's sets.
+LEVEL_NESTED_FIELDS = frozenset({"turns", "by_priority", "goodput"})
 TURN_TIME_FIELDS = frozenset({"median_ttft_ms", "median_ttft_answer_ms", "median_e2e_latency_ms"})
 TURN_UNSCALED_FIELDS = frozenset(
     {"turn", "completed", "failed", "mean_input_tokens", "mean_cached_tokens", "cache_hit_rate"}
@@ -104,6 +105,10 @@ TURN_UNSCALED_FIELDS = frozenset(
 PRIORITY_TIME_FIELDS = frozenset({"median_ttft_ms", "p99_ttft_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms"})
 PRIORITY_RATE_FIELDS = frozenset({"mean_request_output_throughput"})
 PRIORITY_UNSCALED_FIELDS = frozenset({"priority", "completed", "failed", "errors"})
+# The SLOs are durations (judged on the wall clock against limits x F, so / F gives the ones asked for).
+GOODPUT_TIME_FIELDS = frozenset({"goodput_slos_ms"})
+GOODPUT_RATE_FIELDS = frozenset({"request_goodput"})
+GOODPUT_UNSCALED_FIELDS = frozenset({"slo_attainment", "slo_attainment_by_metric"})
 
 RECORD_TIME_FIELDS = frozenset(
     {
@@ -164,9 +169,10 @@ _CLASSES: dict[type, tuple[frozenset[str], frozenset[str], frozenset[str], froze
     RequestRecord: (RECORD_TIME_FIELDS, RECORD_RATE_FIELDS, RECORD_UNSCALED_FIELDS, _NONE),
     TurnLevel: (TURN_TIME_FIELDS, _NONE, TURN_UNSCALED_FIELDS, _NONE),
     PriorityLevel: (PRIORITY_TIME_FIELDS, PRIORITY_RATE_FIELDS, PRIORITY_UNSCALED_FIELDS, _NONE),
+    Goodput: (GOODPUT_TIME_FIELDS, GOODPUT_RATE_FIELDS, GOODPUT_UNSCALED_FIELDS, _NONE),
 }
 
-T = TypeVar("T", Level, RequestRecord, TurnLevel, PriorityLevel)
+T = TypeVar("T", Level, RequestRecord, TurnLevel, PriorityLevel, Goodput)
 
 
 def unclassified(cls: type[msgspec.Struct]) -> set[str]:
@@ -187,11 +193,17 @@ def rescale(obj: T, time_scale: float) -> T:
     time_f, rate_f, _, nested_f = _CLASSES[type(obj)]
     changes: dict[str, object] = {}
     for name in nested_f:
-        changes[name] = [rescale(x, time_scale) for x in getattr(obj, name)]
+        v = getattr(obj, name)
+        if isinstance(v, list):
+            changes[name] = [rescale(x, time_scale) for x in v]
+        elif v is not None:
+            changes[name] = rescale(v, time_scale)
     for name in time_f:
         v = getattr(obj, name)
         if isinstance(v, list):
             changes[name] = [x / time_scale for x in v]
+        elif isinstance(v, dict):
+            changes[name] = {k: x / time_scale for k, x in v.items()}
         elif v is not None:
             changes[name] = v / time_scale
     for name in rate_f:

@@ -1,22 +1,28 @@
 """Checking the `tools` of a dataset line before anything is sent.
 
 A request's tools are OpenAI function tools: `{"type": "function", "function": {"name", "description"?,
-"parameters"?}}`. The name follows OpenAI's rule (letters, digits, `_` and `-`, at most 64); the
-parameters, when given, are a JSON Schema for an object. SGLang validates them with jsonschema's
-Draft 2020-12 meta-schema and answers 400 otherwise (`serving_chat.py::_validate_request`): a
-dataset that would only collect 400s is refused here instead, with the line that is wrong. The check
-is structural (the common mistakes), not a full meta-schema validation.
+"parameters"?}}`. The name follows OpenAI's rule (letters, digits, `_` and `-`, at most 64). The
+parameters, when given, are checked as SGLang 0.5.23 checks them (`serving_chat.py`,
+`_validate_request`): first non-standard `type` names from database tooling are rewritten to JSON
+Schema's (`varchar` -> `string`, `int32` -> `integer`: `function_call/utils.py`,
+`normalize_json_schema_types`), then jsonschema's Draft 2020-12 meta-schema must accept the result
+(`Draft202012Validator.check_schema`); SGLang answers 400 otherwise, and to a schema nested too deeply.
+A dataset that would only collect 400s is refused here instead, with the line and the place in the
+schema that are wrong. The dataset's tools are sent as they are: SGLang rewrites the types itself.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
-__all__ = ["ToolSchemaError", "check_tool_choice", "check_tools"]
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # no stubs installed
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]  # no stubs installed
+
+__all__ = ["ToolSchemaError", "check_tool_choice", "check_tools", "parameters_problem"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 
 
 class ToolSchemaError(ValueError):
@@ -46,7 +52,9 @@ def check_tools(tools: object) -> list[dict[str, Any]]:
         if "description" in fn and not isinstance(fn["description"], str):
             raise ToolSchemaError(f"{where}: 'description' must be a string")
         if fn.get("parameters") is not None:
-            _check_schema(fn["parameters"], f"{where}.function.parameters", top=True)
+            problem = parameters_problem(fn["parameters"])
+            if problem:
+                raise ToolSchemaError(f"{where}.function.parameters: {problem}")
     return tools
 
 
@@ -69,34 +77,93 @@ def check_tool_choice(choice: object, tools: list[dict[str, Any]] | None) -> Non
         raise ToolSchemaError(f"'tool_choice' names {name!r}, which is not in 'tools'")
 
 
-def _check_schema(schema: object, where: str, *, top: bool = False) -> None:
-    if isinstance(schema, bool):  # true / false are valid schemas
+def parameters_problem(schema: object) -> str | None:
+    """Why SGLang would refuse `schema` as a tool's `parameters`, in one line, or None."""
+    try:
+        normalized = copy.deepcopy(schema)
+        _normalize_types(normalized)
+        Draft202012Validator.check_schema(normalized)
+    except SchemaError as e:
+        return f"not a valid JSON Schema (Draft 2020-12, as SGLang checks it): {e.message} at {e.json_path}"
+    except RecursionError:
+        return "nested too deeply (SGLang refuses it)"
+    return None
+
+
+# SGLang's rewrites of `type` names (function_call/utils.py): whole names, then prefixes that end the
+# name or are followed by a digit, bracket or space (`int32`, `list[str]`, not `internal`).
+_STANDARD_TYPES = frozenset({"null", "boolean", "object", "array", "number", "string", "integer"})
+_TYPE_ALIASES = {
+    **dict.fromkeys(
+        (
+            *("str", "text", "varchar", "char", "enum", "uuid", "date", "datetime", "time", "timestamp"),
+            *("binary", "blob", "bytea", "bytes", "varbinary"),
+        ),
+        "string",
+    ),
+    "bool": "boolean",
+    **dict.fromkeys(("bigint", "smallint", "tinyint"), "integer"),
+    **dict.fromkeys(("double", "decimal", "real", "numeric"), "number"),
+    **dict.fromkeys(("arr", "tuple", "set"), "array"),
+    "map": "object",
+}
+_TYPE_PREFIXES = (
+    (("int", "uint", "long", "short", "unsigned"), "integer"),
+    (("num", "float"), "number"),
+    (("list",), "array"),
+    (("dict",), "object"),
+)
+_PREFIX_END = frozenset("0123456789[<( \t")
+# Where SGLang looks for nested schemas: maps of schemas, lists of schemas, single schemas.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = (
+    *("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames"),
+    *("unevaluatedItems", "unevaluatedProperties"),
+)
+
+
+def _normalize_type(raw: object) -> object:
+    if not isinstance(raw, str) or raw in _STANDARD_TYPES:
+        return raw
+    base = raw.split("(", 1)[0].strip().lower()  # varchar(255), decimal(10,2)
+    if base in _STANDARD_TYPES:
+        return base
+    if base in _TYPE_ALIASES:
+        return _TYPE_ALIASES[base]
+    for prefixes, target in _TYPE_PREFIXES:
+        if any(base == p or (base.startswith(p) and base[len(p) : len(p) + 1] in _PREFIX_END) for p in prefixes):
+            return target
+    return raw
+
+
+def _normalize_types(schema: object) -> None:
+    """SGLang's `normalize_json_schema_types`, in place (on a copy)."""
+    if isinstance(schema, list):
+        for item in schema:
+            _normalize_types(item)
         return
     if not isinstance(schema, dict):
-        raise ToolSchemaError(f"{where} must be a JSON Schema object")
+        return
     kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    for k in kinds:
-        if k not in _JSON_TYPES:
-            raise ToolSchemaError(f"{where}: unknown type {k!r}")
-    if top and kinds and kinds != ["object"]:
-        raise ToolSchemaError(f'{where}: the parameters schema must have type "object"')
-    props = schema.get("properties")
-    if props is not None:
-        if not isinstance(props, dict):
-            raise ToolSchemaError(f"{where}: 'properties' must be an object")
-        for key, sub in props.items():
-            _check_schema(sub, f"{where}.properties.{key}")
-    required = schema.get("required")
-    if required is not None:
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise ToolSchemaError(f"{where}: 'required' must be a list of property names")
-        missing = [r for r in required if isinstance(props, dict) and r not in props]
-        if missing:
-            raise ToolSchemaError(f"{where}: 'required' names {missing[0]!r}, which is not in 'properties'")
-    items = schema.get("items")
-    if items is not None:
-        _check_schema(items, f"{where}.items")
-    enum = schema.get("enum")
-    if enum is not None and (not isinstance(enum, list) or not enum):
-        raise ToolSchemaError(f"{where}: 'enum' must be a non-empty list")
+    if isinstance(kind, str):
+        schema["type"] = _normalize_type(kind)
+    elif isinstance(kind, list):
+        kinds: list[object] = []
+        for k in map(_normalize_type, kind):
+            if k not in kinds:  # ["int", "integer"] is one type, as SGLang makes it
+                kinds.append(k)
+        schema["type"] = kinds
+    for key in _SCHEMA_MAPS:
+        nested = schema.get(key)
+        if isinstance(nested, dict):
+            for sub in nested.values():
+                _normalize_types(sub)
+    for key in _SCHEMA_LISTS:
+        nested = schema.get(key)
+        if isinstance(nested, list):
+            for sub in nested:
+                _normalize_types(sub)
+    for key in _SCHEMA_ONES:
+        if key in schema:
+            _normalize_types(schema[key])

@@ -28,6 +28,7 @@ SIM_PROFILES = frozenset(
         "k26-eagle3",
         "k26-dflash",
         "k26-ddtree",
+        "k26-ngram",
         "qwen36-ar",
         "qwen36-ddtree-b15",
         "qwen36-ddtree-b64",

@@ -4,6 +4,7 @@ import subprocess
 
 import pytest
 
+from backends import Strategy
 from gateway.config import ConfigError, load_config
 from policies import make_policy
 from tests.support import specroute
@@ -42,6 +43,13 @@ def test_good_config_loads(tmp_path):
     assert specs[0].url == "http://gpu-a:30000"  # trailing slash trimmed
     assert specs[1].strategy.speculative and specs[1].upstream_model == "Kimi-K2.6"
     assert config.policy_for("kimi-k2.6") == "pinned"
+
+
+def test_an_ngram_backend_is_a_speculative_strategy(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace('strategy = "ar"', 'strategy = "ngram"'))
+    spec = load_config(path).backend_specs()[0]
+    assert spec.strategy is Strategy.NGRAM and spec.strategy.speculative
 
 
 BAD = [

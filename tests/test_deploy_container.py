@@ -113,6 +113,7 @@ def test_the_gateway_image_holds_the_product_only():
     assert list(stages)[-1] == "gateway"
     copied = {args.split()[0] for word, args in stages["build"] if word == "COPY"}
     assert copied == {"requirements.lock", "pyproject.toml", "gateway", "policies", "backends", "common"}
+    assert "LICENSE" in next(args for word, args in stages["build"] if word == "COPY" and "pyproject.toml" in args)
     assert "/opt/specroute" in dict(stages["gateway"])["COPY"] and "--from=build " in dict(stages["gateway"])["COPY"]
     assert not any("MPLCONFIGDIR" in args for _, args in ins)
     twin = {args.split()[0] for word, args in stages["build-twin"] if word == "COPY"}
@@ -253,6 +254,18 @@ def test_compose_services_match_the_gateway_config_and_prometheus():
     assert {f"{urlparse(b.url).hostname}:{urlparse(b.url).port}" for b in config.backends} <= targets
     prom_mount = next(v for v in services["prometheus"]["volumes"] if v.endswith(":/etc/prometheus:ro"))
     assert (DEPLOY / prom_mount.split(":")[0] / "prometheus.yml").is_file()
+
+
+def test_compose_builds_on_the_dockerfiles_default_base():
+    """Compose passes BASE itself (SPECROUTE_BASE_IMAGE overrides it): its default is the Dockerfile's."""
+    ins = dockerfile_instructions(DOCKERFILE.read_text())
+    base = next(a.split("=", 1)[1] for word, a in ins if word == "ARG" and a.startswith("BASE="))
+    defaults = {
+        re.fullmatch(r"\$\{SPECROUTE_BASE_IMAGE:-(.+)\}", svc["build"]["args"]["BASE"]).group(1)
+        for svc in _compose()["services"].values()
+        if "BASE" in svc.get("build", {}).get("args", {})
+    }
+    assert defaults == {base}
 
 
 def test_compose_images_are_pinned():

@@ -26,6 +26,7 @@ from types import ModuleType
 
 import pytest
 
+from common.version import package_version
 from tests.support import REPO, free_port, wait_until
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
@@ -209,13 +210,24 @@ def test_image_serves_a_chat_stream_through_a_twin(engine, image, network, tmp_p
     openai = pytest.importorskip("openai")
     twin, gw = f"twin-{os.getpid()}", f"gateway-{os.getpid()}"
     _run_twin(engine, network, twin, "k26-eagle3")
-    _gateway_config(tmp_path / "etc", [("k26-eagle3", f"http://{twin}:30000", "kimi-k2.6", "eagle3")])
+    # on 0.0.0.0 the gateway starts only with an API key (secure by default)
+    _gateway_config(
+        tmp_path / "etc",
+        [("k26-eagle3", f"http://{twin}:30000", "kimi-k2.6", "eagle3")],
+        extra='\n[auth]\napi_keys = ["sk-container-test"]\n',
+    )
     _run_gateway(engine, network, gw, tmp_path / "etc")
     _wait_healthy(engine, twin, gw)
     user = engine.docker("exec", gw, "id", "-u").stdout.strip()
     assert user == "10001"  # non-root, as the Dockerfile says
+    version = engine.docker("exec", gw, "specroute-gateway", "--version").stdout.strip()
+    assert version == f"specroute-gateway {package_version()}"
+    licensed = "import importlib.metadata as m; print(*(f.name for f in m.files('specroute') if 'LICENSE' in f.name))"
+    assert engine.docker("exec", gw, "python", "-c", licensed).stdout.split() == ["LICENSE"]
     port = _host_port(engine, gw, 8000)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-container-test", max_retries=0, timeout=30
+    )
     stream = client.chat.completions.create(
         model="kimi-k2.6",
         max_tokens=24,

@@ -15,6 +15,7 @@ from tools.cli_backends import main as backends_main
 from tools.launch import command, list_recipes, load_recipe
 from tools.launch.sglang_args import (
     WheelUnavailable,
+    check_algorithm_constraints,
     check_argv,
     check_build_constraints,
     ddtree_pr_extension,
@@ -106,6 +107,30 @@ def test_ddtree_build_constraints():
     assert len(problems) == 3
     assert any("only page size 1" in p for p in problems)
     assert check_build_constraints(["--page-size", "64"], "release") == []
+
+
+def test_algorithm_constraints_are_sglangs_startup_refusals():
+    """`_handle_ngram` and `_handle_dflash` of SGLang 0.5.23's speculative hook, in its words."""
+    ngram = ["--speculative-algorithm", "NGRAM", "--attention-backend", "trtllm_mla"]
+    # the default breadth (10) becomes topk 10, refused on trtllm_mla's page size 64
+    assert any("only supported for the 'flashinfer' backend" in p for p in check_algorithm_constraints(ngram))
+    chain = [*ngram, "--speculative-ngram-max-bfs-breadth", "1"]
+    assert check_algorithm_constraints(chain) == []
+    assert check_algorithm_constraints(["--speculative-algorithm", "NGRAM", "--attention-backend", "flashinfer"]) == []
+    assert check_algorithm_constraints([*chain, "--attn-dp-size", "8"]) == [
+        "Currently ngram speculative decoding does not support dp attention."
+    ]
+    assert check_algorithm_constraints([*chain, "--dp-size", "8", "--enable-dp-attention"]) != []
+    dflash = ["--speculative-algorithm", "DFLASH", "--speculative-dflash-block-size", "8"]
+    assert any(
+        "must be >= --speculative-num-draft-tokens" in p
+        for p in check_algorithm_constraints([*dflash, "--speculative-draft-window-size", "4"])
+    )
+    assert check_algorithm_constraints([*dflash, "--attn-dp-size", "8"]) == [
+        "DFLASH with dp attention requires --enable-dp-lm-head."
+    ]
+    assert check_algorithm_constraints([*dflash, "--attn-dp-size", "8", "--enable-dp-lm-head"]) == []
+    assert check_algorithm_constraints(command(load_recipe("k26-ngram"))) == []
 
 
 SYNTHETIC = {

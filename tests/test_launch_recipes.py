@@ -16,7 +16,7 @@ from tools.launch.run import LaunchError, launch, preflight
 from tools.launch.systemd import unit
 from twin.profile import load_profile as load_twin
 
-SEED = {"k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "qwen36-ddtree-b15", "qwen36-ar"}
+SEED = {"k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "k26-ngram", "qwen36-ddtree-b15", "qwen36-ar"}
 
 
 def _flag_values(argv: list[str]) -> dict[str, str | None]:
@@ -74,6 +74,18 @@ def test_study_facts_are_in_the_commands():
     assert qwen["--tp-size"] == "1" and qwen["--speculative-ddtree-budget"] == "15"
     assert qwen["--speculative-algorithm"] == "DDTREE"
     assert "--speculative-algorithm" not in _flag_values(command(load_recipe("qwen36-ar")))
+    ngram = _flag_values(command(load_recipe("k26-ngram")))
+    assert ngram["--speculative-algorithm"] == "NGRAM" and "--speculative-draft-model-path" not in ngram
+    assert ngram["--speculative-ngram-max-bfs-breadth"] == "1" and ngram["--speculative-num-draft-tokens"] == "12"
+
+
+def test_the_ddtree_recipe_says_it_needs_a_pull_request_build_and_no_mla_tree_verify_exists():
+    prof = load_recipe("k26-ddtree")
+    assert prof.build == "ddtree-pr" and prof.notes is not None
+    assert "pull request #29907" in prof.notes and "MLA is not upstream" in prof.notes
+    script = explained(prof)
+    assert "# needs an SGLang build with DDTree support (not in a release)" in script
+    assert "# note: needs an SGLang build of pull request #29907" in script
 
 
 def test_launch_recipes_agree_with_the_twin_profiles_of_the_same_name():
@@ -88,7 +100,13 @@ def test_launch_recipes_agree_with_the_twin_profiles_of_the_same_name():
         ), prof.name
         spec = twin.speculative
         assert (spec.algorithm if spec else None) == flags.get("--speculative-algorithm"), prof.name
-        if spec is not None:
+        if spec is not None and spec.algorithm == "NGRAM":
+            assert flags["--speculative-num-draft-tokens"] == str(spec.num_draft_tokens), prof.name
+            assert flags["--speculative-ngram-max-bfs-breadth"] == str(spec.eagle_topk), prof.name
+            assert twin.ngram is not None
+            assert flags["--speculative-ngram-capacity"] == str(twin.ngram.trie_capacity), prof.name
+            assert flags["--speculative-ngram-max-trie-depth"] == str(twin.ngram.max_trie_depth), prof.name
+        elif spec is not None:
             assert spec.draft_model_path == flags["--speculative-draft-model-path"], prof.name
             if spec.ddtree_budget is not None:
                 assert str(spec.ddtree_budget) == flags["--speculative-ddtree-budget"], prof.name

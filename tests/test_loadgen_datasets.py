@@ -197,16 +197,16 @@ def test_sessions_from_sharegpt_and_openai_files(tmp_path: Path) -> None:
         (
             "schema.jsonl",
             '{"prompt": "a", "tools": [{"type": "function", "function": {"name": "f", "parameters": '
-            '{"type": "object", "properties": {"x": {"type": "text"}}}}}]}\n',
+            '{"type": "object", "properties": {"x": {"type": "texte"}}}}}]}\n',
             ":1:",
-            "unknown type 'text'",
+            "'texte' is not valid under any of the given schemas at $.properties.x.type",
         ),
         (
             "req.jsonl",
             '{"prompt": "a", "tools": [{"type": "function", "function": {"name": "f", "parameters": '
-            '{"type": "object", "properties": {}, "required": ["y"]}}}]}\n',
+            '{"type": "object", "properties": {}, "required": "y"}}}]}\n',
             ":1:",
-            "'y'",
+            "'y' is not of type 'array' at $.required",
         ),
         (
             "choice.jsonl",

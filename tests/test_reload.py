@@ -294,8 +294,10 @@ def test_reload_applies_health_admission_and_circuit_settings_to_running_backend
             return get_json(f"{url}/admin/backends")["backends"][0]["cap"]
 
         # the twin's max_running_requests, once the poller has read /server_info (0 until then:
-        # /health answers as soon as the process serves, before the first poll)
-        assert wait_until(lambda: cap() == 256)
+        # /health answers as soon as the process serves, before the first poll): an AR server's
+        # request pool, max(min(KV tokens / context x 512, 4096), 2048) = 2048 in SGLang 0.5.23
+        # (model_executor/pool_configurator.py; the k26-ar profile)
+        assert wait_until(lambda: cap() == 2048)
         path.write_text(
             gateway_config(
                 port, [_entry("a", a)], "[admission]\nbackend_max_inflight = 7\n[health]\ninterval_s = 0.05\n"

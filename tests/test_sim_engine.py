@@ -30,7 +30,7 @@ def test_all_profiles_load_with_provenance():
 def test_profile_without_provenance_is_refused(tmp_path):
     src = (load_profile.__globals__["_profiles_dir"]() / "zero.toml").read_text()
     bad = tmp_path / "bad.toml"
-    bad.write_text(src.replace('"step.t0_ms" = "assumption: zero by design"\n', ""))
+    bad.write_text(src.replace('"step.t0_ms" = "design: zero"\n', ""))
     with pytest.raises(ProfileError, match=r"step\.t0_ms"):
         load_profile(str(bad))
     assert "step.t0_ms" in numeric_parameters({"step": {"t0_ms": 1.0}, "name": "x"})
@@ -124,12 +124,17 @@ def test_qwen_acceptance_collapses_above_budget_15():
     b15 = run_closed_loop(load_profile("qwen36-ddtree-b15"), 1, 4, 256, domain="math")
     b64 = run_closed_loop(load_profile("qwen36-ddtree-b64"), 1, 4, 256, domain="math")
     assert b64.accept_length < b15.accept_length / 2
-    # ... while on pure-attention K2.6 a bigger budget never loses acceptance
+    # ... while on pure-attention K2.6 a bigger budget never loses acceptance; siblings beside
+    # the spine buy some, and none beyond two of them (rmagur1203/vllm-ddtree section 8: +3.5-4%
+    # at budget 9, nothing more from budgets 12 to 32)
     k = load_profile("k26-ddtree")
-    assert (
-        run_closed_loop(k.with_budget(64), 1, 4, 256, domain="math").accept_length
-        > run_closed_loop(k.with_budget(16), 1, 4, 256, domain="math").accept_length
-    )
+
+    def accept(budget: int) -> float:
+        return run_closed_loop(k.with_budget(budget), 1, 4, 256, domain="math").accept_length
+
+    chain, two_siblings = accept(7), accept(9)
+    assert 1.03 < two_siblings / chain < 1.05
+    assert accept(64) == accept(16) == two_siblings
 
 
 def test_deterministic_under_seed():

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from common.output_dir import output_dir
+from common.version import package_version
 from gateway import cli as gateway_cli
 
 # Seconds of traffic per level and target. Aggregate tok/s is tokens over the level's wall time
@@ -34,6 +35,7 @@ def _levels(text: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specroute", description="Speculative-decoding-aware LLM gateway.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the gateway on a config file, or over embedded twins (--twins)")
     on = s.add_mutually_exclusive_group()

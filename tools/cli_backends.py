@@ -194,6 +194,7 @@ def _lint(args: argparse.Namespace) -> int:
     from tools.launch.recipe import command
     from tools.launch.sglang_args import (
         WheelUnavailable,
+        check_algorithm_constraints,
         check_argv,
         check_build_constraints,
         ensure_wheel,
@@ -211,7 +212,11 @@ def _lint(args: argparse.Namespace) -> int:
     failed = 0
     for prof in recipes:
         argv = command(prof)
-        problems = check_argv(argv, spec_for_build(release, prof.build)) + check_build_constraints(argv, prof.build)
+        problems = (
+            check_argv(argv, spec_for_build(release, prof.build))
+            + check_build_constraints(argv, prof.build)
+            + check_algorithm_constraints(argv)
+        )
         against = f"sglang {release.version}" + ("" if prof.build == "release" else " + DDTree PR flags")
         print(
             f"{prof.name:<19} {'ok' if not problems else 'FAIL'}  "

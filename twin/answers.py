@@ -17,6 +17,8 @@ lengths in chat logs.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from twin.thinking import lognormal_tokens
@@ -30,10 +32,10 @@ _SALT = 0xA5A5_5A5A_C3C3_3C3C
 class AnswerModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The median answer (content) tokens per domain, and the log-normal's sigma."""
 
-    math: int = 0
-    code: int = 0
-    chat: int = 0
-    spread: float = 0.0  # sigma of the log-normal (0: every prompt gets the median)
+    math: Annotated[int, msgspec.Meta(ge=0)] = 0
+    code: Annotated[int, msgspec.Meta(ge=0)] = 0
+    chat: Annotated[int, msgspec.Meta(ge=0)] = 0
+    spread: Annotated[float, msgspec.Meta(ge=0.0, le=3.0)] = 0.0  # sigma of the log-normal (0: the median)
 
 
 def answer_tokens(model: AnswerModel | None, domain: str, key: int) -> int | None:

@@ -1,7 +1,7 @@
 """`specroute sim`: run one twin server, list profiles, print curves, calibrate.
 
     specroute sim --profile NAME [--port P] [--seed S] [--time-scale F] ...
-    specroute sim --list
+    specroute sim --list [--provenance [--profile NAME]]
     specroute sim curves [--profile NAME ...]
     specroute sim calibrate [--quick]
 
@@ -19,6 +19,8 @@ import msgspec
 
 from twin.options import LORA_TARGET_MODULES, PriorityOptions
 from twin.profile import ProfileError, list_profiles, load_profile
+from twin.provenance import count, is_order_deciding
+from twin.provenance import table as provenance_table
 
 __all__ = ["main"]
 
@@ -69,6 +71,11 @@ def _fraction(text: str) -> float:
 def _server_parser() -> _Parser:
     p = _Parser(prog="specroute sim", description="SGLang-compatible simulated server (the twin)")
     p.add_argument("--list", action="store_true", help="list the profiles and exit")
+    p.add_argument(
+        "--provenance",
+        action="store_true",
+        help="with --list: count sourced, derived and assumed parameters per profile (with --profile: each one)",
+    )
     p.add_argument("--profile", help="profile name (see --list) or path to a profile .toml")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_int_at_least(0, 65535), default=30000)
@@ -112,6 +119,11 @@ def _server_parser() -> _Parser:
         help="/v1/responses: keep responses in memory (retrieve, previous_response_id, background)",
     )
     p.add_argument("--compat", choices=["0.5.9"], help="imitate an older SGLang 0.5.x (no spec details, /get_load)")
+    dp = p.add_argument_group("attention data parallelism (SGLang's flags; refused: not modelled)")
+    dp.add_argument("--attn-dp-size", "--attention-data-parallel-size", type=_int_at_least(1), default=1)
+    dp.add_argument("--dp-size", "--data-parallel-size", type=_int_at_least(1), default=1)
+    dp.add_argument("--enable-dp-attention", action="store_true", help="deprecated: --dp-size N --enable-dp-attention")
+    dp.add_argument("--enable-dp-lm-head", action="store_true")
     lo = p.add_argument_group("LoRA adapters (SGLang's flags)")
     lo.add_argument("--enable-lora", action="store_true", default=None, help="implied by --lora-paths")
     lo.add_argument(
@@ -171,6 +183,41 @@ def _print_list() -> int:
     return 0
 
 
+def _print_provenance(name: str | None) -> int:
+    """Counts per profile, or (one profile named) every parameter with its kind and experiment."""
+    if name is None:
+        print(provenance_table([count(p.name, p.provenance_entries()) for p in list_profiles()]))
+        return 0
+    try:
+        prof = load_profile(name)
+    except ProfileError as e:
+        raise _ArgError(str(e)) from None
+    for param, entry in sorted(prof.provenance_entries().items()):
+        mark = "*" if is_order_deciding(param) else " "
+        print(f"{mark} {param:<36} {entry.kind.value:<10} {entry.text}")
+        if entry.measure:
+            print(f"  {'':<36} {'measure:':<10} {entry.measure}")
+    c = count(prof.name, prof.provenance_entries())
+    print(
+        f"{c.total} parameters: {c.sourced} sourced, {c.derived} derived, {c.assumed} assumed, {c.design} by design; "
+        f"{c.order_deciding} order-deciding (*), {c.order_deciding_assumed} of them assumed"
+    )
+    return 0
+
+
+def _attention_dp(args: argparse.Namespace, algorithm: str | None) -> None:
+    """SGLang's refusals of attention data parallelism (`arg_groups/speculative_hook.py`), then the
+    twin's own: it does not model DP attention at all."""
+    size = args.attn_dp_size if args.attn_dp_size > 1 else args.dp_size if args.enable_dp_attention else 1
+    if size <= 1:
+        return
+    if algorithm == "NGRAM":
+        raise _ArgError("Currently ngram speculative decoding does not support dp attention.")
+    if algorithm == "DFLASH" and not args.enable_dp_lm_head:
+        raise _ArgError("DFLASH with dp attention requires --enable-dp-lm-head.")
+    raise _ArgError("attention data parallelism is not modelled by the twin (serve with --attn-dp-size 1)")
+
+
 def _priority_options(args: argparse.Namespace) -> PriorityOptions:
     """The priority flags, with SGLang's startup warnings (`arg_groups/validation_hook.py`); none of
     them stops the server. Its `schedule_policy` check has nothing to check: the twin is FCFS."""
@@ -215,6 +262,7 @@ def _run_server(args: argparse.Namespace) -> int:
             profile = msgspec.structs.replace(profile, context_length=args.context_length)
     except ProfileError as e:
         raise _ArgError(str(e)) from None
+    _attention_dp(args, profile.speculative.algorithm if profile.speculative else None)
     try:
         lora = lora_options(
             enable_lora=args.enable_lora,
@@ -275,7 +323,9 @@ def main(argv: list[str]) -> int:
             return calibrate_main(argv[1:])
         args = _server_parser().parse_args(argv)
         if args.list:
-            return _print_list()
+            return _print_provenance(args.profile) if args.provenance else _print_list()
+        if args.provenance:
+            raise _ArgError("--provenance goes with --list")
         return _run_server(args)
     except _ArgError as e:
         print(f"specroute sim: error: {e}", file=sys.stderr)

@@ -38,7 +38,8 @@ def _ar_profile_for(profile: Profile) -> Profile | None:
 
 
 def _level(profile: Profile, c: int, max_tokens: int, domain: str | None, seed: int) -> LevelResult:
-    return run_closed_loop(profile, c, max(4 * c, 8), max_tokens, domain=domain, seed=seed)
+    # distinct prompts: an NGRAM server would replay a repeated greedy prompt (twin/ngram.py)
+    return run_closed_loop(profile, c, max(4 * c, 8), max_tokens, domain=domain, seed=seed, distinct=True)
 
 
 def compute_curves(

@@ -54,10 +54,11 @@ from typing import NamedTuple
 import msgspec
 
 from twin.domain import classify, prompt_key, prompt_variation
+from twin.ngram import NgramMemory, copy_step_share
 from twin.options import PriorityOptions
 from twin.prefix_cache import PREFIX_BLOCK_TOKENS, PrefixCache
 from twin.profile import Profile, SpecConfig
-from twin.sampling import temperature_miss_scale, window_miss_scale
+from twin.sampling import GREEDY_BELOW, context_miss_scale, factor_at, temperature_miss_scale, window_miss_scale
 
 __all__ = [
     "DECODE_LOG_INTERVAL",
@@ -76,6 +77,8 @@ __all__ = [
     "StepResult",
     "WaitingByPriority",
     "effective_accept_prob",
+    "inverse_tau",
+    "tau",
 ]
 
 MAX_PREFILL_TOKENS = 16384  # SGLang's default --max-prefill-tokens: prompt tokens prefilled per step
@@ -208,6 +211,9 @@ class SimRequest:
         "priority",
         "abort_message",
         "_qkey",
+        "copy_steps",
+        "copy_logp",
+        "remember_key",
         "_rng",
         "_logp",
         "_prefill_left",
@@ -260,6 +266,10 @@ class SimRequest:
         self.abort_message: str | None = None  # why the engine aborted it on its own (503)
         # admission rank under priority scheduling: (-(sign * priority), -entry); larger goes first
         self._qkey = (0, 0)
+        # NGRAM: the share of verify passes spent inside copied text, and their acceptance
+        self.copy_steps = 0.0
+        self.copy_logp = -math.inf
+        self.remember_key = False  # NGRAM: a greedy request, its output repeats for the same prompt
         self._rng = random.Random(seed)
         self._logp = math.log(accept_p) if accept_p > 0 else -math.inf
         self._prefill_left = 0
@@ -281,19 +291,55 @@ class SimRequest:
         )
 
 
-def effective_accept_prob(spec: SpecConfig, max_depth: int, p_chain: float) -> float:
+def tau(p: float, depth: int) -> float:
+    """Mean tokens per verify pass (accepted drafts + the bonus token) when each of at most
+    `depth` drafts is accepted with probability p after its predecessor."""
+    if depth <= 0:
+        return 1.0
+    if p >= 1.0:
+        return depth + 1.0
+    return (1.0 - p ** (depth + 1)) / (1.0 - p)
+
+
+def inverse_tau(tokens: float, depth: int) -> float:
+    """The per-draft acceptance p with tau(p, depth) == tokens (clamped to [0, 0.999])."""
+    if tokens <= 1.0 or depth <= 0:
+        return 0.0
+    lo, hi = 0.0, 0.999
+    if tau(hi, depth) <= tokens:
+        return hi
+    for _ in range(48):
+        mid = (lo + hi) / 2.0
+        if tau(mid, depth) < tokens:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def effective_accept_prob(
+    spec: SpecConfig, max_depth: int, p_chain: float, temperature: float = 0.0, top_p: float = 1.0
+) -> float:
     """Per-depth acceptance of a draft tree built from a chain drafter with acceptance p_chain.
 
-    DDTree spends `budget` nodes over at most `max_depth` levels; the extra siblings catch some
-    misses, shrinking the per-depth miss rate by (depth / budget)**gamma. On hybrid targets,
-    budgets above `exact_budget` corrupt recurrent state and lose acceptance exponentially.
+    DDTree's budget beyond the chain's depth buys siblings; the tree then emits (1 + tree_gain)
+    times the chain's tokens per verify at T=0, the gain saturating at two siblings (an
+    independent vLLM implementation: +3.5..4%, no more from budget 12 to 32). Sampling weakens
+    the spine the siblings hang on: at T=1 the tree/chain ratio is multiplied by
+    `tree_t1_factor` (linear in T between). On hybrid targets, budgets above `exact_budget`
+    corrupt recurrent state and lose acceptance exponentially.
     """
     if spec.algorithm != "DDTREE" or not spec.ddtree_budget:
         return p_chain
     budget = spec.ddtree_budget
+    depth = (spec.dflash_block_size or spec.num_draft_tokens) - 1
     p = p_chain
-    if budget > max_depth > 0:
-        p = 1.0 - (1.0 - p_chain) * (max_depth / budget) ** spec.tree_gamma
+    siblings = budget - depth
+    if siblings > 0 or temperature >= GREEDY_BELOW:
+        gain = spec.tree_gain * min(1.0, max(0, siblings) / 2.0)
+        ratio = (1.0 + gain) * factor_at(spec.tree_t1_factor, temperature, top_p)
+        if ratio != 1.0:
+            p = inverse_tau(ratio * tau(p_chain, max_depth), max_depth)
     if spec.exact_budget is not None and budget > spec.exact_budget:
         p *= math.exp(-spec.collapse_per_node * (budget - spec.exact_budget))
     return p
@@ -435,6 +481,11 @@ class Engine:
         self._draft0 = st.draft_ms / 1000.0 if profile.is_speculative else 0.0
         self._draft1 = st.draft_ms_per_seq / 1000.0 if profile.is_speculative else 0.0
         self._tree = st.tree_ms_per_node / 1000.0 if profile.is_speculative else 0.0
+        self._tree0 = st.tree_step_ms / 1000.0 if profile.is_speculative else 0.0
+        # without the overlap scheduler the host's share of each step is no longer hidden
+        self._exposed = 1.0 + (profile.speculative.no_overlap_loss if profile.speculative else 0.0)
+        # NGRAM: what the server's trie still holds of its own output (ngram.py)
+        self.ngram_memory = NgramMemory(profile.ngram.horizon_tokens) if profile.ngram is not None else None
         self._pf0 = st.prefill_ms_base / 1000.0
         self._pf1 = st.prefill_ms_per_token / 1000.0
         self._pf_pair = st.prefill_attn_ms_per_mpair / 1e9  # seconds per (query, key) pair
@@ -452,9 +503,9 @@ class Engine:
         t = self._t0 + self._k * (n - 1) + self._kv_s * kv_tokens
         if n > self._knee:
             t += self._kc * (n - self._knee)
-        if self._draft0 or self._draft1 or self._tree:
-            t += self._draft0 + self._draft1 * (batch - 1) + self._tree * batch * (w - 1)
-        return t
+        if self._draft0 or self._draft1 or self._tree or self._tree0:
+            t += self._draft0 + self._draft1 * (batch - 1) + self._tree0 + self._tree * batch * (w - 1)
+        return t * self._exposed
 
     def prefill_time(self, prompt_tokens: int, batch: int = 0, cached_tokens: int = 0) -> float:
         """Seconds to prefill `prompt_tokens` new tokens following `cached_tokens` in KV.
@@ -476,18 +527,28 @@ class Engine:
     def accept_prob(
         self, domain: str, key: int = 0, *, temperature: float = 0.0, top_p: float = 1.0, context_tokens: int = 0
     ) -> float:
-        """Per-depth acceptance probability of a prompt of `domain` with prompt hash `key`."""
+        """Per-depth acceptance probability of a prompt of `domain` with prompt hash `key` (on an
+        NGRAM server: on text the server has not generated before)."""
         acc = self.profile.acceptance
         spec = self.profile.speculative
         if acc is None or spec is None:
             return 0.0
-        # Per-prompt variation, temperature and the draft window scale the miss rate (1 - p):
-        # uniform in effect whether p is 0.75 or 0.99, and p never leaves (0, 1).
+        # Per-prompt variation, temperature and context scale the miss rate (1 - p): uniform in
+        # effect whether p is 0.75 or 0.99, and p never leaves (0, 1).
         miss = (1.0 - getattr(acc, domain)) * math.exp(acc.prompt_spread * prompt_variation(key))
         miss *= temperature_miss_scale(self.profile.temperature, domain, temperature, top_p)
         miss *= window_miss_scale(spec.draft_window_tokens, spec.window_miss_per_doubling, context_tokens)
-        p = effective_accept_prob(spec, self._max_drafts, min(max(1.0 - miss, 0.0), 0.999))
+        miss *= context_miss_scale(spec.train_context_tokens, spec.context_miss_exponent, context_tokens)
+        p = effective_accept_prob(spec, self._max_drafts, min(max(1.0 - miss, 0.0), 0.999), temperature, top_p)
         return min(max(p, 0.0), 0.999)
+
+    def copy_accept_prob(self, temperature: float = 0.0, top_p: float = 1.0) -> float:
+        """NGRAM: per-draft acceptance inside output that repeats text still in the trie."""
+        ng = self.profile.ngram
+        if ng is None:
+            return 0.0
+        miss = (1.0 - ng.copy_accept) * factor_at(ng.copy_temperature, temperature, top_p)
+        return min(max(1.0 - miss, 0.0), 0.999)
 
     # ------------------------------------------------------------------- requests
 
@@ -525,6 +586,7 @@ class Engine:
         key: int | None = None,
         accept_scale: float = 1.0,
         priority: int | None = None,
+        echo: float = 0.0,
     ) -> SimRequest:
         """Queue a request. The domain is read from `prompt_text` unless given.
 
@@ -535,6 +597,9 @@ class Engine:
         `accept_scale` multiplies this request's per-draft acceptance probability (a LoRA adapter
         request: `--lora-acceptance-scale`, an assumption). `priority` is the request's (after the
         tokenizer manager's default); it orders the queue only under priority scheduling.
+        `echo` (NGRAM servers) is the share of the output that repeats text the server generated
+        and still holds in its trie (`ngram.py`); a greedy prompt this server answered within its
+        horizon repeats its output whole.
         Raises QueueFull when `max_queued` requests already wait (unless, under priority
         scheduling, it evicts a worse waiter into `aborted`), RequestAborted for a priority the
         server refuses (`abort_on_priority_when_disabled`), ValueError on a duplicate rid or a
@@ -587,9 +652,27 @@ class Engine:
             stop_after_tokens=stop_after_tokens,
         )
         req.priority = priority
+        memory = self.ngram_memory
+        if memory is not None:
+            greedy = temperature < GREEDY_BELOW
+            if greedy and memory.answered(key):
+                echo = 1.0
+            req.remember_key = greedy
+            if echo > 0.0:
+                copy_p = min(self.copy_accept_prob(temperature, top_p) * accept_scale, 0.999)
+                novel = req.accept_p
+                m = self._max_drafts
+                req.copy_steps = copy_step_share(min(echo, 1.0), tau(copy_p, m), tau(novel, m))
+                req.copy_logp = math.log(copy_p) if copy_p > 0 else -math.inf
         self._waiting.append(req)
         self._by_rid[rid] = req
         return req
+
+    def remember_output(self, blocks: Sequence[int]) -> None:
+        """NGRAM: fingerprints (`ngram.fingerprints`) of an answer this server generated, so a
+        later request that repeats it is drafted from the trie. No-op on other servers."""
+        if self.ngram_memory is not None and blocks:
+            self.ngram_memory.remember_text(blocks)
 
     def take_aborted(self) -> list[SimRequest]:
         """The requests the engine aborted on its own since the last call (evicted from a full
@@ -823,8 +906,11 @@ class Engine:
             m = self._max_drafts
             proposed = self._proposed_per_verify
             for r in decode:
+                if r.copy_steps and r._rng.random() < r.copy_steps:
+                    logp = r.copy_logp + log_scale
+                else:
+                    logp = r._logp + log_scale
                 u = r._rng.random()
-                logp = r._logp + log_scale
                 if u <= 0.0:
                     a = m
                 elif logp == -math.inf:
@@ -923,6 +1009,11 @@ class Engine:
         del self._by_rid[r.rid]
         self._release_kv(r)
         emissions.append(Emission(r.rid, n, True, r.limit_reason))
+        memory = self.ngram_memory
+        if memory is not None:
+            memory.generated(r.completion_tokens)
+            if r.remember_key:
+                memory.remember_prompt(r.key)
 
     # ---------------------------------------------------------------------- stats
 

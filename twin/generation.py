@@ -19,13 +19,14 @@ from twin.chunks import usage_info
 from twin.engine import QUEUE_FULL_MESSAGE, RequestAborted, SimRequest
 from twin.errors import ApiError, SchedulerAbort, TokenizerError
 from twin.lora import Lease, LoraPath
+from twin.ngram import echo_share, fingerprints
 from twin.prefix_cache import chain_from_text, namespace_root
 from twin.protocol import CHAT_DEFAULT_MAX_TOKENS
 from twin.runtime import Channel
 from twin.state import SimState, new_rid
 from twin.text import TokenStream
 
-__all__ = ["Generation", "QUEUE_FULL_MESSAGE", "admit", "request_priority_value", "sampling_values"]
+__all__ = ["Generation", "QUEUE_FULL_MESSAGE", "admit", "ngram_echo", "request_priority_value", "sampling_values"]
 
 
 class Generation:
@@ -188,10 +189,21 @@ class Generation:
 
     def cache_output(self, generated_text: str, separator: str = "") -> None:
         """Put prompt + output in the prefix cache, as SGLang's radix cache does on finish, so
-        a follow-up turn whose prompt repeats this text hits."""
+        a follow-up turn whose prompt repeats this text hits (and, on an NGRAM server, the output
+        in its trie memory)."""
         if self.req is None or self.finish_reason == "abort" or not self.prompt_text:
             return
         self.state.engine.cache_output(chain_from_text(self.prompt_text + separator + generated_text, self.cache_root))
+        self.remember_output(generated_text)
+
+    def remember_output(self, *texts: str) -> None:
+        """NGRAM: an answer this server generated (as the client will see it, and its answer
+        alone after any reasoning) goes into the server's trie memory (`ngram.py`)."""
+        engine = self.state.engine
+        if engine.ngram_memory is None or self.req is None or self.finish_reason == "abort":
+            return
+        for text in texts:
+            engine.remember_output(fingerprints(text))
 
     def release(self) -> None:
         """Free the engine slot if the request is still in flight (client gone, error), and its
@@ -206,6 +218,15 @@ def cache_root(lease: Lease | None) -> int:
     adapter's id to the request's `extra_key` (`managers/schedule_batch.py`, `Req.__init__`)."""
     lora_id = next((i for i in lease.ids if i), None) if lease is not None else None
     return namespace_root(lora_id)
+
+
+def ngram_echo(state: SimState, source: str | None, answer_tokens: int, output_tokens: int) -> float:
+    """NGRAM: the share of a request's output that repeats text this server generated, when the
+    request asks for `source` back (`ngram.copy_source`); 0.0 on other servers or without one."""
+    memory = state.engine.ngram_memory
+    if memory is None or not source:
+        return 0.0
+    return echo_share(memory.recall(fingerprints(source)), answer_tokens, output_tokens)
 
 
 def request_priority_value(state: SimState, priority: int | None) -> int | None:
@@ -261,6 +282,7 @@ async def admit(
     prefix_blocks: Sequence[int] | None = None,
     lora: LoraPath = None,
     priority: int | None = None,
+    echo: float = 0.0,
 ) -> Generation:
     """Resolve the priority and the adapter, validate limits, apply fault knobs, submit to the
     engine. Raises ApiError (4xx/5xx); the scheduler's refusals (a full queue, a priority the
@@ -304,6 +326,7 @@ async def admit(
                 # assumption: a draft trained for the base model accepts less under an adapter
                 accept_scale=state.options.lora.acceptance_scale if lease is not None and lease.adapter else 1.0,
                 priority=priority,
+                echo=echo,
             )
         except RequestAborted as e:  # `_handle_abort_finish_reason`: HTTPException(503) unstreamed
             raise SchedulerAbort(str(e), rid) from None

@@ -22,6 +22,7 @@ import msgspec
 from aiohttp import web
 
 from twin.engine import QueueFull
+from twin.profile import Profile
 from twin.state import STATE_KEY, SimState, new_rid
 
 __all__ = ["routes"]
@@ -41,6 +42,7 @@ def server_args(state: SimState) -> dict[str, Any]:
     p = state.profile
     spec = p.speculative
     o = state.options
+    ddtree = spec is not None and spec.algorithm == "DDTREE"
     return {
         "model_path": p.model_path,
         "tokenizer_path": p.model_path,
@@ -77,6 +79,17 @@ def server_args(state: SimState) -> dict[str, Any]:
         "enable_cache_report": o.enable_cache_report,
         "reasoning_parser": o.reasoning_parser,
         "tool_call_parser": o.tool_call_parser,
+        # the page size SGLang resolves: trtllm_mla forces 64 (`arg_groups/overrides.py`); the
+        # DDTree pull request needs 1
+        "page_size": 1 if ddtree else 64 if p.attention_backend == "trtllm_mla" else 1,
+        # attention data parallelism: never on a twin (`--attn-dp-size` is refused, cli.py);
+        # `enable_dp_attention` is the deprecated resolved flag (`server_args.py`)
+        "attn_dp_size": 1,
+        "enable_dp_attention": False,
+        # the overlap scheduler: on unless disabled; the DDTree pull request turns it off
+        "disable_overlap_schedule": ddtree,
+        # mixed chunked prefill: off by default, and NGRAM forces it off (`_handle_ngram`)
+        "enable_mixed_chunk": False,
         "speculative_algorithm": spec.algorithm if spec else None,
         "speculative_draft_model_path": spec.draft_model_path if spec else None,
         "speculative_num_steps": spec.num_steps if spec else None,
@@ -85,9 +98,28 @@ def server_args(state: SimState) -> dict[str, Any]:
         "speculative_dflash_block_size": spec.dflash_block_size if spec else None,
         "speculative_ddtree_budget": spec.ddtree_budget if spec else None,
         "speculative_draft_window_size": spec.draft_window_tokens if spec else None,
-        "speculative_draft_attention_backend": "fa4" if spec else None,
+        "speculative_draft_attention_backend": "fa4" if spec and spec.draft_model_path else None,
+        **_ngram_args(p),
         "sim_profile": p.name,
         "sim_time_scale": state.runtime.time_scale,
+    }
+
+
+def _ngram_args(p: Profile) -> dict[str, Any]:
+    """The `speculative_ngram_*` fields (`arg_groups/fields/spec.py`): SGLang reports their
+    values on every server, defaults when NGRAM is off."""
+    ng = p.ngram
+    spec = p.speculative
+    breadth = spec.eagle_topk if spec is not None and ng is not None else 10
+    return {
+        "speculative_ngram_min_bfs_breadth": 1,
+        "speculative_ngram_max_bfs_breadth": breadth,
+        "speculative_ngram_match_type": "BFS",
+        "speculative_ngram_max_trie_depth": ng.max_trie_depth if ng else 18,
+        "speculative_ngram_capacity": ng.trie_capacity if ng else 10_000_000,
+        "speculative_ngram_external_corpus_path": None,
+        "speculative_ngram_external_sam_budget": 0,
+        "speculative_ngram_external_corpus_max_tokens": 10_000_000,
     }
 
 

@@ -30,8 +30,9 @@ from twin.answers import natural_stop
 from twin.chat_output import EOS_TOKEN_ID, ChatChunker, OutputScript
 from twin.domain import classify, prompt_key
 from twin.errors import ApiError, SchedulerAbort, flat_error
-from twin.generation import Generation, admit, sampling_values, unbounded_budget
+from twin.generation import Generation, admit, ngram_echo, sampling_values, unbounded_budget
 from twin.lora import resolve_lora_path
+from twin.ngram import copy_source
 from twin.protocol import (
     COMPLETIONS_ENDPOINT,
     ChatMessage,
@@ -194,21 +195,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if tools and tool_choice != "none"
             else None
         )
-        admit_args: dict[str, Any] = dict(
-            domain=domain,
-            key=key,
-            temperature=temperature,
-            top_p=top_p,
-            # a tool call ends with its call; an answer at EOS (twin.answers)
-            stop_after_tokens=OutputScript(0, reasoning, call).natural_length
-            or natural_stop(state.profile.answer, domain, key, reasoning, body.ignore_eos),
-            lora=resolve_lora_path(body.model, state.served_model_name, body.lora_path),
-            priority=priority,
+        # a tool call ends with its call; an answer at EOS (twin.answers)
+        stop_after = OutputScript(0, reasoning, call).natural_length or natural_stop(
+            state.profile.answer, domain, key, reasoning, body.ignore_eos
         )
         ntok = count_prompt_tokens(text)
         budget = body.requested_max_tokens
         if budget is None:
             budget = unbounded_budget(state, ntok)
+        output = min(budget, stop_after) if stop_after is not None else budget
+        admit_args: dict[str, Any] = dict(
+            domain=domain,
+            key=key,
+            temperature=temperature,
+            top_p=top_p,
+            stop_after_tokens=stop_after,
+            lora=resolve_lora_path(body.model, state.served_model_name, body.lora_path),
+            priority=priority,
+            echo=ngram_echo(state, copy_source(turns), output - reasoning, output),
+        )
         if body.n > 1:
             gens = await _admit_samples(state, body.n, text, ntok, budget, stream=body.stream, **admit_args)
         else:
@@ -742,8 +747,13 @@ async def _decode_chat(gen: Generation, chunker: ChatChunker, script: OutputScri
 
 def _cache_answer(gen: Generation, script: OutputScript) -> None:
     """The finished chat turn into the prefix cache, as the stand-in template renders it, so the
-    next turn, which repeats it, hits."""
-    gen.cache_output("".join(script.text_parts) + "\n", "assistant: ")
+    next turn, which repeats it, hits; on an NGRAM server into its trie memory too (the whole
+    turn, and the answer after any reasoning: what a client sends back with or without a
+    reasoning parser)."""
+    generated = "".join(script.text_parts)
+    gen.cache_output(generated + "\n", "assistant: ")
+    if script.reasoning_tokens:
+        gen.remember_output("".join(script.text_parts[script.reasoning_tokens :]))
 
 
 async def _collect_text(gen: Generation) -> str:

@@ -1,9 +1,11 @@
 """Twin profiles: the parameters of one simulated SGLang server, loaded from `profiles/*.toml`.
 
-A profile is data, not code, so that every number can carry its provenance (a study figure
-R1..R8 of docs/studies.md, a public figure, or an explicit assumption) next to it and be reviewed
-without reading the engine. `load_profile` refuses a profile whose numeric parameters lack a
-provenance entry: calibration is only as trustworthy as the sources it can name.
+A profile is data, not code, so that every number can carry its provenance (a public figure, a
+study figure R1..R8 of docs/studies.md, stated arithmetic, or an explicit assumption:
+`provenance.py`) next to it and be reviewed without reading the engine. `load_profile` refuses
+a profile with an unknown key, a value outside its physical range (both named by msgspec's
+path, e.g. `$.step.t0_ms`), a numeric parameter without provenance, a provenance entry for a
+parameter the file does not set, and an order-deciding assumption that names no experiment.
 """
 
 from __future__ import annotations
@@ -11,17 +13,20 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from backends.descriptor import Strategy
 from twin.answers import AnswerModel
+from twin.provenance import Provenance, ProvenanceError
+from twin.provenance import parse as parse_provenance
 from twin.sampling import TemperatureModel
 from twin.thinking import ReasoningModel
 
 __all__ = [
     "AcceptanceModel",
+    "NgramModel",
     "ProfileError",
     "Profile",
     "SpecConfig",
@@ -37,7 +42,15 @@ __all__ = [
 
 
 class ProfileError(ValueError):
-    """A profile is missing, malformed, or has a parameter without provenance."""
+    """A profile is missing, malformed, out of its physical range, or has a parameter without provenance."""
+
+
+# Physical ranges (msgspec refuses a value outside them, naming the field).
+Ms = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]  # a duration in milliseconds
+Tokens = Annotated[int, msgspec.Meta(ge=1)]
+Probability = Annotated[float, msgspec.Meta(ge=0.0, le=0.999)]  # per-draft acceptance
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Algorithm = Literal["EAGLE3", "DFLASH", "DDTREE", "NGRAM"]
 
 
 class StepModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -45,25 +58,27 @@ class StepModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     decode/verify: t(B, w) = t0 + k*(B*w - 1) + k_compute*max(0, B*w - knee) + draft(B)
                              + kv_ns_per_token * (KV tokens of the batch)
-    with draft(B) = draft_ms + draft_ms_per_seq*(B - 1) + tree_ms_per_node*B*(w - 1)
+    with draft(B) = draft_ms + draft_ms_per_seq*(B - 1) + tree_step_ms + tree_ms_per_node*B*(w - 1)
     (draft terms only on speculative profiles). Prefill of n new tokens after c cached ones:
     prefill_ms_base (alone only) + prefill_ms_per_token*n + prefill_attn_ms_per_mpair*pairs/1e6
     with pairs = ((c + n)**2 - c**2) / 2 causal (query, key) pairs.
     """
 
-    t0_ms: float
-    k_ms: float
-    knee_tokens: int
-    k_compute_ms: float
-    prefill_ms_base: float
-    prefill_ms_per_token: float
-    draft_ms: float = 0.0
-    draft_ms_per_seq: float = 0.0
-    tree_ms_per_node: float = 0.0
+    t0_ms: Ms
+    k_ms: Ms
+    knee_tokens: Tokens
+    k_compute_ms: Ms
+    prefill_ms_base: Ms
+    prefill_ms_per_token: Ms
+    draft_ms: Ms = 0.0
+    draft_ms_per_seq: Ms = 0.0
+    # DDTree: the tree machinery's fixed cost per step (host tree walk, mask, tree positions)
+    tree_step_ms: Ms = 0.0
+    tree_ms_per_node: Ms = 0.0
     # Reading the batch's KV cache each decode/verify step: ns per cached token (0 = ignored).
-    kv_ns_per_token: float = 0.0
+    kv_ns_per_token: Annotated[float, msgspec.Meta(ge=0.0, le=100_000.0)] = 0.0
     # Prefill attention grows with (query, key) pairs: ms per million causal pairs.
-    prefill_attn_ms_per_mpair: float = 0.0
+    prefill_attn_ms_per_mpair: Ms = 0.0
 
 
 class AcceptanceModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -71,34 +86,64 @@ class AcceptanceModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     Accepted drafts per verify step follow a truncated geometric law: P(a >= j) = p**j, capped
     at the strategy's maximum depth. `prompt_spread` is the per-prompt variation: each prompt's
-    miss rate (1 - p) is scaled by exp(s) with s uniform in [-spread, +spread].
+    miss rate (1 - p) is scaled by exp(s) with s uniform in [-spread, +spread]. On an NGRAM
+    server these are the rates on text the server has not generated before (`NgramModel`).
     """
 
-    math: float
-    code: float
-    chat: float
-    prompt_spread: float = 0.0
+    math: Probability
+    code: Probability
+    chat: Probability
+    prompt_spread: Fraction = 0.0
 
 
 class SpecConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Speculative settings as SGLang would report them, plus the DDTree tree model."""
+    """Speculative settings as SGLang would report them, plus the laws that bend acceptance."""
 
-    algorithm: str  # EAGLE3 | DFLASH | DDTREE (the resolved `speculative_algorithm`)
-    draft_model_path: str
-    num_steps: int
-    eagle_topk: int
-    num_draft_tokens: int
-    dflash_block_size: int | None = None
-    ddtree_budget: int | None = None
-    # DDTree: extra nodes beyond the chain shrink the per-depth miss rate by (depth/budget)**gamma.
-    tree_gamma: float = 0.5
+    algorithm: Algorithm  # the resolved `speculative_algorithm`
+    num_steps: Tokens
+    eagle_topk: Tokens
+    num_draft_tokens: Annotated[int, msgspec.Meta(ge=2)]
+    draft_model_path: str | None = None  # None: NGRAM drafts from its own trie
+    dflash_block_size: Annotated[int, msgspec.Meta(ge=2)] | None = None
+    ddtree_budget: Tokens | None = None
+    # DDTree: tokens per verify of the tree relative to the same drafter's chain, minus 1, at
+    # T=0 once the budget leaves room for siblings beside the spine; at T=1 the ratio is
+    # multiplied by `tree_t1_factor` (linear in between).
+    tree_gain: Annotated[float, msgspec.Meta(ge=-0.5, le=1.0)] = 0.0
+    tree_t1_factor: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] = 1.0
+    # DDTree: the pull request turns SGLang's overlap scheduler off; this share of the step is
+    # no longer hidden behind the previous step's host work.
+    no_overlap_loss: Fraction = 0.0
     # Hybrid (Mamba/GDN) targets: budgets above this lose acceptance (sibling state corruption).
-    exact_budget: int | None = None
-    collapse_per_node: float = 0.0
+    exact_budget: Tokens | None = None
+    collapse_per_node: Fraction = 0.0
     # DFlash/DDTree drafters see at most this many context tokens (--speculative-draft-window-size)
-    draft_window_tokens: int | None = None
+    draft_window_tokens: Tokens | None = None
     # miss-rate increase per doubling of the context beyond the window (sampling.py)
-    window_miss_per_doubling: float = 0.0
+    window_miss_per_doubling: Fraction = 0.0
+    # A drafter trained on sequences of this length and not windowed: beyond it the miss rate
+    # grows as (context / train_context_tokens) ** context_miss_exponent (sampling.py)
+    train_context_tokens: Tokens | None = None
+    context_miss_exponent: Annotated[float, msgspec.Meta(ge=0.0, le=4.0)] = 0.0
+
+
+class NgramModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """SGLang's NGRAM drafter: a trie of the text the server itself generated (`ngram.py`).
+
+    Inside output that repeats text still in the trie, each draft is accepted with
+    `copy_accept`; elsewhere the profile's `[acceptance]` applies. The trie keeps
+    `trie_capacity` nodes and adds up to `max_trie_depth` per generated token, so it holds at
+    least the last trie_capacity / max_trie_depth generated tokens.
+    """
+
+    copy_accept: Probability
+    copy_temperature: Annotated[float, msgspec.Meta(ge=0.5, le=5.0)] = 1.0  # miss-rate factor at T=1 in copies
+    trie_capacity: Tokens = 10_000_000  # --speculative-ngram-capacity
+    max_trie_depth: Tokens = 18  # --speculative-ngram-max-trie-depth
+
+    @property
+    def horizon_tokens(self) -> int:
+        return max(1, self.trie_capacity // self.max_trie_depth)
 
 
 class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -109,20 +154,21 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     strategy: Strategy
     served_model_name: str
     model_path: str
-    context_length: int
-    max_running_requests: int
-    max_total_num_tokens: int
-    tp_size: int
+    context_length: Tokens
+    max_running_requests: Tokens
+    max_total_num_tokens: Tokens
+    tp_size: Tokens
     attention_backend: str
     step: StepModel
     speculative: SpecConfig | None = None
     acceptance: AcceptanceModel | None = None
     temperature: TemperatureModel | None = None  # acceptance vs sampling temperature
+    ngram: NgramModel | None = None  # NGRAM servers only
     reasoning: ReasoningModel | None = None  # a thinking model behind a reasoning parser
     answer: AnswerModel | None = None  # where the model ends an answer (EOS) unless ignore_eos; None: never
     # Temperature when a request sets none: SGLang's protocol default (1.0) unless the model's
     # generation_config.json says otherwise (entrypoints/openai/protocol.py).
-    default_temperature: float = 1.0
+    default_temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 1.0
     provenance: dict[str, str] = {}
 
     @property
@@ -141,7 +187,8 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def max_accept_drafts(self) -> int:
-        """Deepest accepted draft run per step: block-1 (DFlash), steps (EAGLE), tree depth."""
+        """Deepest accepted draft run per step: block-1 (DFlash), steps (EAGLE), tree depth,
+        draft tokens - 1 (NGRAM: a deep trie match is a chain)."""
         spec = self.speculative
         if spec is None:
             return 0
@@ -150,6 +197,8 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             return min(spec.ddtree_budget or 0, depth)
         if spec.algorithm == "DFLASH":
             return (spec.dflash_block_size or spec.num_draft_tokens) - 1
+        if spec.algorithm == "NGRAM":
+            return spec.num_draft_tokens - 1
         return spec.num_steps
 
     def with_budget(self, budget: int) -> Profile:
@@ -158,6 +207,39 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ProfileError(f"profile {self.name} is not a DDTree profile")
         spec = msgspec.structs.replace(self.speculative, ddtree_budget=budget, num_draft_tokens=budget + 1)
         return msgspec.structs.replace(self, speculative=spec)
+
+    def provenance_entries(self) -> dict[str, Provenance]:
+        """The parsed `[provenance]` entries (validated when the profile was loaded)."""
+        return {name: parse_provenance(name, text) for name, text in self.provenance.items()}
+
+
+_ALGORITHM_OF = {
+    Strategy.EAGLE3: "EAGLE3",
+    Strategy.DFLASH: "DFLASH",
+    Strategy.DDTREE: "DDTREE",
+    Strategy.NGRAM: "NGRAM",
+}
+
+
+def _check_consistent(p: Profile) -> None:
+    """What the schema alone cannot say: the parts a strategy needs, and nothing it cannot use."""
+    want = _ALGORITHM_OF.get(p.strategy)
+    got = p.speculative.algorithm if p.speculative else None
+    if want != got:
+        raise ProfileError(f"strategy {p.strategy.value} needs speculative.algorithm {want}, got {got}")
+    if p.speculative is not None and p.acceptance is None:
+        raise ProfileError("a speculative profile needs [acceptance]")
+    if (p.ngram is not None) != (got == "NGRAM"):
+        raise ProfileError("[ngram] belongs to NGRAM profiles, and every NGRAM profile needs it")
+    spec = p.speculative
+    if spec is not None and spec.algorithm == "NGRAM" and spec.draft_model_path is not None:
+        raise ProfileError("speculative.draft_model_path: NGRAM has no draft model")
+    if spec is not None and spec.algorithm != "NGRAM" and not spec.draft_model_path:
+        raise ProfileError(f"speculative.draft_model_path: {spec.algorithm} needs its drafter")
+    if spec is not None and spec.algorithm == "DDTREE" and spec.ddtree_budget is None:
+        raise ProfileError("speculative.ddtree_budget: a DDTree profile needs its budget")
+    if p.max_total_num_tokens < p.max_running_requests:
+        raise ProfileError("max_total_num_tokens: smaller than max_running_requests (not a token per request)")
 
 
 def _profiles_dir() -> Path:
@@ -196,16 +278,24 @@ def load_profile(name_or_path: str) -> Profile:
     if path.suffix != ".toml":
         path = _profiles_dir() / f"{name_or_path}.toml"
     if not path.is_file():
-        known = ", ".join(profile_names())
-        raise ProfileError(f"unknown profile {name_or_path!r} (known: {known})")
+        raise ProfileError(f"unknown profile {name_or_path!r} (known: {', '.join(profile_names())})")
     try:
         raw = tomllib.loads(path.read_text())
         profile = msgspec.convert(raw, Profile)
-    except (tomllib.TOMLDecodeError, msgspec.ValidationError) as e:
+        _check_consistent(profile)
+    except (tomllib.TOMLDecodeError, msgspec.ValidationError, ProfileError) as e:
         raise ProfileError(f"{path.name}: {e}") from None
-    missing = [k for k in numeric_parameters(raw) if k not in profile.provenance]
+    stated = numeric_parameters(raw)
+    missing = [k for k in stated if k not in profile.provenance]
     if missing:
         raise ProfileError(f"{path.name}: parameters without provenance: {', '.join(missing)}")
+    stray = sorted(set(profile.provenance) - set(stated))
+    if stray:
+        raise ProfileError(f"{path.name}: provenance for parameters the file does not set: {', '.join(stray)}")
+    try:
+        profile.provenance_entries()
+    except ProvenanceError as e:
+        raise ProfileError(f"{path.name}: {e}") from None
     return profile
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
+from typing import Annotated
 
 import msgspec
 
@@ -23,11 +24,11 @@ class ReasoningModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The server's reasoning parser and the reasoning length per domain (median tokens)."""
 
     parser: str = "kimi_k2"  # SGLang --reasoning-parser value
-    math: int = 0
-    code: int = 0
-    chat: int = 0
-    spread: float = 0.0  # sigma of the log-normal (0: every prompt reasons the median)
-    max_tokens: int = 32768  # cap of one reasoning segment
+    math: Annotated[int, msgspec.Meta(ge=0)] = 0
+    code: Annotated[int, msgspec.Meta(ge=0)] = 0
+    chat: Annotated[int, msgspec.Meta(ge=0)] = 0
+    spread: Annotated[float, msgspec.Meta(ge=0.0, le=3.0)] = 0.0  # sigma of the log-normal (0: the median)
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 32768  # cap of one reasoning segment
 
 
 def reasoning_uniform(key: int) -> float:

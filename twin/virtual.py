@@ -41,6 +41,16 @@ DEFAULT_PROMPTS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _letters(n: int) -> str:
+    """n in letters (a digit would tip a prompt toward the math domain)."""
+    out = ""
+    while True:
+        n, r = divmod(n, 26)
+        out = chr(ord("a") + r) + out
+        if n == 0:
+            return out
+
+
 class LevelResult(msgspec.Struct, frozen=True):
     """One concurrency level of a closed-loop run, in simulated seconds."""
 
@@ -66,11 +76,15 @@ def run_closed_loop(
     domain: str | None = None,
     temperature: float = 0.0,
     prompt_tokens: int | None = None,
+    distinct: bool = False,
 ) -> LevelResult:
     """Keep exactly `concurrency` requests in flight until `num_requests` finished.
 
     Prompts cycle through `prompts` (default: the domain's sample prompts, or all of them);
     `prompt_tokens` overrides their length (long-context runs), `temperature` their sampling.
+    `distinct` numbers every request's prompt so that none repeats: an NGRAM server replays a
+    greedy answer it gave before (`ngram.py`), which a sweep of a few sample prompts would
+    otherwise measure instead of new text.
     """
     engine = profile if isinstance(profile, Engine) else Engine(profile, seed=seed)
     if prompts is None:
@@ -92,7 +106,8 @@ def run_closed_loop(
         nonlocal issued
         # Rendered like the server renders a one-message chat, so that the same prompt gets
         # the same per-request randomness here and over HTTP.
-        text = render_chat([("user", prompts[issued % len(prompts)])])
+        prompt = prompts[issued % len(prompts)]
+        text = render_chat([("user", f"{prompt} (variant {_letters(issued)})" if distinct else prompt)])
         rid = f"v{issued}"
         ntok = prompt_tokens if prompt_tokens is not None else count_prompt_tokens(text)
         requests[rid] = engine.submit(rid, ntok, max_new_tokens, text, domain=domain, temperature=temperature)

@@ -40,6 +40,7 @@ __all__ = [
     "ArgSpec",
     "FlagDef",
     "WheelUnavailable",
+    "check_algorithm_constraints",
     "check_argv",
     "check_build_constraints",
     "ddtree_pr_extension",
@@ -584,4 +585,45 @@ def check_build_constraints(argv: list[str], build: str) -> list[str]:
     backend = _value_of(argv, "--attention-backend")
     if backend in _PAGED_BACKENDS:
         problems.append(f"--attention-backend {backend}: forces a page size above 1, which the DDTree build refuses")
+    return problems
+
+
+def _int_value(argv: list[str], flag: str, default: int) -> int:
+    value = _value_of(argv, flag)
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default  # check_argv reports the non-integer
+
+
+def check_algorithm_constraints(argv: list[str]) -> list[str]:
+    """Start-up refusals of SGLang 0.5.23's speculative hooks that parsing alone does not catch
+    (`arg_groups/speculative_hook.py`: `_handle_ngram`, `_handle_dflash`), in SGLang's words."""
+    algorithm = (_value_of(argv, "--speculative-algorithm") or "").upper()
+    problems: list[str] = []
+    backend = _value_of(argv, "--attention-backend")
+    dp = _int_value(argv, "--attn-dp-size", 1) > 1 or (
+        _value_of(argv, "--enable-dp-attention") is not None and _int_value(argv, "--dp-size", 1) > 1
+    )
+    if algorithm == "NGRAM":
+        topk = _int_value(argv, "--speculative-ngram-max-bfs-breadth", 10)
+        page = 64 if backend == "trtllm_mla" else _int_value(argv, "--page-size", 1)
+        if topk > 1 and page > 1 and backend != "flashinfer":
+            problems.append(
+                f"--speculative-ngram-max-bfs-breadth {topk}: speculative_eagle_topk({topk}) > 1 with "
+                f"page_size({page}) > 1 is unstable and produces incorrect results for paged attention "
+                "backends. This combination is only supported for the 'flashinfer' backend."
+            )
+        if dp:
+            problems.append("Currently ngram speculative decoding does not support dp attention.")
+    if algorithm == "DFLASH":
+        window = _value_of(argv, "--speculative-draft-window-size")
+        block = _value_of(argv, "--speculative-dflash-block-size") or _value_of(argv, "--speculative-num-draft-tokens")
+        if window and block and window.isdigit() and block.isdigit() and int(window) < int(block):
+            problems.append(
+                "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size). "
+                f"window_size={window}, block_size={block}."
+            )
+        if dp and _value_of(argv, "--enable-dp-lm-head") is None:
+            problems.append("DFLASH with dp attention requires --enable-dp-lm-head.")
     return problems
