@@ -144,7 +144,7 @@ def test_init_from_urls_classifies_twins_and_sglang_servers(tmp_path, capsys):
     with contextlib.ExitStack() as stack:
         twins = {
             p: stack.enter_context(twin(p))
-            for p in ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "qwen36-ddtree-b15")
+            for p in ("k26-ar", "k26-eagle3", "k26-dflash", "k26-ddtree", "k26-ngram", "qwen36-ddtree-b15")
         }
         legacy = stack.enter_context(twin("k26-dflash", "--compat", "0.5.9"))
         others = {
@@ -166,6 +166,7 @@ def test_init_from_urls_classifies_twins_and_sglang_servers(tmp_path, capsys):
     assert got[legacy][1:] == ("kimi-k2.6", "dflash")  # 0.5.9 answers /server_info the same way
     assert {got[twins["k26-dflash"]][0], got[legacy][0]} == {"kimi-k2.6-dflash", "kimi-k2.6-dflash-2"}
     assert got[twins["k26-ddtree"]] == ("kimi-k2.6-ddtree", "kimi-k2.6", "ddtree")
+    assert got[twins["k26-ngram"]] == ("kimi-k2.6-ngram", "kimi-k2.6", "ngram")
     assert got[twins["qwen36-ddtree-b15"]] == ("qwen3.6-27b-ddtree", "qwen3.6-27b", "ddtree")
     for algo, strategy in (("EAGLE", "eagle3"), ("STANDALONE", "eagle3"), ("DSPARK", "dflash"), ("UNO", "eagle3")):
         assert got[others[algo]][1:] == ("gemma-9b", strategy), algo

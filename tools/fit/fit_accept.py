@@ -233,23 +233,49 @@ class WindowLaw(msgspec.Struct, frozen=True, kw_only=True):
     rms: float  # of g over the measured lengths
 
 
+def _hinge(xs: list[float], ys: list[float], lowest: float, fixed: float | None = None) -> tuple[float, float, float]:
+    """(x0, d, sse) of y = d * max(0, x - x0), d >= 0, x0 >= lowest, by least squares; x0 anywhere
+    between the points, not only at one (with `fixed`, x0 is given)."""
+
+    def slope(x0: float) -> tuple[float, float]:
+        num = sum((x - x0) * y for x, y in zip(xs, ys, strict=True) if x > x0)
+        den = sum((x - x0) ** 2 for x in xs if x > x0)
+        d = max(0.0, num / den) if den > 0 else 0.0
+        return d, sum((y - d * max(0.0, x - x0)) ** 2 for x, y in zip(xs, ys, strict=True))
+
+    if fixed is not None:
+        d, sse = slope(fixed)
+        return fixed, d, sse
+    edges = sorted({lowest, *(x for x in xs if x > lowest)})
+    candidates = list(edges)
+    for k in range(len(edges)):
+        # with the points above edges[k] rising: y = d*x + c, x0 = -c/d, kept if it falls in its interval
+        above = [(x, y) for x, y in zip(xs, ys, strict=True) if x > edges[k]]
+        if len(above) >= 2:
+            mx = sum(x for x, _ in above) / len(above)
+            my = sum(y for _, y in above) / len(above)
+            sxx = sum((x - mx) ** 2 for x, _ in above)
+            d = sum((x - mx) * (y - my) for x, y in above) / sxx if sxx > 0 else 0.0
+            if d > 0:
+                x0 = mx - my / d
+                hi = edges[k + 1] if k + 1 < len(edges) else max(xs)
+                if edges[k] <= x0 <= hi:
+                    candidates.append(x0)
+    best = min(((x0, *slope(x0)) for x0 in candidates), key=lambda t: t[2])
+    return best
+
+
 def fit_window_law(context: dict[int, float], reported_window: int | None) -> WindowLaw | None:
     """The window law through the context factors (None: no long-context point)."""
     if not context:
         return None
     pts = sorted(context.items())
-    candidates = [reported_window] if reported_window else [SHORT_CONTEXT] + [p for p, _ in pts[:-1]]
-    best: WindowLaw | None = None
-    for w in candidates:
-        xs = [(math.log2(p / w), g) for p, g in pts if p > w]
-        num = sum(x * (g - 1.0) for x, g in xs)
-        den = sum(x * x for x, _ in xs)
-        d = max(0.0, num / den) if den > 0 else 0.0
-        sse = sum((1.0 + d * max(0.0, math.log2(p / w)) - g) ** 2 for p, g in pts)
-        law = WindowLaw(window=w, per_doubling=d, window_reported=bool(reported_window), rms=math.sqrt(sse / len(pts)))
-        if best is None or law.rms < best.rms - 1e-9:
-            best = law
-    return best
+    xs, ys = [math.log2(p) for p, _ in pts], [g - 1.0 for _, g in pts]
+    fixed = math.log2(reported_window) if reported_window else None
+    x0, d, sse = _hinge(xs, ys, math.log2(SHORT_CONTEXT), fixed)
+    return WindowLaw(
+        window=round(2**x0), per_doubling=d, window_reported=bool(reported_window), rms=math.sqrt(sse / len(pts))
+    )
 
 
 class PowerLaw(msgspec.Struct, frozen=True, kw_only=True):
@@ -265,17 +291,13 @@ def fit_power_law(context: dict[int, float]) -> PowerLaw | None:
     """The power law through the context factors (None: no long-context point)."""
     if not context:
         return None
-    pts = sorted(context.items())
-    best: PowerLaw | None = None
-    for t in [SHORT_CONTEXT] + [p for p, _ in pts[:-1]]:
-        xs = [(math.log(p / t), math.log(g)) for p, g in pts if p > t and g > 0]
-        den = sum(x * x for x, _ in xs)
-        e = max(0.0, sum(x * y for x, y in xs) / den) if den > 0 else 0.0
-        sse = sum((((p / t) ** e if p > t else 1.0) - g) ** 2 for p, g in pts)
-        law = PowerLaw(trained=t, exponent=e, rms=math.sqrt(sse / len(pts)))
-        if best is None or law.rms < best.rms - 1e-9:
-            best = law
-    return best
+    pts = [(p, g) for p, g in sorted(context.items()) if g > 0]
+    if not pts:
+        return None
+    x0, e, _ = _hinge([math.log(p) for p, _ in pts], [math.log(g) for _, g in pts], math.log(SHORT_CONTEXT))
+    trained = round(math.exp(x0))
+    sse = sum((((p / trained) ** e if p > trained else 1.0) - g) ** 2 for p, g in pts)
+    return PowerLaw(trained=trained, exponent=e, rms=math.sqrt(sse / len(pts)))
 
 
 class CopyFit(msgspec.Struct, frozen=True, kw_only=True):

@@ -234,7 +234,8 @@ def _speculative(w: _Writer, fit: FitResult) -> None:
     assert spec is not None and a is not None
     info = f"{f.info_path} (reported)"
     w.put("speculative.algorithm", spec.algorithm)
-    w.put("speculative.draft_model_path", spec.draft_model_path)
+    if spec.draft_model_path is not None:  # NGRAM has none
+        w.put("speculative.draft_model_path", spec.draft_model_path)
     for key, value in (
         ("num_steps", spec.num_steps),
         ("eagle_topk", spec.eagle_topk),
