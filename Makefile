@@ -25,7 +25,7 @@ COMPILE := $(UV) pip compile pyproject.toml --quiet --universal --python-version
 CHECK = $(UV) pip check --quiet --python $(1)/bin/python || \
 	{ echo "$(1): the installed lock does not satisfy pyproject.toml; run 'make lock'" >&2; exit 1; }
 
-.PHONY: demo test floors lint lock install install-dev clean bench-loadgen soak bench bench-instructions bench-routers
+.PHONY: demo test floors lint lock install install-dev clean bench-loadgen bench-trace soak bench bench-instructions bench-routers
 .PHONY: bench-profile container-test scaleout
 
 $(UV):
@@ -106,6 +106,11 @@ bench-instructions: install
 
 bench-loadgen: install
 	$(BIN)/python -m loadgen.bench_self
+
+# Trace replay fidelity: the committed Mooncake slice through a gateway over four K2.6 twins, at real
+# time (docs/evaluation.md); `python -m loadgen.bench_trace --help` for other traces and windows.
+bench-trace: install
+	$(BIN)/python -m loadgen.bench_trace
 
 # specroute against SGLang's router and LiteLLM on fresh twins (docs/routing.md); the peers install
 # into their own .venv-bench/ virtualenvs on first use, never into the project's.

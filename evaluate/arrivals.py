@@ -1,6 +1,7 @@
 """Open-loop arrival processes: when the next session arrives, independent of how the last one went.
 
 - `poisson`: exponential gaps at the phase's rate.
+- `trace`: the arrival times of a recorded trace (`evaluate.sources.TraceSource`), not drawn here.
 - `bursty`: a two-state Markov-modulated Poisson process (MMPP-2), the usual model of bursty
   request traffic: the rate is `burst_factor` x the mean during bursts and low enough between
   them that the long-run mean is the phase's rate. Bursts take `burst_duty` of the time; state
@@ -19,7 +20,7 @@ import msgspec
 
 __all__ = ["ARRIVALS", "Arrivals", "BurstShape"]
 
-ARRIVALS = ("closed", "poisson", "bursty")
+ARRIVALS = ("closed", "poisson", "bursty", "trace")
 
 
 class BurstShape(msgspec.Struct, frozen=True, kw_only=True):

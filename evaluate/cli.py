@@ -2,6 +2,8 @@
 
     specroute eval --scenario NAME[,NAME...]|all --output DIR [--seed S[,S...]] [--objective latency|throughput]
                    [--fleet FLEET|plan|homogeneous ...] [--servers N] [--slo ttft=S,tpot=S]
+    specroute eval --traffic trace:PATH|NAME|FILE [--trace-window START:SECONDS] [--trace-speedup F]
+                   [--trace-sample K:R] [--thinking-share F] ... --output DIR
 
 Writes `DIR/eval.json` (schema in `evaluate.report`) and `DIR/eval.md` (markdown tables for
 docs/evaluation.md). Without `--objective` both objectives run (goodput and clairvoyant once each).
@@ -13,6 +15,10 @@ picks for the scenario's traffic (open-loop scenarios), `homogeneous` every homo
 SGLang's router's policies. With `plan` and `homogeneous` both given, the fleet targets of docs/evaluation.md
 are checked (`evaluate.fleet_targets`). Exit status 0 when the runs completed (targets are
 reported, not enforced: this is a benchmark), 2 on bad arguments.
+
+`--traffic` evaluates a traffic instead of scenarios (`evaluate.traffic`): a recorded trace
+(`trace:PATH`, replayed at its own arrival times with loadgen's semantics: the trace options are
+loadgen's), a named traffic or a traffic file, on the K2.6 seed pool unless `--fleet` says.
 
 `--seed 0,1,2,3,4` runs every scenario and fleet on each seed and reports the means
 (`evaluate.seeds`): one phase's figures move by several percent with the seed, and a target
@@ -37,6 +43,9 @@ from evaluate.scenarios import SCENARIOS, Scenario
 from evaluate.seeds import parse_seeds, run_seeds
 from evaluate.slo import DEFAULT_SLO, SloError, parse_slo
 from evaluate.targets import Target, check_targets
+from evaluate.traffic import TrafficError, load_traffic
+from loadgen.trace_args import add_trace_arguments, trace_flags_given, trace_options
+from loadgen.trace_file import TraceError
 from policies.goodput import OBJECTIVES
 
 __all__ = ["main", "parser"]
@@ -85,12 +94,38 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--slo", default=None, help=f"ttft=S,tpot=S in seconds (default {DEFAULT_SLO.label})")
     ap.add_argument(
+        "--traffic",
+        default=None,
+        help="evaluate this traffic instead of --scenario: trace:PATH (a Mooncake, Azure or BurstGPT trace), "
+        "a named traffic or a traffic file (specroute plan's)",
+    )
+    add_trace_arguments(ap)
+    ap.add_argument(
         "--profiles",
         metavar="DIR|FILE,...",
         help="the server types of --fleet plan and homogeneous: every .toml in DIR, or the files named "
         "(`specroute profile` measures them); a named scenario's loads then refer to the first of them",
     )
     return ap
+
+
+def _scenarios(args: argparse.Namespace) -> dict[str, Scenario]:
+    """The scenarios to run, by name: --traffic's, else --scenario's; ValueError names a bad one."""
+    if args.traffic is None:
+        if trace_flags_given(args) or args.thinking_share is not None:
+            raise ValueError("the trace options (--trace-*, --thinking-*) need --traffic trace:PATH")
+        names = list(SCENARIOS) if args.scenario == "all" else args.scenario.split(",")
+        unknown = [n for n in names if n not in SCENARIOS]
+        if unknown:
+            raise ValueError(f"unknown scenario {unknown[0]!r} (known: all, {', '.join(SCENARIOS)})")
+        return {n: SCENARIOS[n] for n in names}
+    if args.scenario != "all":
+        raise ValueError("give --scenario or --traffic, not both")
+    is_trace = args.traffic.startswith("trace:")
+    if not is_trace and (trace_flags_given(args) or args.thinking_share is not None):
+        raise ValueError("the trace options (--trace-*, --thinking-*) need --traffic trace:PATH")
+    traffic = load_traffic(args.traffic, trace_options(args) if is_trace else None)
+    return {traffic.scenario.name: traffic.scenario}
 
 
 def _fleets_for(
@@ -143,12 +178,8 @@ def main(argv: list[str]) -> int:
         args = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    names = list(SCENARIOS) if args.scenario == "all" else args.scenario.split(",")
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown:
-        print(f"specroute eval: unknown scenario {unknown[0]!r} (known: all, {', '.join(SCENARIOS)})", file=sys.stderr)
-        return 2
     try:
+        chosen = _scenarios(args)
         slo = parse_slo(args.slo) if args.slo is not None else DEFAULT_SLO
         for spec in args.fleet:
             if spec not in ("plan", "homogeneous"):
@@ -160,7 +191,7 @@ def main(argv: list[str]) -> int:
             from evaluate.server_types import profile_types
 
             types = profile_types(args.profiles)
-    except (SloError, FleetError) as e:
+    except (SloError, FleetError, TrafficError, TraceError, ValueError) as e:
         print(f"specroute eval: {e}", file=sys.stderr)
         return 2
     objectives = [args.objective] if args.objective else list(OBJECTIVES)
@@ -173,8 +204,7 @@ def main(argv: list[str]) -> int:
     results: list[ScenarioResult] = []
     groups: dict[str, list[tuple[str, ScenarioResult]]] = {}
     plan_policy: dict[str, str] = {}
-    for name in names:
-        scenario = SCENARIOS[name]
+    for name, scenario in chosen.items():
         try:
             if types is not None:
                 from evaluate.server_types import with_reference
@@ -206,7 +236,7 @@ def main(argv: list[str]) -> int:
         table = fleet_table(groups)
         extra = table if len(table) > 4 else []  # only with homogeneous fleets to compare
     for res in results:
-        if not SCENARIOS[res.name.split("@")[0]].open_loop:
+        if not chosen[res.name.split("@")[0]].open_loop:
             continue  # a closed loop's first minute is its first phase, already judged against the clairvoyant
         for key, c in res.cold_start.items():
             targets.append(

@@ -1,11 +1,14 @@
 """`specroute plan`: which N servers (profiles, DDTree budgets) to run for a traffic, on the virtual clock.
 
-    specroute plan --servers N --traffic NAME|FILE [--slo ttft=S,tpot=S] [--types T,T,...]
+    specroute plan --servers N --traffic NAME|FILE|trace:PATH [--slo ttft=S,tpot=S] [--types T,T,...]
                    [--restart-min M] [--output DIR] [--exhaustive] [--verify]
-    specroute plan --servers N --profiles DIR|FILE,... --traffic NAME|FILE [--reference TYPE] ...
+                   [--trace-window START:SECONDS] [--trace-speedup F] [--trace-sample K:R] [--thinking-share F]
+    specroute plan --servers N --profiles DIR|FILE,... --traffic NAME|FILE|trace:PATH [--reference TYPE] ...
 
-`--profiles`: the server types are the user's own profiles (`specroute profile` fits them from
-running servers): every .toml of a directory, or the files named (evaluate/server_types.py).
+A trace (`trace:PATH`) is one phase: its window replayed at its own arrival times (loadgen's
+trace options), standing for the window's length. `--profiles`: the server types are the user's
+own profiles (`specroute profile` fits them from running servers): every .toml of a directory, or
+the files named (evaluate/server_types.py).
 
 Prints the fleets it simulated, ranked, with the margin over the best homogeneous fleet, whether
 to reshape the fleet over the day (restarts of 1T-parameter servers priced in), and what it
@@ -27,7 +30,9 @@ from common.output_dir import output_dir
 from evaluate.fleet import FleetError
 from evaluate.plan import CONFIRM_SEEDS, DEFAULT_TYPES, MAX_SERVERS, RESTART_S, PlanResult, plan
 from evaluate.slo import DEFAULT_SLO, SloError, parse_slo
-from evaluate.traffic import TrafficError, load_traffic, traffic_names
+from evaluate.traffic import TRACE_PREFIX, TrafficError, load_traffic, traffic_names
+from loadgen.trace_args import add_trace_arguments, trace_flags_given, trace_options
+from loadgen.trace_file import TraceError
 
 __all__ = ["main", "parser", "print_plan"]
 
@@ -51,7 +56,9 @@ def parser() -> argparse.ArgumentParser:
         "(b= DDTree budget, t= step-time scale, a= acceptance scale).",
     )
     ap.add_argument("--servers", type=int, required=True, help=f"fleet size N (1..{MAX_SERVERS})")
-    ap.add_argument("--traffic", required=True, help="a named traffic or a JSONL traffic file")
+    ap.add_argument(
+        "--traffic", required=True, help="a named traffic, a JSONL traffic file, or trace:PATH (a recorded trace)"
+    )
     ap.add_argument(
         "--slo",
         default=None,
@@ -115,6 +122,7 @@ def parser() -> argparse.ArgumentParser:
         help="each simulated second takes this many wall seconds during --verify (default 0.5; "
         "smaller is faster but needs CPU headroom for twins, gateway and loadgen)",
     )
+    add_trace_arguments(ap)
     return ap
 
 
@@ -203,9 +211,17 @@ def main(argv: list[str]) -> int:
         return fail(f"--servers {args.servers}: a fleet needs between 1 and {MAX_SERVERS} servers")
     if not args.restart_min >= 0 or not 10 <= args.sample_s <= 3600 or args.shortlist < 1:
         return fail("--restart-min must be >= 0, --sample-s within [10, 3600], --shortlist >= 1")
+    is_trace = args.traffic.startswith(TRACE_PREFIX)
+    if not is_trace and (trace_flags_given(args) or args.thinking_share is not None):
+        return fail("the trace options (--trace-*, --thinking-*) need --traffic trace:PATH")
+    if is_trace and args.verify:
+        return fail(
+            "--verify replays one phase of single requests over HTTP; a trace's HTTP replay is loadgen's "
+            "(loadgen --dataset trace:PATH against the fleet)"
+        )
     try:
         slo = parse_slo(args.slo) if args.slo is not None else DEFAULT_SLO
-        traffic = load_traffic(args.traffic)
+        traffic = load_traffic(args.traffic, trace_options(args) if is_trace else None)
         if args.profiles is not None and args.types is not None:
             return fail("give --types or --profiles, not both")
         if args.profiles is not None:
@@ -240,7 +256,7 @@ def main(argv: list[str]) -> int:
             jobs=args.jobs,
             log=log,
         )
-    except (SloError, TrafficError, FleetError) as e:
+    except (SloError, TrafficError, FleetError, TraceError) as e:
         return fail(str(e))
     print_plan(res, sys.stdout)
     status = 0

@@ -5,7 +5,9 @@ compositions of N servers over T server types (1287 for 8 servers over 6). So `p
 with this model first and simulates only the best few (`evaluate.plan`).
 
 Per server type and phase, from a sample of the phase's requests (its sessions drawn as the
-simulator draws them, each turn's cached part as if its conversation stayed on one server):
+simulator draws them, each turn's cached part as if its conversation stayed on one server; a
+trace's requests spread evenly over its window, each cached as far as one server's KV pool, an
+LRU over the trace's blocks in arrival order, would still hold its prefix):
 - acceptance per request from the engine's own `accept_prob` (domain, prompt, temperature, context
   length) and its truncated geometric law; prefill of the uncached part from `prefill_time`;
 - at n requests in flight the step time `step_time(min(n, cap), KV of n requests)`, so a request's
@@ -23,6 +25,7 @@ measures. Beyond the fleet's saturation the excess is shed and counts 0.
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import random
@@ -34,7 +37,9 @@ import numpy as np
 from evaluate.clairvoyant import expected_accept
 from evaluate.fleet import Member
 from evaluate.scenarios import Phase, Scenario
-from evaluate.workload import Mix, draw_session, single_request
+from evaluate.sources import TraceSource
+from evaluate.workload import Mix, Turn, draw_session, single_request
+from loadgen.trace_file import BLOCK_TOKENS
 from twin.domain import prompt_key
 from twin.engine import Engine
 from twin.prefix_cache import PREFIX_BLOCK_TOKENS
@@ -53,6 +58,7 @@ class _Sample(msgspec.Struct, frozen=True):
     prompt: int
     cached: int
     tokens: int
+    top_p: float = 1.0
 
 
 @functools.lru_cache(maxsize=64)
@@ -62,17 +68,22 @@ def _samples(
     max_tokens: int,
     reasoning_json: bytes,
     prompt_tokens: tuple[int, int] = (50, 400),
+    kv_tokens: int = 0,
 ) -> tuple[_Sample, ...]:
     from twin.thinking import ReasoningModel
 
     ph = msgspec.json.decode(phase_json, type=Phase)
+    if isinstance(ph.source, TraceSource):
+        return _trace_samples(ph.source, kv_tokens)
     reasoning = msgspec.json.decode(reasoning_json, type=ReasoningModel | None)
     domains = list(ph.domains)
     weights = [ph.domains[d] for d in domains]
     out = []
     for i in range(SAMPLE_SESSIONS):
         tag = f"fluid:{ph.name}:{i}"
-        if ph.mix is None:
+        if ph.source is not None:
+            s = ph.source.session(tag, i, 0)
+        elif ph.mix is None:
             rng = random.Random(tag)
             s = single_request(
                 tag, rng.choices(domains, weights)[0], rng.randint(*prompt_tokens), rng.randint(min_tokens, max_tokens)
@@ -86,17 +97,49 @@ def _samples(
                 if a != b:
                     break
                 shared += 1
-            out.append(
-                _Sample(
-                    t.domain,
-                    prompt_key(t.tag),
-                    t.temperature,
-                    t.prompt_tokens,
-                    min(shared * PREFIX_BLOCK_TOKENS, t.prompt_tokens - 1),
-                    t.max_tokens,
-                )
-            )
+            out.append(_sample(t, shared * PREFIX_BLOCK_TOKENS))
             prev = t.output_chain
+    return tuple(out)
+
+
+def _trace_samples(source: TraceSource, kv_tokens: int) -> tuple[_Sample, ...]:
+    """SAMPLE_SESSIONS requests spread evenly over the trace, with the prefix one server's pool of
+    `kv_tokens` would still hold for each (`_trace_hits`)."""
+    rows = source.trace.rows
+    hits = _trace_hits(source, kv_tokens)
+    picks = sorted({round(j * (len(rows) - 1) / max(1, SAMPLE_SESSIONS - 1)) for j in range(SAMPLE_SESSIONS)})
+    out = []
+    for i in picks:
+        (t,) = source.session(f"fluid:trace:{i}", i, 0).turns
+        out.append(_sample(t, hits[i]))
+    return tuple(out)
+
+
+def _sample(t: Turn, cached: int) -> _Sample:
+    """A turn as the fluid model sees it, `cached` tokens of its prompt already on the server."""
+    cached = min(cached, t.prompt_tokens - 1)
+    return _Sample(t.domain, prompt_key(t.tag), t.temperature, t.prompt_tokens, cached, t.max_tokens, t.top_p)
+
+
+@functools.lru_cache(maxsize=16)
+def _trace_hits(source: TraceSource, kv_tokens: int) -> tuple[int, ...]:
+    """Per request of the trace, the tokens of its prompt an LRU pool of `kv_tokens` (whole trace
+    blocks) holds when it arrives, the requests before it having been inserted in order."""
+    pool: collections.OrderedDict[int, None] = collections.OrderedDict()
+    capacity = max(1, kv_tokens // BLOCK_TOKENS)
+    out = []
+    for row in source.trace.rows:
+        n = 0
+        for b in row.blocks:
+            if b not in pool:
+                break
+            n += 1
+        out.append(min(n * BLOCK_TOKENS, row.input_tokens))
+        for b in reversed(row.blocks):  # the leaf first: a prefix is never older than its extensions
+            pool[b] = None
+            pool.move_to_end(b)
+        while len(pool) > capacity:
+            pool.popitem(last=False)
     return tuple(out)
 
 
@@ -139,13 +182,21 @@ class _Model:
 
     def __init__(self, member: Member, phase_json: bytes, min_tokens: int, max_tokens: int) -> None:
         engine = Engine(member.build_profile(), seed=0)
-        samples = _samples(phase_json, min_tokens, max_tokens, msgspec.json.encode(engine.profile.reasoning))
+        samples = _samples(
+            phase_json,
+            min_tokens,
+            max_tokens,
+            msgspec.json.encode(engine.profile.reasoning),
+            kv_tokens=engine.profile.max_total_num_tokens,
+        )
         m = engine.profile.max_accept_drafts
         self.engine = engine
         self.acc = np.array(
             [
                 expected_accept(
-                    engine.accept_prob(s.domain, s.key, temperature=s.temperature, context_tokens=s.prompt)
+                    engine.accept_prob(
+                        s.domain, s.key, temperature=s.temperature, top_p=s.top_p, context_tokens=s.prompt
+                    )
                     * member.accept_scale,
                     m,
                 )

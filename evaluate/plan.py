@@ -215,7 +215,10 @@ def _label(types: Sequence[Member], counts: Sequence[int]) -> str:
 
 
 def sample_length(phase: Phase, sample_s: float) -> float:
-    """Simulated seconds of `phase`: `sample_s`, and for bursty arrivals `BURST_CYCLES` cycles at least."""
+    """Simulated seconds of `phase`: `sample_s`, and for bursty arrivals `BURST_CYCLES` cycles at least;
+    a trace's phase is its window (at its speed-up), whatever `sample_s`."""
+    if phase.arrival == "trace":
+        return phase.duration_s
     if phase.arrival != "bursty":
         return sample_s
     return max(sample_s, BURST_CYCLES * (phase.burst or BurstShape()).cycle_s)
@@ -493,7 +496,8 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
         ),
         f"each phase simulated for {sample_s:.0f} s of steady traffic"
         + "".join(
-            f", {ph.name} for {ph.duration_s:.0f} s ({BURST_CYCLES} burst cycles)"
+            f", {ph.name} for {ph.duration_s:.0f} s "
+            + ("(the trace's window at its speed-up)" if ph.arrival == "trace" else f"({BURST_CYCLES} burst cycles)")
             for ph in p.phases
             if ph.duration_s != sample_s
         )

@@ -16,6 +16,10 @@ every server (None: unbounded, SGLang's default): a request finding a full queue
 harness retries it once on another backend as the gateway does, then counts it shed.
 `represents_s` is how much of a day a phase stands for (the "day" scenario simulates a sample of
 each stretch; `plan` weighs phases and prices restarts with it).
+
+A phase with a `source` (`evaluate.sources`) takes its sessions from it instead of its mix: a
+recorded trace (`arrival="trace"`: the trace's own arrival times, its window at its speed-up
+lasting `duration_s`) or the agentic shape (Poisson or bursty arrivals at `load`, like any mix).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import msgspec
 
 from evaluate.arrivals import ARRIVALS, BurstShape
+from evaluate.sources import AgenticSource, Source, TraceSource
 from evaluate.workload import Mix
 
 __all__ = [
@@ -55,6 +60,7 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
     mix: Mix | None = None
     burst: BurstShape | None = None
     represents_s: float = 0.0  # wall time of the day this phase stands for (0: its duration)
+    source: Source | None = None  # sessions from a trace or the agentic shape instead of the mix
 
     @property
     def open_loop(self) -> bool:
@@ -69,7 +75,9 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"phase {self.name!r}: arrival is one of {', '.join(ARRIVALS)}, not {self.arrival!r}")
         if not self.duration_s > 0:
             raise ValueError(f"phase {self.name!r}: duration_s must be > 0")
-        if self.open_loop and not 0 < self.load <= 10:
+        if (self.arrival == "trace") != isinstance(self.source, TraceSource) and self.open_loop:
+            raise ValueError(f"phase {self.name!r}: trace arrivals and a trace source go together")
+        if self.open_loop and self.arrival != "trace" and not 0 < self.load <= 10:
             raise ValueError(f"phase {self.name!r}: an open-loop phase needs 0 < load <= 10, got {self.load!r}")
         if not self.open_loop and self.concurrency < 1:
             raise ValueError(f"phase {self.name!r}: a closed-loop phase needs concurrency >= 1")
@@ -78,11 +86,13 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
         bad = [d for d in self.domains if d not in ("math", "code", "chat")]
         if bad:
             raise ValueError(f"phase {self.name!r}: unknown domain {bad[0]!r} (math, code, chat)")
-        if self.mix is not None:
-            try:
+        try:
+            if self.mix is not None:
                 self.mix.validate()
-            except ValueError as e:
-                raise ValueError(f"phase {self.name!r}: {e}") from None
+            if isinstance(self.source, AgenticSource):
+                self.source.shape.validate()
+        except ValueError as e:
+            raise ValueError(f"phase {self.name!r}: {e}") from None
 
 
 class Degrade(msgspec.Struct, frozen=True, kw_only=True):
@@ -297,6 +307,33 @@ def _day() -> Scenario:
     )
 
 
+AGENTIC_PHASE_S = 300.0  # an agent loop of ~8 calls with 70K-token prompts runs for minutes
+
+
+def _agentic() -> Scenario:
+    """Coding-agent loops of the shape derived from GitHub Copilot's agent traces
+    (`loadgen.agentic`: ~68K-token prompts, mostly cached, ~0.5K-token outputs, tool calls between
+    calls, 15% copy-heavy edits), with K2.6's settings (70% thinking at T=1.0, the rest at 0.6)."""
+    return Scenario(
+        name="agentic",
+        description="coding-agent loops (Copilot's shape: long cached prompts, short outputs, tool calls, "
+        "copy-heavy edits), Poisson at 50% and 90%",
+        pool=K26_POOL,
+        max_queued=OPERATOR_MAX_QUEUED,
+        phases=tuple(
+            Phase(
+                name=f"load-{round(f * 100)}",
+                duration_s=AGENTIC_PHASE_S,
+                arrival="poisson",
+                load=f,
+                domains={"code": 1.0},
+                source=AgenticSource(),
+            )
+            for f in (0.5, 0.9)
+        ),
+    )
+
+
 def _offprior() -> Scenario:
     """Twins whose physics are not the studies' figures the policy's priors come from: a slower
     DFlash machine, a weaker DDTree drafter, a faster EAGLE-3 machine. Cold start counts."""
@@ -322,6 +359,7 @@ SCENARIOS: dict[str, Scenario] = {
         _sessions(),
         _day(),
         _offprior(),
+        _agentic(),
     )
 }
 for _s in SCENARIOS.values():

@@ -46,6 +46,7 @@ from evaluate.arrivals import Arrivals
 from evaluate.fleet import Server, parse_fleet, servers
 from evaluate.peers import LoadSnapshot
 from evaluate.scenarios import Phase, Scenario
+from evaluate.sources import TraceSource
 from evaluate.workload import Mix, Session, Turn, draw_session, single_request
 from policies.base import BackendView, Domain, NoCandidate, Outcome, Policy, RequestFeatures
 from policies.prefill import causal_pairs
@@ -191,6 +192,8 @@ def _reasoning_model(engines: dict[str, Engine]) -> ReasoningModel | None:
 def _phase_rate(scenario: Scenario, ph: Phase, n_servers: int) -> float:
     from evaluate.capacity import reference_rate  # capacity simulates with this module
 
+    if isinstance(ph.source, TraceSource):
+        return ph.source.rate  # the trace's own arrivals
     return ph.load * reference_rate(scenario, ph, n_servers)
 
 
@@ -277,7 +280,9 @@ def simulate(
     next_client = 0
     started_by: dict[tuple[int, int], int] = {}  # (phase, client) -> sessions started
     arrivals: Arrivals | None = None
+    replaying = False  # the current phase's arrivals are a trace's (all scheduled at its start)
     arrived = 0  # sessions arrived in the current open-loop phase
+    drawn = 0  # sessions drawn from the current phase's source by closed-loop clients
     domains: list[str] = ["chat"]
     weights: list[float] = [1.0]
     inflight: dict[str, _Flight] = {}
@@ -298,6 +303,7 @@ def simulate(
         push(now + res.duration_s, _STEP, (b, res))
 
     def new_session(client: int | None) -> Session:
+        nonlocal drawn
         ph = scenario.phases[phase]
         if client is not None:
             k = started_by.get((phase, client), 0)
@@ -305,6 +311,10 @@ def simulate(
             tag = f"{seed}:{stream_keys[phase]}:{client}:{k}"
         else:
             tag = f"{seed}:{stream_keys[phase]}:open:{arrived}"
+        if ph.source is not None:  # an open-loop arrival takes its own index; clients take them in turn
+            index = arrived if client is None else drawn
+            drawn += client is not None
+            return ph.source.session(tag, index, seed)
         if ph.mix is None:  # a closed loop's single greedy prompt, drawn as it always was
             rng = random.Random(tag)
             dom = rng.choices(domains, weights)[0]
@@ -514,7 +524,11 @@ def simulate(
                 send(payload)
         elif kind == _ARRIVAL:
             ph_index, when = payload
-            if ph_index == phase and arrivals is not None and accepting:
+            if ph_index == phase and replaying and accepting:
+                if share is None or arrived % share[1] == share[0]:
+                    start(None)
+                arrived += 1
+            elif ph_index == phase and arrivals is not None and accepting:
                 if share is None or arrived % share[1] == share[0]:
                     start(None)
                 arrived += 1
@@ -537,16 +551,23 @@ def simulate(
             domains = list(ph.domains)
             weights = [ph.domains[d] for d in domains]
             phase = payload
-            arrived = 0
+            arrived = drawn = 0
             arrivals = None
+            replaying = ph.arrival == "trace" and isinstance(ph.source, TraceSource)
+            if replaying:  # before the phase's end, so that an arrival at its last instant still counts
+                assert isinstance(ph.source, TraceSource)
+                for offset in ph.source.arrival_times():
+                    push(now + offset, _ARRIVAL, (phase, now + offset))
             if independent:
                 starts.append(now)
                 accepting = True
                 push(now + ph.duration_s, _PHASE_END, phase)
-            if ph.open_loop:
+            if replaying:
                 target = 0
-                mix = ph.mix or Mix()
-                session_rate = rates[phase] / mix.mean_turns
+            elif ph.open_loop:
+                target = 0
+                mean_turns = ph.source.mean_turns if ph.source is not None else (ph.mix or Mix()).mean_turns
+                session_rate = rates[phase] / mean_turns
                 arrivals = Arrivals(
                     ph.arrival,
                     session_rate,

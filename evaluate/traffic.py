@@ -1,8 +1,13 @@
-"""Traffic for `specroute plan`: a named scenario or a file of phases.
+"""Traffic for `specroute plan` and `specroute eval --traffic`: a named scenario, a recorded
+trace or a file of phases.
 
 Named: any open-loop evaluation scenario (`day`, `open-poisson`, `open-bursty`, `sessions`,
-`offprior`); its loads are fractions of the reference capacity of N servers
+`offprior`, `agentic`); its loads are fractions of the reference capacity of N servers
 (`evaluate.capacity`).
+
+Trace: `trace:PATH` (`trace_traffic`): one phase that replays the trace's window on the virtual
+clock at the trace's own arrival times (`evaluate.sources.TraceSource`), standing for the window's
+length; its rate is the trace's, whatever the fleet.
 
 File: JSON Lines, one object per line; blank lines and lines starting with `#` are skipped.
 An optional first object `{"settings": {...}}` sets `reference` (profile the `load`s refer to,
@@ -32,10 +37,15 @@ from typing import Any
 
 import msgspec
 
-from evaluate.scenarios import SCENARIOS, Phase, Scenario
+from evaluate.scenarios import K26_POOL, OPERATOR_MAX_QUEUED, SCENARIOS, Phase, Scenario
+from evaluate.sources import TraceSource
 from evaluate.workload import Mix
+from loadgen.trace_dataset import TRACE_DOMAIN, TraceOptions
+from loadgen.trace_file import TraceError
 
-__all__ = ["Traffic", "TrafficError", "load_traffic", "named_traffic", "traffic_names"]
+__all__ = ["TRACE_PREFIX", "Traffic", "TrafficError", "load_traffic", "named_traffic", "trace_traffic", "traffic_names"]
+
+TRACE_PREFIX = "trace:"
 
 DEFAULT_SAMPLE_S = 120.0
 _PHASE_KEYS = {"name", "hours", "minutes", "rate", "load", "arrival", "domains", "mix", "sample_s"}
@@ -68,6 +78,8 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
 
         r = self.rates[i]
         ph = self.scenario.phases[i]
+        if r is None and isinstance(ph.source, TraceSource):
+            return ph.source.rate  # a trace arrives at its own rate, whatever the fleet
         return r if r is not None else ph.load * reference_rate(self.scenario, ph, n_servers)
 
 
@@ -135,8 +147,44 @@ def _typed(obj: dict[str, Any], key: str, typ: Any, default: Any) -> Any:
         raise ValueError(f"{key}: {e}") from None
 
 
-def load_traffic(spec: str) -> Traffic:
-    """A named traffic, or a JSONL file (an existing path or anything with a slash or .jsonl)."""
+def trace_traffic(path: str, options: TraceOptions | None = None) -> Traffic:
+    """One phase replaying the trace at `path` (its window, sample and speed-up in `options`) on
+    the K2.6 seed pool; TrafficError names the file and line of a bad trace."""
+    source = TraceSource(path=path, options=options or TraceOptions())
+    try:
+        source.options.validate()
+        trace = source.trace
+    except TraceError as e:
+        raise TrafficError(str(e)) from None
+    sel = source.options.selection
+    window = f"{sel.start_s:g}-{sel.start_s + trace.window_s:g} s"
+    phase = Phase(
+        name="trace",
+        duration_s=source.duration_s,
+        arrival="trace",
+        domains={TRACE_DOMAIN: 1.0},
+        source=source,
+        represents_s=trace.window_s,
+    )
+    name = f"trace:{Path(path).stem}"
+    sample = f", conversations {sel.sample[1]} mod {sel.sample[0]}" if sel.sample else ""
+    scenario = Scenario(
+        name=name,
+        description=f"{len(trace.rows)} requests of {path} ({trace.format}, {window}{sample}) at {sel.speedup:g}x, "
+        f"{100 * source.options.thinking_share:.0f}% thinking",
+        pool=K26_POOL,
+        phases=(phase,),
+        max_queued=OPERATOR_MAX_QUEUED,
+    )
+    scenario.validate()
+    return Traffic(name=name, scenario=scenario, rates=(source.rate,))
+
+
+def load_traffic(spec: str, trace_options: TraceOptions | None = None) -> Traffic:
+    """A named traffic, `trace:PATH`, or a JSONL file (an existing path or anything with a slash
+    or .jsonl)."""
+    if spec.startswith(TRACE_PREFIX):
+        return trace_traffic(spec[len(TRACE_PREFIX) :], trace_options)
     path = Path(spec)
     if spec in traffic_names() and not path.exists():
         return named_traffic(spec)

@@ -117,6 +117,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     chain: tuple[int, ...]  # the prompt's block chain
     output_chain: tuple[int, ...]  # prompt + output: what the server caches when it finishes
     delay_s: float = 0.0  # think / tool time before this turn is sent (0 for the first)
+    top_p: float = 1.0
+    copy: bool = False  # the output re-emits text of the prompt (an edit that rewrites a file it read)
 
     @property
     def max_tokens(self) -> int:
@@ -125,7 +127,7 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
 
 class Session(msgspec.Struct, frozen=True, kw_only=True):
     tag: str
-    kind: str
+    kind: str  # single | chat | agent (drawn from a mix), trace (a trace's row; evaluate.sources)
     domain: str
     turns: tuple[Turn, ...]
     exact_length: bool = False  # the client's max_tokens is the output length (ignore_eos runs)

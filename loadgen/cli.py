@@ -4,6 +4,7 @@
     loadgen --target gateway,k26-ar,http://127.0.0.1:30000 --concurrency 1,4,32 \\
             --max-tokens 256 --num-prompts 64 --dataset mixed --output out/sweep
     loadgen --target gateway --request-rate 4 --concurrency 32 --duration 60
+    loadgen --target gateway --dataset trace:mooncake.jsonl --trace-window 600:600 --trace-speedup 1.5
     loadgen compare A/summary.json B/summary.json
     loadgen study k26-ar-sweep [--output DIR] [--quick | --time-scale F] [--target URL,...]
 
@@ -28,11 +29,13 @@ from common.output_dir import output_dir
 from common.priority import priority_in_range
 from common.version import package_version
 from loadgen.client import ENDPOINTS, RequestOptions
-from loadgen.datasets import DATASET_HELP, DatasetError, RandomSpec, load_dataset
+from loadgen.datasets import DATASET_HELP, Dataset, DatasetError, RandomSpec, load_dataset
 from loadgen.driver import LevelSpec
 from loadgen.metrics import GOODPUT_METRICS
 from loadgen.report import make_console
 from loadgen.runner import Plan, execute
+from loadgen.trace_args import add_trace_arguments, check_share, trace_flags_given, trace_options
+from loadgen.trace_file import TraceError
 
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 
@@ -189,9 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency",
         type=_concurrency_list,
-        default=[1],
+        default=None,
         help="comma-separated levels, e.g. 1,4,32: requests in flight (closed loop), "
-        "or the cap with --request-rate ('inf', 'none' or 0 = uncapped) (default 1)",
+        "or the cap with --request-rate or a trace ('inf', 'none' or 0 = uncapped) (default 1; a trace: uncapped)",
     )
     p.add_argument(
         "--request-rate",
@@ -200,7 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="open loop: Poisson arrivals per second (comma-separated list allowed)",
     )
     p.add_argument("--dataset", default="mixed", help=f"{DATASET_HELP} (default mixed)")
-    p.add_argument("--max-tokens", type=_positive_int, default=256, help="output tokens per request (default 256)")
+    p.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="output tokens per request (default 256; a trace gives its own)",
+    )
     p.add_argument(
         "--num-prompts",
         type=_positive_int,
@@ -293,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--temperature",
         type=_temperature_list,
-        default=[0.0],
+        default=None,
         help="sampling temperature, or a comma-separated mix taken in turn by request (by session for "
         "session datasets), e.g. 0,0.6,1.0 (default 0); a dataset line's 'temperature' wins",
     )
@@ -313,6 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="seconds without data before a request counts as timed out",
     )
+    p.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        metavar="F",
+        help="the targets run F x real time (twins started with --time-scale F): a trace's arrivals are sent F x "
+        "their offsets apart and every figure is converted back to the targets' simulated time (default 1)",
+    )
+    add_trace_arguments(p)
     p.add_argument("--random-input-len", type=_positive_int, default=256)
     p.add_argument("--random-output-len", type=_positive_int, default=256)
     p.add_argument("--random-range-ratio", type=float, default=0.0)
@@ -340,10 +357,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_generated_args(args: argparse.Namespace, trace: bool) -> None:
+    """A trace sets arrivals, lengths and sampling itself, the agentic shape lengths and sampling:
+    the options that would set them are refused."""
+    given = {
+        "--request-rate": trace and args.request_rate is not None,
+        "--max-tokens": args.max_tokens is not None,
+        "--thinking": args.thinking != "default",
+        "--temperature": args.temperature is not None,
+        "--top-p": args.top_p is not None,
+        "--warmup": args.warmup > 0,
+        "--think-time": args.think_time > 0,
+        f"--endpoint {args.endpoint}": args.endpoint != "chat",  # thinking is a chat template's switch
+        "--chain-responses": args.chain_responses,
+    }
+    clash = [k for k, v in given.items() if v]
+    if clash:
+        what = "a trace: the trace sets arrivals and lengths" if trace else "--dataset agentic: the shape sets lengths"
+        raise UsageError(f"{clash[0]} with {what}, K2.6's settings the sampling (--thinking-share, --thinking-scale)")
+
+
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Validate combinations argparse cannot see and build the plan."""
+    is_trace = args.dataset.startswith("trace:")
+    is_agentic = args.dataset == "agentic"
+    trace_only = [f for f in trace_flags_given(args) if not (is_agentic and f == "--thinking-scale")]
+    if is_trace or is_agentic:
+        _check_generated_args(args, is_trace)
+    if trace_only and not is_trace:
+        raise UsageError(f"{trace_only[0]} needs --dataset trace:PATH")
+    if args.thinking_share is not None and (
+        args.thinking != "default" or args.temperature is not None or args.top_p is not None
+    ):
+        raise UsageError("--thinking-share sets thinking, temperature and top_p (K2.6's settings): not with those")
+    if args.concurrency is None:
+        args.concurrency = [None] if is_trace else [1]
     rates: list[float | None] = list(args.request_rate) if args.request_rate else [None]
-    if args.request_rate is None and None in args.concurrency:
+    if args.request_rate is None and None in args.concurrency and not is_trace:
         raise UsageError("--concurrency inf needs --request-rate (closed loop needs a number)")
     if args.duration is not None and any(math.isinf(r) for r in rates if r is not None):
         raise UsageError("--duration needs a finite --request-rate")
@@ -360,7 +410,14 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         args.random_range_ratio,
         max(args.num_prompts or 0, 2 * max((c or 32) for c in args.concurrency)),
     )
-    dataset = load_dataset(args.dataset, seed=args.seed, random_spec=random_spec, max_turns=args.max_turns)
+    try:
+        check_share(args.thinking_share)
+        trace = trace_options(args) if is_trace or is_agentic else None
+    except TraceError as e:
+        raise UsageError(str(e)) from None
+    dataset = load_dataset(
+        args.dataset, seed=args.seed, random_spec=random_spec, max_turns=args.max_turns, trace_options=trace
+    )
     if args.think_time and not dataset.is_sessions:
         raise UsageError("--think-time needs a session dataset (--dataset sessions or sessions:FILE)")
     if args.chain_responses and not dataset.is_sessions:
@@ -369,21 +426,23 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         LevelSpec(
             concurrency=c,
             request_rate=r,
-            num_prompts=args.num_prompts or (2 * c if c else 64),
+            num_prompts=_num_prompts(args.num_prompts, c, dataset),
             duration=args.duration,
             warmup=args.warmup,
+            time_scale=args.time_scale,
         )
         for c in args.concurrency
         for r in rates
     ]
+    temperatures = args.temperature or [0.0]
     opts = RequestOptions(
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_tokens or 256,
         endpoint=args.endpoint,
         stream=args.stream,
         spec_details=args.spec_details,
         ignore_eos=args.ignore_eos,
-        temperature=args.temperature[0],
-        temperatures=tuple(args.temperature),
+        temperature=temperatures[0],
+        temperatures=tuple(temperatures),
         top_p=args.top_p,
         priorities=tuple(args.priority or ()),
         thinking=args.thinking,
@@ -393,6 +452,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         timeout=args.timeout,
         chain_responses=args.chain_responses,
         think_time_s=args.think_time,
+        thinking_share=args.thinking_share,
+        seed=args.seed,
     )
     return Plan(
         targets=targets,
@@ -405,7 +466,17 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         output=args.output,
         progress=args.progress,
         goodput_slos_ms=args.goodput or {},
+        time_scale=args.time_scale,
     )
+
+
+def _num_prompts(given: int | None, concurrency: int | None, dataset: Dataset) -> int:
+    """Requests (sessions) per level: as given; else a trace's window, 2 x C, or 64 when uncapped."""
+    if given:
+        return min(given, len(dataset.trace)) if dataset.trace is not None else given
+    if dataset.trace is not None:
+        return len(dataset.trace)
+    return 2 * concurrency if concurrency else 64
 
 
 def _err(msg: str) -> None:

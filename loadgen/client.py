@@ -18,6 +18,7 @@ from common.json_errors import JSON_DECODE_ERRORS
 from common.stream_clock import ChatDelta, Choice, Chunk, ToolCallDelta
 from loadgen import responses
 from loadgen.datasets import Prompt
+from loadgen.k26 import k26_mode
 from loadgen.metrics import Gap, measure
 from loadgen.stream import AnswerText, SpecDetails, StreamParser, Usage, first_spec
 from loadgen.summary import RequestRecord
@@ -57,6 +58,10 @@ class RequestOptions(msgspec.Struct, frozen=True, kw_only=True):
     chain_responses: bool = False
     # sessions: mean seconds from an answer to the next turn (exponential); 0: at once
     think_time_s: float = 0.0
+    # K2.6's settings (loadgen.k26): this share of requests (sessions) think at temperature 1.0, the
+    # rest answer at 0.6, top_p 0.95; None: --thinking / --temperature / --top-p decide
+    thinking_share: float | None = None
+    seed: int = 0  # the run's seed: which requests think under thinking_share
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,16 +79,22 @@ def settings(prompt: Prompt, opts: RequestOptions, index: int) -> Settings:
     """`index` picks from the run's mixes: the request's index, or its session's for a session."""
     temps = opts.temperatures or (opts.temperature,)
     thinking: bool | None = {"on": True, "off": False, "mix": index % 2 == 0}.get(opts.thinking)
+    top_p = opts.top_p
+    if opts.thinking_share is not None:
+        mode = k26_mode(opts.thinking_share, opts.seed, index)
+        thinking, temps, top_p = mode.thinking, (mode.temperature,), mode.top_p
     if prompt.thinking is not None:
         thinking = prompt.thinking
     ignore_eos = opts.ignore_eos if opts.ignore_eos is not None else not prompt.tools
+    if prompt.ignore_eos is not None:  # a generated dataset that plans its lengths
+        ignore_eos = prompt.ignore_eos
     priority = opts.priorities[index % len(opts.priorities)] if opts.priorities else None
     if prompt.priority is not None:
         priority = prompt.priority
     return Settings(
         max_tokens=prompt.max_tokens or opts.max_tokens,
         temperature=prompt.temperature if prompt.temperature is not None else temps[index % len(temps)],
-        top_p=prompt.top_p if prompt.top_p is not None else opts.top_p,
+        top_p=prompt.top_p if prompt.top_p is not None else top_p,
         thinking=thinking,
         ignore_eos=ignore_eos,
         priority=priority,

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -28,9 +28,14 @@ from common.json_errors import JSON_DECODE_ERRORS
 from common.priority import priority_in_range
 from loadgen.tool_schema import ToolSchemaError, check_tool_choice, check_tools
 
+if TYPE_CHECKING:
+    from loadgen.agentic_replay import AgenticReplay
+    from loadgen.trace_dataset import TraceOptions, TraceReplay
+
 BUILTIN_DOMAINS = ("math", "code", "chat")
 DATASET_HELP = (
-    "math | code | chat | mixed | tools | sessions | random | humaneval | jsonl:PATH | sharegpt:PATH | sessions:PATH"
+    "math | code | chat | mixed | tools | sessions | agentic | random | humaneval | jsonl:PATH | sharegpt:PATH"
+    " | sessions:PATH | trace:PATH"
 )
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 NO_USER_TURN = "no user turn"
@@ -69,6 +74,7 @@ class Prompt(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     priority: int | None = None  # SGLang's scheduling priority
+    ignore_eos: bool | None = None  # None: the run's choice (on unless the request offers tools)
 
     @property
     def text(self) -> str:
@@ -91,12 +97,16 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Dataset(msgspec.Struct, frozen=True):
-    """A named, ordered list of prompts or of sessions; requests take them round-robin from the start."""
+    """A named, ordered list of prompts or of sessions; requests take them round-robin from the start.
+    A trace (`trace`) is neither: its requests are built as they fall due (`loadgen.trace_dataset`);
+    nor are agent loops (`agentic`: drawn as they start, `loadgen.agentic_replay`)."""
 
     name: str
     prompts: tuple[Prompt, ...] = ()
     sessions: tuple[Session, ...] = ()
     skipped: dict[str, int] = {}  # entries left out, by reason
+    trace: TraceReplay | None = None
+    agentic: AgenticReplay | None = None
 
     @property
     def is_sessions(self) -> bool:
@@ -155,9 +165,15 @@ _line_decoder = msgspec.json.Decoder(_JsonlLine | str)
 
 
 def load_dataset(
-    name: str, *, seed: int = 0, random_spec: RandomSpec | None = None, max_turns: int | None = None
+    name: str,
+    *,
+    seed: int = 0,
+    random_spec: RandomSpec | None = None,
+    max_turns: int | None = None,
+    trace_options: TraceOptions | None = None,
 ) -> Dataset:
-    """Resolve a dataset name of DATASET_HELP; raise DatasetError otherwise."""
+    """Resolve a dataset name of DATASET_HELP; raise DatasetError otherwise. `trace_options`:
+    a trace's window and K2.6 settings (the agentic shape takes the K2.6 ones)."""
     from loadgen.conversations import builtin_sessions, load_sessions, load_sharegpt
 
     if name in BUILTIN_DOMAINS or name == "tools":
@@ -166,6 +182,13 @@ def load_dataset(
         return Dataset(name, tuple(_interleave([_builtin(d)[0] for d in BUILTIN_DOMAINS])))
     if name == "sessions":
         return _session_dataset(name, *builtin_sessions(max_turns))
+    if name == "agentic":
+        from loadgen.agentic_replay import AgenticReplay
+        from loadgen.trace_dataset import TraceOptions
+
+        opts = trace_options or TraceOptions()
+        replay = AgenticReplay(thinking_share=opts.thinking_share, thinking_scale=opts.thinking_scale, seed=seed)
+        return Dataset(name, agentic=replay)
     if name == "random":
         return Dataset(name, tuple(random_prompts(random_spec or RandomSpec(), seed)))
     if name == "humaneval":
@@ -177,6 +200,8 @@ def load_dataset(
         return _dataset(name, *load_sharegpt(Path(path)))
     if sep and kind == "sessions":
         return _session_dataset(name, *load_sessions(Path(path), max_turns))
+    if sep and kind == "trace":
+        return _trace_dataset(name, path, trace_options, seed)
     raise DatasetError(f"unknown dataset {name!r} (expected {DATASET_HELP})")
 
 
@@ -186,6 +211,17 @@ def _dataset(name: str, prompts: list[Prompt], skipped: Counter[str]) -> Dataset
 
 def _session_dataset(name: str, sessions: list[Session], skipped: Counter[str]) -> Dataset:
     return Dataset(name, sessions=tuple(sessions), skipped=dict(skipped))
+
+
+def _trace_dataset(name: str, path: str, options: TraceOptions | None, seed: int) -> Dataset:
+    from loadgen.trace_dataset import load_trace
+    from loadgen.trace_file import TraceError
+
+    try:
+        replay = load_trace(path, options, seed=seed)
+    except TraceError as e:
+        raise DatasetError(str(e)) from None
+    return Dataset(name, skipped=dict(replay.trace.skipped), trace=replay)
 
 
 def _builtin(name: str) -> tuple[list[Prompt], Counter[str]]:

@@ -37,6 +37,9 @@ from loadgen.stream import StreamParser
 from loadgen.summary import Goodput, Level, PriorityLevel, RequestRecord, TurnLevel
 
 Gap = tuple[float, int]  # (per-token gap in seconds, number of tokens it stands for)
+ON_TIME_SHARE = 0.02  # a trace's request is on time when sent within 2% of its due offset ...
+ON_TIME_FLOOR_MS = 5.0  # ... or within 5 ms of it (2% of the first quarter second is below a loop tick)
+TRACE_ON_TIME_TARGET = 0.99  # a replay follows its trace when this share of its requests is on time
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
@@ -281,6 +284,7 @@ def summarize(
     itl_sources = Counter(r.itl_token_counts for r in ok if r.itl_token_counts)
     classes = priority_levels(records)
     waits = [r.client_wait_ms for r in records if r.client_wait_ms is not None]
+    late = lateness_ms(records)
     return Level(
         max_concurrency=max_concurrency,
         completed=len(ok),
@@ -340,7 +344,22 @@ def summarize(
         turns=turn_levels(records),
         by_priority=classes,
         goodput=goodput(records, goodput_slos_ms, duration) if goodput_slos_ms else None,
+        trace_requests=len(late) if late else None,
+        trace_lateness_p50_ms=percentile([x for x, _ in late], 50),
+        trace_lateness_p99_ms=percentile([x for x, _ in late], 99),
+        trace_lateness_max_ms=max((x for x, _ in late), default=None),
+        trace_on_time=sum(1 for x, due in late if on_time(x, due)) / len(late) if late else None,
     )
+
+
+def lateness_ms(records: Sequence[RequestRecord]) -> list[tuple[float, float]]:
+    """(ms sent after its due time, due offset in ms) of each replayed trace request."""
+    return [((r.start_s - r.scheduled_s) * 1000, r.scheduled_s * 1000) for r in records if r.scheduled_s is not None]
+
+
+def on_time(late_ms: float, due_ms: float) -> bool:
+    """Sent within ON_TIME_SHARE of its due offset, or within ON_TIME_FLOOR_MS of it."""
+    return late_ms <= max(ON_TIME_SHARE * due_ms, ON_TIME_FLOOR_MS)
 
 
 def _thinking_label(thinking: bool | None) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.metrics import ON_TIME_SHARE, TRACE_ON_TIME_TARGET
 from loadgen.summary import Level, PriorityLevel, Run, Summary, load_summary
 
 
@@ -120,6 +121,8 @@ def level_notes(level: Level) -> list[str]:
                 f"one of the {level.max_concurrency} slots, mean {level.mean_client_wait_ms:,.0f} ms, p99 "
                 f"{wait:,.0f} ms, before being sent (latencies count from the send)"
             )
+    if level.trace_on_time is not None:
+        notes.append(trace_note(level))
     if level.itl_token_counts in ("text_length", "mixed"):
         exact = level.itl_exact_requests
         notes.append(
@@ -144,6 +147,21 @@ def level_notes(level: Level) -> list[str]:
             f"{100 * g.slo_attainment:.1f}% of those sent (each SLO: {each})"
         )
     return notes
+
+
+def trace_note(level: Level) -> str:
+    """How closely a trace replay's sends followed the trace, and what the prefix cache made of it."""
+    share = level.trace_on_time or 0.0
+    verdict = "meets" if share >= TRACE_ON_TIME_TARGET else "MISSES"
+    cache = (
+        f"; {100 * level.cache_hit_rate:.1f}% of prompt tokens were cached" if level.cache_hit_rate is not None else ""
+    )
+    return (
+        f"trace replay: {level.trace_requests} requests at {level.request_rate or 0:.2f}/s sent late by p50 "
+        f"{_num(level.trace_lateness_p50_ms, 1)} ms, p99 {_num(level.trace_lateness_p99_ms, 1)} ms (max "
+        f"{_num(level.trace_lateness_max_ms, 1)} ms); {100 * share:.2f}% within {100 * ON_TIME_SHARE:g}% of their "
+        f"due time ({verdict} the {100 * TRACE_ON_TIME_TARGET:g}% target){cache}"
+    )
 
 
 def turn_table(level: Level) -> Table:

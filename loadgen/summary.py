@@ -25,6 +25,10 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     # Open loop with a concurrency cap: how long its arrival waited for a free slot before it was
     # sent (latencies count from the send, as SGLang's bench_serving does); None otherwise.
     client_wait_ms: float | None = None
+    # Trace replay: when the trace had it due (seconds after the level started; start_s - scheduled_s
+    # is how late it went) and its line in the trace file
+    scheduled_s: float | None = None
+    trace_line: int | None = None
     ok: bool
     error: str | None = None  # kind: http_<status> | timeout | connect | stream_error | broken_stream | bad_response
     error_detail: str | None = None
@@ -175,6 +179,13 @@ class Level(msgspec.Struct, kw_only=True):
     turns: list[TurnLevel] = []  # per-turn figures of session datasets
     by_priority: list[PriorityLevel] = []  # per priority value sent, ascending (empty when none was)
     goodput: Goodput | None = None  # with `--goodput`: requests that met every SLO
+    # --- trace replay (mode "trace"): how closely the sends followed the trace's arrival times ---
+    trace_requests: int | None = None  # requests the trace had due (sent or not)
+    trace_lateness_p50_ms: float | None = None  # send - due, over the requests sent
+    trace_lateness_p99_ms: float | None = None
+    trace_lateness_max_ms: float | None = None
+    # share of the trace's requests sent within 2% of their due offset (at least ON_TIME_FLOOR_MS late)
+    trace_on_time: float | None = None
 
 
 class Run(msgspec.Struct, kw_only=True):

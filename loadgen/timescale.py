@@ -55,6 +55,9 @@ LEVEL_TIME_FIELDS = frozenset(
         "median_ttft_reasoning_ms",
         "mean_client_wait_ms",
         "p99_client_wait_ms",
+        "trace_lateness_p50_ms",
+        "trace_lateness_p99_ms",
+        "trace_lateness_max_ms",
     }
 )
 LEVEL_RATE_FIELDS = frozenset(
@@ -94,6 +97,8 @@ LEVEL_UNSCALED_FIELDS = frozenset(
         "temperatures",
         "priorities",
         "sessions",
+        "trace_requests",
+        "trace_on_time",  # judged on the wall clock the sends kept (a ratio)
     }
 )
 # Structs (or lists of them) holding durations and rates of their own: rescaled by their class's sets.
@@ -114,6 +119,7 @@ RECORD_TIME_FIELDS = frozenset(
     {
         "start_s",
         "client_wait_ms",
+        "scheduled_s",
         "ttft_ms",
         "e2e_ms",
         "tpot_ms",
@@ -129,6 +135,7 @@ RECORD_UNSCALED_FIELDS = frozenset(
     {
         "index",
         "target",
+        "trace_line",
         "max_concurrency",
         "domain",
         "ok",

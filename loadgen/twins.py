@@ -82,9 +82,11 @@ def start_topology(
     policy: str | None,
     config_dir: Path,
     ready_timeout: float = 90.0,
+    twin_flags: Sequence[str] = (),
 ) -> Topology:
-    """Start a twin per profile of `targets`, then (if "gateway" is among them) a gateway over
-    those twins with a config file written into `config_dir`; wait until all are ready."""
+    """Start a twin per profile of `targets` (each with `twin_flags` besides its profile), then (if
+    "gateway" is among them) a gateway over those twins with a config file written into
+    `config_dir`; wait until all are ready."""
     script = console_script("specroute")
     profiles = list_profiles(script)
     twins = [t for t in targets if t != "gateway"]
@@ -100,7 +102,7 @@ def start_topology(
         cmd = [script, "sim", "--profile", name, "--host", "127.0.0.1", "--port", str(port), "--seed", str(seed)]
         if time_scale != 1.0:
             cmd += ["--time-scale", repr(time_scale)]
-        children.start(name, cmd)
+        children.start(name, [*cmd, *twin_flags])
         urls[name] = f"http://127.0.0.1:{port}"
     children.wait_ready({n: u + "/ready" for n, u in urls.items()}, ready_timeout)
     if "gateway" not in targets:

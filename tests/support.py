@@ -19,6 +19,21 @@ from tools.processes import free_port, spawn, stop, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# The first 400 lines of Kimi's Mooncake conversation trace (its attribution: beside the file).
+TRACE_SLICE = Path(__file__).resolve().parents[1] / "loadgen/data/traces/mooncake_conversation_head400.jsonl"
+
+
+def mooncake_trace(path: Path, rows: Sequence[tuple[int, int, int, list[int]]]) -> Path:
+    """Write a Mooncake trace of (timestamp ms, input_length, output_length, hash_ids) rows."""
+    import json
+
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": ts, "input_length": n, "output_length": o, "hash_ids": ids}) + "\n"
+            for ts, n, o, ids in rows
+        )
+    )
+    return path
 
 
 # The twin profiles every release ships: the sim's tests expect each of them in its listings.
