@@ -348,3 +348,25 @@ def test_errors_mid_sweep_stop_it_and_keep_the_measurements(tmp_path):
     kept = load_measurements(tmp_path / "p.measurements.json")
     assert kept.stopped is not None and "HTTP 500" in kept.stopped
     assert not (tmp_path / "p.toml").exists()
+
+
+def test_plan_and_eval_take_the_fitted_profiles_on_a_trace_and_a_file(fitted, tmp_path):
+    _, out, _ = fitted
+    trace = (
+        Path(__file__).resolve().parent.parent / "loadgen" / "data" / "traces" / "mooncake_conversation_head400.jsonl"
+    )
+    res = plan(2, load_traffic(f"trace:{trace}"), types=sorted(str(p) for p in out.glob("*.toml")), jobs=1)
+    assert res.ranked and all(str(out) in f.fleet for f in res.ranked)
+    traffic_file = tmp_path / "short.jsonl"
+    traffic_file.write_text('{"name": "steady", "minutes": 30, "rate": 1.5, "sample_s": 20}\n')
+    run = subprocess.run(
+        specroute(
+            "eval", "--traffic", str(traffic_file), "--profiles", str(out), "--servers", "2", "--output", str(tmp_path)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    fleets = {r["fleet"] for r in json.loads((tmp_path / "eval.json").read_text())["scenarios"].values()}
+    assert fleets == {f"2x{out / 'test-ar.toml'}", f"2x{out / 'test-dflash.toml'}"}
