@@ -26,7 +26,7 @@ CHECK = $(UV) pip check --quiet --python $(1)/bin/python || \
 	{ echo "$(1): the installed lock does not satisfy pyproject.toml; run 'make lock'" >&2; exit 1; }
 
 .PHONY: demo test floors lint lock install install-dev clean bench-loadgen bench-trace soak bench bench-instructions bench-routers
-.PHONY: container-test scaleout
+.PHONY: bench-profile container-test scaleout
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -116,6 +116,10 @@ bench-trace: install
 # into their own .venv-bench/ virtualenvs on first use, never into the project's.
 bench-routers: install
 	$(BIN)/python -m bench.routers
+
+# `specroute profile` on twins at time scale 1: the sweeps' durations, the fit's held-out errors (docs/your-model.md).
+bench-profile: install
+	$(BIN)/python -m bench.profile_fit --full
 
 # The image and compose stack for real (a private dockerd; docs/deployment.md), and scale-out measured.
 container-test: install-dev

@@ -100,6 +100,12 @@ def parser() -> argparse.ArgumentParser:
         "a named traffic or a traffic file (specroute plan's)",
     )
     add_trace_arguments(ap)
+    ap.add_argument(
+        "--profiles",
+        metavar="DIR|FILE,...",
+        help="the server types of --fleet plan and homogeneous: every .toml in DIR, or the files named "
+        "(`specroute profile` measures them); a named scenario's loads then refer to the first of them",
+    )
     return ap
 
 
@@ -129,18 +135,21 @@ def _fleets_for(
     seed: int,
     log: Callable[[str], None],
     plan_policy: dict[str, str],
+    types: list[str] | None = None,
 ) -> list[tuple[str, str]]:
     """(role, fleet) pairs: role is 'own', 'given', 'plan' or 'homogeneous'; the plan's policy
-    for its fleet goes into `plan_policy`."""
+    for its fleet goes into `plan_policy`. `types`: the server types of plan and homogeneous
+    (default plan's)."""
     from evaluate.plan import DEFAULT_TYPES
 
+    types = types or list(DEFAULT_TYPES)
     n = servers or sum(m.count for m in parse_fleet(",".join(scenario.pool)))
     out: list[tuple[str, str]] = []
     for spec in specs or ["own"]:
         if spec == "own":
             out.append(("own", ",".join(scenario.pool)))
         elif spec == "homogeneous":
-            out += [("homogeneous", f"{n}x{t}") for t in DEFAULT_TYPES]
+            out += [("homogeneous", f"{n}x{t}") for t in types]
         elif spec == "plan":
             from evaluate.plan import plan
             from evaluate.traffic import Traffic
@@ -152,6 +161,7 @@ def _fleets_for(
                 n,
                 Traffic(name=scenario.name, scenario=scenario, rates=tuple(None for _ in scenario.phases)),
                 seed=seed,
+                types=types,
                 log=log,
             )
             out.append(("plan", res.ranked[0].fleet))
@@ -176,6 +186,11 @@ def main(argv: list[str]) -> int:
                 parse_fleet(spec)
         if args.servers is not None and not 1 <= args.servers <= 16:
             raise FleetError(f"--servers {args.servers}: between 1 and 16")
+        types = None
+        if args.profiles is not None:
+            from evaluate.server_types import profile_types
+
+            types = profile_types(args.profiles)
     except (SloError, FleetError, TrafficError, TraceError, ValueError) as e:
         print(f"specroute eval: {e}", file=sys.stderr)
         return 2
@@ -191,7 +206,12 @@ def main(argv: list[str]) -> int:
     plan_policy: dict[str, str] = {}
     for name, scenario in chosen.items():
         try:
-            fleets = _fleets_for(scenario, args.fleet, args.servers, args.seed[0], log, plan_policy)
+            if types is not None:
+                from evaluate.server_types import with_reference
+
+                scenario = with_reference(scenario, types, None)
+            specs = args.fleet or (["homogeneous"] if types is not None else [])
+            fleets = _fleets_for(scenario, specs, args.servers, args.seed[0], log, plan_policy, types)
         except FleetError as e:
             print(f"specroute eval: {e}", file=sys.stderr)
             return 2

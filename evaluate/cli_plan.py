@@ -3,9 +3,12 @@
     specroute plan --servers N --traffic NAME|FILE|trace:PATH [--slo ttft=S,tpot=S] [--types T,T,...]
                    [--restart-min M] [--output DIR] [--exhaustive] [--verify]
                    [--trace-window START:SECONDS] [--trace-speedup F] [--trace-sample K:R] [--thinking-share F]
+    specroute plan --servers N --profiles DIR|FILE,... --traffic NAME|FILE|trace:PATH [--reference TYPE] ...
 
 A trace (`trace:PATH`) is one phase: its window replayed at its own arrival times (loadgen's
-trace options), standing for the window's length.
+trace options), standing for the window's length. `--profiles`: the server types are the user's
+own profiles (`specroute profile` fits them from running servers): every .toml of a directory, or
+the files named (evaluate/server_types.py).
 
 Prints the fleets it simulated, ranked, with the margin over the best homogeneous fleet, whether
 to reshape the fleet over the day (restarts of 1T-parameter servers priced in), and what it
@@ -62,8 +65,18 @@ def parser() -> argparse.ArgumentParser:
         help=f"ttft=S,tpot=S in seconds (default {DEFAULT_SLO.label}); given, fleets are ranked "
         "by SLO goodput (requests/s meeting it) instead of mean request tok/s",
     )
+    ap.add_argument("--types", default=None, help=f"server types to compose (default {','.join(DEFAULT_TYPES)})")
     ap.add_argument(
-        "--types", default=",".join(DEFAULT_TYPES), help=f"server types to compose (default {','.join(DEFAULT_TYPES)})"
+        "--profiles",
+        metavar="DIR|FILE,...",
+        help="server types from profile files: every .toml in DIR, or the files named (measured with "
+        "`specroute profile`); all of one model",
+    )
+    ap.add_argument(
+        "--reference",
+        metavar="TYPE",
+        help="the server type a named traffic's loads are fractions of (default: the traffic's own, or the first "
+        "of --profiles when that serves another model)",
     )
     ap.add_argument(
         "--restart-min",
@@ -136,14 +149,15 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
     out.write(
         "phases: " + ", ".join(f"{n} {r:.2f} req/s x {_span(res.spans_s[n])}" for n, r in res.rates_rps.items()) + "\n"
     )
+    width = max([44, *(len(f.fleet) for f in res.ranked)])
     out.write(
-        f"{'rank':4s} {'fleet':44s} {'policy':20s} {metric:>10s} {'vs best homog.':>14s} "
+        f"{'rank':4s} {'fleet':{width}s} {'policy':20s} {metric:>10s} {'vs best homog.':>14s} "
         f"{'worst SLO':>9s} {'TTFT p99 s':>10s} {'e2e p99 s':>9s} {'shed':>5s}\n"
     )
     for i, f in enumerate(res.ranked, 1):
         ph = list(f.phases.values())
         out.write(
-            f"{i:<4d} {f.fleet:44.44s} {f.policy:20.20s} {f.score:10.2f} {_pct(f.margin):>14s} "
+            f"{i:<4d} {f.fleet:{width}s} {f.policy:20.20s} {f.score:10.2f} {_pct(f.margin):>14s} "
             f"{min(p.slo_attainment for p in ph):9.2f} {max(p.ttft_p99_ms for p in ph) / 1000:10.1f} "
             f"{max(p.e2e_p99_s for p in ph):9.1f} {sum(p.shed for p in ph):5d}"
             + ("  (homogeneous)" if f.homogeneous else "")
@@ -208,7 +222,21 @@ def main(argv: list[str]) -> int:
     try:
         slo = parse_slo(args.slo) if args.slo is not None else DEFAULT_SLO
         traffic = load_traffic(args.traffic, trace_options(args) if is_trace else None)
-        types = [t for t in args.types.split(",") if t.strip()]
+        if args.profiles is not None and args.types is not None:
+            return fail("give --types or --profiles, not both")
+        if args.profiles is not None:
+            from evaluate.server_types import profile_types, with_reference
+
+            types = profile_types(args.profiles)
+            traffic = msgspec.structs.replace(traffic, scenario=with_reference(traffic.scenario, types, args.reference))
+        else:
+            types = [t for t in (args.types or ",".join(DEFAULT_TYPES)).split(",") if t.strip()]
+            if args.reference is not None:
+                from evaluate.server_types import with_reference
+
+                traffic = msgspec.structs.replace(
+                    traffic, scenario=with_reference(traffic.scenario, types, args.reference)
+                )
 
         def log(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)

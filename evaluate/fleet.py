@@ -1,7 +1,7 @@
 """Fleets: which twin servers a run puts behind the router, written as one string.
 
     FLEET   := MEMBER ("," MEMBER)*
-    MEMBER  := [COUNT "x"] PROFILE (":" OPTION)*
+    MEMBER  := [COUNT "x"] PROFILE (":" OPTION)*     PROFILE: a bundled name or a profile file (.toml)
     OPTION  := "b=" INT      DDTree node budget (DDTree profiles only; verify width budget + 1)
              | "t=" FLOAT    step-time scale: every step and prefill takes t x the profile's time
              | "a=" FLOAT    acceptance scale: every draft's acceptance probability x a
@@ -27,7 +27,7 @@ from twin.profile import Profile, ProfileError, load_profile, profile_names
 __all__ = ["FleetError", "Member", "Server", "fleet_label", "parse_fleet", "servers"]
 
 MAX_SERVERS = 64  # a fleet beyond this is a typo, not a plan (and the search would not finish)
-_MEMBER = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9][A-Za-z0-9._/-]*)((?::[^:,]*)*)$")
+_MEMBER = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9./~][A-Za-z0-9._/~-]*)((?::[^:,]*)*)$")
 
 
 class FleetError(ValueError):
@@ -108,19 +108,29 @@ def parse_member(text: str) -> Member:
     count = int(count_s) if count_s is not None else 1
     if count < 1:
         raise FleetError(f"fleet member {text!r}: a member needs at least one server, got {count}")
+    if name.startswith("~"):
+        name = str(Path(name).expanduser())
+    if Path(name).is_dir():
+        raise FleetError(f"fleet member {text!r}: a directory; give its profiles as server types (--profiles DIR)")
     try:
         profile = load_profile(name)
     except ProfileError as e:
         if Path(name).is_file():  # a profile file that does not load: say why
             raise FleetError(f"fleet member {text!r}: {e}") from None
         raise FleetError(
-            f"fleet member {text!r}: unknown profile {name!r} (known: {', '.join(profile_names())})"
+            f"fleet member {text!r}: unknown profile {name!r} (known: {', '.join(profile_names())}, or a .toml file)"
         ) from None
     opts: dict[str, float | int] = {}
     for part in (p for p in rest.split(":") if p):
         _option(text, part, opts)
     if "b" in opts and (profile.speculative is None or profile.speculative.algorithm != "DDTREE"):
         raise FleetError(f"fleet member {text!r}: b= (a DDTree budget) on {name}, which is not a DDTree profile")
+    if "b" in opts and profile.provenance.get("acceptance.math", "").startswith("measured:"):
+        raise FleetError(
+            f"fleet member {text!r}: b= on a measured profile: its acceptance was measured at budget "
+            f"{profile.speculative.ddtree_budget if profile.speculative else '?'} only (profile another server for "
+            "another budget)"
+        )
     return Member(
         profile=name,
         count=count,

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         "plan", help="which N servers to run for a traffic: fleet search on the virtual clock", add_help=False
     )
     sub.add_parser(
+        "profile", help="measure a live SGLang server and fit a twin profile (profile URL -o FILE)", add_help=False
+    )
+    sub.add_parser(
         "backends", help="launch recipes of the real SGLang servers: list/show/launch/systemd/check", add_help=False
     )
     sub.add_parser("config", help="write or check a gateway config (config init --from-profiles ...)", add_help=False)
@@ -93,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         from evaluate.cli_plan import main as plan_main
 
         return plan_main(argv[1:])
+    if argv and argv[0] == "profile":
+        from tools.fit.cli import main as profile_main
+
+        return profile_main(argv[1:])
     if argv and argv[0] in ("backends", "config"):
         from tools import cli_backends, cli_config
 

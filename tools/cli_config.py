@@ -2,11 +2,19 @@
 
     specroute config init --from-profiles NAME=URL[,NAME=URL...] [--output FILE] [--force]
                           [--listen HOST:PORT] [--policy NAME] [--otlp-endpoint URL]
+    specroute config init --from-urls URL[,URL...] [--api-key-env VAR] [--output FILE] ...
     specroute config check FILE
 
-NAME is a launch recipe (`specroute backends list`) or a twin profile (`specroute sim --list`):
-it gives the backend's served model and strategy. `BACKEND:PROFILE=URL` names the backend
-differently from its profile, e.g. two DFlash servers `dflash-a:k26-dflash=...,dflash-b:k26-dflash=...`.
+`--from-profiles`: NAME is a launch recipe (`specroute backends list`) or a twin profile
+(`specroute sim --list`): it gives the backend's served model and strategy. `BACKEND:PROFILE=URL`
+names the backend differently from its profile, e.g. two DFlash servers
+`dflash-a:k26-dflash=...,dflash-b:k26-dflash=...`.
+
+`--from-urls`: any SGLang server of any model. Each is read (`tools.fit.discover`: its served model,
+`speculative_algorithm`, cap and context length), its strategy named (`tools.fit.algorithms`), and
+the servers grouped by the model they serve. A server that cannot be read or classified is written
+commented out, with the reason.
+
 The written file is loaded with `gateway.config` before it is written, so it always starts.
 """
 
@@ -27,9 +35,9 @@ from gateway.config import (
     parse_listen,
     url_problem,
 )
-from tools.cli_usage import UsageError, UsageParser
+from tools.cli_usage import UsageError, UsageParser, api_key_from_env
 
-__all__ = ["main", "render_config"]
+__all__ = ["Backend", "main", "render_config"]
 
 PROG = "specroute config"
 
@@ -38,13 +46,20 @@ def _parser() -> UsageParser:
     p = UsageParser(prog=PROG, description="Write and check gateway config files.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     s = sub.add_parser("init", help="write a gateway config for a set of backend URLs")
-    s.add_argument(
+    source = s.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--from-profiles",
         action="append",
-        required=True,
         metavar="NAME=URL[,NAME=URL...]",
         help="backends by launch recipe or twin profile name and base URL; repeatable",
     )
+    source.add_argument(
+        "--from-urls",
+        action="append",
+        metavar="URL[,URL...]",
+        help="backends read from the running SGLang servers themselves (any model); repeatable",
+    )
+    s.add_argument("--api-key-env", metavar="VAR", help="--from-urls: the servers' API key is in this variable")
     s.add_argument("--output", "-o", help="file to write (default: standard output)")
     s.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     s.add_argument("--listen", default=GatewaySection().listen, help="gateway HOST:PORT (default %(default)s)")
@@ -59,8 +74,22 @@ def _parser() -> UsageParser:
     return p
 
 
-class _Backend:
-    def __init__(self, name: str, profile: str, url: str, model: str, strategy: str, source: str) -> None:
+class Backend:
+    """One `[[backends]]` entry to write. `notes`: comment lines above it; `disabled`: why it is
+    written commented out (None: it is active)."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: str,
+        url: str,
+        model: str,
+        strategy: str,
+        source: str,
+        *,
+        notes: list[str] | None = None,
+        disabled: str | None = None,
+    ) -> None:
         self.name, self.profile, self.url, self.model, self.strategy, self.source = (
             name,
             profile,
@@ -69,6 +98,8 @@ class _Backend:
             strategy,
             source,
         )
+        self.notes = notes or []
+        self.disabled = disabled
 
 
 def _profile_facts(profile: str) -> tuple[str, str, str]:
@@ -92,8 +123,8 @@ def _profile_facts(profile: str) -> tuple[str, str, str]:
         ) from None
 
 
-def _parse_backends(specs: list[str]) -> list[_Backend]:
-    out: list[_Backend] = []
+def _parse_backends(specs: list[str]) -> list[Backend]:
+    out: list[Backend] = []
     for item in (i.strip() for spec in specs for i in spec.split(",")):
         if not item:
             continue
@@ -106,7 +137,7 @@ def _parse_backends(specs: list[str]) -> list[_Backend]:
         if problem:
             raise UsageError(f"--from-profiles: {left}: {problem}")
         model, strategy, source = _profile_facts(profile)
-        out.append(_Backend(name, profile, url.rstrip("/"), model, strategy, source))
+        out.append(Backend(name, profile, url.rstrip("/"), model, strategy, source))
     if not out:
         raise UsageError("--from-profiles: no backends given")
     return out
@@ -116,7 +147,7 @@ def _s(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def render_config(backends: list[_Backend], *, listen: str, policy: str, otlp_endpoint: str | None = None) -> str:
+def render_config(backends: list[Backend], *, listen: str, policy: str, otlp_endpoint: str | None = None) -> str:
     from policies import POLICY_NAMES
 
     lines = [
@@ -130,20 +161,20 @@ def render_config(backends: list[_Backend], *, listen: str, policy: str, otlp_en
     if otlp_endpoint:
         lines += ["", "[tracing]", 'exporter = "otlp"', f"endpoint = {_s(otlp_endpoint)}"]
     for b in backends:
-        how = (
-            f"launched with `specroute backends show {b.profile}`"
-            if b.source == "launch"
-            else f"twin: `specroute sim --profile {b.profile}`"
-        )
-        lines += [
-            "",
-            f"# {b.name}: {how}",
-            "[[backends]]",
-            f"name = {_s(b.name)}",
-            f"url = {_s(b.url)}",
-            f"model = {_s(b.model)}",
-            f"strategy = {_s(b.strategy)}",
-        ]
+        if b.source == "launch":
+            how = [f"{b.name}: launched with `specroute backends show {b.profile}`"]
+        elif b.source == "twin":
+            how = [f"{b.name}: twin: `specroute sim --profile {b.profile}`"]
+        else:
+            how = []
+        entry = ["[[backends]]", f"name = {_s(b.name)}", f"url = {_s(b.url)}", f"model = {_s(b.model)}"]
+        entry.append(f"strategy = {_s(b.strategy)}")
+        lines += [""] + [f"# {n}" for n in how + b.notes]
+        if b.disabled is not None:
+            lines.append(f"# NOT CONFIGURED: {b.disabled}")
+            lines += [f"# {e}" for e in entry]
+        else:
+            lines += entry
     return "\n".join(lines) + "\n"
 
 
@@ -156,22 +187,36 @@ def _init(args: argparse.Namespace) -> int:
         problem = url_problem(args.otlp_endpoint)
         if problem:
             raise UsageError(f"--otlp-endpoint: {problem}")
-    backends = _parse_backends(args.from_profiles)
+    if args.from_urls is not None:
+        from tools.fit.onboard import backends_from_urls
+
+        backends = backends_from_urls(
+            [u.strip() for spec in args.from_urls for u in spec.split(",") if u.strip()],
+            api_key=api_key_from_env(args.api_key_env),
+        )
+    else:
+        if args.api_key_env is not None:
+            raise UsageError("--api-key-env goes with --from-urls")
+        backends = _parse_backends(args.from_profiles)
     text = render_config(backends, listen=args.listen, policy=args.policy, otlp_endpoint=args.otlp_endpoint)
     config_from_dict(tomllib.loads(text), args.output or "config")  # refuses what `serve` would refuse
+    active = [b for b in backends if b.disabled is None]
+    if not active:
+        print(f"{PROG}: no server could be configured (each one's reason is in the file)", file=sys.stderr)
     if not args.output:
         sys.stdout.write(text)
-        return 0
+        return 0 if active else 1
     path = Path(args.output)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists (pass --force to overwrite)")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     print(
-        f"wrote {path}: {len(backends)} backend(s) for {', '.join(sorted({b.model for b in backends}))}",
+        f"wrote {path}: {len(active)} backend(s) for {', '.join(sorted({b.model for b in active})) or 'no model'}"
+        + (f", {len(backends) - len(active)} commented out (see the file)" if len(active) < len(backends) else ""),
         file=sys.stderr,
     )
-    return 0
+    return 0 if active else 1
 
 
 def summary(config: Config) -> str:

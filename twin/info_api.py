@@ -97,6 +97,7 @@ def server_args(state: SimState) -> dict[str, Any]:
         "speculative_num_draft_tokens": spec.num_draft_tokens if spec else None,
         "speculative_dflash_block_size": spec.dflash_block_size if spec else None,
         "speculative_ddtree_budget": spec.ddtree_budget if spec else None,
+        "speculative_draft_window_size": spec.draft_window_tokens if spec else None,
         "speculative_draft_attention_backend": "fa4" if spec and spec.draft_model_path else None,
         **_ngram_args(p),
         "sim_profile": p.name,

@@ -8,7 +8,9 @@ its kind:
 - `study:` one of the project's own throughput studies R1..R8 (docs/studies.md);
 - `derived:` arithmetic from sourced figures, the arithmetic stated;
 - `assumption:` no public figure;
-- `design:` a value chosen by construction, not a claim about hardware (the zero-cost profile).
+- `design:` a value chosen by construction, not a claim about hardware (the zero-cost profile);
+- `measured:` measured on a live server by `specroute profile`: the server, the date and the points
+  the value was fitted on (tools/fit/schema.py writes them; counted with the sourced ones).
 
 Any entry may end with `| measure: <experiment>`, the experiment that would measure the number.
 An *order-deciding* parameter (one that changes which strategy is fastest for a request:
@@ -48,6 +50,7 @@ class Kind(str, enum.Enum):  # noqa: UP042  (values print as the words of the fi
     DERIVED = "derived"
     ASSUMPTION = "assumption"
     DESIGN = "design"
+    MEASURED = "measured"
 
 
 class Provenance(msgspec.Struct, frozen=True):
@@ -119,7 +122,7 @@ class ProvenanceCount(msgspec.Struct, frozen=True, kw_only=True):
 
     profile: str
     total: int
-    sourced: int  # source + study
+    sourced: int  # source + study + measured
     derived: int
     assumed: int
     design: int
@@ -136,7 +139,7 @@ def count(profile: str, entries: Mapping[str, Provenance]) -> ProvenanceCount:
     return ProvenanceCount(
         profile=profile,
         total=len(kinds),
-        sourced=sum(k in (Kind.SOURCE, Kind.STUDY) for k in kinds),
+        sourced=sum(k in (Kind.SOURCE, Kind.STUDY, Kind.MEASURED) for k in kinds),
         derived=kinds.count(Kind.DERIVED),
         assumed=kinds.count(Kind.ASSUMPTION),
         design=kinds.count(Kind.DESIGN),

@@ -28,21 +28,11 @@ from backends import BackendSpec
 from backends.client import SGLangClient
 from backends.loads import LoadReport, parse_get_load, parse_loads, parse_metrics, parse_model_cards, parse_server_info
 from backends.measure import Measurement, MeasurementFailed, measure
+from tools.fit.algorithms import classify, verify_width
 
 __all__ = ["Generation", "ProbeReport", "probe", "render"]
 
 PROMPT = "Count from 1 to 30, separated by commas."
-
-# SGLang's resolved algorithm name -> the gateway's strategy (None: no matching strategy).
-_STRATEGIES = {
-    None: "ar",
-    "EAGLE3": "eagle3",
-    "EAGLE": "eagle3",
-    "NEXTN": "eagle3",
-    "DFLASH": "dflash",
-    "DDTREE": "ddtree",
-    "NGRAM": "ngram",
-}
 
 
 class Generation(msgspec.Struct, kw_only=True):
@@ -120,19 +110,6 @@ class _Http:
             return status, None
 
 
-def _verify_width(info: dict[str, Any]) -> int | None:
-    algo = (info.get("speculative_algorithm") or "").upper()
-    if not algo:
-        return 1
-    budget, block_size = info.get("speculative_ddtree_budget"), info.get("speculative_dflash_block_size")
-    if algo == "DDTREE" and isinstance(budget, int):
-        return budget + 1
-    if algo == "DFLASH" and isinstance(block_size, int):
-        return block_size
-    value = info.get("speculative_num_draft_tokens")
-    return value if isinstance(value, int) else None
-
-
 def _server_info(http: _Http, report: ProbeReport) -> None:
     for path in ("/server_info", "/get_server_info"):
         status, data = http.json(path)
@@ -154,14 +131,11 @@ def _server_info(http: _Http, report: ProbeReport) -> None:
             report.attention_backend = backend if isinstance(backend, str) else None
             draft = data.get("speculative_draft_model_path")
             report.draft_model_path = draft if isinstance(draft, str) else None
-            report.verify_width = _verify_width(data)
-            key = info.speculative_algorithm.upper() if info.speculative_algorithm else None
-            report.strategy = _STRATEGIES.get(key)
+            report.verify_width = verify_width(data)
+            kind = classify(info.speculative_algorithm)
+            report.strategy = kind.strategy
             if report.strategy is None:
-                report.problems.append(
-                    f"speculative_algorithm {info.speculative_algorithm}: no gateway strategy "
-                    "matches it (ar | eagle3 | dflash | ddtree)"
-                )
+                report.problems.append(f"speculative_algorithm {info.speculative_algorithm}: {kind.why}")
             return
     report.problems.append(
         "neither /server_info nor /get_server_info answered with JSON: the gateway will not "

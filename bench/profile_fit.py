@@ -1,0 +1,120 @@
+"""`make bench-profile`: how long `specroute profile` takes and how well its fit predicts, on twins.
+
+For each profile named, a twin at `--time-scale` (1: the hardware's own speed, the issue's
+condition for the duration target) is swept (`--quick` and, with `--full`, the full sweep), and
+the fitted profile's predictions at the held-out points (C = 3, 12, 24; prompts 4096 and 16384;
+T = 0.6) are compared with the same twin measured over HTTP (`specroute profile validate`). The
+twin's own profile serves as a second truth on the virtual clock, which separates the fit's error
+from what the HTTP path adds.
+
+    python -m bench.profile_fit [--profiles k26-ar,k26-dflash,k26-ddtree] [--time-scale 1]
+                                [--full | --full-only] [--no-http] [--output DIR]
+
+Prints the sweeps' wall-clock durations and each point's errors; checks the targets (quick under
+5 minutes at time scale 1, every held-out error within 10%) and exits 1 when one is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from tools.fit.validate import PointResult, measure_point, points_of, predict_point, render
+from tools.processes import ProcessGroup, free_port, specroute_cmd
+from twin.profile import load_profile
+
+QUICK_LIMIT_S = 300.0
+TARGET = 0.10
+
+
+class Row(msgspec.Struct, kw_only=True):
+    profile: str
+    mode: str
+    sweep_s: float
+    http: list[PointResult] = []
+    virtual: list[PointResult] = []
+
+    @property
+    def worst_http(self) -> float:
+        return max((max(abs(r.tok_s_error), abs(r.ttft_error)) for r in self.http), default=0.0)
+
+    @property
+    def worst_virtual(self) -> float:
+        return max((max(abs(r.tok_s_error), abs(r.ttft_error)) for r in self.virtual), default=0.0)
+
+
+def _run(profile: str, mode: str, scale: float, out: Path, http: bool) -> Row:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    fitted = out / f"{profile}-{mode}.toml"
+    with ProcessGroup(log_dir=out / "logs") as group:
+        group.start(
+            profile, specroute_cmd("sim", "--profile", profile, "--port", str(port), "--time-scale", str(scale))
+        )
+        group.wait_ready({profile: f"{url}/ready"})
+        t0 = time.perf_counter()
+        args = ["profile", url, "-o", str(fitted), "--force", *(["--quick"] if mode == "quick" else [])]
+        res = subprocess.run(specroute_cmd(*args), capture_output=True, text=True)
+        sweep_s = time.perf_counter() - t0
+        (out / "logs" / f"{profile}-{mode}.profile.log").write_text(res.stdout + res.stderr)
+        if res.returncode != 0:
+            raise RuntimeError(f"{profile} {mode}: specroute profile failed:\n{res.stderr[-2000:]}")
+        truth, fit = load_profile(profile), load_profile(str(fitted))
+        row = Row(profile=profile, mode=mode, sweep_s=sweep_s)
+        for point in points_of([3, 12, 24], [4096, 16384], 0.6, 256, 0):
+            predicted = predict_point(fit, point)
+            row.virtual.append(PointResult(point=point, truth=predict_point(truth, point), predicted=predicted))
+            if http:
+                row.http.append(PointResult(point=point, truth=measure_point(url, point), predicted=predicted))
+                print(f"  {profile} {mode}: C={point.concurrency} P={point.prompt_tokens} measured", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.profile_fit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profiles", default="k26-ar,k26-dflash,k26-ddtree")
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--full", action="store_true", help="also run the full sweep of each profile")
+    ap.add_argument("--full-only", action="store_true", help="run the full sweep only")
+    ap.add_argument("--no-http", action="store_true", help="compare on the virtual clock only")
+    ap.add_argument("--output", type=Path, default=Path("out/bench-profile"))
+    args = ap.parse_args(argv)
+    args.output.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    for profile in [p for p in args.profiles.split(",") if p]:
+        for mode in ("full",) if args.full_only else ("quick", "full") if args.full else ("quick",):
+            print(f"{profile}: {mode} sweep at time scale {args.time_scale:g} ...", flush=True)
+            row = _run(profile, mode, args.time_scale, args.output, not args.no_http)
+            rows.append(row)
+            print(f"{profile} {mode}: sweep {row.sweep_s:.0f} s")
+            if row.http:
+                sys.stdout.write(render(row.http, "server"))
+            sys.stdout.write(render(row.virtual, "profile"))
+    (args.output / "results.json").write_bytes(msgspec.json.format(msgspec.json.encode(rows), indent=1) + b"\n")
+    print("\n| profile | sweep | wall s | worst error vs the twin over HTTP | vs its profile (virtual clock) |")
+    print("|---|---|---:|---:|---:|")
+    for r in rows:
+        http = f"{100 * r.worst_http:.1f}%" if r.http else "-"
+        print(f"| {r.profile} | {r.mode} | {r.sweep_s:.0f} | {http} | {100 * r.worst_virtual:.1f}% |")
+    failed = []
+    if args.time_scale == 1.0:
+        failed += [
+            f"{r.profile} quick took {r.sweep_s:.0f} s" for r in rows if r.mode == "quick" and r.sweep_s > QUICK_LIMIT_S
+        ]
+    failed += [f"{r.profile} {r.mode}: {100 * r.worst_http:.1f}% over HTTP" for r in rows if r.worst_http > TARGET]
+    failed += [
+        f"{r.profile} {r.mode}: {100 * r.worst_virtual:.1f}% on the virtual clock"
+        for r in rows
+        if r.worst_virtual > TARGET
+    ]
+    print("targets: " + ("all met" if not failed else "MISSED: " + "; ".join(failed)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,344 @@
+"""The measurement sweep of `specroute profile`: which rounds it sends, in which order, and when it stops.
+
+Against an otherwise idle server (refused when `/v1/loads` shows requests at the start):
+
+1. prefill: one request alone per prompt length (up to `max_prompt_tokens`), `max_tokens` 1;
+2. step: a round at each concurrency level up to the server's cap, short prompts of the three
+   domains, greedy, thinking off, `ignore_eos` (every request the same length);
+3. context: rounds of long prompts (as many sequences as the KV pool holds), which give step time
+   against the KV the batch reads and acceptance against context length;
+4. acceptance (speculative servers): a round per domain and temperature (0, 0.6, 1.0); on an
+   NGRAM server each greedy round is sent twice, the second time measuring the acceptance inside
+   a copy of the server's own output;
+5. lengths (a model that ends its answers): a round per thinking setting (on and off where the
+   server has a reasoning parser) without `ignore_eos`, at temperature 0.6, for the reasoning and
+   answer lengths; requests still running at the round's token budget count as censored.
+
+The quick sweep sends fewer and shorter rounds (under 5 minutes on a twin at time scale 1); the
+full one more levels, lengths and repeats. No round uses the concurrency levels 3, 12, 24, the
+prompt lengths 4096 and 16384: those are held out to check the fit (`specroute profile validate`).
+
+The measurements are saved after every round, so a sweep that stops early keeps them: the server
+failed (`SweepStopped`), another client started sending (`ForeignLoad`), the user interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from backends import BackendSpec
+from backends.client import SGLangClient
+from tools.fit.discover import ServerFacts, discover
+from tools.fit.measurements import Level, Measurements, save_measurements
+from tools.fit.prompts import DOMAINS, PromptMaker
+from tools.fit.rounds import ForeignLoad, RoundSpec, calibrate, run_round
+
+__all__ = ["SweepPlan", "SweepRefused", "SweepStopped", "plan_sweep", "sweep"]
+
+SHORT = 64  # tokens of a "short" prompt: the question alone
+TEMPERATURES = (0.0, 0.6, 1.0)
+HELD_OUT_CONCURRENCY = frozenset({3, 12, 24})
+HELD_OUT_PROMPTS = frozenset({4096, 16384})
+MIN_CELL = 8  # requests per (domain, temperature) cell at least
+# Requests of one round at most: an AR server's cap is SGLang's request pool (2048 and more), far beyond
+# what a batch of a sweep's lengths needs to show its cost; the step law is fitted up to this.
+MAX_ROUND = 512
+MAX_LENGTH_ROUNDS = 6  # per thinking setting: a small cap gets fewer length samples, not hours of rounds
+
+
+class SweepRefused(RuntimeError):
+    """The server cannot be profiled (unreachable, busy, unreadable): nothing was measured."""
+
+
+class SweepStopped(RuntimeError):
+    """The sweep stopped part-way; what it measured is kept."""
+
+
+class SweepPlan(msgspec.Struct, kw_only=True):
+    mode: str
+    prefill_lengths: list[int]
+    prefill_repeats: int
+    step_levels: list[int]
+    step_tokens: int
+    step_repeats: int
+    context: list[tuple[int, int]]  # (concurrency, prompt tokens)
+    context_tokens: int
+    accept_concurrency: int
+    accept_tokens: int
+    accept_repeats: int
+    lengths_per_domain: int
+    lengths_budget_s: float  # seconds a lengths round may take (its max_tokens follows from it)
+    max_prompt_tokens: int
+
+
+def _levels(cap: int, full: bool) -> list[int]:
+    """Doubling concurrency up to `cap` (the server's, or what its KV pool or the sweep's limit
+    allows), `cap` itself, and 5/8 of it (a point between the top two, where a compute knee shows),
+    none of them a held-out level (one less instead)."""
+    ladder = [1, 2, 4, 6, 8, 16, 32, 48, 64, 96, 128, 192, 256] if full else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    wanted = [c for c in ladder if c < cap] + [cap, max(1, round(cap * 5 / 8))]
+    return sorted({c - 1 if c in HELD_OUT_CONCURRENCY else c for c in wanted})
+
+
+def _lengths(bound: int, full: bool) -> list[int]:
+    ladder = [512, 1536, 3072, 6144, 12288, 24576, 49152, 98304] if full else [1536, 6144, 12288, 24576]
+    out = [SHORT] + [n for n in ladder if n <= bound and n not in HELD_OUT_PROMPTS]
+    if bound not in HELD_OUT_PROMPTS and bound > out[-1] * 1.25:
+        out.append(bound)
+    return out
+
+
+def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None = None) -> SweepPlan:
+    cap = facts.max_running_requests or 1
+    context_len = facts.context_length or 32768
+    full = not quick
+    out_tokens = 192 if full else 96
+    bound = min(max_prompt_tokens or (65536 if full else 32768), context_len - out_tokens - 64)
+    kv = facts.max_total_tokens or (cap * 4096)
+    lengths = _lengths(bound, full)
+    context: list[tuple[int, int]] = []
+    for p in lengths[1:]:
+        if p < 1536:
+            continue
+        for c in (4, 16) if full else (16 if p <= 8192 else 8,):
+            c = min(c, cap)
+            # all of the round's sequences fit in the KV pool with room to spare
+            while c > 1 and c * (p + 512) > 0.8 * kv:
+                c //= 2
+            if c * (p + 512) <= 0.8 * kv and (c, p) not in context:
+                context.append((c, p))
+    return SweepPlan(
+        mode="full" if full else "quick",
+        prefill_lengths=lengths,
+        prefill_repeats=3 if full else 1,
+        step_levels=_levels(
+            min(cap, MAX_ROUND if full else MAX_ROUND // 2, int(0.8 * kv / (SHORT + out_tokens + 64))), full
+        ),
+        step_tokens=out_tokens,
+        step_repeats=2 if full else 1,
+        context=context,
+        context_tokens=512 if full else 256,
+        accept_concurrency=min(cap, 64 if full else 48, max(1, int(0.8 * kv / (SHORT + 512)))),
+        accept_tokens=384 if full else 256,
+        accept_repeats=2 if full else 1,
+        lengths_per_domain=32 if full else 12,
+        lengths_budget_s=240.0 if full else 45.0,
+        max_prompt_tokens=bound,
+    )
+
+
+def _rounds(plan: SweepPlan, facts: ServerFacts) -> list[RoundSpec]:
+    """Every round but the lengths ones (their token budget depends on the measured speed)."""
+    out: list[RoundSpec] = []
+    for p in plan.prefill_lengths:
+        for k in range(plan.prefill_repeats):
+            out.append(
+                RoundSpec(kind="prefill", concurrency=1, prompt_tokens=p, max_tokens=1, domains=(DOMAINS[k % 3],))
+            )
+    for _ in range(plan.step_repeats):
+        for c in plan.step_levels:
+            out.append(RoundSpec(kind="step", concurrency=c, prompt_tokens=SHORT, max_tokens=plan.step_tokens))
+    speculative = facts.classification is not None and facts.classification.reported is not None
+    ngram = facts.classification is not None and facts.classification.twin_algorithm == "NGRAM"
+    for c, p in plan.context:
+        # longer answers on a speculative server: more verify passes for the acceptance at that length
+        tokens = plan.context_tokens if speculative else plan.step_tokens
+        out.append(RoundSpec(kind="context", concurrency=c, prompt_tokens=p, max_tokens=tokens))
+    if speculative:
+        # every cell gets MIN_CELL requests at least, a small cap in more rounds
+        repeats = max(plan.accept_repeats, math.ceil(MIN_CELL / plan.accept_concurrency))
+        for _ in range(repeats):
+            for t in TEMPERATURES:
+                for d in DOMAINS:
+                    spec = RoundSpec(
+                        kind="accept",
+                        concurrency=plan.accept_concurrency,
+                        prompt_tokens=SHORT,
+                        max_tokens=plan.accept_tokens,
+                        temperature=t,
+                        domains=(d,),
+                    )
+                    out.append(spec)
+                    if t == 0.0 and ngram:
+                        # the same greedy prompts again: the server regenerates what it generated, and its
+                        # n-gram trie holds it (the acceptance inside copies of its own output)
+                        out.append(msgspec.structs.replace(spec, kind="copy"))
+    return out
+
+
+def _per_request_tok_s(levels: list[Level], concurrency: int) -> float | None:
+    """Decode tokens per second of one request at about `concurrency`, from the step rounds."""
+    best: tuple[int, float] | None = None
+    for lv in levels:
+        if lv.kind != "step":
+            continue
+        speeds = [
+            r.completion_tokens / (r.e2e_s - r.ttft_s)
+            for r in lv.requests
+            if r.e2e_s is not None and r.ttft_s is not None and r.e2e_s > r.ttft_s and not r.error
+        ]
+        if speeds and (best is None or abs(lv.concurrency - concurrency) < abs(best[0] - concurrency)):
+            best = (lv.concurrency, sorted(speeds)[len(speeds) // 2])
+    return best[1] if best else None
+
+
+def _length_rounds(plan: SweepPlan, facts: ServerFacts, levels: list[Level]) -> list[RoundSpec]:
+    n = plan.lengths_per_domain * len(DOMAINS)
+    c = min(n, facts.max_running_requests or n)
+    speed = _per_request_tok_s(levels, c) or 20.0
+    # what the round's time allows, within the context length (SGLang refuses a longer max_tokens)
+    budget = min(max(256, int(speed * plan.lengths_budget_s)), (facts.context_length or 32768) - 4 * SHORT)
+    settings = (True, False) if facts.thinking else (False,)
+    return [
+        RoundSpec(
+            kind="lengths",
+            concurrency=c,
+            prompt_tokens=SHORT,
+            max_tokens=budget,
+            temperature=0.6,
+            thinking=thinking,
+            ignore_eos=False,
+        )
+        for thinking in settings
+        for _ in range(min(MAX_LENGTH_ROUNDS, math.ceil(n / c)))
+    ]
+
+
+def _failures(level: Level) -> list[str]:
+    return [r.error for r in level.requests if r.error]
+
+
+async def _run(
+    facts: ServerFacts,
+    plan: SweepPlan,
+    m: Measurements,
+    save: Callable[[], None],
+    log: Callable[[str], None],
+    api_key: str | None,
+) -> None:
+    client = SGLangClient(
+        BackendSpec(name="profile", url=facts.url, model=facts.served_model_name or "", api_key=api_key),
+        connections=max(64, (facts.max_running_requests or 1) * 2),
+    )
+    maker = PromptMaker(seed=int(time.time()))
+    t0 = time.perf_counter()
+    try:
+        # warm-up, and the tokenizer's characters per token on the sweep's own text
+        warm = await run_round(
+            client, facts, maker, RoundSpec(kind="warmup", concurrency=1, prompt_tokens=SHORT, max_tokens=2)
+        )
+        probe = await calibrate(client, facts, maker)
+        for lv in (warm, probe):
+            if _failures(lv):
+                raise SweepStopped(f"the first requests failed: {_failures(lv)[0]}")
+        m.notes.append(f"characters per token on the sweep's text: {maker.chars_per_token:.2f}")
+        speculative = facts.classification is not None and facts.classification.reported is not None
+        if speculative and warm.requests[0].verify_ct is None:
+            note = (
+                f"no per-request speculation details (SGLang {facts.version}): acceptance cannot be measured; "
+                "the sweep goes on for the step and prefill times"
+            )
+            m.notes.append(note)
+            log(f"note: {note}")
+        rounds = _rounds(plan, facts)
+        total = len(rounds)
+        i = 0
+        while i < len(rounds):
+            spec = rounds[i]
+            repeat = maker.last_round if spec.kind == "copy" else None
+            level = await run_round(client, facts, maker, spec, prompts=repeat)
+            m.levels.append(level)
+            m.wall_s = time.perf_counter() - t0
+            save()
+            errors = _failures(level)
+            log(
+                f"[{len(m.levels)}/{total}] {spec.kind:8s} C={spec.concurrency:<4d} prompt={spec.prompt_tokens:<6d} "
+                f"T={spec.temperature:<3g} thinking={'on ' if spec.thinking else 'off'} "
+                f"{len(level.requests) - len(errors)} ok {len(errors)} failed  ({time.perf_counter() - t0:.0f} s)"
+            )
+            if errors:
+                raise SweepStopped(
+                    f"the server answered errors mid-sweep ({len(errors)} of {len(level.requests)} requests of a "
+                    f"{spec.kind} round at C={spec.concurrency}): {errors[0]}"
+                )
+            i += 1
+            if i == len(rounds) and not any(r.kind == "lengths" for r in rounds):
+                rounds += _length_rounds(plan, facts, m.levels)
+                total = len(rounds)
+    finally:
+        await client.close()
+
+
+def sweep(
+    url: str,
+    *,
+    quick: bool,
+    measurements_path: Path,
+    max_prompt_tokens: int | None = None,
+    api_key: str | None = None,
+    log: Callable[[str], None] = lambda _msg: None,
+) -> Measurements:
+    """Profile the server at `url`; the measurements go to `measurements_path` after every round.
+    Raises SweepRefused before anything is sent, SweepStopped (with the measurements kept) after."""
+    facts = asyncio.run(discover(url, api_key=api_key))
+    if facts.error:
+        raise SweepRefused(f"{url}: {facts.error}")
+    if facts.classification is not None and facts.classification.strategy is None:
+        raise SweepRefused(f"{url}: {facts.classification.why}")
+    if facts.load_path is None:
+        raise SweepRefused(f"{url}: neither /v1/loads nor /get_load answered: cannot tell whether the server is idle")
+    if (facts.running or 0) + (facts.waiting or 0) > 0:
+        raise SweepRefused(
+            f"{url}: the server is busy ({facts.running} running, {facts.waiting} waiting requests, from "
+            f"{facts.load_path}): profile an otherwise idle server, its figures would be the other traffic's too"
+        )
+    if not facts.max_running_requests:
+        raise SweepRefused(f"{url}: the server reports no max_running_requests (neither /server_info nor /v1/loads)")
+    plan = plan_sweep(facts, quick=quick, max_prompt_tokens=max_prompt_tokens)
+    m = Measurements(
+        url=facts.url,
+        date=datetime.datetime.now(datetime.UTC).date().isoformat(),
+        mode=plan.mode,
+        max_prompt_tokens=plan.max_prompt_tokens,
+        facts=facts,
+    )
+    if facts.load_path != "/v1/loads":
+        m.notes.append(f"{facts.load_path} only: no decode moments or prefill counters (SGLang before 0.5.23)")
+
+    def save() -> None:
+        save_measurements(m, measurements_path)
+
+    save()
+    c = facts.classification
+    log(
+        f"profiling {facts.url}: {facts.served_model_name}, {c.strategy if c else '?'} ({c.reported if c else None}), "
+        f"cap {facts.max_running_requests}, prompts up to {plan.max_prompt_tokens} tokens, {plan.mode} sweep"
+    )
+    try:
+        asyncio.run(_run(facts, plan, m, save, log, api_key))
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        m.stopped = f"lost the server mid-sweep: {type(e).__name__}: {e}".rstrip(": ")
+        save()
+        raise SweepStopped(m.stopped) from None
+    except ForeignLoad as e:
+        m.stopped = str(e)
+        save()
+        raise SweepStopped(str(e)) from None
+    except SweepStopped as e:
+        m.stopped = str(e)
+        save()
+        raise
+    except KeyboardInterrupt:
+        m.stopped = "interrupted"
+        save()
+        raise
+    save()
+    return m
