@@ -1,18 +1,19 @@
 """What a policy believes about a backend before it has measured it: one prior per strategy.
 
 The gateway knows a backend's strategy from config and nothing else about its speed, so the
-goodput policy starts from these numbers and corrects them with live telemetry. They are the
-calibration figures of docs/studies.md (Kimi K2.6, TP8, PCIe) where the studies state them and labelled
-assumptions elsewhere; on another model or machine they are only a starting point, which is why
-the estimates learn multiplicative corrections on top of them rather than trusting them.
+goodput policy starts from these numbers and corrects them with live telemetry (and, at startup,
+with a measurement of each backend: `backends.measure`). They are Kimi K2.6 on TP8 over PCIe, the
+figures docs/studies.md measured and docs/twin.md ("K2.6 parameters and their sources") traces to
+public sources; each number below says where it comes from. On another model or machine they are
+only a starting point, which is why the estimates learn multiplicative corrections on top of them.
 
-Step time follows the linear model docs/studies.md derives from R1, R2 and R7:
+Step time, seconds per decode/verify pass with B sequences each verifying w tokens:
 
-    t(B, w) = t0 + k*(B*w - 1) + draft0 + draft1*(B - 1)
+    t(B, w) = t0 + k (B w - 1) + k_compute max(0, B w - knee) + draft0 + draft1 (B - 1)
 
-with B sequences in the batch (capped at `max_running`: beyond it requests queue) each verifying
-w tokens. The prior deliberately has no compute knee (the studies give no figure for it): the
-estimates must learn where a strategy stops paying from what the backend does.
+B is capped at `max_running` (beyond it requests queue). The KV each pass reads (56 ns a cached
+token on this machine) is not in the prior: a policy does not know its neighbours' contexts, and
+the learned per-load corrections absorb it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ TEMPERATURE_BANDS = 3  # [0, 0.25), [0.25, 0.75), >= 0.75 (and None: SGLang's de
 CONTEXT_BANDS = 2  # prompt within the draft window, beyond it
 CELLS_PER_DOMAIN = TEMPERATURE_BANDS * CONTEXT_BANDS
 CELLS = len(DOMAINS) * CELLS_PER_DOMAIN
-# The DFlash drafter of K2.6 is deployed with a 4096-token draft window (docs/studies.md).
+# K2.6's DFlash drafter is deployed with a 4096-token draft window (docs/studies.md) and its EAGLE-3
+# head was trained on 4096-token sequences (docs/twin.md): both lose drafts beyond it.
 LONG_CONTEXT_TOKENS = 4096
 
 
@@ -69,34 +71,47 @@ def cell_of(d: int, temperature: float | None, prompt_tokens: int) -> int:
 class StepPrior(msgspec.Struct, frozen=True, kw_only=True):
     """Prior step time of one decode/verify pass, seconds, as a function of the batch size."""
 
-    t0_s: float = 0.038  # R1: 1000/26.3 ms at batch 1
-    k_s: float = 0.052e-3  # R1/R2: extra seconds per verified token in the batch
+    t0_s: float = 0.038  # R1: 1000 / 26.3 ms at batch 1
+    # R2 (807.5 tok/s at C=32): (39.6 - 38.0 - 0.53 ms of KV read) / 31 extra tokens
+    k_s: float = 0.034e-3
+    # The all-reduces stay latency-bound up to ~256 tokens a pass (each of the 122 per-token
+    # all-reduces at ~156 us until n x 14,336 B x 1.75 / 40 GB/s reaches it); past that a verified
+    # token costs what a prefill token costs (0.12 ms): 0.12 - 0.034.
+    knee_tokens: int = 256
+    k_compute_s: float = 0.086e-3
     width: int = 1  # tokens verified per sequence per step (1 = autoregressive)
     draft0_s: float = 0.0  # drafter cost at batch 1
     draft1_s: float = 0.0  # drafter cost per extra sequence
 
     def step_s(self, batch: int) -> float:
         b = batch if batch > 1 else 1
-        return self.t0_s + self.k_s * (b * self.width - 1) + self.draft0_s + self.draft1_s * (b - 1)
+        n = b * self.width
+        over = n - self.knee_tokens
+        return (
+            self.t0_s
+            + self.k_s * (n - 1)
+            + (self.k_compute_s * over if over > 0 else 0.0)
+            + self.draft0_s
+            + self.draft1_s * (b - 1)
+        )
 
 
 class StrategyPrior(msgspec.Struct, frozen=True, kw_only=True):
     """Prior acceptance (tokens per verify pass, bonus token included) per domain, step time, cap,
-    prefill cost, and how acceptance changes with temperature and with a context beyond the
-    drafter's window (factors on the accepted drafts, the part beyond the bonus token)."""
+    prefill cost, and how acceptance changes with temperature and with a context beyond
+    LONG_CONTEXT_TOKENS (factors on the accepted drafts, the part beyond the bonus token)."""
 
     accept: tuple[float, float, float]  # math, code, chat (order of DOMAINS), temperature 0, short context
     step: StepPrior
     max_running: int
-    # Assumption: K2.6 prefill ~64 GFLOP per token at ~0.8 PFLOP/s effective over 8 PCIe GPUs
-    # (~12k tok/s); the fixed part is one latency-bound forward (R1: 38 ms) plus scheduling.
-    prefill_base_s: float = 0.040
-    prefill_per_token_s: float = 0.08e-3
-    # Assumption: attention costs K2.6 64 heads x (2 x 192 QK + 2 x 128 PV) x 61 layers = 2.5 MFLOP
-    # per causal (query, key) pair (model card: 61 layers, 64 MLA heads), at the same ~0.8 PFLOP/s.
-    prefill_pair_s: float = 3.1e-9
-    # Assumption: sampling at T ~ 0.5 / T >= 0.75 keeps ~92% / ~82% of the drafts accepted at T=0
-    # (lossless speculative sampling accepts min(1, p/q): fewer tokens once the target samples).
+    # One latency-bound forward (R1: 38 ms) for a prompt alone; 0.12 ms a token (K2.6's prefill
+    # FLOPs and the all-reduce bytes of a token over PCIe: docs/twin.md, "Context length").
+    prefill_base_s: float = 0.038
+    prefill_per_token_s: float = 0.12e-3
+    # Attention: 1.24 ms per million causal (query, key) pairs (64 MLA heads x 61 layers, same source).
+    prefill_pair_s: float = 1.24e-9
+    # Drafts accepted at T in [0.25, 0.75) (K2.6 instant mode, 0.6) and T >= 0.75 (thinking, 1.0),
+    # relative to greedy; per strategy below.
     temperature_factors: tuple[float, float, float] = (1.0, 0.92, 0.82)
     long_context_factor: float = 1.0  # drafts accepted beyond LONG_CONTEXT_TOKENS, relative
 
@@ -111,39 +126,66 @@ def cell_priors(prior: StrategyPrior) -> tuple[float, ...]:
     return tuple(out)
 
 
+# Where the figures come from (docs/twin.md restates every source): accept lengths are tokens per
+# verify pass at T=0 on short prompts, per domain (math, code, chat); a temperature factor is the
+# ratio of accepted drafts (accept length - 1) at T=0.6 / T=1.0 to T=0, from the per-domain accept
+# ratios, averaged over the domains.
 DEFAULT_PRIORS: Mapping[Strategy, StrategyPrior] = {
-    # R1-R3: ~26 tok/s per request, flat to C=32. max_running: assumption (AR servers admit many).
-    Strategy.AR: StrategyPrior(accept=(1.0, 1.0, 1.0), step=StepPrior(), max_running=256),
-    # Assumption: EAGLE-3 with 3 steps, topk 1 (4 verified tokens); public EAGLE-3 runs accept
-    # about 3 tokens per pass on math, fewer on chat; the 3-step draft head costs a few ms.
+    # R1-R3: ~26 tok/s per request. SGLang caps only speculative servers at 48; an AR server's
+    # request pool is max(min(KV / context x 512, 4096), 2048) (`pool_configurator.py`), its KV
+    # binds first. /server_info's max_running_requests replaces it at startup.
+    Strategy.AR: StrategyPrior(accept=(1.0, 1.0, 1.0), step=StepPrior(), max_running=2048),
+    # K2.6 EAGLE-3 MLA head's card (3 steps, topk 1, 4 verified tokens): GSM8K 2.987 and MATH500
+    # 3.245, HumanEval 3.241 and LiveCodeBench 2.706, MT-Bench 2.624. T=1: a published EAGLE-3 head
+    # keeps 0.94 of its accept length (4.78 -> 4.50), K2.6's at depth 3 0.97: drafts x 0.95
+    # (x 0.97 at 0.6, linear in T). Its head was trained at 4K and SGLang does not window MLA
+    # EAGLE-3 drafters: misses grow as (context / 4096)^0.52 (speculators#684, Qwen3-8B 2.30 at 2K
+    # -> 1.09 at 16K, shifted to a 4K head); at 12-16K, the body of the prompts past 4K in Kimi's
+    # trace, the accepted drafts fall to 0.46-0.77x (chat-math): 0.6.
+    # Drafting: three passes of a one-layer head, within 1.9-8 ms: 6 ms (an assumption in the bound).
     Strategy.EAGLE3: StrategyPrior(
-        accept=(3.2, 3.0, 2.6), step=StepPrior(width=4, draft0_s=0.006, draft1_s=0.03e-3), max_running=48
+        accept=(3.12, 2.97, 2.62),
+        step=StepPrior(width=4, draft0_s=0.006, draft1_s=0.03e-3),
+        max_running=48,
+        temperature_factors=(1.0, 0.97, 0.95),
+        long_context_factor=0.6,
     ),
-    # R7/R8: DFlash block 8 accepts 3.6-4.9 per dataset; the 3B drafter costs ~9.5 ms at batch 32.
-    # Beyond the 4096-token draft window the drafter sees a truncated context (assumption: 85% of
-    # the drafts accepted).
+    # R7/R8: DFlash block 8 accepts 4.87 / 4.25 / 3.68; the drafter costs 3 ms at batch 1 (within
+    # the 1-3.7 ms of 6 layers at the target's per-layer latency) and 0.215 ms per extra sequence
+    # (R7). T=1: the DDTree paper's DFlash columns (3 models x 10 datasets) put the misses at x1.25
+    # / 1.15 / 1.06, an accept length of 0.88 / 0.91 / 0.95 of greedy: drafts x 0.89 (x 0.94 at
+    # 0.6). Its 4096-token window loses 1.7% of the misses per doubling beyond (a sliding-window
+    # drafter: 1.590 at 4K -> 1.537 at 20K): drafts x 0.97 at 16-64K.
     Strategy.DFLASH: StrategyPrior(
-        accept=(4.9, 4.2, 3.6),
-        step=StepPrior(width=8, draft0_s=0.003, draft1_s=0.2e-3),
+        accept=(4.87, 4.25, 3.68),
+        step=StepPrior(width=8, draft0_s=0.003, draft1_s=0.215e-3),
         max_running=48,
-        long_context_factor=0.85,
+        temperature_factors=(1.0, 0.94, 0.89),
+        long_context_factor=0.97,
     ),
-    # Assumption: DDTree over the DFlash drafter, budget 32 (33 verified tokens), accepting about
-    # 1.3x DFlash (DDTree paper: 8.22x vs 6.09x speedup); the tree adds little drafting cost.
+    # DDTree over the same drafter, budget 9 (10 verified tokens): an independent vLLM DDTree at
+    # block 8 measured +3.5-4% tokens per pass from branching (not the paper's best-budget, batch-1
+    # +33-72%), falling to 0.885 of that ratio at T=1: 1.04 x DFlash at T=0, 0.92 x at T=1, drafts
+    # x 0.75 at T=1 and x 0.86 at 0.6 of its own greedy figure. Tree machinery 8.1 ms a pass (the
+    # same study's attention-side items) and the overlap scheduler off (5% of a 38 ms pass, the
+    # low end of SGLang's #9588): 3 + 8.1 + 1.9 ms.
     Strategy.DDTREE: StrategyPrior(
-        accept=(6.4, 5.5, 4.7),
-        step=StepPrior(width=33, draft0_s=0.003, draft1_s=0.25e-3),
+        accept=(5.06, 4.42, 3.83),
+        step=StepPrior(width=10, draft0_s=0.013, draft1_s=0.215e-3),
         max_running=48,
-        long_context_factor=0.85,
+        temperature_factors=(1.0, 0.86, 0.75),
+        long_context_factor=0.97,
     ),
     # SGLang's NGRAM: every running request verifies 12 tokens per step, matched or not; on text
     # the server did not generate before, the published n-gram accept lengths are 1.4 (chat, with
-    # the prompt in the pool) to 1.8 (SGLang's GSM8K test floor); no drafter pass, a host lookup.
-    # What it gains on repeated text depends on the server's own history: the estimates learn it.
+    # the prompt in the pool) to 1.8 (SGLang's GSM8K test floor); no drafter pass, a host lookup
+    # and one blocking copy (0.5 ms; a sync measured at 0.20 ms, a D2H at 0.32 ms). What it gains
+    # on text it generated before depends on the server's own history: the estimates learn it.
     Strategy.NGRAM: StrategyPrior(
         accept=(1.8, 1.4, 1.4),
         step=StepPrior(width=12, draft0_s=0.0005, draft1_s=0.02e-3),
         max_running=48,
+        temperature_factors=(1.0, 0.94, 0.89),
     ),
 }
 

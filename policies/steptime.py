@@ -87,7 +87,10 @@ class StepCurve:
         b = load if load < cap else cap
         if b < 1:
             b = 1
-        base = p.t0_s + p.k_s * (b * p.width - 1) + p.draft0_s + p.draft1_s * (b - 1)
+        n = b * p.width
+        base = p.t0_s + p.k_s * (n - 1) + p.draft0_s + p.draft1_s * (b - 1)
+        if n > p.knee_tokens:
+            base += p.k_compute_s * (n - p.knee_tokens)
         e = self.eff
         if load <= 1:
             return base * e[0]
