@@ -231,7 +231,7 @@ def main(argv: list[str]) -> int:
     if any(role == "plan" for g in groups.values() for role, _ in g) or "sessions" in groups:
         from evaluate.fleet_targets import check_fleet_targets, fleet_table
 
-        fleet_t, fleets_doc = check_fleet_targets(groups, plan_policy)
+        fleet_t, fleets_doc = check_fleet_targets(groups, plan_policy, chosen)
         targets += fleet_t
         table = fleet_table(groups)
         extra = table if len(table) > 4 else []  # only with homogeneous fleets to compare

@@ -36,10 +36,10 @@ from evaluate.fleet import parse_fleet, parse_member
 from evaluate.fluid import PhaseGrid, request_rates, type_curve
 from evaluate.metrics import PhaseMetrics
 from evaluate.runner import PhaseResult, ScenarioResult
-from evaluate.scenarios import SCENARIOS
+from evaluate.scenarios import SCENARIOS, Scenario
 from evaluate.targets import Target
 
-__all__ = ["JUDGED", "check_fleet_targets", "fleet_table"]
+__all__ = ["JUDGED", "check_fleet_targets", "fleet_table", "fluid_bound"]
 
 SPEEDUP = 1.2
 CLAIRVOYANT = 0.95
@@ -61,12 +61,19 @@ def _baseline(homog: Sequence[ScenarioResult], phase: str) -> tuple[str, str, Ph
     return best
 
 
-def _bound(scenario_name: str, phase_name: str, n: int, rate: float, baseline_tok_s: float) -> dict[str, float]:
+def fluid_bound(
+    scenario: Scenario,
+    phase_name: str,
+    n: int,
+    rate: float,
+    baseline_tok_s: float,
+    type_names: Sequence[str] | None = None,
+) -> dict[str, float]:
+    """The bound of the module docstring for one phase, over `type_names` (default plan's types)."""
     from evaluate.plan import DEFAULT_TYPES, compositions
 
-    scenario = SCENARIOS[scenario_name]
     phase = next(p for p in scenario.phases if p.name == phase_name)
-    types = [parse_member(t) for t in DEFAULT_TYPES]
+    types = [parse_member(t) for t in (type_names or DEFAULT_TYPES)]
     grid = PhaseGrid([type_curve(t, scenario, phase) for t in types], rate)
     combos = compositions(len(types), n)
     values = {c: grid.value(c) for c in combos}
@@ -116,7 +123,7 @@ class PhaseCheck(msgspec.Struct, kw_only=True):
 
 
 def _check_phase(
-    scenario: str, ph: PhaseResult, homog: Sequence[ScenarioResult], n: int, policy: str
+    scenario: Scenario, ph: PhaseResult, homog: Sequence[ScenarioResult], n: int, policy: str
 ) -> PhaseCheck | None:
     mine = ph.policies[policy]
     base = _baseline(homog, ph.name)
@@ -138,7 +145,7 @@ def _check_phase(
         clairvoyant_ratio=round(mine.clairvoyant_ratio or 0.0, 3),
         vs_least_inflight=round(mine.mean_request_tok_s / li, 3) if li else None,
         vs_best_static=round(mine.mean_request_tok_s / top_static, 3) if top_static else None,
-        bound=msgspec.convert(_bound(scenario, ph.name, n, ph.rate_rps, b.mean_request_tok_s), Bound)
+        bound=msgspec.convert(fluid_bound(scenario, ph.name, n, ph.rate_rps, b.mean_request_tok_s), Bound)
         if ratio < SPEEDUP
         else None,
     )
@@ -218,11 +225,15 @@ def _session_target(res: ScenarioResult) -> Target | None:
 
 
 def check_fleet_targets(
-    groups: dict[str, list[tuple[str, ScenarioResult]]], plan_policy: dict[str, str]
+    groups: dict[str, list[tuple[str, ScenarioResult]]],
+    plan_policy: dict[str, str],
+    scenarios: dict[str, Scenario] | None = None,
 ) -> tuple[list[Target], dict[str, object]]:
-    """`plan_policy`: the goodput objective plan chose for its fleet, per scenario (default latency)."""
+    """`plan_policy`: the goodput objective plan chose for its fleet, per scenario (default latency);
+    `scenarios`: the scenarios run, by name (default: the named ones; a trace is not among them)."""
     targets: list[Target] = []
     doc: dict[str, object] = {}
+    known = {**SCENARIOS, **(scenarios or {})}
     for scenario, runs in groups.items():
         plan = next((r for role, r in runs if role == "plan"), None)
         homog = [r for role, r in runs if role == "homogeneous"]
@@ -234,7 +245,7 @@ def check_fleet_targets(
             rows = [
                 c
                 for ph in plan.phases
-                if ph.name in judged and (c := _check_phase(scenario, ph, homog, n, policy)) is not None
+                if ph.name in judged and (c := _check_phase(known[scenario], ph, homog, n, policy)) is not None
             ]
             doc[scenario] = {
                 "plan_fleet": plan.fleet,
