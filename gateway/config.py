@@ -194,6 +194,7 @@ class ModelSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ttft_weight: float | None = None  # goodput: seconds of TTFT counted as this many seconds of decode (1)
     prefix_tracking: bool | None = None  # goodput: prefix-cache affinity (default on)
     ttft_slo_s: float | None = None  # goodput: the TTFT past which each predicted second costs slo_weight more (5)
+    tpot_slo_s: float | None = None  # goodput: the time per output token past which decode costs slo_weight more (0.06)
     slo_weight: float | None = None  # goodput: that weight (1; 0: no SLO term; higher: less tail, less mean speed)
     seed: int | None = None
 

@@ -11,6 +11,12 @@ served) and `uncached` tokens of its own prompt that the radix cache does not ho
          + (load + 1 - cap) / cap x decode                if the backend is full: waiting for a slot
     own  = ttft_weight x ttft + decode,   decode = out x step_s(load + 1) / accept(c)
          + slo_weight x (ttft - ttft_slo_s)               for the part of a TTFT beyond the SLO
+         + slo_weight x (ttft + decode + out x (tpot - tpot_slo_s))   if its decode is slower than
+                                                          the TPOT SLO, tpot = step_s(load + 1) / accept(c)
+
+A TTFT past its SLO is priced by the second; a TPOT past its SLO loses the request whatever the
+overrun (goodput counts it 0), so it costs the request's own time once more: without that a short
+answer could go to a busy AR backend whose e2e looks cheapest while every token comes late.
 
 where a prefill's time counts its tokens and its attention's causal (query, key) pairs
 (`policies.prefill`): a prompt's last tokens attend to everything before them, cached or not.
@@ -69,6 +75,7 @@ def own_and_imposed_s(
     sequences: int = 1,
     pairs: float = 0.0,
     pending_pairs: float = 0.0,
+    tpot_slo_s: float = float("inf"),
 ) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
     what it adds to the requests running beside it. `pairs` and `pending_pairs` are the causal
@@ -90,6 +97,11 @@ def own_and_imposed_s(
     cost = ttft_weight * ttft + decode
     if ttft > ttft_slo_s:
         cost += slo_weight * (ttft - ttft_slo_s)
+    tpot = step / acc
+    if tpot > tpot_slo_s:
+        # past its TPOT SLO a request is lost to goodput however small the overrun: its own time
+        # once more, plus the overrun's seconds
+        cost += slo_weight * (ttft + decode + out * (tpot - tpot_slo_s))
     if externality and load:
         running = load if load < cap else cap
         slower = step - est.step_s(load)

@@ -18,7 +18,8 @@ For every healthy candidate it predicts (`policies.cost`) what this request woul
 Objectives:
 - `latency` (default): least predicted time, own plus imposed (`externality` weight, 1.0; 0.0 is
   the selfish rule; `ttft_weight` counts a second of TTFT as that many seconds, 1.0; each predicted
-  second of TTFT past `ttft_slo_s`, 5 s, costs `slo_weight` more, 1.0);
+  second of TTFT past `ttft_slo_s`, 5 s, costs `slo_weight` more, 1.0, and so does each second
+  a decode slower than `tpot_slo_s`, 0.06 s a token, adds over one at that pace);
 - `throughput`: the largest gain in the pool's total tok/s (a loaded speculative backend can lose
   throughput by taking another sequence, an AR backend gains ~one sequence's worth), less the
   tokens the others lose while its prefill holds them up.
@@ -93,6 +94,7 @@ class Goodput:
         externality: float = 1.0,
         ttft_weight: float = 1.0,
         ttft_slo_s: float | None = 5.0,
+        tpot_slo_s: float | None = 0.06,
         slo_weight: float = 1.0,
         prefix_tracking: bool = True,
         estimates: Estimates | None = None,
@@ -113,10 +115,13 @@ class Goodput:
             raise ValueError(f"ttft_weight must be in (0, 10], got {ttft_weight}")
         if ttft_slo_s is not None and not 0.0 < ttft_slo_s <= 3600.0:
             raise ValueError(f"ttft_slo_s must be in (0, 3600] seconds or None, got {ttft_slo_s}")
+        if tpot_slo_s is not None and not 0.0 < tpot_slo_s <= 60.0:
+            raise ValueError(f"tpot_slo_s must be in (0, 60] seconds or None, got {tpot_slo_s}")
         if not 0.0 <= slo_weight <= 100.0:
             raise ValueError(f"slo_weight must be in [0, 100], got {slo_weight}")
         self.ttft_weight = ttft_weight
         self.ttft_slo_s = math.inf if ttft_slo_s is None else ttft_slo_s
+        self.tpot_slo_s = math.inf if tpot_slo_s is None else tpot_slo_s
         self.slo_weight = slo_weight
         self.objective = objective
         self.epsilon = epsilon
@@ -191,6 +196,7 @@ class Goodput:
         estimates = self.estimates
         if self._latency:
             weight, wt, slo, over = self.externality, self.ttft_weight, self.ttft_slo_s, self.slo_weight
+            tpot_slo = self.tpot_slo_s
         scored: list[_Scored] = []
         backends = estimates.backends
         for v in candidates:
@@ -223,7 +229,7 @@ class Goodput:
             if self._latency:
                 pending, pending_pairs = v.pending_prefill, v.pending_pairs
                 cost = own_and_imposed_s(
-                    guess, cell, load, uncached, out, weight, wt, pending, slo, over, k, pairs, pending_pairs
+                    guess, cell, load, uncached, out, weight, wt, pending, slo, over, k, pairs, pending_pairs, tpot_slo
                 )
             else:
                 cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
@@ -358,6 +364,7 @@ class Goodput:
                 sequences=request.sequences,
                 pairs=pairs,
                 pending_pairs=v.pending_pairs,
+                tpot_slo_s=math.inf if own_only else self.tpot_slo_s,
             )
         return -throughput_gain(est, cell, load, uncached, out, sequences=request.sequences, pairs=pairs)
 
@@ -405,6 +412,7 @@ class Goodput:
             "objective": self.objective,
             "externality": self.externality,
             "ttft_slo_s": None if math.isinf(self.ttft_slo_s) else self.ttft_slo_s,
+            "tpot_slo_s": None if math.isinf(self.tpot_slo_s) else self.tpot_slo_s,
             "slo_weight": self.slo_weight,
             "decisions": self._tick,
             "telemetry_used": self.estimates.used,

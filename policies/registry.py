@@ -36,6 +36,7 @@ POLICY_OPTIONS: dict[str, frozenset[str]] = {
             "externality",
             "ttft_weight",
             "ttft_slo_s",
+            "tpot_slo_s",
             "slo_weight",
             "prefix_tracking",
             "backends",
@@ -51,8 +52,9 @@ def make_policy(name: str, **options: Any) -> Policy:
     seed. goodput: objective ("latency" | "throughput"), seed, epsilon, explore_gap,
     explore_floor, bonus, hysteresis, externality (weight of the time a request imposes on the
     others, 1.0; 0.0 = selfish), ttft_weight (seconds of TTFT counted as this many seconds of
-    decode, 1.0), ttft_slo_s and slo_weight (each predicted second of TTFT past
-    ttft_slo_s, 5.0, costs slo_weight more, 1.0), prefix_tracking (True) (see `policies.goodput`), backends
+    decode, 1.0), ttft_slo_s, tpot_slo_s and slo_weight (each predicted second of TTFT past
+    ttft_slo_s, 5.0, or of decode beyond a pace of tpot_slo_s, 0.06 s a token, costs slo_weight
+    more, 1.0), prefix_tracking (True) (see `policies.goodput`), backends
     (BackendSpecs to register before the first request).
     """
     if name not in POLICY_OPTIONS:
