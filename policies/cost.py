@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["CostModel", "own_and_imposed_s", "throughput_gain"]
+__all__ = ["CostModel", "kv_bound", "own_and_imposed_s", "throughput_gain"]
 
 
 class CostModel(Protocol):
@@ -59,6 +59,17 @@ class CostModel(Protocol):
     def prefill_s(self, uncached: int, pairs: float = 0.0) -> float: ...
 
     def prefill_stall_s(self, uncached: int, pairs: float = 0.0) -> float: ...
+
+
+def kv_bound(kv_tokens: int | None, request_tokens: float) -> int:
+    """How many requests of this one's size (prompt + expected output) a KV pool of `kv_tokens`
+    holds at once, 0 if unknown. SGLang admits a request only while its KV fits, so on long
+    contexts the pool binds long before `max_running_requests`: 259k tokens hold three 70k-token
+    agent calls, nineteen of the 13k-token requests of Kimi's trace, not 48 of either."""
+    if not kv_tokens or request_tokens <= 0:
+        return 0
+    n = int(kv_tokens // request_tokens)
+    return n if n > 1 else 1
 
 
 def own_and_imposed_s(
@@ -76,11 +87,13 @@ def own_and_imposed_s(
     pairs: float = 0.0,
     pending_pairs: float = 0.0,
     tpot_slo_s: float = float("inf"),
+    cap: int = 0,
 ) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
     what it adds to the requests running beside it. `pairs` and `pending_pairs` are the causal
     attention pairs of `uncached` and of `pending` (`policies.prefill.causal_pairs`). It runs for
-    every candidate of every decision: arguments by position."""
+    every candidate of every decision: arguments by position. `cap`: the requests the backend
+    can run at once if fewer than its `max_running` (its KV pool's bound, `kv_bound`)."""
     acc = est.accept_at(c)
     n1 = load + sequences
     step = est.step_s(n1)
@@ -91,7 +104,8 @@ def own_and_imposed_s(
     ttft = 1.5 * step + stall if load else est.prefill_s(uncached, pairs)
     if pending or pending_pairs:
         ttft += est.prefill_stall_s(pending, pending_pairs)
-    cap = est.max_running
+    if not cap or cap > est.max_running:
+        cap = est.max_running
     if n1 > cap:
         ttft += (n1 - cap) / cap * decode
     cost = ttft_weight * ttft + decode

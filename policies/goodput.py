@@ -52,7 +52,7 @@ import msgspec
 from backends import BackendSpec
 from backends.measure import Measurement
 from policies.base import BackendView, Decision, NoCandidate, Outcome, RequestFeatures, view_load
-from policies.cost import own_and_imposed_s, throughput_gain
+from policies.cost import kv_bound, own_and_imposed_s, throughput_gain
 from policies.estimates import BackendEstimate, Estimates
 from policies.lengths import OutputLengths
 from policies.prefill import causal_pairs
@@ -191,6 +191,7 @@ class Goodput:
         prompt = request.prompt_tokens
         whole = causal_pairs(prompt, prompt)  # the pairs of a prompt no backend holds any of
         k = request.sequences
+        size = (prompt + out) * k
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
         estimates = self.estimates
@@ -229,7 +230,21 @@ class Goodput:
             if self._latency:
                 pending, pending_pairs = v.pending_prefill, v.pending_pairs
                 cost = own_and_imposed_s(
-                    guess, cell, load, uncached, out, weight, wt, pending, slo, over, k, pairs, pending_pairs, tpot_slo
+                    guess,
+                    cell,
+                    load,
+                    uncached,
+                    out,
+                    weight,
+                    wt,
+                    pending,
+                    slo,
+                    over,
+                    k,
+                    pairs,
+                    pending_pairs,
+                    tpot_slo,
+                    kv_bound(v.kv_tokens, size),
                 )
             else:
                 cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
@@ -365,6 +380,7 @@ class Goodput:
                 pairs=pairs,
                 pending_pairs=v.pending_pairs,
                 tpot_slo_s=math.inf if own_only else self.tpot_slo_s,
+                cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences),
             )
         return -throughput_gain(est, cell, load, uncached, out, sequences=request.sequences, pairs=pairs)
 

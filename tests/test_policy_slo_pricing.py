@@ -5,6 +5,8 @@ import pytest
 
 from backends import BackendSpec, Strategy
 from policies import BackendView, Domain, Goodput, Outcome, RequestFeatures
+from policies.cost import kv_bound, own_and_imposed_s
+from policies.estimates import Estimates
 from policies.priors import DEFAULT_PRIORS, LONG_CONTEXT_TOKENS, cell_of, cell_priors
 
 
@@ -62,3 +64,19 @@ def test_priors_put_eagle3_below_dflash_beyond_its_training_length():
     long_cell = cell_of(chat, 1.0, 4 * LONG_CONTEXT_TOKENS)
     short_cell = cell_of(chat, 1.0, 1000)
     assert e3[long_cell] / e3[short_cell] < 0.8 < fl[long_cell] / fl[short_cell]
+
+
+def test_a_kv_pool_full_of_long_contexts_queues_before_max_running():
+    """SGLang admits a request only while its KV fits: 259k tokens hold three 70k-token agent
+    calls, so a fourth waits for a slot although 48 may run (the cost counts that wait)."""
+    assert kv_bound(259_000, 70_000 + 500) == 3
+    assert kv_bound(259_000, 13_000) == 19
+    assert kv_bound(None, 70_000) == 0 and kv_bound(1_000, 70_000) == 1
+    est = Estimates().register("dflash", Strategy.DFLASH)
+    cell = cell_of(2, 1.0, 70_000)
+    args = (est, cell, 5, 2_000, 500.0, 0.0)  # 5 running, 2k uncached, 500 out, own time only
+    unbounded = own_and_imposed_s(*args)
+    bounded = own_and_imposed_s(*args, cap=kv_bound(259_000, 70_500))
+    decode = 500.0 * est.step_s(6) / est.accept_at(cell)
+    assert bounded == pytest.approx(unbounded + (6 - 3) / 3 * decode)
+    assert own_and_imposed_s(*args, cap=kv_bound(259_000, 13_000)) == pytest.approx(unbounded)
