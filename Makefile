@@ -26,6 +26,7 @@ CHECK = $(UV) pip check --quiet --python $(1)/bin/python || \
 	{ echo "$(1): the installed lock does not satisfy pyproject.toml; run 'make lock'" >&2; exit 1; }
 
 .PHONY: demo test floors lint lock install install-dev clean bench-loadgen bench-trace soak bench bench-instructions bench-routers
+.PHONY: bench-fleets
 .PHONY: bench-profile container-test scaleout
 
 $(UV):
@@ -111,6 +112,11 @@ bench-loadgen: install
 # time (docs/evaluation.md); `python -m loadgen.bench_trace --help` for other traces and windows.
 bench-trace: install
 	$(BIN)/python -m loadgen.bench_trace
+
+# Routing on the Mooncake trace and the agentic shape on the virtual clock: specroute on plan's fleet
+# against the best homogeneous fleet behind SGLang's router and every single strategy (docs/evaluation.md).
+bench-fleets: install
+	$(BIN)/python -m bench.fleet_routing
 
 # specroute against SGLang's router and LiteLLM on fresh twins (docs/routing.md); the peers install
 # into their own .venv-bench/ virtualenvs on first use, never into the project's.
