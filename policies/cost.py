@@ -61,15 +61,17 @@ class CostModel(Protocol):
     def prefill_stall_s(self, uncached: int, pairs: float = 0.0) -> float: ...
 
 
-def kv_bound(kv_tokens: int | None, request_tokens: float) -> int:
-    """How many requests of this one's size (prompt + expected output) a KV pool of `kv_tokens`
-    holds at once, 0 if unknown. SGLang admits a request only while its KV fits, so on long
-    contexts the pool binds long before `max_running_requests`: 259k tokens hold three 70k-token
-    agent calls, nineteen of the 13k-token requests of Kimi's trace, not 48 of either."""
+def kv_bound(kv_tokens: int | None, request_tokens: float, typical_tokens: float = 0.0) -> int:
+    """How many requests can run on a KV pool of `kv_tokens` once this one (prompt + expected
+    output, `request_tokens`) is admitted beside others of `typical_tokens` each (default: its own
+    size); 0 if unknown. SGLang admits a request only while its KV fits, so on long contexts the
+    pool binds long before `max_running_requests`: 259k tokens hold three 70k-token agent calls,
+    about nineteen of the 13k-token requests of Kimi's trace, not 48 of either."""
     if not kv_tokens or request_tokens <= 0:
         return 0
-    n = int(kv_tokens // request_tokens)
-    return n if n > 1 else 1
+    typical = typical_tokens if typical_tokens > 0 else request_tokens
+    room = kv_tokens - request_tokens
+    return 1 + int(room // typical) if room > 0 else 1
 
 
 def own_and_imposed_s(

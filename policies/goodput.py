@@ -63,6 +63,7 @@ __all__ = ["OBJECTIVES", "Goodput"]
 
 OBJECTIVES = ("latency", "throughput")
 _BONUS_TABLE = 1024  # samples beyond which the optimism bonus is looked up as zero-ish
+_TYPICAL_ALPHA = 0.02  # EWMA weight of one request in the typical request's KV tokens (~50 requests)
 
 
 class _Scored(msgspec.Struct, gc=False):
@@ -139,6 +140,9 @@ class Goodput:
         self._bonus = [bonus / math.sqrt(1.0 + k) for k in range(_BONUS_TABLE)]
         self._incumbent: list[str | None] = [None] * len(DOMAINS)
         self._tick = 0
+        # KV tokens (prompt + expected output) of a typical request, an EWMA over the decisions:
+        # what the requests a backend runs hold besides this one (`policies.cost.kv_bound`)
+        self._typical_tokens = 0.0
 
     # ---------------------------------------------------------------------- decide
 
@@ -192,6 +196,8 @@ class Goodput:
         whole = causal_pairs(prompt, prompt)  # the pairs of a prompt no backend holds any of
         k = request.sequences
         size = (prompt + out) * k
+        typical = self._typical_tokens
+        self._typical_tokens = size if not typical else typical + _TYPICAL_ALPHA * (size - typical)
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
         estimates = self.estimates
@@ -244,7 +250,7 @@ class Goodput:
                     pairs,
                     pending_pairs,
                     tpot_slo,
-                    kv_bound(v.kv_tokens, size),
+                    kv_bound(v.kv_tokens, size, typical),
                 )
             else:
                 cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
@@ -380,7 +386,7 @@ class Goodput:
                 pairs=pairs,
                 pending_pairs=v.pending_pairs,
                 tpot_slo_s=math.inf if own_only else self.tpot_slo_s,
-                cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences),
+                cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens),
             )
         return -throughput_gain(est, cell, load, uncached, out, sequences=request.sequences, pairs=pairs)
 

@@ -72,6 +72,8 @@ def test_a_kv_pool_full_of_long_contexts_queues_before_max_running():
     assert kv_bound(259_000, 70_000 + 500) == 3
     assert kv_bound(259_000, 13_000) == 19
     assert kv_bound(None, 70_000) == 0 and kv_bound(1_000, 70_000) == 1
+    # a 50k-token request beside the trace's typical 14k ones: room for fourteen of them besides it
+    assert kv_bound(259_000, 50_000, 14_000) == 15
     est = Estimates().register("dflash", Strategy.DFLASH)
     cell = cell_of(2, 1.0, 70_000)
     args = (est, cell, 5, 2_000, 500.0, 0.0)  # 5 running, 2k uncached, 500 out, own time only
