@@ -84,7 +84,7 @@ def cases(trace: Path, near_speedup: float) -> list[Case]:
     """The Mooncake trace at 1x and `near_speedup`x (a quarter of the conversations of 600-1200 s;
     the committed slice, 141 s, at a quarter of its speed when the whole trace is absent) and the
     agentic shape."""
-    if trace == SLICE:
+    if trace.resolve() == SLICE:
         window, sample, base = None, 1, 0.25
     else:
         window, sample, base = (600.0, 600.0), 4, 1.0
