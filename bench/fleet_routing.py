@@ -44,6 +44,7 @@ from evaluate.slo import SLO
 from evaluate.targets import Target
 from evaluate.traffic import Traffic, named_traffic, trace_traffic
 from loadgen.trace_dataset import TraceOptions, TraceSelection
+from loadgen.trace_file import parse_sample, parse_window
 
 __all__ = ["Case", "main"]
 
@@ -70,27 +71,37 @@ class Row(msgspec.Struct, kw_only=True):
     m: PhaseMetrics
 
 
-def _trace_case(label: str, path: Path, window: tuple[float, float] | None, sample: int, speedup: float) -> Case:
+def _trace_case(
+    label: str, path: Path, window: tuple[float, float] | None, sample: tuple[int, int] | None, speedup: float
+) -> Case:
     sel = TraceSelection(
         start_s=window[0] if window else 0.0,
         seconds=window[1] if window else None,
         speedup=speedup,
-        sample=(sample, 0) if sample > 1 else None,
+        sample=sample,
     )
     return Case(label=label, traffic=trace_traffic(str(path), TraceOptions(selection=sel)))
 
 
-def cases(trace: Path, near_speedup: float) -> list[Case]:
-    """The Mooncake trace at 1x and `near_speedup`x (a quarter of the conversations of 600-1200 s;
-    the committed slice, 141 s, at a quarter of its speed when the whole trace is absent) and the
-    agentic shape."""
-    if trace.resolve() == SLICE:
-        window, sample, base = None, 1, 0.25
-    else:
-        window, sample, base = (600.0, 600.0), 4, 1.0
+def cases(
+    trace: Path,
+    near_speedup: float,
+    window: tuple[float, float] | None = None,
+    sample: tuple[int, int] | None = None,
+) -> list[Case]:
+    """The trace at 1x and `near_speedup`x (by default a quarter of the conversations of 600-1200 s;
+    the committed slice, 141 s, at a quarter of its speed when the whole trace is absent; `window`
+    and `sample` choose others, for another trace) and the agentic shape."""
+    base = 1.0
+    if window is None and sample is None:
+        if trace.resolve() == SLICE:
+            base = 0.25
+        else:
+            window, sample = (600.0, 600.0), (4, 0)
+    name = "mooncake" if "mooncake" in trace.name else "trace"
     return [
-        _trace_case(f"mooncake {base:g}x", trace, window, sample, base),
-        _trace_case(f"mooncake {base * near_speedup:g}x", trace, window, sample, base * near_speedup),
+        _trace_case(f"{name} {base:g}x", trace, window, sample, base),
+        _trace_case(f"{name} {base * near_speedup:g}x", trace, window, sample, base * near_speedup),
         Case(label="agentic", traffic=named_traffic("agentic")),
     ]
 
@@ -260,14 +271,28 @@ def _option(text: str) -> tuple[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fleet_routing", description=__doc__.split("\n\n")[0])
     default = FULL_TRACE if FULL_TRACE.exists() else SLICE
-    ap.add_argument("--trace", type=Path, default=default, help=f"a Mooncake trace (default {default})")
+    ap.add_argument(
+        "--trace", type=Path, default=default, help=f"a trace: Mooncake, Azure or BurstGPT (default {default})"
+    )
+    ap.add_argument(
+        "--trace-window",
+        type=parse_window,
+        default=None,
+        metavar="START:SECONDS",
+        help="the trace's window (default 600:600 with --trace-sample 4:0; the whole slice)",
+    )
+    ap.add_argument(
+        "--trace-sample", type=parse_sample, default=None, metavar="K:R", help="keep conversations (rows) R mod K"
+    )
     ap.add_argument("--near", type=float, default=1.5, help="the near-capacity speed-up of the trace (default 1.5)")
     ap.add_argument(
         "--seed", default="0", help="seed, or comma-separated seeds whose results are averaged (plan uses the first)"
     )
     ap.add_argument("--fleet", default=None, help="run specroute on this fleet instead of plan's pick")
     ap.add_argument("--no-baselines", action="store_true", help="only specroute's row (before/after a change)")
-    ap.add_argument("--only", default=None, help="run the cases whose label starts with this (mooncake, agentic)")
+    ap.add_argument(
+        "--only", default=None, help="run the cases whose label starts with this (mooncake or trace, agentic)"
+    )
     ap.add_argument("--output", type=Path, default=None, help="write fleet-routing.json here")
     ap.add_argument(
         "--goodput",
@@ -289,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     targets: list[Target] = []
     doc: dict[str, object] = {}
-    for case in cases(args.trace, args.near):
+    for case in cases(args.trace, args.near, args.trace_window, args.trace_sample):
         if args.only and not case.label.startswith(args.only):
             continue
         lines, tg, d = run_case(case, seeds, log, overrides, args.fleet, not args.no_baselines)
