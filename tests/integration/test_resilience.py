@@ -111,7 +111,7 @@ def test_failing_backend_costs_no_request_and_opens_its_circuit(tmp_path, twins)
         bad.entry("bad"),
         {"name": "dead", "url": f"http://127.0.0.1:{dead_port}", "model": "kimi-k2.6", "strategy": "ar"},
     ]
-    # every backend may be ejected: the share that may not is tested on its own (tests/test_security.py)
+    # every backend may be ejected: the share that may not is tested on its own (tests/integration/test_security.py)
     extra = "[health]\ncircuit_failures = 2\ncircuit_cooldown_s = 60\nmax_ejected_share = 1.0\n"
     with gateway(tmp_path, backends, extra) as url:
 

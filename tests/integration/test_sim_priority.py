@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_sim_server import SCALE, twin
 from tests.support import free_port, output, running, specroute, wait_until
-from tests.test_sim_server import SCALE, twin
 from twin.engine import (
     PREEMPTED_MESSAGE,
     PRIORITY_DISABLED_MESSAGE,
@@ -550,7 +550,7 @@ def test_the_type_errors_are_sglangs_own_models_errors(strict_url: str) -> None:
 
     # SGLang's protocol.py from the wheel the contract test downloads and caches (skipped, as there,
     # only when it is not cached and PyPI is unreachable); imported by name: not type-checked
-    contract = importlib.import_module("tests.test_sim_contract")
+    contract = importlib.import_module("tests.integration.test_sim_contract")
     protocol = contract.SGLang(contract._extract(contract._wheel())).protocol
     cases = [
         ("/v1/chat/completions", protocol.ChatCompletionRequest, _chat(), "flat"),

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.test_sim_server import CHAT, get, post, sse, twin
 from tests.support import free_port, running, specroute
-from tests.test_sim_server import CHAT, get, post, sse, twin
 
 SPEC_FIELDS = {
     "spec_verify_ct",

@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
+from tests.integration.test_sim_server import CHAT, get, post
 from tests.support import free_port, running, specroute
-from tests.test_sim_server import CHAT, get, post
 from twin.faults import CRASH_EXIT_CODE
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.integration.test_sim_server import _start
 from tests.support import gateway
-from tests.test_sim_server import _start
 
 WEATHER = {
     "type": "function",

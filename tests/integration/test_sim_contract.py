@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_sim_server import _start, twin
+from tests.integration.test_sim_server import _start, twin
 
 CACHE = Path.home() / ".cache" / "specroute"
 WHEELS = CACHE / "wheels"

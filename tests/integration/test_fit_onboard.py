@@ -19,8 +19,8 @@ from aiohttp import web
 
 from backends import Strategy
 from gateway.config import load_config
+from tests.integration.test_sim_server import twin
 from tests.support import free_port
-from tests.test_sim_server import twin
 from tools.cli_config import main as config_main
 from tools.fit.algorithms import classify, verify_width
 from tools.launch.sglang_args import WheelUnavailable, ddtree_pr_extension, ensure_wheel, spec_from_wheel

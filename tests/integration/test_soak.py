@@ -12,8 +12,8 @@ import random
 import aiohttp
 import pytest
 
+from tests.integration.test_resilience import _gateway_pid, _rss_kb
 from tests.support import gateway, get_json, wait_until
-from tests.test_resilience import _gateway_pid, _rss_kb
 
 MSG = [{"role": "user", "content": "Write a haiku about the sea."}]
 

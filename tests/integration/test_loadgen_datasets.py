@@ -15,7 +15,7 @@ import pytest
 from loadgen.client import RequestOptions, Target, build_body, settings
 from loadgen.datasets import DatasetError, Message, Prompt, load_dataset
 from loadgen.testserver import RunningServer, ServerConfig
-from tests.support import loadgen
+from tests.support import REPO, loadgen
 
 TARGET = Target(label="t", url="http://x", model="m")
 
@@ -52,7 +52,7 @@ def test_bundled_sessions_are_multi_turn() -> None:
 def test_bundled_sets_are_apart_from_the_twins_calibration_prompts() -> None:
     from loadgen.conversations import builtin_sessions
 
-    calib = Path(__file__).resolve().parent.parent / "backends" / "sim"
+    calib = REPO / "twin"
     calib_text = "\n".join(
         p.read_text(errors="replace")
         for p in calib.rglob("*")

@@ -1,6 +1,7 @@
 """gateway/discovery.py without child processes (so on the dependency floors too): the direct
-resolver against a DNS server served in this process with dnspython's own message code, how an
-entry's members follow the answers, the system resolver, and the config's checks."""
+resolver against a DNS server served on loopback in this process with dnspython's own message
+code, how an entry's members follow the answers, and the system resolver. The config's checks:
+tests/unit/test_discovery_config.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import dns.rcode
 import dns.rrset
 import pytest
 
-from gateway.config import BackendEntry, ConfigError, DiscoverySection, config_from_dict
-from gateway.discovery import Discovery, LookupFailed, SystemResolver, member_entry, resolver_for
+from gateway.config import BackendEntry, DiscoverySection
+from gateway.discovery import Discovery, LookupFailed, SystemResolver, resolver_for
 from gateway.pool import Pools
 
 NAME = "sglang.specroute.test."
@@ -121,44 +122,3 @@ def test_the_system_resolver_and_literals():
             await direct.addresses("sglang.specroute.test")
 
     asyncio.run(scenario())
-
-
-def test_member_urls_keep_the_entry_s_port_path_and_credentials():
-    entry = BackendEntry(name="e", url="http://user:pw@svc.ns:8080/prefix", model="m", discover="dns")
-    assert member_entry(entry, "10.0.0.1").url == "http://user:pw@10.0.0.1:8080/prefix"
-    assert member_entry(BackendEntry(name="e", url="http://svc", model="m"), "fd00::1").url == "http://[fd00::1]"
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"backends": [{"name": "a~b", "url": "http://x:1", "model": "m"}]}, "without '@', '/' or '~'"),
-        ({"backends": [{"name": "a", "url": "https://x:1", "model": "m", "discover": "dns"}]}, "use an http:// URL"),
-        ({"backends": [{"name": "a", "url": "http://x:1", "model": "m", "discover": "srv"}]}, "backends[0].discover"),
-        ({"discovery": {"nameservers": ["dns.example:53"]}}, "discovery.nameservers: expected an IP address"),
-        ({"discovery": {"nameservers": ["127.0.0.1:99999"]}}, "discovery.nameservers"),
-        ({"discovery": {"resolve_s": 0}}, "discovery.resolve_s: expected a value > 0"),
-        (
-            {
-                "backends": [{"name": "a", "url": "http://x:1", "model": "m", "discover": "dns"}],
-                "models": {"m": {"policy": "pinned", "pinned_backend": "a"}},
-            },
-            "whose members come and go",
-        ),
-    ],
-)
-def test_discovery_config_is_checked(change, message):
-    data = {"backends": [{"name": "a", "url": "http://x:1", "model": "m"}], **change}
-    with pytest.raises(ConfigError, match=None) as raised:
-        config_from_dict(data)
-    assert message in str(raised.value)
-
-
-def test_nameservers_take_ports_and_ipv6():
-    config = config_from_dict(
-        {
-            "discovery": {"nameservers": ["10.96.0.10", "127.0.0.1:5353", "[fd00::a]:53", "fd00::b"]},
-            "backends": [{"name": "a", "url": "http://x:1", "model": "m", "discover": "dns"}],
-        }
-    )
-    assert config.backends[0].discover == "dns"

@@ -7,7 +7,7 @@ import pytest
 from evaluate.cli import main
 from evaluate.runner import run_scenario
 from evaluate.seeds import merge_results, run_seeds
-from tests.test_eval import TINY
+from tests.unit.test_eval import TINY
 
 ONLY = ("goodput/latency", "least_inflight", "static/k26-dflash")
 

@@ -2,7 +2,6 @@
 
 import io
 import json
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -12,6 +11,7 @@ from evaluate.plan import BURST_CYCLES, FreshSeeds, compositions, plan, sample_l
 from evaluate.sim import simulate
 from evaluate.traffic import TrafficError, load_traffic
 from policies.simple import LeastInflight
+from tests.support import REPO
 
 TINY = [
     {"settings": {"min_tokens": 64, "max_tokens": 128}},
@@ -155,12 +155,12 @@ def test_plan_cli_prints_the_ranking_and_what_it_assumed(tmp_path, capsys):
 
 
 def test_the_documented_example_traffic_file_loads():
-    path = Path(__file__).parent.parent / "docs" / "examples" / "two-phase.jsonl"
+    path = REPO / "docs" / "examples" / "two-phase.jsonl"
     traffic = load_traffic(str(path))
     assert [p.name for p in traffic.scenario.phases] == ["night", "peak"]
     assert [p.arrival for p in traffic.scenario.phases] == ["poisson", "bursty"]
     assert traffic.rates == (2.5, None) and traffic.scenario.phases[0].mix is not None
-    assert path.read_text() in (Path(__file__).parent.parent / "docs" / "evaluation.md").read_text()
+    assert path.read_text() in (REPO / "docs" / "evaluation.md").read_text()
 
 
 def test_plan_help_says_what_is_assumed(capsys):

@@ -21,8 +21,8 @@ from typing import Any
 import openai
 import pytest
 
+from tests.integration.test_sim_server import _start, get, post, sse, twin
 from tests.support import specroute
-from tests.test_sim_server import _start, get, post, sse, twin
 from twin.engine import Engine
 from twin.lora import parse_lora_paths, parse_model_parameter, resolve_lora_path
 from twin.options import LoraAdapter
@@ -173,7 +173,7 @@ def test_retrieve_model_404s_adapter_names(url):
 
 
 def test_adapter_cards_match_sglangs_model_list_byte_for_byte(url):
-    from tests.test_sim_contract import SGLang, _extract, _wheel
+    from tests.integration.test_sim_contract import SGLang, _extract, _wheel
 
     protocol = SGLang(_extract(_wheel())).protocol
     with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:

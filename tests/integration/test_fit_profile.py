@@ -24,7 +24,7 @@ import pytest
 
 from evaluate.plan import plan
 from evaluate.traffic import load_traffic
-from tests.support import free_port, running, specroute, wait_until
+from tests.support import TRACE_SLICE, free_port, running, specroute, wait_until
 from tools.fit.measurements import load_measurements
 from tools.fit.validate import points_of, predict_point
 from twin.profile import load_profile, numeric_parameters
@@ -352,9 +352,7 @@ def test_errors_mid_sweep_stop_it_and_keep_the_measurements(tmp_path):
 
 def test_plan_and_eval_take_the_fitted_profiles_on_a_trace_and_a_file(fitted, tmp_path):
     _, out, _ = fitted
-    trace = (
-        Path(__file__).resolve().parent.parent / "loadgen" / "data" / "traces" / "mooncake_conversation_head400.jsonl"
-    )
+    trace = TRACE_SLICE
     res = plan(2, load_traffic(f"trace:{trace}"), types=sorted(str(p) for p in out.glob("*.toml")), jobs=1)
     assert res.ranked and all(str(out) in f.fleet for f in res.ranked)
     traffic_file = tmp_path / "short.jsonl"

