@@ -1,8 +1,6 @@
-"""`loadgen --endpoint responses --chain-responses`: session turns stored on the server, each turn
-after the first sent as `previous_response_id` plus its new user message. The body and the id the
-reader keeps, then chained sessions against real twins started with `--enable-response-store`
-(and one without it), and through the gateway, which must send each follow-up to the backend that
-stored its previous response."""
+"""Chained Responses sessions run for real: against twins that keep (or do not keep) the stored
+responses, and through a gateway that keeps a chain where its history is (the body and the
+option: tests/unit/test_loadgen_response_chain.py)."""
 
 from __future__ import annotations
 
@@ -16,16 +14,14 @@ import aiohttp
 import msgspec
 import pytest
 
-from loadgen.cli import build_parser, main, plan_from_args
-from loadgen.client import RequestOptions, Target, build_body
-from loadgen.datasets import Message, Prompt, load_dataset
+from loadgen.client import RequestOptions
+from loadgen.datasets import load_dataset
 from loadgen.driver import LevelResult, LevelSpec, run_level
-from loadgen.responses import ResponsesStreamParser, parse_full
 from loadgen.summary import RequestRecord
 from loadgen.targets import resolve
 from tests.support import gateway
+from tests.unit.test_loadgen_response_chain import CHAINED
 
-CHAINED = RequestOptions(endpoint="responses", max_tokens=24, thinking="off", chain_responses=True)
 MODEL = "kimi-k2.6"
 
 
@@ -44,38 +40,6 @@ def _by_session(records: list[RequestRecord]) -> dict[int | None, list[RequestRe
     for r in sorted(records, key=lambda r: (r.session or 0, r.turn or 0)):
         out.setdefault(r.session, []).append(r)
     return out
-
-
-# ------------------------------------------------------------------------ body and reader
-
-
-def test_a_chained_body_names_the_previous_response_and_sends_only_the_new_turn() -> None:
-    target = Target(label="t", url="http://h", model="m")
-    prompt = Prompt(messages=(Message("user", "and then?"),), domain="chat")
-    body = json.loads(build_body(target, prompt, CHAINED, store=True, previous_response_id="resp_1"))
-    assert body["store"] is True and body["previous_response_id"] == "resp_1"
-    assert body["input"] == [{"role": "user", "content": "and then?"}]
-    first = json.loads(build_body(target, prompt, CHAINED, store=True))
-    assert first["store"] is True and "previous_response_id" not in first
-    plain = json.loads(build_body(target, prompt, CHAINED))  # not a session turn: as before
-    assert plain["store"] is False and "previous_response_id" not in plain
-
-
-def test_the_reader_keeps_the_response_id_in_the_answer() -> None:
-    finished: dict[str, Any] = {"id": "resp_a", "status": "completed", "output": []}
-    created = {"type": "response.created", "response": {**finished, "status": "in_progress"}}
-    done = {"type": "response.completed", "response": finished}
-    p = ResponsesStreamParser(keep_answer=True)
-    p.feed(b"event: response.created\ndata: " + json.dumps(created).encode() + b"\n\n", 0.0)
-    assert p.answer is not None and p.answer.response_id == "resp_a"
-    p.feed(b"data: " + json.dumps(done).encode() + b"\n\n", 1.0)
-    assert p.outcome() == (None, None) and p.answer.response_id == "resp_a"
-    whole = ResponsesStreamParser(keep_answer=True)
-    assert parse_full(json.dumps({**finished, "id": "resp_b"}).encode(), whole, 1.0) is None
-    assert whole.answer is not None and whole.answer.response_id == "resp_b"
-
-
-# ---------------------------------------------------------------------------- against twins
 
 
 @pytest.fixture(scope="module")
@@ -118,28 +82,6 @@ def test_without_the_response_store_the_chained_turn_fails_and_ends_its_session(
         assert first.ok and first.response_id and first.previous_response_id is None
         assert not second.ok and second.error == "http_400" and second.previous_response_id == first.response_id
         assert (second.error_detail or "").startswith("Response store is disabled")
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (("--dataset", "sessions"), "--chain-responses needs --endpoint responses"),
-        (("--endpoint", "responses", "--dataset", "math"), "--chain-responses needs a session dataset"),
-    ],
-)
-def test_argument_errors_exit_2(args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--target", "http://127.0.0.1:9", "--chain-responses", *args]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"loadgen: error: {message}") and "\n" not in err
-
-
-def test_the_option_reaches_the_request_options() -> None:
-    args = ["--target", "http://127.0.0.1:9", "--endpoint", "responses", "--dataset", "sessions", "--chain-responses"]
-    assert plan_from_args(build_parser().parse_args(args)).opts.chain_responses is True
-    assert plan_from_args(build_parser().parse_args(args[:-1])).opts.chain_responses is False
-
-
-# -------------------------------------------------------------------------- through the gateway
 
 
 def test_chained_sessions_through_the_gateway_stay_where_their_history_is(tmp_path: Any, twin_factory: Any) -> None:
