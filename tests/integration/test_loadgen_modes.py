@@ -7,6 +7,7 @@ import asyncio
 import io
 import itertools
 import random
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,8 +18,10 @@ from loadgen.client import RequestOptions, Target
 from loadgen.datasets import load_dataset
 from loadgen.driver import LevelSpec, arrival_offsets, run_level
 from loadgen.runner import Plan, execute
+from loadgen.summary import Summary
 from loadgen.targets import TargetError, resolve
 from loadgen.testserver import RunningServer, ServerConfig
+from tests.unit.test_loadgen_modes_offline import _summary
 
 
 def _level(cfg: ServerConfig, spec: LevelSpec, *, seed: int = 0, dataset: str = "mixed", loop: str = "asyncio", **opts):
@@ -167,3 +170,13 @@ def test_progress_display_when_forced() -> None:
 
 
 # --- compare and plots --------------------------------------------------------------------------
+
+
+def test_plots_are_pngs(tmp_path: Path) -> None:
+    # Here, not in tests/unit: matplotlib runs `fc-list` (a process) to build its font cache when cold.
+    pytest.importorskip("matplotlib")
+    from loadgen.plots import write_plots
+
+    paths = write_plots(Summary(runs=_summary("a", 1.0, 1.0).runs + _summary("b", 2, 2).runs), tmp_path)
+    assert {p.name for p in paths} == {"throughput_aggregate.png", "throughput_single.png", "ttft.png"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -1,5 +1,5 @@
 """Load generation without a server: arrival schedules, datasets (random, JSONL, ShareGPT, mixed),
-compare, plots and the note under a capped open loop that fell behind (against the in-process
+compare and the note under a capped open loop that fell behind (against the in-process
 test server: tests/integration/test_loadgen_modes.py)."""
 
 from __future__ import annotations
@@ -140,12 +140,3 @@ def test_compare_ratios(tmp_path: Path) -> None:
     assert ratios["median_ttft_ms"] == pytest.approx(0.5)
     assert ratios["accept_length"] is None
     assert "2.500x" in console.export_text()
-
-
-def test_plots_are_pngs(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    from loadgen.plots import write_plots
-
-    paths = write_plots(Summary(runs=_summary("a", 1.0, 1.0).runs + _summary("b", 2, 2).runs), tmp_path)
-    assert {p.name for p in paths} == {"throughput_aggregate.png", "throughput_single.png", "ttft.png"}
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
