@@ -5,7 +5,7 @@
 #   requirements-tools.lock   what `make demo` runs on (the core + the tools extra)
 #   requirements-dev.lock     what `make test` runs on (the core + the dev extra, which holds tools)
 #   requirements-floors.lock  the lowest versions pyproject.toml's floors allow: `make test` runs the
-#                             unit tests once more on them (`make floors`)
+#                             tests that start no process once more on them (`make floors`)
 # `make lock` regenerates all four from pyproject.toml (docs/dependencies.md). An environment is
 # synced again only when its lock or pyproject.toml changes (stamp files), so re-runs are fast.
 PYTHON     ?= python3
@@ -25,7 +25,7 @@ COMPILE := $(UV) pip compile pyproject.toml --quiet --universal --python-version
 CHECK = $(UV) pip check --quiet --python $(1)/bin/python || \
 	{ echo "$(1): the installed lock does not satisfy pyproject.toml; run 'make lock'" >&2; exit 1; }
 
-.PHONY: demo test floors lint lock install install-dev clean bench-loadgen bench-trace soak bench bench-instructions bench-routers
+.PHONY: demo test unit integration deploy-tests floors lint fmt lock install install-dev clean bench-loadgen bench-trace soak bench bench-instructions bench-routers
 .PHONY: bench-fleets
 .PHONY: bench-profile container-test scaleout
 
@@ -77,13 +77,27 @@ lock: | $(UV)
 demo: install
 	$(BIN)/specroute demo
 
-# lint first: a type or format error fails in seconds, before the suite's minutes
-test: install-dev
-	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest
-	$(MAKE) --no-print-directory floors
+# The stages of `make test`, in order, each failing fast; .ci/run runs the same ones and times each.
+# lint first: a type or format error fails in seconds, before the suite's minutes.
+TEST_STAGES := lint unit integration deploy-tests floors
+PYTEST      := $(BIN)/python -m pytest -p no:cacheprovider
 
-# The unit tests (no child process: tests/unit_only.py) on the lowest versions the floors allow.
+test: install-dev
+	@for stage in $(TEST_STAGES); do $(MAKE) --no-print-directory $$stage || exit 1; done
+
+# Pure in-process tests: no process, no socket (tests/unit_only.py fails one that tries); well under a minute.
+unit: install-dev
+	$(PYTEST) -q tests/unit
+
+# Real processes and HTTP on loopback: twins, gateways, the CLI, the openai SDK (about 10 minutes).
+integration: install-dev
+	$(PYTEST) -q tests/integration
+
+# The deployment files: the image, compose, Kubernetes, Helm, Grafana, scale-out (docker where it can run).
+deploy-tests: install-dev
+	$(PYTEST) -q tests/deploy
+
+# Every test that starts no child process (tests/unit_only.py) on the lowest versions the floors allow.
 floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/python -m pytest -q -rfE -p tests.unit_only -p no:cacheprovider
 
@@ -94,6 +108,11 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+
+# Formats the tree and applies ruff's safe fixes: what `make lint` then accepts.
+fmt: install-dev
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 soak: install-dev
 	$(BIN)/python -m pytest -m soak -s
@@ -129,7 +148,7 @@ bench-profile: install
 
 # The image and compose stack for real (a private dockerd; docs/deployment.md), and scale-out measured.
 container-test: install-dev
-	$(BIN)/python -m pytest -m container -s tests/test_deploy_docker.py
+	$(BIN)/python -m pytest -m container -s tests/deploy/test_deploy_docker.py
 
 scaleout: install
 	$(BIN)/python deploy/local/scaleout.py

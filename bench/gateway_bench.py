@@ -59,7 +59,7 @@ Scenarios:
 The figures are compared with the previous results file (`--output`, before it is overwritten):
 `vs_last_run` in the JSON and a line under the table list those that moved by more than 5%.
 
-Not a test: `tests/test_bench.py` runs `--quick` and checks the schema only.
+Not a test: `tests/integration/test_bench.py` runs `--quick` and checks the schema only.
 """
 
 from __future__ import annotations

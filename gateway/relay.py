@@ -3,7 +3,7 @@
 The stream clock is `common.stream_clock`'s definition (docs/metrics.md): a chunk carries generated
 output when it has non-empty `delta.reasoning_content`, `delta.content`, a `delta.tool_calls` entry,
 or completions `text`; TTFT runs to the first such chunk of any kind, decode speed over first to
-last. tests/test_relay.py checks that this relay and that definition agree on SGLang-shaped bytes.
+last. tests/unit/test_relay.py checks that this relay and that definition agree on SGLang-shaped bytes.
 
 Chunks in flight (`"finish_reason":null`, not `choices: []`) are recognised by byte searches and
 forwarded untouched: no JSON decode on the hot path. The searches are exact for compact JSON: inside

@@ -3,7 +3,7 @@
 No model download and no tokenizer: it reads at most the last 2,000 characters of the prompt
 (the user's latest turn is what the answer is about) and scores cue words and characters.
 
-Rules (tested in tests/test_policy_domain.py; the twin has its own, independent set: docs/twin.md):
+Rules (tested in tests/unit/test_policy_domain.py; the twin has its own, independent set: docs/twin.md):
 - code: fenced code blocks, `def `/`class `/`function`/`#include`/`import `, words such as
   "python", "function", "implement", "compile", "bug", "regex", "sql" and bracket-heavy text;
 - math: digits next to arithmetic operators, words such as "how many", "calculate", "solve",

@@ -47,6 +47,6 @@ def twin_factory():
 
 
 def pytest_configure(config):
-    # tests/test_deploy_docker.py: a real Docker engine, image build and compose stack (skips where
+    # tests/deploy/test_deploy_docker.py: a real Docker engine, image build and compose stack (skips where
     # docker cannot run); `pytest -m container` runs only those, `-m 'not container'` skips them.
     config.addinivalue_line("markers", "container: builds and runs the image in a Docker engine it starts")

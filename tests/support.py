@@ -20,7 +20,7 @@ from tools.processes import free_port, spawn, stop, wait_ready
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # The first 400 lines of Kimi's Mooncake conversation trace (its attribution: beside the file).
-TRACE_SLICE = Path(__file__).resolve().parents[1] / "loadgen/data/traces/mooncake_conversation_head400.jsonl"
+TRACE_SLICE = REPO / "loadgen/data/traces/mooncake_conversation_head400.jsonl"
 
 
 def mooncake_trace(path: Path, rows: Sequence[tuple[int, int, int, list[int]]]) -> Path:

@@ -6,7 +6,7 @@
 
 The panels are plain dicts here; the output goes through grafana-foundation-sdk's dashboard model
 (generated from Grafana's own schema), so a key the schema does not know would be dropped and a bad
-enum value refused: tests/test_deploy_grafana.py checks that the committed file survives that round
+enum value refused: tests/deploy/test_deploy_grafana.py checks that the committed file survives that round
 trip unchanged, and that every metric a query names is one a running gateway (or twin) exports.
 """
 
