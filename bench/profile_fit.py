@@ -59,8 +59,12 @@ def _run(profile: str, spec: str, mode: str, scale: float, out: Path, http: bool
     url = f"http://127.0.0.1:{port}"
     (out / mode).mkdir(exist_ok=True)
     fitted = out / mode / f"{profile}.toml"
+    truth = load_profile(spec)
+    # started as docs/your-model.md tells a user to start a thinking model: behind its reasoning parser
+    parser = ["--reasoning-parser", truth.reasoning.parser] if truth.reasoning is not None else []
     with ProcessGroup(log_dir=out / "logs") as group:
-        group.start(profile, specroute_cmd("sim", "--profile", spec, "--port", str(port), "--time-scale", str(scale)))
+        cmd = specroute_cmd("sim", "--profile", spec, "--port", str(port), "--time-scale", str(scale), *parser)
+        group.start(profile, cmd)
         group.wait_ready({profile: f"{url}/ready"})
         t0 = time.perf_counter()
         args = ["profile", url, "-o", str(fitted), "--force", *(["--quick"] if mode == "quick" else [])]
@@ -69,7 +73,7 @@ def _run(profile: str, spec: str, mode: str, scale: float, out: Path, http: bool
         (out / "logs" / f"{profile}-{mode}.profile.log").write_text(res.stdout + res.stderr)
         if res.returncode != 0:
             raise RuntimeError(f"{profile} {mode}: specroute profile failed:\n{res.stderr[-2000:]}")
-        truth, fit = load_profile(spec), load_profile(str(fitted))
+        fit = load_profile(str(fitted))
         row = Row(profile=profile, mode=mode, sweep_s=sweep_s)
         for point in points_of([3, 12, 24], [4096, 16384], 0.6, 256, 0):
             predicted = predict_point(fit, point)
