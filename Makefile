@@ -142,9 +142,13 @@ bench-fleets: install
 bench-routers: install
 	$(BIN)/python -m bench.routers
 
-# `specroute profile` on twins at time scale 1: the sweeps' durations, the fit's held-out errors (docs/your-model.md).
+# `specroute profile` on twins at time scale 1 (docs/your-model.md#measured): the quick sweep of each
+# truth (bundled K2.6 and Qwen3.6 profiles, a perturbed copy) and its held-out errors; plan on the
+# fitted profiles against plan on the true ones; a full sweep, checked over HTTP too. About an hour.
 bench-profile: install
-	$(BIN)/python -m bench.profile_fit --full
+	$(BIN)/python -m bench.profile_fit --no-http
+	$(BIN)/python -m bench.profile_plan
+	$(BIN)/python -m bench.profile_fit --profiles k26-dflash --perturb '' --full-only --output out/bench-profile-full
 
 # The image and compose stack for real (a private dockerd; docs/deployment.md), and scale-out measured.
 container-test: install-dev

@@ -1,17 +1,20 @@
 """`make bench-profile`: how long `specroute profile` takes and how well its fit predicts, on twins.
 
-For each profile named, a twin at `--time-scale` (1: the hardware's own speed, the issue's
-condition for the duration target) is swept (`--quick` and, with `--full`, the full sweep), and
-the fitted profile's predictions at the held-out points (C = 3, 12, 24; prompts 4096 and 16384;
-T = 0.6) are compared with the same twin measured over HTTP (`specroute profile validate`). The
-twin's own profile serves as a second truth on the virtual clock, which separates the fit's error
-from what the HTTP path adds.
+For each truth named (a bundled profile, or with `--perturb` a bundled profile with its
+parameters moved 20-30%, `bench/perturbed_profile.py`), a twin at `--time-scale` (1: the
+hardware's own speed, the issue's condition for the duration target) is swept (`--quick` and,
+with `--full`, the full sweep), and the fitted profile's predictions at the held-out points (C =
+3, 12, 24; prompts 4096 and 16384; T = 0.6) are compared with the truth's own on the virtual clock
+(the fit's error and nothing else) and, unless `--no-http`, with the same twin measured over HTTP
+(`specroute profile validate`: what the HTTP path and a busy machine add).
 
-    python -m bench.profile_fit [--profiles k26-ar,k26-dflash,k26-ddtree] [--time-scale 1]
+    python -m bench.profile_fit [--profiles k26-ar,k26-dflash,...] [--perturb k26-dflash] [--time-scale 1]
                                 [--full | --full-only] [--no-http] [--output DIR]
 
-Prints the sweeps' wall-clock durations and each point's errors; checks the targets (quick under
-5 minutes at time scale 1, every held-out error within 10%) and exits 1 when one is missed.
+Writes the fitted profiles as DIR/MODE/NAME.toml (`bench.profile_plan` plans on them) and the
+perturbed truths as DIR/truths/NAME.toml. Prints the sweeps' wall-clock durations and each
+point's errors; checks the targets (quick under 5 minutes at time scale 1, every held-out error
+within 10%) and exits 1 when one is missed.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from pathlib import Path
 
 import msgspec
 
+from bench.perturbed_profile import write_perturbed
 from tools.fit.validate import PointResult, measure_point, points_of, predict_point, render
 from tools.processes import ProcessGroup, free_port, specroute_cmd
 from twin.profile import load_profile
 
+TRUTHS = ("k26-ar", "k26-dflash", "k26-ddtree", "k26-eagle3", "k26-ngram", "qwen36-ar", "qwen36-ddtree-b15")
 QUICK_LIMIT_S = 300.0
 TARGET = 0.10
 
@@ -48,14 +53,18 @@ class Row(msgspec.Struct, kw_only=True):
         return max((max(abs(r.tok_s_error), abs(r.ttft_error)) for r in self.virtual), default=0.0)
 
 
-def _run(profile: str, mode: str, scale: float, out: Path, http: bool) -> Row:
+def _run(profile: str, spec: str, mode: str, scale: float, out: Path, http: bool) -> Row:
+    """Sweep a twin of `spec` (a bundled name or a profile file), fit, and compare at the held-out points."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    fitted = out / f"{profile}-{mode}.toml"
+    (out / mode).mkdir(exist_ok=True)
+    fitted = out / mode / f"{profile}.toml"
+    truth = load_profile(spec)
+    # started as docs/your-model.md tells a user to start a thinking model: behind its reasoning parser
+    parser = ["--reasoning-parser", truth.reasoning.parser] if truth.reasoning is not None else []
     with ProcessGroup(log_dir=out / "logs") as group:
-        group.start(
-            profile, specroute_cmd("sim", "--profile", profile, "--port", str(port), "--time-scale", str(scale))
-        )
+        cmd = specroute_cmd("sim", "--profile", spec, "--port", str(port), "--time-scale", str(scale), *parser)
+        group.start(profile, cmd)
         group.wait_ready({profile: f"{url}/ready"})
         t0 = time.perf_counter()
         args = ["profile", url, "-o", str(fitted), "--force", *(["--quick"] if mode == "quick" else [])]
@@ -64,7 +73,7 @@ def _run(profile: str, mode: str, scale: float, out: Path, http: bool) -> Row:
         (out / "logs" / f"{profile}-{mode}.profile.log").write_text(res.stdout + res.stderr)
         if res.returncode != 0:
             raise RuntimeError(f"{profile} {mode}: specroute profile failed:\n{res.stderr[-2000:]}")
-        truth, fit = load_profile(profile), load_profile(str(fitted))
+        fit = load_profile(str(fitted))
         row = Row(profile=profile, mode=mode, sweep_s=sweep_s)
         for point in points_of([3, 12, 24], [4096, 16384], 0.6, 256, 0):
             predicted = predict_point(fit, point)
@@ -77,7 +86,10 @@ def _run(profile: str, mode: str, scale: float, out: Path, http: bool) -> Row:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.profile_fit", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profiles", default="k26-ar,k26-dflash,k26-ddtree")
+    ap.add_argument("--profiles", default=",".join(TRUTHS))
+    ap.add_argument(
+        "--perturb", default="k26-dflash", help="bundled profiles whose perturbed copies are truths too ('' for none)"
+    )
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--full", action="store_true", help="also run the full sweep of each profile")
     ap.add_argument("--full-only", action="store_true", help="run the full sweep only")
@@ -85,11 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=Path("out/bench-profile"))
     args = ap.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
+    truths = {p: p for p in args.profiles.split(",") if p}
+    for name in [p for p in args.perturb.split(",") if p]:
+        (args.output / "truths").mkdir(exist_ok=True)
+        path = write_perturbed(name, args.output / "truths")
+        truths[path.stem] = str(path)
     rows: list[Row] = []
-    for profile in [p for p in args.profiles.split(",") if p]:
+    for profile, spec in truths.items():
         for mode in ("full",) if args.full_only else ("quick", "full") if args.full else ("quick",):
             print(f"{profile}: {mode} sweep at time scale {args.time_scale:g} ...", flush=True)
-            row = _run(profile, mode, args.time_scale, args.output, not args.no_http)
+            row = _run(profile, spec, mode, args.time_scale, args.output, not args.no_http)
             rows.append(row)
             print(f"{profile} {mode}: sweep {row.sweep_s:.0f} s")
             if row.http:

@@ -14,7 +14,7 @@ Against an otherwise idle server (refused when `/v1/loads` shows requests at the
    server has a reasoning parser) without `ignore_eos`, at temperature 0.6, for the reasoning and
    answer lengths; requests still running at the round's token budget count as censored.
 
-The quick sweep sends fewer and shorter rounds (under 5 minutes on a twin at time scale 1); the
+The quick sweep sends fewer and shorter rounds (4-6 minutes on a K2.6 twin at time scale 1); the
 full one more levels, lengths and repeats. No round uses the concurrency levels 3, 12, 24, the
 prompt lengths 4096 and 16384: those are held out to check the fit (`specroute profile validate`).
 
@@ -51,6 +51,9 @@ MIN_CELL = 8  # requests per (domain, temperature) cell at least
 # Requests of one round at most: an AR server's cap is SGLang's request pool (2048 and more), far beyond
 # what a batch of a sweep's lengths needs to show its cost; the step law is fitted up to this.
 MAX_ROUND = 512
+# Prompt tokens of one quick context round at most: its prefill measures nothing the prefill rounds
+# do not, and eight 32K prompts of a 27B model on one GPU took a minute of a five-minute sweep.
+QUICK_CONTEXT_TOKENS = 131072
 MAX_LENGTH_ROUNDS = 6  # per thinking setting: a small cap gets fewer length samples, not hours of rounds
 
 
@@ -74,6 +77,7 @@ class SweepPlan(msgspec.Struct, kw_only=True):
     accept_concurrency: int
     accept_tokens: int
     accept_repeats: int
+    accept_passes: int  # verify passes a request of an acceptance round needs, at most `accept_tokens` long
     lengths_per_domain: int
     lengths_budget_s: float  # seconds a lengths round may take (its max_tokens follows from it)
     max_prompt_tokens: int
@@ -109,7 +113,7 @@ def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None
         if p < 1536:
             continue
         for c in (4, 16) if full else (16 if p <= 8192 else 8,):
-            c = min(c, cap)
+            c = min(c, cap) if full else min(c, cap, max(1, QUICK_CONTEXT_TOKENS // p))
             # all of the round's sequences fit in the KV pool with room to spare
             while c > 1 and c * (p + 512) > 0.8 * kv:
                 c //= 2
@@ -129,6 +133,7 @@ def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None
         accept_concurrency=min(cap, 64 if full else 48, max(1, int(0.8 * kv / (SHORT + 512)))),
         accept_tokens=384 if full else 256,
         accept_repeats=2 if full else 1,
+        accept_passes=160 if full else 64,
         lengths_per_domain=32 if full else 12,
         lengths_budget_s=240.0 if full else 45.0,
         max_prompt_tokens=bound,
@@ -188,6 +193,25 @@ def _per_request_tok_s(levels: list[Level], concurrency: int) -> float | None:
         if speeds and (best is None or abs(lv.concurrency - concurrency) < abs(best[0] - concurrency)):
             best = (lv.concurrency, sorted(speeds)[len(speeds) // 2])
     return best[1] if best else None
+
+
+def _accept_tokens(plan: SweepPlan, levels: list[Level], domain: str) -> int:
+    """An acceptance round's `max_tokens` for `domain`: what gives each request `accept_passes`
+    verify passes at the tokens per pass the greedy step rounds showed, `accept_tokens` at most. A
+    request's mean accepted drafts per pass is as precise as its passes are many; a server that
+    accepts little (NGRAM on fresh text: ~1.3 tokens a pass) needs fewer tokens for as many, and
+    its rounds at `accept_tokens` took three times a DFlash server's."""
+    verify = drafts = 0
+    for lv in levels:
+        if lv.kind == "step":
+            for r in lv.requests:
+                if r.domain == domain and r.verify_ct and r.correct_drafts is not None and not r.error:
+                    verify += r.verify_ct
+                    drafts += r.correct_drafts
+    if not verify:
+        return plan.accept_tokens
+    per_pass = 1.0 + drafts / verify
+    return max(SHORT, min(plan.accept_tokens, math.ceil(plan.accept_passes * per_pass)))
 
 
 def _length_rounds(plan: SweepPlan, facts: ServerFacts, levels: list[Level]) -> list[RoundSpec]:
@@ -253,6 +277,8 @@ async def _run(
         i = 0
         while i < len(rounds):
             spec = rounds[i]
+            if spec.kind in ("accept", "copy"):
+                spec = msgspec.structs.replace(spec, max_tokens=_accept_tokens(plan, m.levels, spec.domains[0]))
             repeat = maker.last_round if spec.kind == "copy" else None
             level = await run_round(client, facts, maker, spec, prompts=repeat)
             m.levels.append(level)
