@@ -4,11 +4,14 @@ For each set of server types (the K2.6 profiles; the Qwen3.6 ones; the K2.6 ones
 replaced by a perturbed copy), `plan` runs on the true profiles and on the profiles
 `bench.profile_fit` fitted from their twins (DIR/NAME.toml, NAME as the truth's), with the same
 traffic, seed and reference (so the phase rates are the same). The fitted plan's pick is then
-scored on the true profiles (the true plan's exhaustive search simulates every composition on the
-same seed): the target is the same fleet, or one within 3% of the true pick's score.
+scored on the true profiles: the true plan's exhaustive search simulates every composition, on
+each of `--seeds` (seed 0 by default), and a fleet's score is its mean over them; a fleet that
+misses the SLO parity on any of them has none. The true pick is the best mean; the target is the
+same fleet, or one within 3% of its mean score.
 
     python -m bench.profile_plan --fitted out/bench-profile/quick [--truths out/bench-profile/truths]
                                  [--servers 4] [--traffic day] [--sample-s 60] [--sets k26,qwen36,k26-perturbed]
+                                 [--seeds 0,1,2]
 
 Prints both plans' picks, their scores on the true profiles and the ratio; exits 1 when a set
 misses the target.
@@ -68,7 +71,14 @@ def _names(fleet: str, directory: Path) -> str:
 
 
 def compare(
-    name: str, fitted: Path, truths: Path, servers: int, traffic_name: str, sample_s: float, jobs: int | None
+    name: str,
+    fitted: Path,
+    truths: Path,
+    servers: int,
+    traffic_name: str,
+    sample_s: float,
+    jobs: int | None,
+    seeds: tuple[int, ...] = (0,),
 ) -> Comparison | None:
     types, reference = SETS[name]
     fit_paths = [fitted / f"{t}.toml" for t in types]
@@ -81,7 +91,7 @@ def compare(
     traffic = load_traffic(traffic_name)
     t0 = time.perf_counter()
 
-    def run(paths: list[Path], exhaustive: bool) -> PlanResult:
+    def run(paths: list[Path], exhaustive: bool, seed: int = seeds[0]) -> PlanResult:
         strs = [str(p) for p in paths]
         scenario = with_reference(traffic.scenario, strs, ref)
         return plan(
@@ -89,6 +99,7 @@ def compare(
             msgspec.structs.replace(traffic, scenario=scenario),
             types=strs,
             sample_s=sample_s,
+            seed=seed,
             exhaustive=exhaustive,
             jobs=jobs,
         )
@@ -96,20 +107,24 @@ def compare(
     print(f"{name}: plan for {servers} servers on the fitted profiles ...", flush=True)
     on_fit = run(fit_paths, False)
     fit_pick = _names(on_fit.ranked[0].fleet, fitted)
-    print(f"{name}: plan on the true profiles (every composition simulated) ...", flush=True)
-    on_true = run(true_paths, True)
-    true_pick = on_true.ranked[0]
-    assert on_true.exhaustive is not None
-    scores = {_names(_names(k, truths), BUNDLED): v for k, v in on_true.exhaustive.scores.items()}
+    per_seed: list[dict[str, float]] = []
+    for seed in seeds:
+        print(f"{name}: plan on the true profiles (every composition simulated), seed {seed} ...", flush=True)
+        on_true = run(true_paths, True, seed)
+        assert on_true.exhaustive is not None
+        per_seed.append({_names(_names(k, truths), BUNDLED): v for k, v in on_true.exhaustive.scores.items()})
+    # a fleet's mean over the seeds, where every seed scored it (one may miss the SLO parity on one)
+    scores = {k: sum(s[k] for s in per_seed) / len(per_seed) for k in per_seed[0] if all(k in s for s in per_seed)}
+    true_pick = max(scores, key=lambda k: scores[k])
     return Comparison(
         set=name,
         servers=servers,
         traffic=traffic_name,
-        true_pick=_names(_names(true_pick.fleet, truths), BUNDLED),
-        true_score=round(true_pick.score, 3),
+        true_pick=true_pick,
+        true_score=round(scores[true_pick], 3),
         fitted_pick=fit_pick,
         fitted_score_on_fitted=round(on_fit.ranked[0].score, 3),
-        fitted_pick_on_true=scores.get(fit_pick),
+        fitted_pick_on_true=round(scores[fit_pick], 3) if fit_pick in scores else None,
         wall_s=round(time.perf_counter() - t0, 1),
     )
 
@@ -123,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-s", type=float, default=60.0)
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--seeds", default="0", help="the seeds a fleet's score on the true profiles is a mean over")
     ap.add_argument("--output", type=Path, default=None, help="write the comparisons as JSON here")
     args = ap.parse_args(argv)
+    seeds = tuple(int(x) for x in args.seeds.split(","))
     unknown = [s for s in args.sets.split(",") if s and s not in SETS]
     if unknown:
         ap.error(f"--sets: unknown {', '.join(unknown)} (known: {', '.join(SETS)})")
@@ -132,12 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         c
         for s in args.sets.split(",")
         if s
-        and (c := compare(s, args.fitted, args.truths, args.servers, args.traffic, args.sample_s, args.jobs))
+        and (c := compare(s, args.fitted, args.truths, args.servers, args.traffic, args.sample_s, args.jobs, seeds))
         is not None
     ]
     if args.output:
         args.output.write_bytes(msgspec.json.format(msgspec.json.encode(rows), indent=1) + b"\n")
-    print(f"\nplan for {args.servers} servers, traffic {args.traffic!r}, {args.sample_s:g} s per phase, seed 0")
+    print(
+        f"\nplan for {args.servers} servers, traffic {args.traffic!r}, {args.sample_s:g} s per phase, "
+        f"scores on the true profiles a mean over seeds {args.seeds}"
+    )
     print("| set | pick on the true profiles | score | pick on the fitted | its score on the true | ratio | wall s |")
     print("|---|---|---:|---|---:|---:|---:|")
     for r in rows:

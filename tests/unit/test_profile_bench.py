@@ -48,6 +48,7 @@ def test_plan_comparison_of_a_set_with_itself_is_the_same_pick(tmp_path, capsys)
         shutil.copy(BUNDLED / f"{name}.toml", fitted / f"{name}.toml")
     out = tmp_path / "plan.json"
     argv = ["--fitted", str(fitted), "--truths", str(tmp_path / "none"), "--servers", "2", "--sample-s", "20"]
+    argv += ["--seeds", "0,1"]  # scores on the true profiles: a mean over two seeds
     code = profile_plan.main([*argv, "--sets", "qwen36", "--jobs", "1", "--output", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
