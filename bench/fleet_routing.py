@@ -8,7 +8,8 @@ On the virtual clock (`evaluate/`), per case (the Mooncake trace at a light load
 homogeneous fleet's capacity, the agentic shape at 50% and 90% of the reference capacity):
 
 1. `specroute plan` picks N servers over the K2.6 server types (NGRAM included) and its policy, on
-   SLO goodput (as `specroute plan --slo` does);
+   mean request tok/s within the SLO (planned on SLO goodput instead, it picks mixed fleets whose
+   e2e p99 is longer: docs/evaluation.md);
 2. that fleet runs behind specroute (the plan's goodput objective) and every homogeneous fleet of
    N servers of each type runs behind each of SGLang's router policies (and specroute's);
 3. it prints, per phase, mean per-request decode tok/s, SLO goodput (requests/s that met TTFT and
@@ -194,9 +195,7 @@ def run_case(
     specroute's row (a before/after of a routing change on a fixed fleet)."""
     t0 = time.perf_counter()
     if fleet is None:
-        top = plan(
-            SERVERS, case.traffic, slo=BENCH_SLO, objective="goodput", types=TYPES, seed=seeds[0], log=log
-        ).ranked[0]
+        top = plan(SERVERS, case.traffic, slo=BENCH_SLO, types=TYPES, seed=seeds[0], log=log).ranked[0]
         chosen, policy = top.fleet, top.policy
         log(f"{case.label}: plan picks {chosen} behind {policy} ({time.perf_counter() - t0:.0f} s)")
     else:
