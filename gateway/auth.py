@@ -40,7 +40,7 @@ from gateway.audit import audit
 from gateway.config import AuthSection, Config, ConfigError, parse_listen
 from gateway.errors import ApiError
 from gateway.principal import Principal
-from gateway.refusals import Refusals
+from gateway.refusals import STATUS, Refusals
 
 __all__ = ["AuthGate", "Posture", "posture", "routed_path"]
 
@@ -265,7 +265,7 @@ class AuthGate:
         """The door's refusal: an OpenAI-shaped error, with the headers litestar's CORS layer would
         have added for `origin` (the refusal never reaches it): without them a page cannot read why.
         Counted and logged by `reason` (gateway/refusals.py)."""
-        status = _REASON_STATUS[reason]
+        status = STATUS[reason]
         if self.refusals is not None:
             self.refusals.refused(
                 reason, status, method=scope["method"], path=routed_path(scope), client=scope.get("client")
@@ -282,17 +282,6 @@ class AuthGate:
                 headers += [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-# The status each of the door's refusals is answered with (gateway/refusals.py).
-_REASON_STATUS = {
-    "missing_key": 401,
-    "invalid_key": 401,
-    "invalid_admin_key": 403,
-    "admin_closed": 403,
-    "rate_limited": 429,
-    "unsupported_media_type": 415,
-}
 
 
 def routed_path(scope: HTTPScope) -> str:

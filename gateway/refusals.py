@@ -17,7 +17,7 @@ import msgspec
 
 from gateway.access_log import AccessLog
 
-__all__ = ["BODY_REASONS", "REASONS", "Refusals"]
+__all__ = ["BODY_REASONS", "REASONS", "STATUS", "Refusals"]
 
 # (reason, status) -> counted from the start.
 REASONS: tuple[tuple[str, int], ...] = (
@@ -36,6 +36,8 @@ REASONS: tuple[tuple[str, int], ...] = (
     ("method_not_allowed", 405),  # a generation route asked with another method than POST
     ("forwarding_loop", 508),  # a request this gateway forwarded before (gateway/via.py)
 )
+# reason -> the status it is answered with
+STATUS: dict[str, int] = dict(REASONS)
 # The body reader's refusals (gateway/generation.py) by status: each status names one reason there.
 BODY_REASONS: dict[int, str] = {
     413: "body_too_large",
