@@ -188,7 +188,7 @@ class _Task(msgspec.Struct, frozen=True):
 
 def _run(task: _Task) -> list[PhaseMetrics]:
     names = [s.name for s in fleet_servers(task.scenario)]
-    _, factory = contestants(names, ("latency", "throughput"), task.seed, statics={})[task.policy]
+    _, factory = contestants(names, ("latency", "throughput"), task.seed, statics={}, slo=task.slo)[task.policy]
     run = simulate(task.scenario, factory, seed=task.seed, phase_rates=list(task.rates), first_phase=task.first_phase)
     return phase_metrics(run, task.scenario, names, slo=task.slo)
 

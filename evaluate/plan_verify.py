@@ -239,8 +239,8 @@ def verify(
             single, pool=tuple(m.label if m.count == 1 else f"{m.count}x{m.label}" for m in parse_fleet(fleet))
         )
         names = [s.name for s in fleet_servers(moved)]
-        _, factory = contestants(names, ("latency", "throughput"), seed, statics={})[policy]
-        m = phase_metrics(simulate(moved, factory, seed=seed, phase_rates=[rate]), moved, names)[0]
+        _, factory = contestants(names, ("latency", "throughput"), seed, statics={}, slo=res.slo)[policy]
+        m = phase_metrics(simulate(moved, factory, seed=seed, phase_rates=[rate]), moved, names, slo=res.slo)[0]
         http_tok_s, http_e2e, requests, errors = _http_run(
             fleet,
             policy,

@@ -110,9 +110,13 @@ def contestants(
     statics: dict[str, str] | None = None,
     peers: bool = True,
     e2e_clairvoyant: bool = False,
+    slo: SLO = DEFAULT_SLO,
 ) -> dict[str, tuple[str | None, Factory]]:
-    """Name -> (objective or None, factory). Factories get the run's engines and specs."""
-    opts = goodput_options or {}
+    """Name -> (objective or None, factory). Factories get the run's engines and specs.
+
+    specroute is configured with the SLO it is judged on (`ttft_slo_s`, `tpot_slo_s` in its
+    config), as an operator who states one would; an explicit goodput option still wins."""
+    opts = {"ttft_slo_s": slo.ttft_s, "tpot_slo_s": slo.tpot_s, **(goodput_options or {})}
 
     def goodput(obj: str) -> Factory:
         return lambda e, s: Goodput(obj, seed=seed, backends=s, **opts)
@@ -240,7 +244,14 @@ def run_scenario(
     pool = [s.name for s in servers]
     statics = _static_names(scenario)
     table = contestants(
-        pool, objectives, seed, goodput_options, statics=statics, peers=peers, e2e_clairvoyant=scenario.open_loop
+        pool,
+        objectives,
+        seed,
+        goodput_options,
+        statics=statics,
+        peers=peers,
+        e2e_clairvoyant=scenario.open_loop,
+        slo=slo,
     )
     if only is not None:
         wanted = set(only) | {f"clairvoyant/{o}" for o in objectives}

@@ -194,3 +194,16 @@ def test_phase_ceiling_bounds_what_the_policies_measure():
     assert low.ceiling.best_split_request_tok_s == pytest.approx(low.ceiling.bound_request_tok_s, rel=1e-6)
     # two domains (code accepts more than chat on DFlash): routing by domain could do better
     assert high.ceiling.bound_request_tok_s >= high.ceiling.best_split_request_tok_s
+
+
+def test_specroute_is_configured_with_the_slo_it_is_judged_on():
+    from evaluate.runner import contestants
+    from evaluate.slo import SLO
+
+    stated = SLO(ttft_s=10.0, tpot_s=0.1)
+    _, factory = contestants(["a", "b"], ("latency",), 0, slo=stated)["goodput/latency"]
+    policy = factory([], [])
+    assert (policy.ttft_slo_s, policy.tpot_slo_s) == (10.0, 0.1)
+    _, factory = contestants(["a", "b"], ("latency",), 0, {"tpot_slo_s": None}, slo=stated)["goodput/latency"]
+    policy = factory([], [])
+    assert policy.ttft_slo_s == 10.0 and policy.tpot_slo_s == float("inf")  # an explicit option wins
