@@ -39,14 +39,8 @@ REASONS: tuple[tuple[str, int], ...] = (
 # reason -> the status it is answered with
 STATUS: dict[str, int] = dict(REASONS)
 # The body reader's refusals (gateway/generation.py) by status: each status names one reason there.
-BODY_REASONS: dict[int, str] = {
-    413: "body_too_large",
-    408: "body_timeout",
-    503: "body_budget",
-    400: "bad_request",
-    405: "method_not_allowed",
-    508: "forwarding_loop",
-}
+_BODY_READER = ("body_too_large", "body_timeout", "body_budget", "bad_request", "method_not_allowed", "forwarding_loop")
+BODY_REASONS: dict[int, str] = {STATUS[reason]: reason for reason in _BODY_READER}
 # How much of a client's path a log line repeats.
 _PATH_CHARS = 200
 

@@ -172,3 +172,11 @@ def test_a_clipped_string_says_how_long_it_was() -> None:
     assert clip("short") == "'short'"
     long = clip("x" * 1_000_000)
     assert len(long) < 120 and "1000000 characters" in long
+
+
+def test_each_status_of_the_body_reader_names_one_counted_reason():
+    from gateway.refusals import _BODY_READER, BODY_REASONS, STATUS
+
+    # two body reasons on one status would make one of them uncountable
+    assert sorted(BODY_REASONS.values()) == sorted(_BODY_READER)
+    assert all(STATUS[reason] == status for status, reason in BODY_REASONS.items())
