@@ -18,6 +18,8 @@ from tools.fit.sweep import (
     length_rounds,
     plan_sweep,
     sampled_tok_s,
+    server_busy_s,
+    time_by_kind,
 )
 
 
@@ -179,3 +181,16 @@ def test_a_model_without_a_reasoning_parser_gets_thinking_off_rounds_only():
     rounds = length_rounds(plan, facts, [])
     assert len(rounds) == 3 and all(not r.thinks(i) for r in rounds for i in range(r.concurrency))
     assert sum(r.concurrency for r in rounds) >= plan.lengths_per_domain * 3
+
+
+def test_the_time_by_kind_counts_what_the_server_computed_apart_from_the_wall_clock():
+    a, b, c = _timed_round("step", 8, 60.0), _timed_round("step", 16, 50.0), _timed_round("context", 4, 30.0)
+    for lv, wall, prefill, decode in ((a, 2.0, 0.1, 1.5), (b, 3.0, 0.2, 2.0), (c, 9.0, 4.0, 3.0)):
+        lv.wall_s, lv.prefill_busy_s, lv.decode_busy_s = wall, prefill, decode
+    times = time_by_kind([a, b, c])
+    assert list(times) == ["step", "context"]
+    assert times["step"][:2] == (2, 5.0) and times["step"][2] == pytest.approx(3.8)
+    assert server_busy_s([a, b, c]) == pytest.approx(10.8)
+    # a server without the counters (before SGLang 0.5.23): the wall clock only
+    c.decode_busy_s = None
+    assert time_by_kind([a, b, c])["context"][2] is None and server_busy_s([a, b, c]) is None

@@ -328,6 +328,14 @@ def _prefill(before: LoadReport | None, after: LoadReport | None, scale: float) 
     return (q[0] - p[0]) / 1e6 / scale, int(q[1] - p[1])
 
 
+def _decode_busy(before: LoadReport | None, after: LoadReport | None, scale: float) -> float | None:
+    """Seconds the server spent in decode steps between two reads (its decode moments' step time)."""
+    a, b = (before.decode_moments if before else None), (after.decode_moments if after else None)
+    if a is None or b is None:
+        return None
+    return (b[2] - a[2]) / 1e6 / scale
+
+
 async def run_round(
     client: SGLangClient,
     facts: ServerFacts,
@@ -391,6 +399,7 @@ async def run_round(
     wall = time.perf_counter() - t0
     after = await read_load(client, facts)
     busy, computed = _prefill(before, after, scale)
+    decoding = _decode_busy(before, after, scale)
     return Level(
         kind=spec.kind,
         concurrency=spec.concurrency,
@@ -404,6 +413,7 @@ async def run_round(
         window=window,
         prefill_busy_s=busy,
         prefill_tokens=computed,
+        decode_busy_s=decoding,
         wall_s=wall,
     )
 

@@ -51,6 +51,7 @@ __all__ = [
     "length_rounds",
     "plan_sweep",
     "sampled_tok_s",
+    "server_busy_s",
     "sweep",
     "time_by_kind",
 ]
@@ -296,17 +297,30 @@ def _whole_domains(n: int) -> int:
     return n - n % len(DOMAINS) if n >= len(DOMAINS) else n
 
 
-def time_by_kind(levels: list[Level]) -> dict[str, tuple[int, float]]:
-    """Rounds and wall-clock seconds per kind of round, in the order the sweep ran them."""
-    out: dict[str, tuple[int, float]] = {}
+def time_by_kind(levels: list[Level]) -> dict[str, tuple[int, float, float | None]]:
+    """Per kind of round, in the order the sweep ran them: rounds, wall-clock seconds, and the
+    seconds the server computed (None where it keeps no counters)."""
+    out: dict[str, tuple[int, float, float | None]] = {}
     for lv in levels:
-        n, s = out.get(lv.kind, (0, 0.0))
-        out[lv.kind] = (n + 1, s + lv.wall_s)
+        n, wall, busy = out.get(lv.kind, (0, 0.0, 0.0))
+        server = lv.server_busy_s
+        out[lv.kind] = (n + 1, wall + lv.wall_s, busy + server if busy is not None and server is not None else None)
     return out
 
 
+def server_busy_s(levels: list[Level]) -> float | None:
+    """Seconds the server computed over the sweep's rounds (None where it keeps no counters)."""
+    busy = [lv.server_busy_s for lv in levels]
+    return sum(b for b in busy if b is not None) if busy and None not in busy else None
+
+
 def describe_times(levels: list[Level]) -> str:
-    return ", ".join(f"{kind} {s:.0f} s ({n} rounds)" for kind, (n, s) in time_by_kind(levels).items())
+    """`kind wall s (server s, rounds)` per kind of round."""
+    parts = []
+    for kind, (n, wall, busy) in time_by_kind(levels).items():
+        server = f"server {busy:.0f} s, " if busy is not None else ""
+        parts.append(f"{kind} {wall:.0f} s ({server}{n} rounds)")
+    return ", ".join(parts)
 
 
 def _failures(level: Level) -> list[str]:
