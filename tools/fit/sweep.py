@@ -102,7 +102,9 @@ def _levels(cap: int, full: bool) -> list[int]:
     allows), `cap` itself, and 5/8 of it (a point between the top two, where a compute knee shows),
     none of them a held-out level (one less instead)."""
     ladder = [1, 2, 4, 6, 8, 16, 32, 48, 64, 96, 128, 192, 256] if full else [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    wanted = [c for c in ladder if c < cap] + [cap, max(1, round(cap * 5 / 8))]
+    knee = max(1, round(cap * 5 / 8))
+    # quick: no ladder level within 15% of that point (a cap of 48: 30, not 30 and 32)
+    wanted = [c for c in ladder if c < cap and (full or c <= 2 or abs(c - knee) > 0.15 * knee)] + [cap, knee]
     return sorted({c - 1 if c in HELD_OUT_CONCURRENCY else c for c in wanted})
 
 
@@ -147,9 +149,9 @@ def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None
         accept_concurrency=min(cap, 64 if full else 48, max(1, int(0.8 * kv / (SHORT + 512)))),
         accept_tokens=384 if full else 256,
         accept_repeats=2 if full else 1,
-        accept_passes=160 if full else 64,
+        accept_passes=160 if full else 48,
         lengths_per_domain=32 if full else 12,
-        lengths_budget_s=240.0 if full else 45.0,
+        lengths_budget_s=240.0 if full else 55.0,
         max_prompt_tokens=bound,
     )
 
