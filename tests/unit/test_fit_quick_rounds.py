@@ -62,10 +62,10 @@ def _step_round(per_pass: dict[str, float], verify: int | None = 100) -> Level:
 
 def test_a_server_that_accepts_little_gets_shorter_rounds_of_as_many_passes():
     plan = plan_sweep(_facts(), quick=True)
-    levels = [_step_round({"math": 1.5, "code": 1.25, "chat": 6.0})]
+    levels = [_step_round({"math": 2.0, "code": 1.5, "chat": 6.0})]
     math_tokens = _accept_tokens(plan, levels, "math")
-    assert math_tokens == plan.accept_passes * 1.5 < plan.accept_tokens
-    assert _accept_tokens(plan, levels, "code") == plan.accept_passes * 1.25
+    assert math_tokens == plan.accept_passes * 2.0 < plan.accept_tokens
+    assert _accept_tokens(plan, levels, "code") == plan.accept_passes * 1.5
     # a server accepting much is held to the round's token bound: it gets more passes, not longer rounds
     assert _accept_tokens(plan, levels, "chat") == plan.accept_tokens
 
