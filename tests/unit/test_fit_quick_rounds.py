@@ -47,15 +47,20 @@ def _step_round(per_pass: dict[str, float], verify: int | None = 100) -> Level:
         for d, tpp in per_pass.items()
         for _ in range(4)
     ]
+    return _level("step", requests, list(per_pass))
+
+
+def _level(kind: str, requests: list[Request], domains: list[str], temperature: float = 0.0) -> Level:
+    """A round of short prompts, greedy unless `temperature`, of these requests."""
     return Level(
-        kind="step",
+        kind=kind,
         concurrency=len(requests),
         prompt_tokens=64,
-        max_tokens=96,
-        temperature=0.0,
+        max_tokens=max(r.completion_tokens for r in requests),
+        temperature=temperature,
         thinking=False,
         ignore_eos=True,
-        domains=list(per_pass),
+        domains=domains,
         requests=requests,
     )
 
@@ -98,17 +103,7 @@ def _timed_round(kind: str, concurrency: int, tok_s: float, temperature: float =
         )
         for i in range(concurrency)
     ]
-    return Level(
-        kind=kind,
-        concurrency=concurrency,
-        prompt_tokens=64,
-        max_tokens=100,
-        temperature=temperature,
-        thinking=False,
-        ignore_eos=True,
-        domains=[domain] if domain else ["math", "code", "chat"],
-        requests=requests,
-    )
+    return _level(kind, requests, [domain] if domain else ["math", "code", "chat"], temperature)
 
 
 def _sweep_so_far(sampled: dict[str, float]) -> list[Level]:
