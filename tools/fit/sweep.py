@@ -16,7 +16,7 @@ Against an otherwise idle server (refused when `/v1/loads` shows requests at the
    the acceptance (or, without speculation, step) rounds measured; requests still running at it
    count as censored.
 
-The quick sweep sends fewer and shorter rounds (4-6 minutes on a K2.6 twin at time scale 1); the
+The quick sweep sends fewer and shorter rounds (3-4.5 minutes on a K2.6 twin at time scale 1); the
 full one more levels, lengths and repeats. No round uses the concurrency levels 3, 12, 24, the
 prompt lengths 4096 and 16384: those are held out to check the fit (`specroute profile validate`).
 
