@@ -20,6 +20,7 @@ within 10%) and exits 1 when one is missed.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,8 @@ from pathlib import Path
 import msgspec
 
 from bench.perturbed_profile import write_perturbed
+from tools.fit.measurements import load_measurements
+from tools.fit.sweep import describe_times, server_busy_s
 from tools.fit.validate import PointResult, measure_point, points_of, predict_point, render
 from tools.processes import ProcessGroup, free_port, specroute_cmd
 from twin.profile import load_profile
@@ -41,6 +44,9 @@ class Row(msgspec.Struct, kw_only=True):
     profile: str
     mode: str
     sweep_s: float
+    rounds: str = ""  # the sweep's wall-clock time by kind of round
+    server_s: float | None = None  # what the server computed of it (the sweep's time on an idle machine)
+    load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average as the sweep began, ended
     http: list[PointResult] = []
     virtual: list[PointResult] = []
 
@@ -66,6 +72,7 @@ def _run(profile: str, spec: str, mode: str, scale: float, out: Path, http: bool
         cmd = specroute_cmd("sim", "--profile", spec, "--port", str(port), "--time-scale", str(scale), *parser)
         group.start(profile, cmd)
         group.wait_ready({profile: f"{url}/ready"})
+        load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
         args = ["profile", url, "-o", str(fitted), "--force", *(["--quick"] if mode == "quick" else [])]
         res = subprocess.run(specroute_cmd(*args), capture_output=True, text=True)
@@ -74,7 +81,10 @@ def _run(profile: str, spec: str, mode: str, scale: float, out: Path, http: bool
         if res.returncode != 0:
             raise RuntimeError(f"{profile} {mode}: specroute profile failed:\n{res.stderr[-2000:]}")
         fit = load_profile(str(fitted))
-        row = Row(profile=profile, mode=mode, sweep_s=sweep_s)
+        measured = load_measurements(fitted.with_suffix(".measurements.json"))
+        row = Row(profile=profile, mode=mode, sweep_s=sweep_s, rounds=describe_times(measured.levels))
+        row.load = (load_before, os.getloadavg()[0])
+        row.server_s = server_busy_s(measured.levels)
         for point in points_of([3, 12, 24], [4096, 16384], 0.6, 256, 0):
             predicted = predict_point(fit, point)
             row.virtual.append(PointResult(point=point, truth=predict_point(truth, point), predicted=predicted))
@@ -108,16 +118,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{profile}: {mode} sweep at time scale {args.time_scale:g} ...", flush=True)
             row = _run(profile, spec, mode, args.time_scale, args.output, not args.no_http)
             rows.append(row)
-            print(f"{profile} {mode}: sweep {row.sweep_s:.0f} s")
+            load = f"load {row.load[0]:.1f}-{row.load[1]:.1f}"
+            server = f", the server computed {row.server_s:.0f} s" if row.server_s is not None else ""
+            print(f"{profile} {mode}: sweep {row.sweep_s:.0f} s ({load}{server}): {row.rounds}")
             if row.http:
                 sys.stdout.write(render(row.http, "server"))
             sys.stdout.write(render(row.virtual, "profile"))
     (args.output / "results.json").write_bytes(msgspec.json.format(msgspec.json.encode(rows), indent=1) + b"\n")
-    print("\n| profile | sweep | wall s | worst error vs the twin over HTTP | vs its profile (virtual clock) |")
-    print("|---|---|---:|---:|---:|")
+    print(
+        "\n| profile | sweep | wall s | server s | load | worst error vs the twin over HTTP "
+        "| vs its profile (virtual clock) |"
+    )
+    print("|---|---|---:|---:|---|---:|---:|")
     for r in rows:
         http = f"{100 * r.worst_http:.1f}%" if r.http else "-"
-        print(f"| {r.profile} | {r.mode} | {r.sweep_s:.0f} | {http} | {100 * r.worst_virtual:.1f}% |")
+        load = f"{r.load[0]:.1f}-{r.load[1]:.1f}"
+        server = f"{r.server_s:.0f}" if r.server_s is not None else "-"
+        row_text = (
+            f"| {r.profile} | {r.mode} | {r.sweep_s:.0f} | {server} | {load} | {http} | {100 * r.worst_virtual:.1f}% |"
+        )
+        print(row_text)
     failed = []
     if args.time_scale == 1.0:
         failed += [

@@ -51,7 +51,7 @@ def _sweep_parser() -> UsageParser:
     p.add_argument("url", help="the server's base URL, e.g. http://gpu-a:30000")
     p.add_argument("--output", "-o", required=True, help="the profile to write (.toml)")
     p.add_argument(
-        "--quick", action="store_true", help="fewer, shorter rounds (4-6 minutes on a K2.6 twin at time scale 1)"
+        "--quick", action="store_true", help="fewer, shorter rounds (3-4.5 minutes on a K2.6 twin at time scale 1)"
     )
     p.add_argument(
         "--max-prompt-tokens",

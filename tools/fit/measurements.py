@@ -66,7 +66,16 @@ class Level(msgspec.Struct, kw_only=True, omit_defaults=True):
     window: Window | None = None
     prefill_busy_s: float | None = None  # the server's prefill counters over the level
     prefill_tokens: int | None = None
+    decode_busy_s: float | None = None  # the server's decode moments' step time over the level
     wall_s: float = 0.0  # wall-clock seconds the round took
+
+    @property
+    def server_busy_s(self) -> float | None:
+        """Seconds the server computed for the round (prefill and decode), whatever the client's
+        machine added: a twin at time scale 1 on a busy machine takes longer in wall-clock time."""
+        if self.prefill_busy_s is None or self.decode_busy_s is None:
+            return None
+        return self.prefill_busy_s + self.decode_busy_s
 
 
 class Measurements(msgspec.Struct, kw_only=True):

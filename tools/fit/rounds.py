@@ -52,8 +52,20 @@ class RoundSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int
     temperature: float = 0.0
     thinking: bool = False
+    # of a thinking round, how many requests (the round's last) are sent with thinking off: one
+    # round measures both settings, and lasts as long as its longest (thinking) request
+    thinking_off: int = 0
     ignore_eos: bool = True
     domains: tuple[str, ...] = ("math", "code", "chat")
+
+    def thinks(self, i: int) -> bool:
+        """Whether the round's `i`-th request is sent with thinking on."""
+        return self.thinking and i < self.concurrency - self.thinking_off
+
+    def domain(self, i: int) -> str:
+        """The round's `i`-th request's domain: each setting of a mixed round cycles the domains alone."""
+        on = self.concurrency - self.thinking_off if self.thinking else self.concurrency
+        return self.domains[(i if i < on else i - on) % len(self.domains)]
 
 
 class _Sglext(msgspec.Struct):
@@ -78,7 +90,9 @@ class LiveRequest:
         self.error: str | None = None
 
 
-def request_body(facts: ServerFacts, spec: RoundSpec, prompt: str) -> dict[str, Any]:
+def request_body(facts: ServerFacts, spec: RoundSpec, prompt: str, thinking: bool | None = None) -> dict[str, Any]:
+    """The chat request of a round; `thinking` (default: the round's) switches the model's thinking."""
+    thinking = spec.thinking if thinking is None else thinking
     body: dict[str, Any] = {
         "model": facts.served_model_name,
         "messages": [{"role": "user", "content": prompt}],
@@ -93,7 +107,7 @@ def request_body(facts: ServerFacts, spec: RoundSpec, prompt: str) -> dict[str, 
     # The thinking switch of Kimi's and DeepSeek's chat templates, and of Qwen's (a template ignores
     # the other's). Sent whether or not the server has a reasoning parser: a model that thinks by
     # default thinks without one too, its reasoning then inside the content.
-    body["chat_template_kwargs"] = {"thinking": spec.thinking, "enable_thinking": spec.thinking}
+    body["chat_template_kwargs"] = {"thinking": thinking, "enable_thinking": thinking}
     return body
 
 
@@ -166,14 +180,14 @@ def _spec_counts(sglext: dict[str, Any] | None) -> tuple[int | None, int | None]
     return verify, correct
 
 
-def _request(spec: RoundSpec, domain: str, live: LiveRequest, scale: float) -> Request:
+def _request(spec: RoundSpec, i: int, live: LiveRequest, scale: float) -> Request:
     f = live.clock.figures()
     verify, correct = _spec_counts(live.sglext)
     e2e = (live.clock.t_last - live.clock.t_start) / scale if live.clock.t_last is not None else None
     return Request(
-        domain=domain,
+        domain=spec.domain(i),
         temperature=spec.temperature,
-        thinking=spec.thinking,
+        thinking=spec.thinks(i),
         prompt_tokens=f.prompt_tokens or live.prompt_tokens,
         completion_tokens=f.completion_tokens or 0,
         reasoning_tokens=f.reasoning_tokens,
@@ -314,6 +328,14 @@ def _prefill(before: LoadReport | None, after: LoadReport | None, scale: float) 
     return (q[0] - p[0]) / 1e6 / scale, int(q[1] - p[1])
 
 
+def _decode_busy(before: LoadReport | None, after: LoadReport | None, scale: float) -> float | None:
+    """Seconds the server spent in decode steps between two reads (its decode moments' step time)."""
+    a, b = (before.decode_moments if before else None), (after.decode_moments if after else None)
+    if a is None or b is None:
+        return None
+    return (b[2] - a[2]) / 1e6 / scale
+
+
 async def run_round(
     client: SGLangClient,
     facts: ServerFacts,
@@ -327,7 +349,7 @@ async def run_round(
     send these instead of new ones (a round repeating an earlier one's); the prompts sent are kept
     in `maker.last_round`. Raises ForeignLoad when the server runs more requests than the round sent."""
     scale = facts.time_scale
-    domains = [spec.domains[i % len(spec.domains)] for i in range(spec.concurrency)]
+    domains = [spec.domain(i) for i in range(spec.concurrency)]
     if prompts is None:
         prompts = [maker.make(d, spec.prompt_tokens) for d in domains]
     maker.last_round = list(prompts)
@@ -336,8 +358,10 @@ async def run_round(
     t0 = time.perf_counter()
     lives = [LiveRequest(t0) for _ in domains]
     tasks = [
-        asyncio.create_task(stream_request(client, request_body(facts, spec, p), live, events, timeout_s))
-        for p, live in zip(prompts, lives, strict=True)
+        asyncio.create_task(
+            stream_request(client, request_body(facts, spec, p, spec.thinks(i)), live, events, timeout_s)
+        )
+        for i, (p, live) in enumerate(zip(prompts, lives, strict=True))
     ]
     polls: list[_Poll] = []
     stop = asyncio.Event()
@@ -375,6 +399,7 @@ async def run_round(
     wall = time.perf_counter() - t0
     after = await read_load(client, facts)
     busy, computed = _prefill(before, after, scale)
+    decoding = _decode_busy(before, after, scale)
     return Level(
         kind=spec.kind,
         concurrency=spec.concurrency,
@@ -384,10 +409,11 @@ async def run_round(
         thinking=spec.thinking,
         ignore_eos=spec.ignore_eos,
         domains=list(spec.domains),
-        requests=[_request(spec, d, live, scale) for d, live in zip(domains, lives, strict=True)],
+        requests=[_request(spec, i, live, scale) for i, live in enumerate(lives)],
         window=window,
         prefill_busy_s=busy,
         prefill_tokens=computed,
+        decode_busy_s=decoding,
         wall_s=wall,
     )
 

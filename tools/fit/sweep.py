@@ -10,11 +10,13 @@ Against an otherwise idle server (refused when `/v1/loads` shows requests at the
 4. acceptance (speculative servers): a round per domain and temperature (0, 0.6, 1.0); on an
    NGRAM server each greedy round is sent twice, the second time measuring the acceptance inside
    a copy of the server's own output;
-5. lengths (a model that ends its answers): a round per thinking setting (on and off where the
-   server has a reasoning parser) without `ignore_eos`, at temperature 0.6, for the reasoning and
-   answer lengths; requests still running at the round's token budget count as censored.
+5. lengths (a model that ends its answers): without `ignore_eos`, at temperature 0.6, for the
+   reasoning and answer lengths; behind a reasoning parser each round sends thinking on and off
+   together. A round's token budget is what a request decodes in the round's time at the speed
+   the acceptance (or, without speculation, step) rounds measured; requests still running at it
+   count as censored.
 
-The quick sweep sends fewer and shorter rounds (4-6 minutes on a K2.6 twin at time scale 1); the
+The quick sweep sends fewer and shorter rounds (3-4.5 minutes on a K2.6 twin at time scale 1); the
 full one more levels, lengths and repeats. No round uses the concurrency levels 3, 12, 24, the
 prompt lengths 4096 and 16384: those are held out to check the fit (`specroute profile validate`).
 
@@ -41,10 +43,22 @@ from tools.fit.measurements import Level, Measurements, save_measurements
 from tools.fit.prompts import DOMAINS, PromptMaker
 from tools.fit.rounds import ForeignLoad, RoundSpec, calibrate, run_round
 
-__all__ = ["SweepPlan", "SweepRefused", "SweepStopped", "plan_sweep", "sweep"]
+__all__ = [
+    "SweepPlan",
+    "SweepRefused",
+    "SweepStopped",
+    "describe_times",
+    "length_rounds",
+    "plan_sweep",
+    "sampled_tok_s",
+    "server_busy_s",
+    "sweep",
+    "time_by_kind",
+]
 
 SHORT = 64  # tokens of a "short" prompt: the question alone
 TEMPERATURES = (0.0, 0.6, 1.0)
+LENGTHS_TEMPERATURE = 0.6  # the lengths rounds sample as a chat client does
 HELD_OUT_CONCURRENCY = frozenset({3, 12, 24})
 HELD_OUT_PROMPTS = frozenset({4096, 16384})
 MIN_CELL = 8  # requests per (domain, temperature) cell at least
@@ -88,7 +102,9 @@ def _levels(cap: int, full: bool) -> list[int]:
     allows), `cap` itself, and 5/8 of it (a point between the top two, where a compute knee shows),
     none of them a held-out level (one less instead)."""
     ladder = [1, 2, 4, 6, 8, 16, 32, 48, 64, 96, 128, 192, 256] if full else [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    wanted = [c for c in ladder if c < cap] + [cap, max(1, round(cap * 5 / 8))]
+    knee = max(1, round(cap * 5 / 8))
+    # quick: no ladder level within 15% of that point (a cap of 48: 30, not 30 and 32)
+    wanted = [c for c in ladder if c < cap and (full or c <= 2 or abs(c - knee) > 0.15 * knee)] + [cap, knee]
     return sorted({c - 1 if c in HELD_OUT_CONCURRENCY else c for c in wanted})
 
 
@@ -129,13 +145,13 @@ def plan_sweep(facts: ServerFacts, *, quick: bool, max_prompt_tokens: int | None
         step_tokens=out_tokens,
         step_repeats=2 if full else 1,
         context=context,
-        context_tokens=512 if full else 256,
+        context_tokens=512 if full else 128,
         accept_concurrency=min(cap, 64 if full else 48, max(1, int(0.8 * kv / (SHORT + 512)))),
         accept_tokens=384 if full else 256,
         accept_repeats=2 if full else 1,
-        accept_passes=160 if full else 64,
+        accept_passes=160 if full else 48,
         lengths_per_domain=32 if full else 12,
-        lengths_budget_s=240.0 if full else 45.0,
+        lengths_budget_s=240.0 if full else 55.0,
         max_prompt_tokens=bound,
     )
 
@@ -179,20 +195,45 @@ def _rounds(plan: SweepPlan, facts: ServerFacts) -> list[RoundSpec]:
     return out
 
 
-def _per_request_tok_s(levels: list[Level], concurrency: int) -> float | None:
-    """Decode tokens per second of one request at about `concurrency`, from the step rounds."""
+def _median_tok_s(levels: list[Level], kind: str, concurrency: int, temperature: float | None = None) -> float | None:
+    """Decode tokens per second of one request (the median) in the `kind` round nearest `concurrency`
+    (at `temperature`), the slowest domain's where a round has one domain."""
     best: tuple[int, float] | None = None
     for lv in levels:
-        if lv.kind != "step":
+        if lv.kind != kind or (temperature is not None and lv.temperature != temperature):
             continue
         speeds = [
             r.completion_tokens / (r.e2e_s - r.ttft_s)
             for r in lv.requests
             if r.e2e_s is not None and r.ttft_s is not None and r.e2e_s > r.ttft_s and not r.error
         ]
-        if speeds and (best is None or abs(lv.concurrency - concurrency) < abs(best[0] - concurrency)):
-            best = (lv.concurrency, sorted(speeds)[len(speeds) // 2])
+        if not speeds:
+            continue
+        speed = sorted(speeds)[len(speeds) // 2]
+        distance = abs(lv.concurrency - concurrency)
+        if best is None or distance < abs(best[0] - concurrency):
+            best = (lv.concurrency, speed)
+        elif distance == abs(best[0] - concurrency):
+            best = (lv.concurrency, min(best[1], speed))
     return best[1] if best else None
+
+
+def sampled_tok_s(levels: list[Level], concurrency: int) -> float | None:
+    """Decode tokens per second of one request at `concurrency` and the lengths rounds' temperature.
+
+    A speculative server decodes slower sampling than greedy (it accepts fewer drafts): its speed
+    is the slowest domain's of the acceptance rounds at that temperature, moved to `concurrency` as
+    the greedy step rounds move from the acceptance rounds' concurrency to it. Without acceptance
+    rounds (an AR server: temperature costs it nothing), the step rounds' speed at `concurrency`."""
+    step = _median_tok_s(levels, "step", concurrency)
+    accept = [lv for lv in levels if lv.kind == "accept" and lv.temperature == LENGTHS_TEMPERATURE]
+    sampled = _median_tok_s(accept, "accept", concurrency, LENGTHS_TEMPERATURE)
+    if sampled is None:
+        return step
+    step_there = _median_tok_s(levels, "step", accept[0].concurrency)
+    if step is None or step_there is None:
+        return sampled
+    return sampled * step / step_there
 
 
 def _accept_tokens(plan: SweepPlan, levels: list[Level], domain: str) -> int:
@@ -214,26 +255,74 @@ def _accept_tokens(plan: SweepPlan, levels: list[Level], domain: str) -> int:
     return max(SHORT, min(plan.accept_tokens, math.ceil(plan.accept_passes * per_pass)))
 
 
-def _length_rounds(plan: SweepPlan, facts: ServerFacts, levels: list[Level]) -> list[RoundSpec]:
-    n = plan.lengths_per_domain * len(DOMAINS)
-    c = min(n, facts.max_running_requests or n)
-    speed = _per_request_tok_s(levels, c) or 20.0
-    # what the round's time allows, within the context length (SGLang refuses a longer max_tokens)
+def length_rounds(plan: SweepPlan, facts: ServerFacts, levels: list[Level]) -> list[RoundSpec]:
+    """The rounds that measure the reasoning and answer lengths, sized from what the sweep measured.
+
+    Each round's `max_tokens` is what one request decodes in `lengths_budget_s` at the speed the
+    earlier rounds showed at the lengths rounds' temperature (`sampled_tok_s`), so the round ends
+    within its time whatever the server accepts at that temperature; a request still running then
+    is a censored sample. A thinking model's round sends thinking on and off together (thinking on
+    first, `lengths_per_domain` a domain, the rest of the cap thinking off, a quarter at least): a
+    round lasts as long as its longest request, a thinking one, and the thinking-off requests end
+    inside it. A cap too small for one round gets more rounds, `MAX_LENGTH_ROUNDS` at most."""
+    per_setting = plan.lengths_per_domain * len(DOMAINS)
+    cap = facts.max_running_requests or per_setting
+    if facts.thinking:
+        c = min(cap, 2 * per_setting)
+        off = max(c - per_setting, _whole_domains(c // 4), 1 if c > 1 else 0)
+        rounds = min(MAX_LENGTH_ROUNDS, math.ceil(per_setting / max(1, c - off)))
+    else:
+        c, off = min(cap, per_setting), 0
+        rounds = min(MAX_LENGTH_ROUNDS, math.ceil(per_setting / c))
+    speed = sampled_tok_s(levels, c) or 20.0
+    # within the context length too (SGLang refuses a longer max_tokens)
     budget = min(max(256, int(speed * plan.lengths_budget_s)), (facts.context_length or 32768) - 4 * SHORT)
-    settings = (True, False) if facts.thinking else (False,)
     return [
         RoundSpec(
             kind="lengths",
             concurrency=c,
             prompt_tokens=SHORT,
             max_tokens=budget,
-            temperature=0.6,
-            thinking=thinking,
+            temperature=LENGTHS_TEMPERATURE,
+            thinking=facts.thinking,
+            thinking_off=off,
             ignore_eos=False,
+            # each round starts the cycle at another domain: a small round's remainder is not always math's
+            domains=DOMAINS[k % len(DOMAINS) :] + DOMAINS[: k % len(DOMAINS)],
         )
-        for thinking in settings
-        for _ in range(min(MAX_LENGTH_ROUNDS, math.ceil(n / c)))
+        for k in range(rounds)
     ]
+
+
+def _whole_domains(n: int) -> int:
+    """`n` rounded down to a whole number of requests per domain (at least one of each where n allows)."""
+    return n - n % len(DOMAINS) if n >= len(DOMAINS) else n
+
+
+def time_by_kind(levels: list[Level]) -> dict[str, tuple[int, float, float | None]]:
+    """Per kind of round, in the order the sweep ran them: rounds, wall-clock seconds, and the
+    seconds the server computed (None where it keeps no counters)."""
+    out: dict[str, tuple[int, float, float | None]] = {}
+    for lv in levels:
+        n, wall, busy = out.get(lv.kind, (0, 0.0, 0.0))
+        server = lv.server_busy_s
+        out[lv.kind] = (n + 1, wall + lv.wall_s, busy + server if busy is not None and server is not None else None)
+    return out
+
+
+def server_busy_s(levels: list[Level]) -> float | None:
+    """Seconds the server computed over the sweep's rounds (None where it keeps no counters)."""
+    busy = [lv.server_busy_s for lv in levels]
+    return sum(b for b in busy if b is not None) if busy and None not in busy else None
+
+
+def describe_times(levels: list[Level]) -> str:
+    """`kind wall s (server s, rounds)` per kind of round."""
+    parts = []
+    for kind, (n, wall, busy) in time_by_kind(levels).items():
+        server = f"server {busy:.0f} s, " if busy is not None else ""
+        parts.append(f"{kind} {wall:.0f} s ({server}{n} rounds)")
+    return ", ".join(parts)
 
 
 def _failures(level: Level) -> list[str]:
@@ -297,8 +386,9 @@ async def _run(
                 )
             i += 1
             if i == len(rounds) and not any(r.kind == "lengths" for r in rounds):
-                rounds += _length_rounds(plan, facts, m.levels)
+                rounds += length_rounds(plan, facts, m.levels)
                 total = len(rounds)
+        log(f"rounds' wall-clock time by kind: {describe_times(m.levels)}")
     finally:
         await client.close()
 
