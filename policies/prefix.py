@@ -101,6 +101,18 @@ def message_blocks(messages: Sequence[Any], seed: int = 0) -> tuple[int, ...]:
     return text_blocks(render_history(_DictMessage(m) for m in messages if isinstance(m, dict)), seed)
 
 
+def answer_key(rendered: str, chain: Sequence[int], seed: int = 0) -> int:
+    """A key of a rendered history (`render_history`) given its chain (`text_blocks`, or any longer
+    chain it starts): its last full block's element and the partial block after it, so two
+    histories share a key exactly when (hash collisions aside) their renderings are equal. 0: a
+    history longer than the chain tracks."""
+    blocks = len(rendered) // BLOCK_CHARS
+    if blocks > MAX_BLOCKS or blocks > len(chain):
+        return 0
+    key = hash((chain[blocks - 1] if blocks else seed, rendered[blocks * BLOCK_CHARS :]))
+    return key or 1
+
+
 def history_blocks(messages: Iterable[HistoryMessage], seed: int = 0) -> tuple[int, ...]:
     """The hash chain of a history's blocks, messages as the gateway reads them."""
     return text_blocks(render_history(messages), seed)
