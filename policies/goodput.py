@@ -40,7 +40,8 @@ Guards keep the learning honest and the traffic stable:
 - random tie-break among exactly equal costs (identical backends must share traffic).
 
 Copy-heavy turns (`RequestFeatures.copy_of`, `policies.copy`): the policy remembers which backend
-it sent each history to (bounded, least recently used out), so for a turn that asks an earlier
+it sent each history to, and which one answered it (a pinned request's too; bounded, least
+recently used out), so for a turn that asks an earlier
 answer back it knows the backend that generated that answer. Only there is the request in its
 copy cell (`policies.priors.cell_of`): an NGRAM server drafts the copy from its own trie, learned
 apart from its prose; anywhere else the turn is ordinary text of its domain. That backend also
@@ -182,11 +183,7 @@ class Goodput:
         if prefixes is not None and chain:
             prefixes.of(name, best.view.kv_tokens).record(chain, best.held)
         if request.prompt_key:
-            answered = self._answered
-            answered[request.prompt_key] = name
-            answered.move_to_end(request.prompt_key)
-            if len(answered) > _ANSWERED:
-                answered.popitem(last=False)
+            self._remember_answer(request.prompt_key, name)
         guess = best.est if best.est.observed else self.estimates.stand_in(best.est)
         after = best.load + request.sequences
         predicted = guess.accept_at(best.cell) / guess.step_s(after)
@@ -202,6 +199,13 @@ class Goodput:
             prefill_tokens=best.uncached,
             reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {after}{cached}{copy}",
         )
+
+    def _remember_answer(self, key: int, backend: str) -> None:
+        answered = self._answered
+        answered[key] = backend
+        answered.move_to_end(key)
+        if len(answered) > _ANSWERED:
+            answered.popitem(last=False)
 
     def source_of(self, request: RequestFeatures) -> str | None:
         """The backend that generated the answer a copy-heavy turn asks back, when known."""
@@ -429,6 +433,8 @@ class Goodput:
     def observe(self, outcome: Outcome) -> None:
         f = outcome.features
         copy = f is not None and f.copy_of != 0 and self._answered.get(f.copy_of) == outcome.backend
+        if f is not None and f.prompt_key and outcome.error is None:
+            self._remember_answer(f.prompt_key, outcome.backend)  # a pinned request's too
         self.estimates.observe(outcome, copy=copy)
         self.lengths.observe(outcome)
 
