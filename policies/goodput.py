@@ -40,8 +40,7 @@ Guards keep the learning honest and the traffic stable:
 - random tie-break among exactly equal costs (identical backends must share traffic).
 
 Copy-heavy turns (`RequestFeatures.copy_of`, `policies.copy`): the policy remembers which backend
-it sent each history to, and which one answered it (a pinned request's too; bounded, least
-recently used out), so for a turn that asks an earlier
+answered each history (from the outcomes, a pinned request's too; bounded, oldest out), so for a turn that asks an earlier
 answer back it knows the backend that generated that answer. Only there is the request in its
 copy cell (`policies.priors.cell_of`): an NGRAM server drafts the copy from its own trie, learned
 apart from its prose; anywhere else the turn is ordinary text of its domain. That backend also
@@ -50,7 +49,6 @@ holds the conversation's prefix, so prefix affinity and the copy cell agree.
 
 from __future__ import annotations
 
-import collections
 import math
 import random
 from collections.abc import Iterable, Sequence
@@ -73,8 +71,8 @@ __all__ = ["OBJECTIVES", "Goodput"]
 OBJECTIVES = ("latency", "throughput")
 _BONUS_TABLE = 1024  # samples beyond which the optimism bonus is looked up as zero-ish
 _TYPICAL_ALPHA = 0.02  # EWMA weight of one request in the typical request's KV tokens (~50 requests)
-# Histories whose backend is remembered for a later copy-heavy turn (one entry a request, two ints
-# and a name: ~10 MB at most); a conversation idle past that many requests is not traced.
+# Histories whose backend is remembered for a later copy-heavy turn (one entry a request, an int
+# and a shared name: ~6 MB at most); a conversation idle past that many requests is not traced.
 _ANSWERED = 65536
 
 
@@ -156,8 +154,8 @@ class Goodput:
         # KV tokens (prompt + expected output) of a typical request, an EWMA over the decisions:
         # what the requests a backend runs hold besides this one (`policies.cost.kv_bound`)
         self._typical_tokens = 0.0
-        # a history's answer key -> the backend last sent it: who generated the answer after it
-        self._answered: collections.OrderedDict[int, str] = collections.OrderedDict()
+        # a history's answer key -> the backend that answered it: who generated the text after it
+        self._answered: dict[int, str] = {}
 
     # ---------------------------------------------------------------------- decide
 
@@ -182,8 +180,6 @@ class Goodput:
         name = best.view.spec.name
         if prefixes is not None and chain:
             prefixes.of(name, best.view.kv_tokens).record(chain, best.held)
-        if request.prompt_key:
-            self._remember_answer(request.prompt_key, name)
         guess = best.est if best.est.observed else self.estimates.stand_in(best.est)
         after = best.load + request.sequences
         predicted = guess.accept_at(best.cell) / guess.step_s(after)
@@ -201,11 +197,12 @@ class Goodput:
         )
 
     def _remember_answer(self, key: int, backend: str) -> None:
+        """`backend` answered the history `key`. Each turn's history has a key of its own, written
+        once: the oldest entries go first."""
         answered = self._answered
         answered[key] = backend
-        answered.move_to_end(key)
         if len(answered) > _ANSWERED:
-            answered.popitem(last=False)
+            del answered[next(iter(answered))]
 
     def source_of(self, request: RequestFeatures) -> str | None:
         """The backend that generated the answer a copy-heavy turn asks back, when known."""

@@ -111,8 +111,10 @@ def _views() -> list[BackendView]:
 
 
 def _first_turn(policy: Goodput, view: BackendView, key: int) -> None:
+    """A turn of history `key` answered on `view` (the only candidate then)."""
     f = RequestFeatures(model="m", domain=Domain.CODE, temperature=0.0, prompt_tokens=200, prompt_key=key)
     assert policy.choose(f, [view]).backend is view
+    policy.observe(Outcome(backend=view.name, domain=Domain.CODE, inflight_at_dispatch=1, features=f))
 
 
 def test_goodput_sends_a_copy_turn_to_the_ngram_server_that_wrote_the_source() -> None:
