@@ -40,11 +40,11 @@ Guards keep the learning honest and the traffic stable:
 - random tie-break among exactly equal costs (identical backends must share traffic).
 
 Copy-heavy turns (`RequestFeatures.copy_of`, `policies.copy`): the policy remembers which backend
-answered each history (from the outcomes, a pinned request's too; bounded, oldest out), so for a turn that asks an earlier
-answer back it knows the backend that generated that answer. Only there is the request in its
-copy cell (`policies.priors.cell_of`): an NGRAM server drafts the copy from its own trie, learned
-apart from its prose; anywhere else the turn is ordinary text of its domain. That backend also
-holds the conversation's prefix, so prefix affinity and the copy cell agree.
+answered each history (from the outcomes, a pinned request's too; bounded, oldest out), so for a
+turn that asks an earlier answer back it knows the backend that generated that answer. Only there
+is the request in its copy cell (`policies.priors.cell_of`): an NGRAM server drafts the copy from
+its own trie, learned apart from its prose; anywhere else the turn is ordinary text of its domain.
+That backend also holds the conversation's prefix, so prefix affinity and the copy cell agree.
 """
 
 from __future__ import annotations
