@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from policies.prefix import HistoryMessage, answer_key, render_history, text_blocks
+from policies.prefix import HistoryMessage, answer_key, content_text, render_history, text_blocks
 
 __all__ = ["MIN_SOURCE_CHARS", "conversation_keys", "copy_source", "rewrite_request"]
 
@@ -63,23 +63,14 @@ def copy_source(messages: Sequence[HistoryMessage]) -> int | None:
         if m.role == "assistant":
             if _size(m) < MIN_SOURCE_CHARS:
                 return None
-            return i if rewrite_request(_text(messages[-1].content)) else None
+            return i if rewrite_request(content_text(messages[-1].content)) else None
     return None
-
-
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: the text ones, as objects or dicts
-        texts = (p.get("text") if isinstance(p, dict) else getattr(p, "text", None) for p in content)
-        return "\n".join(t for t in texts if isinstance(t, str))
-    return ""
 
 
 def _size(m: HistoryMessage) -> int:
     """Characters of text and tool-call arguments the message holds."""
     content = m.content
-    size = len(content) if isinstance(content, str) else len(_text(content))
+    size = len(content) if isinstance(content, str) else len(content_text(content))
     calls = m.tool_calls
     if isinstance(calls, list):
         for c in calls:

@@ -127,7 +127,7 @@ def render_history(messages: Iterable[HistoryMessage]) -> str:
         if size >= limit:
             break
         role = m.role
-        piece = (role if isinstance(role, str) else "") + _ROLE_END + _content_text(m.content)
+        piece = (role if isinstance(role, str) else "") + _ROLE_END + content_text(m.content)
         calls = m.tool_calls
         if isinstance(calls, list):
             piece += _tool_calls_text(calls)
@@ -137,7 +137,8 @@ def render_history(messages: Iterable[HistoryMessage]) -> str:
     return "".join(parts)
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's text: a string content, or its text parts joined."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: the text ones, as objects or dicts
