@@ -122,8 +122,8 @@ class MixedEstimates:
     def stand_in(self, est: MixedModel) -> MixedModel:
         return est
 
-    def observe(self, outcome: Outcome) -> bool:
-        return self.learned.observe(outcome)
+    def observe(self, outcome: Outcome, copy: bool = False) -> bool:
+        return self.learned.observe(outcome, copy)
 
     def describe(self) -> dict[str, dict[str, Any]]:
         return {}

@@ -15,7 +15,14 @@ from typing import Any
 from backends import BackendSpec, Strategy
 from policies.base import Outcome
 from policies.estimates import RateModel
-from policies.priors import CELLS_PER_DOMAIN, CONTEXT_BANDS, DOMAINS, LONG_CONTEXT_TOKENS, TEMPERATURE_BANDS
+from policies.priors import (
+    CELLS_PER_DOMAIN,
+    CONTEXT_BANDS,
+    COPY_BANDS,
+    DOMAINS,
+    LONG_CONTEXT_TOKENS,
+    TEMPERATURE_BANDS,
+)
 from twin.domain import prompt_key
 from twin.engine import Engine
 
@@ -121,6 +128,9 @@ class OracleModel(RateModel):
                 for d in DOMAINS
                 for t in range(TEMPERATURE_BANDS)
                 for c in range(CONTEXT_BANDS)
+                # a copy turn's truth depends on what the server's trie holds, which no fixed
+                # table knows: the reference prices it as its domain's text
+                for _ in range(COPY_BANDS)
             ]
         return self._accept
 
@@ -182,7 +192,7 @@ class OracleEstimates:
     def stand_in(self, est: OracleModel) -> OracleModel:
         return est  # the truth needs no stand-in
 
-    def observe(self, outcome: Outcome) -> bool:
+    def observe(self, outcome: Outcome, copy: bool = False) -> bool:
         return True
 
     def describe(self) -> dict[str, dict[str, Any]]:

@@ -8,12 +8,20 @@ after the previous one finished plus its think (or tool) time.
 
 The policy under test sees what the gateway would see:
 - `RequestFeatures` as the gateway builds them: domain, prompt tokens, max_tokens, temperature,
-  thinking, tools, and the prompt's block chain as the prefix;
+  thinking, tools, the prompt's block chain as the prefix, and for a turn that asks an earlier
+  answer back (`Turn.copy_of`) the key of the turn that answered it (`policies.copy`);
 - its own in-flight counts, and the backends' `/v1/loads` and `/metrics` gauges polled every
   `poll_s` (running, waiting, the windowed accept length; the gateway runs servers with
   `--enable-metrics`);
 - an `Outcome` per finished request with the telemetry the relay extracts: tokens, TTFT, decode
   seconds, verify count, cached tokens (`--enable-cache-report`), reasoning tokens.
+
+NGRAM servers draft from a trie of what they generated (docs/twin.md, "NGRAM"): each finished turn
+leaves its answer's fingerprints (stand-ins keyed by the turn, one per `ngram.BLOCK_WORDS` tokens)
+in the memory of the server that generated it, and a turn that returns an earlier answer gets
+the echo share (`ngram.echo_share`) of what that server still remembers of it, as the HTTP twin
+computes it from the text. Another server, or text from the prompt (`Turn.copy`: a file a tool
+read), finds nothing.
 A policy with an `update_loads(snapshots)` method (the SGLang router's, `evaluate.peers`)
 gets its own load poll every `policy.poll_s`, as that router polls on its own schedule.
 
@@ -52,6 +60,7 @@ from policies.base import BackendView, Domain, NoCandidate, Outcome, Policy, Req
 from policies.prefill import causal_pairs
 from twin.domain import prompt_key
 from twin.engine import Engine, QueueFull, SimRequest
+from twin.ngram import BLOCK_WORDS, echo_share
 from twin.thinking import ReasoningModel
 
 __all__ = ["DRAIN_S", "MODEL", "RequestRecord", "RunResult", "build_engines", "fleet_servers", "simulate"]
@@ -84,6 +93,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     turn: int = 0
     temperature: float = 0.0
     retried: bool = False
+    copy: bool = False  # the turn returns an earlier answer of its session (`Turn.copy_of`)
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -356,6 +366,7 @@ def simulate(
                 temperature=turn.temperature,
                 prefix_blocks=turn.chain,
                 key=prompt_key(turn.tag),
+                echo=_echo(b.engine, turn),
             )
         except QueueFull:
             # the 503 reaches the gateway at once: the policy hears of the failed attempt
@@ -393,6 +404,8 @@ def simulate(
             thinking=turn.thinking,
             tools=turn.tools,
             prefix=turn.chain,
+            prompt_key=prompt_key(turn.tag),
+            copy_of=prompt_key(turn.copy_of) if turn.copy_of else 0,
         )
         rec = RequestRecord(
             rid=rid,
@@ -407,6 +420,7 @@ def simulate(
             kind=stream.session.kind,
             turn=stream.next_turn - 1,
             temperature=turn.temperature,
+            copy=bool(turn.copy_of),
         )
         got = dispatch(features, turn, rid, None)
         if got is not None and got[1] is None:  # 503: once more on another backend
@@ -447,6 +461,8 @@ def simulate(
         rec.verify_ct = verify_ct or 0
         rec.cached_tokens = f.sim.cached_tokens
         b.engine.cache_output(f.turn.output_chain)
+        if b.engine.ngram_memory is not None:
+            b.engine.remember_output(_answer_blocks(f.turn.tag, f.turn.answer_tokens))
         policy.observe(
             Outcome(
                 backend=b.name,
@@ -626,3 +642,19 @@ def simulate(
         phase_rates=[r if math.isfinite(r) else 0.0 for r in rates],
         phase_starts=starts,
     )
+
+
+def _answer_blocks(tag: str, answer_tokens: int) -> list[int]:
+    """Stand-ins for the fingerprints (`twin.ngram.fingerprints`) of turn `tag`'s answer: one per
+    BLOCK_WORDS tokens, as many as the HTTP twin keeps of an answer that long (within a factor of a
+    word's tokens, which a share does not see)."""
+    return [prompt_key(f"{tag}:answer:{j}") for j in range(max(1, answer_tokens // BLOCK_WORDS))]
+
+
+def _echo(engine: Engine, turn: Turn) -> float:
+    """The echo share of a turn that returns an earlier answer on this engine (0.0 elsewhere)."""
+    memory = engine.ngram_memory
+    if memory is None or not turn.copy_of:
+        return 0.0
+    recalled = memory.recall(_answer_blocks(turn.copy_of, turn.copy_tokens))
+    return echo_share(recalled, turn.answer_tokens, turn.max_tokens)

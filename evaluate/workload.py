@@ -66,9 +66,12 @@ class Mix(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     system_prompts: int = 4  # distinct shared system prompts per session kind
     system_tokens: tuple[int, int] = (200, 1200)  # chat system prompt
     agent_system_tokens: tuple[int, int] = (2000, 6000)  # agent system prompt with tool schemas
+    # Chat follow-ups that ask for the previous answer back with edits ("rename x and return the
+    # full file"): the answer repeats the previous one's length, and its text (`Turn.copy_of`).
+    rewrite: float = 0.0
 
     def validate(self) -> None:
-        for name in ("chat", "agent", "thinking", "long_context"):
+        for name in ("chat", "agent", "thinking", "long_context", "rewrite"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"mix.{name} is a share in [0, 1], got {v!r}")
@@ -119,6 +122,10 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     delay_s: float = 0.0  # think / tool time before this turn is sent (0 for the first)
     top_p: float = 1.0
     copy: bool = False  # the output re-emits text of the prompt (an edit that rewrites a file it read)
+    # The output returns the answer of this session's turn `copy_of` (its tag), `copy_tokens` long,
+    # changed: text a server generated, which an NGRAM server that generated it drafts from its trie.
+    copy_of: str = ""
+    copy_tokens: int = 0
 
     @property
     def max_tokens(self) -> int:
@@ -202,6 +209,10 @@ def draw_session(
         last = k == n_turns - 1
         tool_call = kind == "agent" and not last
         answer = _uniform(rng, TOOL_CALL_TOKENS) if tool_call else _uniform(rng, answer_tokens)
+        # drawn only when asked for: mixes without rewrites keep their random streams
+        rewrite = kind == "chat" and k > 0 and mix.rewrite > 0 and rng.random() < mix.rewrite
+        if rewrite:
+            answer = turns[-1].answer_tokens
         think = reasoning_tokens(reasoning, domain, prompt_key(t_tag)) if thinking else 0
         out = chain_from_tokens(tokens + think + answer, t_tag + ":out", chain)
         turns.append(
@@ -218,6 +229,8 @@ def draw_session(
                 chain=tuple(chain),
                 output_chain=tuple(out),
                 delay_s=delay,
+                copy_of=turns[-1].tag if rewrite else "",
+                copy_tokens=turns[-1].answer_tokens if rewrite else 0,
             )
         )
         # The next turn's history: this prompt, then the answer as the client re-sends it: with

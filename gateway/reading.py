@@ -21,7 +21,8 @@ from gateway.response_owners import ResponseOwners
 from gateway.tracing import Trace
 from gateway.via import forwarded_via
 from policies import POLICY_NAMES, Policy, RequestFeatures, classify, make_policy
-from policies.prefix import history_blocks, namespace, text_blocks, token_blocks
+from policies.copy import conversation_keys
+from policies.prefix import namespace, text_blocks, token_blocks
 from policies.simple import Pinned
 
 __all__ = ["CHARS_PER_TOKEN", "POLICY_HEADER", "RequestReader", "prefix_chain"]
@@ -90,6 +91,7 @@ class RequestReader:
         elif parsed.lora_paths:
             self._check_adapters(model, pin, parsed.lora_paths, "lora_path")
         policy = self._policy_for(model, pin, headers.get(POLICY_HEADER))
+        prefix, prompt_key, copy_of = prefix_keys(parsed, adapter)
         features = RequestFeatures(
             model=model,
             domain=classify(parsed.prompt_text),
@@ -100,7 +102,9 @@ class RequestReader:
             thinking=parsed.thinking,
             tools=parsed.tools,
             sequences=parsed.sequences,
-            prefix=prefix_chain(parsed, adapter),
+            prefix=prefix,
+            prompt_key=prompt_key,
+            copy_of=copy_of,
         )
         parsed.history = None  # read into the prefix chain: its objects are not kept
         return Request(kind, headers, request_id, trace, t_received, parsed, raw, model, pin, features, policy, adapter)
@@ -208,6 +212,12 @@ class RequestReader:
 def prefix_chain(parsed: ParsedRequest, adapter: str | None) -> tuple[int, ...]:
     """The request's hash chain of prefix blocks (policies.prefix), in SGLang's radix cache
     namespace: a prefix cached under another adapter, extra_key or cache_salt is no hit."""
+    return prefix_keys(parsed, adapter)[0]
+
+
+def prefix_keys(parsed: ParsedRequest, adapter: str | None) -> tuple[tuple[int, ...], int, int]:
+    """The request's prefix chain (`prefix_chain`), and for a message history its answer key and
+    the key of the request whose answer a copy-heavy turn asks back (policies.copy; 0: none)."""
     seed = 0
     lora, extra_key, salt = adapter or parsed.lora_path, parsed.extra_key, parsed.cache_salt
     if parsed.kind == "responses":
@@ -215,10 +225,10 @@ def prefix_chain(parsed: ParsedRequest, adapter: str | None) -> tuple[int, ...]:
     if lora is not None or extra_key is not None or salt is not None:
         seed = namespace(_hashable(lora), _hashable(extra_key), _hashable(salt))
     if parsed.history is not None:
-        return history_blocks(parsed.history, seed)
+        return conversation_keys(parsed.history, seed)
     if parsed.prompt_ids is not None:
-        return token_blocks(parsed.prompt_ids, seed)
-    return text_blocks(parsed.prompt_text, seed)
+        return token_blocks(parsed.prompt_ids, seed), 0, 0
+    return text_blocks(parsed.prompt_text, seed), 0, 0
 
 
 def _hashable(value: Any) -> Any:

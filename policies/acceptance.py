@@ -2,7 +2,8 @@
 
 Tokens per verify pass depend on the drafter, on what is being written (math and code draft
 better than chat), on the temperature the target samples at and on whether the context exceeds
-the drafter's window. A cell is (domain, temperature band, context band), `policies.priors.cell_of`.
+the drafter's window, and an NGRAM server drafts a copy of its own earlier text from its trie. A
+cell is (domain, temperature band, context band, copy), `policies.priors.cell_of`.
 The model is level x shape[cell]:
 
 - `shape` holds the relative acceptance of each cell. It is a property of the drafting method

@@ -33,6 +33,12 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True):
     # Hash chain of the message history's blocks (`policies.prefix.message_blocks`): element i
     # identifies the first i+1 blocks of `prefix.BLOCK_TOKENS` tokens each. Empty = not tracked.
     prefix: tuple[int, ...] = ()
+    # Identifies the request's whole message history, so a later turn can name the request whose
+    # answer it asks back (`policies.prefix.answer_key`); 0 = not tracked.
+    prompt_key: int = 0
+    # A copy-heavy turn (`policies.copy`): the `prompt_key` of the request whose answer it asks back
+    # changed, which only the server that generated that answer can draft from (NGRAM). 0 = none.
+    copy_of: int = 0
 
 
 class BackendView(msgspec.Struct, kw_only=True):

@@ -238,8 +238,9 @@ class BackendEstimate(RateModel):
         if self.speculative:
             self.acceptance.note_report(reported_accept, running)
 
-    def observe(self, outcome: Outcome) -> str | None:
-        """Learn from one finished request; returns why it was skipped, or None if used."""
+    def observe(self, outcome: Outcome, copy: bool = False) -> str | None:
+        """Learn from one finished request; returns why it was skipped, or None if used. `copy`: a
+        copy-heavy turn that ran on the backend that generated the text it copies (its copy cell)."""
         d = DOMAIN_INDEX.get(outcome.domain)
         if d is None:
             try:
@@ -248,7 +249,10 @@ class BackendEstimate(RateModel):
                 return "bad_domain"
         f = outcome.features
         c = cell_of(
-            d, f.temperature if f is not None else None, f.prompt_tokens if f is not None else outcome.prompt_tokens
+            d,
+            f.temperature if f is not None else None,
+            f.prompt_tokens if f is not None else outcome.prompt_tokens,
+            copy,
         )
         self.acceptance.note_done(c)  # finished, failed or garbled: no longer in flight
         if outcome.error:
@@ -406,11 +410,12 @@ class Estimates:
             self._ar_peer = (self.used, len(self.backends), peer)
         return peer if peer is not None and peer.observed > est.observed else est
 
-    def observe(self, outcome: Outcome) -> bool:
-        """Feed one telemetry record; False (and a counted reason) when it was unusable."""
+    def observe(self, outcome: Outcome, copy: bool = False) -> bool:
+        """Feed one telemetry record; False (and a counted reason) when it was unusable. `copy`: as
+        `BackendEstimate.observe`."""
         try:
             est = self.backends.get(outcome.backend)
-            reason = "unknown_backend" if est is None else est.observe(outcome)
+            reason = "unknown_backend" if est is None else est.observe(outcome, copy)
         except Exception:  # telemetry must never break routing
             reason = "malformed"
         if reason is None:

@@ -38,6 +38,13 @@ Guards keep the learning honest and the traffic stable:
   noise of their estimates; a challenger that is ahead because it holds fewer requests than the
   incumbent needs no margin (that is load balancing: two identical backends share the load);
 - random tie-break among exactly equal costs (identical backends must share traffic).
+
+Copy-heavy turns (`RequestFeatures.copy_of`, `policies.copy`): the policy remembers which backend
+answered each history (from the outcomes, a pinned request's too; bounded, oldest out), so for a
+turn that asks an earlier answer back it knows the backend that generated that answer. Only there
+is the request in its copy cell (`policies.priors.cell_of`): an NGRAM server drafts the copy from
+its own trie, learned apart from its prose; anywhere else the turn is ordinary text of its domain.
+That backend also holds the conversation's prefix, so prefix affinity and the copy cell agree.
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ __all__ = ["OBJECTIVES", "Goodput"]
 OBJECTIVES = ("latency", "throughput")
 _BONUS_TABLE = 1024  # samples beyond which the optimism bonus is looked up as zero-ish
 _TYPICAL_ALPHA = 0.02  # EWMA weight of one request in the typical request's KV tokens (~50 requests)
+# Histories whose backend is remembered for a later copy-heavy turn (one entry a request, an int
+# and a shared name: ~6 MB at most); a conversation idle past that many requests is not traced.
+_ANSWERED = 65536
 
 
 class _Scored(msgspec.Struct, gc=False):
@@ -75,6 +85,7 @@ class _Scored(msgspec.Struct, gc=False):
     load: int
     uncached: int  # prompt tokens its cache does not hold
     held: int  # tracked prefix blocks it holds
+    cell: int  # the request's acceptance cell there (its copy cell on the backend that wrote the source)
 
 
 class Goodput:
@@ -143,6 +154,8 @@ class Goodput:
         # KV tokens (prompt + expected output) of a typical request, an EWMA over the decisions:
         # what the requests a backend runs hold besides this one (`policies.cost.kv_bound`)
         self._typical_tokens = 0.0
+        # a history's answer key -> the backend that answered it: who generated the text after it
+        self._answered: dict[int, str] = {}
 
     # ---------------------------------------------------------------------- decide
 
@@ -151,40 +164,56 @@ class Goodput:
         scheduler shape, filter, scorer, picker."""
         d = DOMAIN_INDEX.get(request.domain, 2)
         cell = cell_of(d, request.temperature, request.prompt_tokens)
+        source = self.source_of(request)
+        cells = (cell, cell_of(d, request.temperature, request.prompt_tokens, True) if source else cell, source)
         out = self.lengths.expected(request)
         prefixes = self.prefixes
         chain = tracked(request.prefix) if prefixes is not None else ()
         depths = prefixes.depths(chain) if prefixes is not None and chain else None
-        scored = self._score(request, candidates, d, cell, out, depths)
+        scored = self._score(request, candidates, d, cells, out, depths)
         if not scored:
             raise NoCandidate("no healthy backend")
         self._tick += 1
-        best, reason = self._pick(request, candidates, scored, d, cell, out)
+        best, reason = self._pick(request, candidates, scored, d, cells, out)
         best.est.last_chosen = self._tick
-        best.est.note_dispatch(cell)
+        best.est.note_dispatch(best.cell)
+        name = best.view.spec.name
         if prefixes is not None and chain:
-            prefixes.of(best.view.spec.name, best.view.kv_tokens).record(chain, best.held)
+            prefixes.of(name, best.view.kv_tokens).record(chain, best.held)
         guess = best.est if best.est.observed else self.estimates.stand_in(best.est)
         after = best.load + request.sequences
-        predicted = guess.accept_at(cell) / guess.step_s(after)
+        predicted = guess.accept_at(best.cell) / guess.step_s(after)
         cap = guess.max_running
         if after > cap:
             predicted *= cap / after
         prompt = request.prompt_tokens
         cached = f", {prompt - best.uncached} cached" if best.uncached < prompt else ""
+        copy = ", copy" if best.cell != cell else ""
         return Decision(
             backend=best.view,
             score=predicted,
             prefill_tokens=best.uncached,
-            reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {after}{cached}",
+            reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {after}{cached}{copy}",
         )
+
+    def _remember_answer(self, key: int, backend: str) -> None:
+        """`backend` answered the history `key`. Each turn's history has a key of its own, written
+        once: the oldest entries go first."""
+        answered = self._answered
+        answered[key] = backend
+        if len(answered) > _ANSWERED:
+            del answered[next(iter(answered))]
+
+    def source_of(self, request: RequestFeatures) -> str | None:
+        """The backend that generated the answer a copy-heavy turn asks back, when known."""
+        return self._answered.get(request.copy_of) if request.copy_of else None
 
     def _score(
         self,
         request: RequestFeatures,
         candidates: Sequence[BackendView],
         d: int,
-        cell: int,
+        cells: tuple[int, int, str | None],
         out: float,
         depths: dict[str, int] | None,
     ) -> list[_Scored]:
@@ -206,6 +235,7 @@ class Goodput:
             tpot_slo = self.tpot_slo_s
         scored: list[_Scored] = []
         backends = estimates.backends
+        plain, copy_cell, source = cells
         for v in candidates:
             if not v.healthy:
                 continue
@@ -224,6 +254,7 @@ class Goodput:
                 est.note_report(acc, v.reported_running)
             if v.decode_moments is not est.last_moments or v.prefill_counters is not est.last_prefill_counters:
                 est.note_counters(v.decode_moments, v.prefill_counters, v.prefilled_at_report)
+            cell = copy_cell if v.spec.name == source else plain
             held = depths.get(v.spec.name, 0) if depths else 0
             uncached = prompt
             if held:
@@ -256,7 +287,7 @@ class Goodput:
                 cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
             seen = est.seen[d]
             cost -= (cost if cost > 0 else -cost) * bonus_table[seen if seen < top else top]
-            scored.append(_Scored(v, est, cost, load, uncached, held))
+            scored.append(_Scored(v, est, cost, load, uncached, held, cell))
         return scored
 
     def _pick(
@@ -265,7 +296,7 @@ class Goodput:
         candidates: Sequence[BackendView],
         scored: list[_Scored],
         d: int,
-        cell: int,
+        cells: tuple[int, int, str | None],
         out: float,
     ) -> tuple[_Scored, str]:
         """The least cost, ties broken at random; then exploration, else hysteresis (the module
@@ -286,10 +317,10 @@ class Goodput:
         if best is None:
             raise NoCandidate("no healthy backend")
         if self.epsilon and self._rng.random() < self.epsilon:
-            best_e2e = self._cost(best.est, cell, best.load, best.uncached, out, best.view, request, own_only=True)
-            explore = self._explore(cell, out, request, candidates, best.cost, best_e2e)
+            best_e2e = self._cost(best.est, best.cell, best.load, best.uncached, out, best.view, request, own_only=True)
+            explore = self._explore(cells, out, request, candidates, best.cost, best_e2e)
             if explore is not None and explore[0] is not best.view:
-                return self._rescored(explore[0], explore[1], request), "explore"
+                return self._rescored(explore[0], explore[1], request, cells), "explore"
         incumbent = self._incumbent[d]
         inc = next((s for s in scored if s.view.spec.name == incumbent), None)
         if inc is not None and inc is not best and inc.load <= best.load:
@@ -298,16 +329,19 @@ class Goodput:
             # An exact tie stays with the random tie-break: identical backends share traffic.
             size = inc.cost if inc.cost > 0 else -inc.cost
             if inc.cost - self.hysteresis * size <= best.cost < inc.cost - 1e-9 * size - 1e-12:
-                return self._rescored(inc.view, inc.est, request), "hold"
+                return self._rescored(inc.view, inc.est, request, cells), "hold"
         self._incumbent[d] = best.view.spec.name
         return best, "best"
 
-    def _rescored(self, v: BackendView, est: BackendEstimate, request: RequestFeatures) -> _Scored:
+    def _rescored(
+        self, v: BackendView, est: BackendEstimate, request: RequestFeatures, cells: tuple[int, int, str | None]
+    ) -> _Scored:
         """A pick other than the least cost, with its load and uncached prompt read afresh."""
         uncached = self._uncached(v, request)
         prompt = request.prompt_tokens
         held = (prompt - uncached) // TRACKED_TOKENS if uncached < prompt else 0
-        return _Scored(v, est, 0.0, view_load(v), uncached, held)
+        cell = cells[1] if v.spec.name == cells[2] else cells[0]
+        return _Scored(v, est, 0.0, view_load(v), uncached, held, cell)
 
     def _uncached(self, v: BackendView, request: RequestFeatures) -> int:
         if not request.prefix or self.prefixes is None or v.spec.name not in self.prefixes.backends:
@@ -317,7 +351,7 @@ class Goodput:
 
     def _explore(
         self,
-        cell: int,
+        cells: tuple[int, int, str | None],
         out: float,
         request: RequestFeatures,
         candidates: Sequence[BackendView],
@@ -344,6 +378,7 @@ class Goodput:
             if est.last_chosen > stale:
                 continue
             load, uncached = view_load(v), self._uncached(v, request)
+            cell = cells[1] if v.spec.name == cells[2] else cells[0]
             if self._cost(est, cell, load, uncached, out, v, request) > ceiling:
                 continue
             if self._cost(est, cell, load, uncached, out, v, request, own_only=True) > e2e_ceiling:
@@ -393,7 +428,11 @@ class Goodput:
     # ------------------------------------------------------------------- learn
 
     def observe(self, outcome: Outcome) -> None:
-        self.estimates.observe(outcome)
+        f = outcome.features
+        copy = f is not None and f.copy_of != 0 and self._answered.get(f.copy_of) == outcome.backend
+        if f is not None and f.prompt_key and outcome.error is None:
+            self._remember_answer(f.prompt_key, outcome.backend)  # a pinned request's too
+        self.estimates.observe(outcome, copy=copy)
         self.lengths.observe(outcome)
 
     def seed(self, backend: BackendSpec, measurement: Measurement) -> None:

@@ -101,6 +101,18 @@ def message_blocks(messages: Sequence[Any], seed: int = 0) -> tuple[int, ...]:
     return text_blocks(render_history(_DictMessage(m) for m in messages if isinstance(m, dict)), seed)
 
 
+def answer_key(rendered: str, chain: Sequence[int], seed: int = 0) -> int:
+    """A key of a rendered history (`render_history`) given its chain (`text_blocks`, or any longer
+    chain it starts): its last full block's element and the partial block after it, so two
+    histories share a key exactly when (hash collisions aside) their renderings are equal. 0: a
+    history longer than the chain tracks."""
+    blocks = len(rendered) // BLOCK_CHARS
+    if blocks > MAX_BLOCKS or blocks > len(chain):
+        return 0
+    key = hash((chain[blocks - 1] if blocks else seed, rendered[blocks * BLOCK_CHARS :]))
+    return key or 1
+
+
 def history_blocks(messages: Iterable[HistoryMessage], seed: int = 0) -> tuple[int, ...]:
     """The hash chain of a history's blocks, messages as the gateway reads them."""
     return text_blocks(render_history(messages), seed)
@@ -115,7 +127,7 @@ def render_history(messages: Iterable[HistoryMessage]) -> str:
         if size >= limit:
             break
         role = m.role
-        piece = (role if isinstance(role, str) else "") + _ROLE_END + _content_text(m.content)
+        piece = (role if isinstance(role, str) else "") + _ROLE_END + content_text(m.content)
         calls = m.tool_calls
         if isinstance(calls, list):
             piece += _tool_calls_text(calls)
@@ -125,7 +137,8 @@ def render_history(messages: Iterable[HistoryMessage]) -> str:
     return "".join(parts)
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's text: a string content, or its text parts joined."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: the text ones, as objects or dicts

@@ -36,6 +36,7 @@ __all__ = [
     "StrategyPrior",
     "cell_of",
     "cell_priors",
+    "copy_accept_length",
     "prior_for",
     "temperature_band",
 ]
@@ -43,12 +44,14 @@ __all__ = [
 DOMAINS: tuple[Domain, ...] = (Domain.MATH, Domain.CODE, Domain.CHAT)
 DOMAIN_INDEX: dict[Domain, int] = {d: i for i, d in enumerate(DOMAINS)}
 
-# Acceptance is learned per cell = (domain, temperature band, context band): drafts are accepted
-# less often when the target samples (temperature > 0) and, for drafters with a bounded window,
-# on contexts longer than the window.
+# Acceptance is learned per cell = (domain, temperature band, context band, copy): drafts are
+# accepted less often when the target samples (temperature > 0) and, for drafters with a bounded
+# window, on contexts longer than the window; an NGRAM server drafts a copy-heavy turn
+# (`policies.copy`) from its own trie when it generated the text copied, and nothing else does.
 TEMPERATURE_BANDS = 3  # [0, 0.25), [0.25, 0.75), >= 0.75 (and None: SGLang's default temperature is 1.0)
 CONTEXT_BANDS = 2  # prompt within the draft window, beyond it
-CELLS_PER_DOMAIN = TEMPERATURE_BANDS * CONTEXT_BANDS
+COPY_BANDS = 2  # not a copy (or not on the backend that generated the text copied), a copy there
+CELLS_PER_DOMAIN = TEMPERATURE_BANDS * CONTEXT_BANDS * COPY_BANDS
 CELLS = len(DOMAINS) * CELLS_PER_DOMAIN
 # K2.6's DFlash drafter is deployed with a 4096-token draft window (docs/studies.md) and its EAGLE-3
 # head was trained on 4096-token sequences (docs/twin.md): both lose drafts beyond it.
@@ -61,10 +64,12 @@ def temperature_band(temperature: float | None) -> int:
     return 0 if temperature < 0.25 else 1 if temperature < 0.75 else 2
 
 
-def cell_of(d: int, temperature: float | None, prompt_tokens: int) -> int:
-    """The acceptance cell of a request of domain index `d`."""
-    return (d * TEMPERATURE_BANDS + temperature_band(temperature)) * CONTEXT_BANDS + (
-        1 if prompt_tokens > LONG_CONTEXT_TOKENS else 0
+def cell_of(d: int, temperature: float | None, prompt_tokens: int, copy: bool = False) -> int:
+    """The acceptance cell of a request of domain index `d`; `copy`: a copy-heavy turn sent to the
+    backend that generated the text it copies."""
+    context = 1 if prompt_tokens > LONG_CONTEXT_TOKENS else 0
+    return ((d * TEMPERATURE_BANDS + temperature_band(temperature)) * CONTEXT_BANDS + context) * COPY_BANDS + (
+        1 if copy else 0
     )
 
 
@@ -114,16 +119,40 @@ class StrategyPrior(msgspec.Struct, frozen=True, kw_only=True):
     # relative to greedy; per strategy below.
     temperature_factors: tuple[float, float, float] = (1.0, 0.92, 0.82)
     long_context_factor: float = 1.0  # drafts accepted beyond LONG_CONTEXT_TOKENS, relative
+    # Tokens per verify pass of a copy-heavy turn (`policies.copy`) on the server that generated the
+    # text it copies, per domain at temperature 0 with a short context; None: as the domain.
+    copy_accept: tuple[float, float, float] | None = None
 
 
 def cell_priors(prior: StrategyPrior) -> tuple[float, ...]:
     """Prior tokens per verify pass of every acceptance cell (`cell_of`)."""
+    copy = prior.copy_accept or prior.accept
     out: list[float] = []
-    for a in prior.accept:
+    for a, a_copy in zip(prior.accept, copy, strict=True):
         for t in prior.temperature_factors:
             for c in (1.0, prior.long_context_factor):
                 out.append(1.0 + (a - 1.0) * t * c)
+                out.append(1.0 + (a_copy - 1.0) * t * c)
     return tuple(out)
+
+
+# NGRAM on a copy-heavy turn, from the two measurements docs/twin.md ("NGRAM") restates: inside
+# text the server generated before each of its 11 drafts is accepted with p = 0.92 (SGLang's own
+# NGRAM benchmark re-generating prompts whose earlier outputs are in the trie: 6.64 tokens a step
+# with 8 corpus drafts), 7.9 tokens a pass; a turn that returns an earlier answer with edits copies
+# 0.7 of its output (turboderp-org/exllamav3#374, +112-136% on "return the complete updated file
+# with these nine edits"); elsewhere the domain's accept length. Passes split as the shares over
+# the two speeds: 1 / (0.7 / 7.9 + 0.3 / a).
+COPY_SHARE = 0.7
+_IN_COPY_DRAFT = 0.92
+_NGRAM_DRAFTS = 11
+
+
+def copy_accept_length(novel: float, share: float = COPY_SHARE) -> float:
+    """Tokens per verify pass of an NGRAM request whose output repeats its trie's text for `share`
+    of its tokens and drafts like new text (`novel` tokens a pass) elsewhere."""
+    inside = (1.0 - _IN_COPY_DRAFT ** (_NGRAM_DRAFTS + 1)) / (1.0 - _IN_COPY_DRAFT)
+    return 1.0 / (share / inside + (1.0 - share) / novel)
 
 
 # Where the figures come from (docs/twin.md restates every source): accept lengths are tokens per
@@ -181,11 +210,15 @@ DEFAULT_PRIORS: Mapping[Strategy, StrategyPrior] = {
     # the prompt in the pool) to 1.8 (SGLang's GSM8K test floor); no drafter pass, a host lookup
     # and one blocking copy (0.5 ms; a sync measured at 0.20 ms, a D2H at 0.32 ms). What it gains
     # on text it generated before depends on the server's own history: the estimates learn it.
+    # On a copy-heavy turn sent to the server that generated the text copied: `copy_accept_length`
+    # (3.9 / 3.3 / 3.3, about 2.4x the prose figures). No public measurement puts EAGLE-3, DFlash or
+    # DDTree apart on copy turns (their drafters read the context, no trie): they keep their domain's.
     Strategy.NGRAM: StrategyPrior(
         accept=(1.8, 1.4, 1.4),
         step=StepPrior(width=12, draft0_s=0.0005, draft1_s=0.02e-3),
         max_running=48,
         temperature_factors=(1.0, 0.94, 0.89),
+        copy_accept=(copy_accept_length(1.8), copy_accept_length(1.4), copy_accept_length(1.4)),
     ),
 }
 
