@@ -161,7 +161,7 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
             f"{min(p.slo_attainment for p in ph):9.2f} {max(p.ttft_p99_ms for p in ph) / 1000:10.1f} "
             f"{max(p.e2e_p99_s for p in ph):9.1f} {sum(p.shed for p in ph):5d}"
             + ("  (homogeneous)" if f.homogeneous else "")
-            + ("" if f.slo_parity else "  (misses the SLO more often than the best homogeneous)")
+            + ("" if f.slo_parity else "  (misses the SLO more often than the most reliable fleet)")
             + "\n"
         )
     win, hom = res.ranked[0], res.best_homogeneous
