@@ -53,7 +53,17 @@ from evaluate.sim import fleet_servers, simulate
 from evaluate.slo import DEFAULT_SLO, SLO
 from evaluate.traffic import Traffic
 
-__all__ = ["DEFAULT_TYPES", "RESTART_S", "FleetFigures", "FreshSeeds", "PlanResult", "Reshape", "compositions", "plan"]
+__all__ = [
+    "DEFAULT_TYPES",
+    "RESTART_S",
+    "FleetFigures",
+    "FreshSeeds",
+    "PlanResult",
+    "Reshape",
+    "compositions",
+    "plan",
+    "within_noise",
+]
 
 # The K2.6 family: AR, EAGLE-3, DFlash and DDTree at three budgets (32 is the profile's own).
 DEFAULT_TYPES: tuple[str, ...] = (
@@ -484,7 +494,7 @@ CONFIRM_SEEDS = 2
 CONFIRM_LEADERS = 3
 
 
-def _within_noise(leader: FleetFigures, other: FleetFigures) -> bool:
+def within_noise(leader: FleetFigures, other: FleetFigures) -> bool:
     """Whether `other` trails `leader` by no more than the seeds' noise: the mean of their paired
     differences (the same arrivals on each seed) within two standard errors of zero, or within
     TIE_FLOOR of the leader's score when the seeds agree too closely to estimate the noise."""
@@ -539,7 +549,8 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
             for ph in p.phases
             if ph.duration_s != sample_s
         )
-        + ", weighed by the part of the day it stands for; results are one seed's",
+        + f", weighed by the part of the day it stands for; scores are means over seeds {p.seeds}, every fleet "
+        "drawing the same arrivals on a seed",
         f"score: span-weighted mean request decode tok/s, a request missing the SLO ({p.slo.label}: shed, "
         "unfinished or late) counting 0"
         if p.objective == "tok_s"
@@ -630,7 +641,7 @@ def plan(
     best_h = next(f for f in ranked if f.homogeneous)
     for f in figures.values():
         f.margin = f.score / best_h.score - 1 if best_h.score > 0 else 0.0
-        f.tie = f is ranked[0] or (f.slo_parity and _within_noise(ranked[0], f))
+        f.tie = f is ranked[0] or (f.slo_parity and within_noise(ranked[0], f))
     winner_counts = next(c for c, f in figures.items() if f is ranked[0])
     reshape = p.reshape(winner_counts, ranked[0], fluid_phase, restart_s) if len(p.phases) > 1 else None
     fresh = None
