@@ -192,7 +192,7 @@ class Exhaustive(msgspec.Struct, kw_only=True):
     best_score: float
     gap: float  # pick / best - 1
     leaders: dict[str, float]  # fleet -> mean score over the fresh seeds
-    scores: dict[str, float]  # every composition's score on the plan's seed
+    scores: dict[str, float]  # every composition meeting the SLO parity: its mean score over the plan's seeds
 
 
 class _Task(msgspec.Struct, frozen=True):
