@@ -170,7 +170,7 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
             f"{max(p.e2e_p99_s for p in ph):9.1f} {sum(p.shed for p in ph):5d}"
             + ("  (homogeneous)" if f.homogeneous else "")
             + ("  (a tie with the winner)" if f.tie and i > 1 else "")
-            + ("" if f.slo_parity else "  (misses the SLO more often than the most reliable fleet)")
+            + ("" if f.slo_parity else "  (misses the SLO more often than the most reliable homogeneous fleet)")
             + "\n"
         )
     win, hom = res.ranked[0], res.best_homogeneous

@@ -38,7 +38,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -116,7 +116,7 @@ class FleetFigures(msgspec.Struct, kw_only=True):
     margin: float = 0.0  # score / the best homogeneous fleet's score - 1
     policies_tried: dict[str, float] = {}  # policy -> score
     seed_scores: list[float] = []  # its score on each of the plan's seeds (same arrivals for every fleet)
-    # its worst phase's SLO attainment is within SLO_PARITY of the most reliable simulated fleet's
+    # its worst phase's SLO attainment is within SLO_PARITY of the most reliable homogeneous fleet's
     slo_parity: bool = True
     tie: bool = False  # within the seeds' noise of the winner's score (or the winner itself)
 
@@ -494,6 +494,13 @@ CONFIRM_SEEDS = 2
 CONFIRM_LEADERS = 3
 
 
+def _parity_floor(figures: Iterable[FleetFigures]) -> float:
+    """The worst-phase SLO attainment a fleet needs to rank ahead: the most reliable homogeneous
+    fleet's, less SLO_PARITY (homogeneous: a handful of fleets, so the maximum of their noisy
+    figures is not biased upwards as the maximum over a hundred compositions would be)."""
+    return max(f.worst_slo for f in figures if f.homogeneous) - SLO_PARITY
+
+
 def within_noise(leader: FleetFigures, other: FleetFigures) -> bool:
     """Whether `other` trails `leader` by no more than the seeds' noise: the mean of their paired
     differences (the same arrivals on each seed) within two standard errors of zero, or within
@@ -631,10 +638,10 @@ def plan(
         f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked)
     )
     figures = p.figures_all([(c, fluid[c]) for c in picked])
-    # fleets that meet the SLO in their worst phase about as often as the most reliable fleet
-    # simulated first: a higher mean bought with more misses (queues past the servers' caps) is
-    # not a better fleet
-    floor = max(f.worst_slo for f in figures.values()) - SLO_PARITY
+    # fleets that meet the SLO in their worst phase about as often as the most reliable homogeneous
+    # fleet simulated (a user's real alternative) first: a higher mean bought with more misses
+    # (queues past the servers' caps) is not a better fleet
+    floor = _parity_floor(figures.values())
     for f in figures.values():
         f.slo_parity = f.worst_slo >= floor
     ranked = sorted(figures.values(), key=lambda f: (not f.slo_parity, -f.score))
@@ -657,7 +664,7 @@ def plan(
     if exhaustive:
         log(f"exhaustive: simulating all {len(combos)} compositions")
         everything = {**p.figures_all([(c, fluid[c]) for c in combos if c not in figures]), **figures}
-        floor = max(f.worst_slo for f in everything.values()) - SLO_PARITY  # the same rule as the ranking
+        floor = _parity_floor(everything.values())  # the same rule as the ranking
         everything = {c: f for c, f in everything.items() if f.worst_slo >= floor}
         exhaustive_best = max(everything.values(), key=lambda f: f.score)
         check = _confirm(p, everything, winner_counts, fluid)

@@ -28,7 +28,7 @@ def _traffic(tmp_path, rows):
 def test_above_the_speculative_caps_the_plan_prefers_the_fleet_that_keeps_the_slo(tmp_path):
     """Past the speculative servers' caps their queues grow without bound: the requests they
     serve are fast, the others wait. A fleet that misses the SLO much more often than the most
-    reliable one simulated ranks after it, whatever its mean request tok/s."""
+    reliable homogeneous one ranks after it, whatever its mean request tok/s."""
     traffic = _traffic(tmp_path, ABOVE_THE_CAPS)
     res = plan(2, traffic, types=("k26-ar", "k26-dflash"), sample_s=60.0, seeds=2, jobs=1)
     by = {f.fleet: f for f in res.ranked}

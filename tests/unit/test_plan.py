@@ -49,7 +49,7 @@ def test_a_tiny_plan_ranks_fleets_against_the_best_homogeneous_and_matches_exhau
     assert res.compositions == 3 and res.servers == 2
     labels = [f.fleet for f in res.ranked]
     assert set(labels) == {"2xk26-ar", "2xk26-dflash", "k26-ar,k26-dflash"}
-    # those that meet the SLO about as often as the most reliable fleet first, each group by score
+    # those that meet the SLO about as often as the most reliable homogeneous fleet first, by score
     keys = [(not f.slo_parity, -f.score) for f in res.ranked]
     assert keys == sorted(keys)
     assert res.seeds == [0, 1] and all(len(f.seed_scores) == 2 for f in res.ranked)
