@@ -1,6 +1,6 @@
 """`specroute plan`: which N servers (profiles, DDTree budgets) to run for a traffic, on the virtual clock.
 
-    specroute plan --servers N --traffic NAME|FILE|trace:PATH [--slo ttft=S,tpot=S] [--types T,T,...]
+    specroute plan --servers N --traffic NAME|FILE|trace:PATH [--slo ttft=S,tpot=S] [--types T,T,...] [--seeds N]
                    [--restart-min M] [--output DIR] [--exhaustive] [--verify]
                    [--trace-window START:SECONDS] [--trace-speedup F] [--trace-sample K:R] [--thinking-share F]
     specroute plan --servers N --profiles DIR|FILE,... --traffic NAME|FILE|trace:PATH [--reference TYPE] ...
