@@ -2,23 +2,28 @@
 
 1. Every composition of N servers over the candidate types (profiles, DDTree budgets) is ranked
    by the fluid model (`evaluate.fluid`): span-weighted mean request tok/s of an ideal
-   domain-blind split, per phase at the phase's arrival rate.
+   domain-blind split, per phase at the phase's arrival rate; fleets whose capacity carries every
+   phase about as fully as the fleet that carries most first (past a speculative server's cap of
+   48 running requests its queue grows without bound, however fast the requests it serves).
 2. The best `shortlist` mixed fleets and the best `homogeneous` homogeneous fleets by that ranking,
+   the homogeneous fleet with the most capacity for the traffic,
    and the best homogeneous fleet with one server swapped for each other type (what the fluid
    model's domain-blind split cannot value: a server that takes the long contexts or the peak's
    overflow), are simulated on the virtual clock (`evaluate.sim`) over a `sample_s` sample of
-   each phase (a bursty one `BURST_CYCLES` burst cycles at least), each with its best policy:
+   each phase (a bursty one `BURST_CYCLES` burst cycles at least) on `seeds` seeds, every fleet
+   drawing the same arrivals on a seed, their figures averaged; each with its best policy:
    goodput (latency and throughput objectives) for mixed fleets; goodput and SGLang's router's
    cache_aware (`evaluate.peers`) for homogeneous ones, since a user's real alternative is a
    homogeneous fleet behind SGLang's router.
 3. Each fleet takes the policy with the best score among those whose worst phase meets the SLO
    within `SLO_PARITY` of its best policy's, and fleets whose worst phase falls more than that below
-   the best homogeneous fleet's are ranked after those that do not. Fleets are ranked by the
+   the most reliable homogeneous fleet's are ranked after those that do not. Fleets are ranked by the
    simulated score: span-weighted over phases of the mean request
    tok/s, where a request that missed the SLO (shed, unfinished, or its first token later than
    the SLO's TTFT) counts 0: speed from starving some requests in a queue, or from shedding them,
    is not speed; with `objective="goodput"`, of the requests/s that met the SLO.
-   The margin is over the best homogeneous fleet with its best policy.
+   The margin is over the best homogeneous fleet with its best policy. Fleets whose paired
+   per-seed gap to the winner is within the seeds' noise (`within_noise`) are marked as ties.
 4. Reshape: for each phase, the composition the fluid model ranks best *for that phase alone* is
    simulated on it, and so is the winner, both on the requests the phase gets in the whole
    traffic's run; where it beats the day's winner, the schedule switches. The switches cost
