@@ -1,6 +1,6 @@
 """`specroute plan`: which N servers (profiles, DDTree budgets) to run for a traffic, on the virtual clock.
 
-    specroute plan --servers N --traffic NAME|FILE|trace:PATH [--slo ttft=S,tpot=S] [--types T,T,...]
+    specroute plan --servers N --traffic NAME|FILE|trace:PATH [--slo ttft=S,tpot=S] [--types T,T,...] [--seeds N]
                    [--restart-min M] [--output DIR] [--exhaustive] [--verify]
                    [--trace-window START:SECONDS] [--trace-speedup F] [--trace-sample K:R] [--thinking-share F]
     specroute plan --servers N --profiles DIR|FILE,... --traffic NAME|FILE|trace:PATH [--reference TYPE] ...
@@ -28,7 +28,7 @@ import msgspec
 
 from common.output_dir import output_dir
 from evaluate.fleet import FleetError
-from evaluate.plan import CONFIRM_SEEDS, DEFAULT_TYPES, MAX_SERVERS, RESTART_S, PlanResult, plan
+from evaluate.plan import CONFIRM_SEEDS, DEFAULT_TYPES, MAX_SERVERS, RESTART_S, SEEDS, PlanResult, plan
 from evaluate.slo import DEFAULT_SLO, SloError, parse_slo
 from evaluate.traffic import TRACE_PREFIX, TrafficError, load_traffic, traffic_names
 from loadgen.trace_args import add_trace_arguments, trace_flags_given, trace_options
@@ -100,9 +100,16 @@ def parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=0,
-        help="seed of the traffic sample the fleets are ranked on (default 0); a mixed pick is then simulated "
-        f"again, beside the best homogeneous fleet, on the next {CONFIRM_SEEDS} seeds, and a margin that changes "
-        "sign between them is reported as a tie",
+        help="the first seed of the traffic samples the fleets are ranked on (default 0); a mixed pick is then "
+        f"simulated again, beside the best homogeneous fleet, on the {CONFIRM_SEEDS} seeds after them, and a margin "
+        "that changes sign between them is reported as a tie",
+    )
+    ap.add_argument(
+        "--seeds",
+        type=_at_least_one,
+        default=SEEDS,
+        help=f"seeds each fleet is simulated on, its score their mean (default {SEEDS}): every fleet gets the "
+        "same arrivals on a seed, and fleets within the seeds' noise of the winner are marked as ties",
     )
     ap.add_argument("--output", type=output_dir, default=None, help="directory for plan.json")
     ap.add_argument(
@@ -144,7 +151,8 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
     metric = "req tok/s" if res.objective == "tok_s" else "good req/s"
     out.write(
         f"\n== plan: {res.servers} servers for traffic {res.traffic!r} (SLO {res.slo.label}; "
-        f"{res.compositions} compositions, {res.simulated} simulations, {res.wall_s:.0f} s)\n"
+        f"{res.compositions} compositions, {res.simulated} simulations, {res.wall_s:.0f} s; scores are means "
+        f"over seeds {', '.join(map(str, res.seeds))})\n"
     )
     out.write(
         "phases: " + ", ".join(f"{n} {r:.2f} req/s x {_span(res.spans_s[n])}" for n, r in res.rates_rps.items()) + "\n"
@@ -161,7 +169,8 @@ def print_plan(res: PlanResult, out: TextIO) -> None:
             f"{min(p.slo_attainment for p in ph):9.2f} {max(p.ttft_p99_ms for p in ph) / 1000:10.1f} "
             f"{max(p.e2e_p99_s for p in ph):9.1f} {sum(p.shed for p in ph):5d}"
             + ("  (homogeneous)" if f.homogeneous else "")
-            + ("" if f.slo_parity else "  (misses the SLO more often than the best homogeneous)")
+            + ("  (a tie with the winner)" if f.tie and i > 1 else "")
+            + ("" if f.slo_parity else "  (misses the SLO more often than the most reliable homogeneous fleet)")
             + "\n"
         )
     win, hom = res.ranked[0], res.best_homogeneous
@@ -251,6 +260,7 @@ def main(argv: list[str]) -> int:
             shortlist=args.shortlist,
             sample_s=args.sample_s,
             seed=args.seed,
+            seeds=args.seeds,
             restart_s=args.restart_min * 60,
             exhaustive=args.exhaustive,
             jobs=args.jobs,

@@ -14,15 +14,16 @@ Sessions (`sessions`): goodput's TTFT p50 <= cache_aware's on the same fleet, wi
 tok/s at least cache_aware's (the decode gain of speculation kept).
 
 Where target 1 fails, the bound says how far any fleet and any routing could go in this world,
-from the fluid model (`evaluate.fluid`), steady state and optimistic:
+from the fluid model (`evaluate.fluid`), steady state:
 - composition factor: the best fluid value of any composition of N servers over plan's types /
   the best homogeneous one's (what mixing server types adds under an ideal domain-blind split);
 - affinity factor: if every request went to the server type fastest *for it* at the load that
   type would carry with an equal share of the phase, / the best single type for all (what
   per-request routing on domain, temperature and context adds on top);
 - bound = their product x the best homogeneous fleet's fluid value / its measured baseline
-  (the fluid model's optimism at this phase), over the measured baseline: the ratio no fleet of
-  these types with any policy is expected to pass. Below 1.2x, target 1 is out of reach here.
+  (the fluid model's optimism at this phase; at least 1: where the model sits below the measured
+  baseline, the routing factors alone), over the measured baseline: the ratio no fleet of these
+  types with any policy is expected to pass. Below 1.2x, target 1 is out of reach here.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def fluid_bound(
         affinity = float(np.mean(stack.max(axis=0)) / stack.mean(axis=1).max())
     composition = best_any / best_h if best_h > 0 else 1.0
     optimism = best_h / baseline_tok_s if baseline_tok_s > 0 else 1.0
-    bound = composition * affinity * best_h / baseline_tok_s if baseline_tok_s > 0 else 0.0
+    bound = composition * affinity * max(1.0, optimism) if baseline_tok_s > 0 else 0.0
     return {
         "composition": round(composition, 3),
         "affinity": round(affinity, 3),

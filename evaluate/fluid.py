@@ -10,11 +10,15 @@ trace's requests spread evenly over its window, each cached as far as one server
 LRU over the trace's blocks in arrival order, would still hold its prefix):
 - acceptance per request from the engine's own `accept_prob` (domain, prompt, temperature, context
   length) and its truncated geometric law; prefill of the uncached part from `prefill_time`;
-- at n requests in flight the step time `step_time(min(n, cap), KV of n requests)`, so a request's
-  decode rate is its acceptance / that step time;
+- at n requests in flight the step time `step_time(min(n, cap), KV of n requests)`, stretched by
+  the prefill the arrivals bring: a prompt's prefill rides along the running batch's pass (SGLang's
+  mixed chunked prefill) and lengthens it, so at x requests/s a share x E[prefill] of the server's
+  time is prefill and the passes run at (1 - that share) of their unloaded pace; a request's
+  decode rate is its acceptance / the stretched step time;
 - the load n a per-server arrival rate x brings comes from Little's law, n = x E[T(n)], with T a
   request's prefill + decode time at load n (solved by bisection; n is capped by `max_running` and
-  by how many requests' KV reservations fit, beyond which the server is saturated).
+  by how many requests' KV reservations fit, beyond which the server is saturated: a speculative
+  SGLang server's cap of 48 binds where an AR server's larger batch still absorbs the load).
 That gives each type a curve F(x) = x * mean request tok/s at per-server rate x. A fleet with k_t
 servers of type t serves the phase's rate best when the rate is split so that marginal gains are
 equal (water-filling, in small increments): the value is sum_t k_t F_t(x_t) / rate, the mean
@@ -170,7 +174,7 @@ def _rates_at(
 ) -> tuple[float, ...] | None:
     model = _model(member, phase_json, min_tokens, max_tokens)
     n = model.load_for(x)
-    return None if n is None else tuple(model.rates(n))
+    return None if n is None else tuple(model.rates(n, x))
 
 
 def type_curve(member: Member, scenario: Scenario, phase: Phase) -> TypeCurve:
@@ -203,35 +207,60 @@ class _Model:
                 for s in samples
             ]
         )
+        # next to a running batch a prefill costs its tokens only (it rides along the pass)
         self.prefill = np.array([engine.prefill_time(s.prompt - s.cached, 1, s.cached) for s in samples])
+        self.prefill_share = float(np.mean(self.prefill))  # server seconds of prefill per arrival
         self.tokens = np.array([float(s.tokens) for s in samples])
         self.kv_mean = float(np.mean([s.prompt + s.tokens / 2 for s in samples]))
         reserve = float(np.mean([s.prompt + s.tokens for s in samples]))
         self.cap = engine.max_running
         self.n_max = max(1.0, min(float(self.cap), engine.profile.max_total_num_tokens / reserve))
 
-    def rates(self, n: float) -> np.ndarray:
+    def rates(self, n: float, x: float) -> np.ndarray:
+        """Each request's decode tok/s with n requests in flight at x arrivals/s: its acceptance
+        over the step time, stretched by the share of the server's time the arrivals' prefill takes."""
         b = max(1, min(round(n), self.cap))
-        return self.acc / self.engine.step_time(b, kv_tokens=int(b * self.kv_mean))
+        return (
+            self.acc
+            * max(0.0, 1.0 - x * self.prefill_share)
+            / self.engine.step_time(b, kv_tokens=int(b * self.kv_mean))
+        )
 
-    def at_load(self, n: float) -> tuple[float, float]:
-        """(mean request tok/s, mean request time) with n requests in flight."""
-        rate = self.rates(n)
+    def at_load(self, n: float, x: float) -> tuple[float, float]:
+        """(mean request tok/s, mean request time) with n requests in flight at x arrivals/s."""
+        rate = self.rates(n, x)
+        if not np.all(rate > 0):
+            return 0.0, float("inf")
         return float(np.mean(rate)), float(np.mean(self.prefill + self.tokens / rate))
 
     def load_for(self, x: float) -> float | None:
         if x <= 0:
             return 1.0
         lo, hi = 0.0, self.n_max
-        if x * self.at_load(hi)[1] > hi:
+        if x * self.at_load(hi, x)[1] > hi:
             return None
         for _ in range(30):
             mid = (lo + hi) / 2
-            if x * self.at_load(mid)[1] > mid:
+            if x * self.at_load(mid, x)[1] > mid:
                 lo = mid
             else:
                 hi = mid
         return hi
+
+    def saturation(self) -> float:
+        """The largest arrival rate whose Little's-law load fits under n_max (bisection: the
+        load x T(n_max, x) grows with x, and prefill alone fills the server at 1 / E[prefill])."""
+        lo, hi = (
+            0.0,
+            1.0 / self.prefill_share if self.prefill_share > 0 else self.n_max / self.at_load(self.n_max, 0.0)[1],
+        )
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if mid * self.at_load(self.n_max, mid)[1] <= self.n_max:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
 
 @functools.lru_cache(maxsize=512)
@@ -242,13 +271,12 @@ def _model(member: Member, phase_json: bytes, min_tokens: int, max_tokens: int) 
 @functools.lru_cache(maxsize=512)
 def _curve(member: Member, phase_json: bytes, min_tokens: int, max_tokens: int) -> TypeCurve:
     model = _model(member, phase_json, min_tokens, max_tokens)
-    # saturation: the largest x whose Little's-law load fits under n_max
-    sat = model.n_max / model.at_load(model.n_max)[1]
+    sat = model.saturation()
     rates = [sat * j / GRID for j in range(GRID + 1)]
     values = []
     for x in rates:
         n = model.load_for(x)
-        values.append(x * model.at_load(n if n is not None else model.n_max)[0])
+        values.append(x * model.at_load(n if n is not None else model.n_max, x)[0])
     return TypeCurve(rates=tuple(rates), values=tuple(values), saturation_rps=sat)
 
 
@@ -257,6 +285,7 @@ class PhaseGrid:
 
     def __init__(self, curves: Sequence[TypeCurve], rate: float) -> None:
         self.rate = rate
+        self.saturations = [c.saturation_rps for c in curves]
         h = rate / STEPS if rate > 0 else 0.0
         self.marginals: list[list[float]] = []
         for c in curves:
@@ -291,6 +320,13 @@ class PhaseGrid:
             if j + 1 < len(m):
                 heapq.heappush(heap, (-m[j + 1], t, s, j + 1))
         return float(total / self.rate)
+
+    def headroom(self, counts: Sequence[int]) -> float:
+        """The fleet's capacity over the phase's rate: its servers' saturation rates summed, over
+        the rate. Below 1 the excess queues without bound (or is shed), whatever the split."""
+        if self.rate <= 0:
+            return float("inf")
+        return sum(k * s for k, s in zip(counts, self.saturations, strict=True)) / self.rate
 
 
 def fleet_value(curves: list[tuple[int, TypeCurve]], rate: float) -> float:

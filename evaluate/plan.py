@@ -2,23 +2,28 @@
 
 1. Every composition of N servers over the candidate types (profiles, DDTree budgets) is ranked
    by the fluid model (`evaluate.fluid`): span-weighted mean request tok/s of an ideal
-   domain-blind split, per phase at the phase's arrival rate.
+   domain-blind split, per phase at the phase's arrival rate; fleets whose capacity carries every
+   phase about as fully as the fleet that carries most first (past a speculative server's cap of
+   48 running requests its queue grows without bound, however fast the requests it serves).
 2. The best `shortlist` mixed fleets and the best `homogeneous` homogeneous fleets by that ranking,
+   the homogeneous fleet with the most capacity for the traffic,
    and the best homogeneous fleet with one server swapped for each other type (what the fluid
    model's domain-blind split cannot value: a server that takes the long contexts or the peak's
    overflow), are simulated on the virtual clock (`evaluate.sim`) over a `sample_s` sample of
-   each phase (a bursty one `BURST_CYCLES` burst cycles at least), each with its best policy:
+   each phase (a bursty one `BURST_CYCLES` burst cycles at least) on `seeds` seeds, every fleet
+   drawing the same arrivals on a seed, their figures averaged; each with its best policy:
    goodput (latency and throughput objectives) for mixed fleets; goodput and SGLang's router's
    cache_aware (`evaluate.peers`) for homogeneous ones, since a user's real alternative is a
    homogeneous fleet behind SGLang's router.
 3. Each fleet takes the policy with the best score among those whose worst phase meets the SLO
    within `SLO_PARITY` of its best policy's, and fleets whose worst phase falls more than that below
-   the best homogeneous fleet's are ranked after those that do not. Fleets are ranked by the
+   the most reliable homogeneous fleet's are ranked after those that do not. Fleets are ranked by the
    simulated score: span-weighted over phases of the mean request
    tok/s, where a request that missed the SLO (shed, unfinished, or its first token later than
    the SLO's TTFT) counts 0: speed from starving some requests in a queue, or from shedding them,
    is not speed; with `objective="goodput"`, of the requests/s that met the SLO.
-   The margin is over the best homogeneous fleet with its best policy.
+   The margin is over the best homogeneous fleet with its best policy. Fleets whose paired
+   per-seed gap to the winner is within the seeds' noise (`within_noise`) are marked as ties.
 4. Reshape: for each phase, the composition the fluid model ranks best *for that phase alone* is
    simulated on it, and so is the winner, both on the requests the phase gets in the whole
    traffic's run; where it beats the day's winner, the schedule switches. The switches cost
@@ -35,9 +40,10 @@ best: within 3%, the target).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -52,7 +58,17 @@ from evaluate.sim import fleet_servers, simulate
 from evaluate.slo import DEFAULT_SLO, SLO
 from evaluate.traffic import Traffic
 
-__all__ = ["DEFAULT_TYPES", "RESTART_S", "FleetFigures", "FreshSeeds", "PlanResult", "Reshape", "compositions", "plan"]
+__all__ = [
+    "DEFAULT_TYPES",
+    "RESTART_S",
+    "FleetFigures",
+    "FreshSeeds",
+    "PlanResult",
+    "Reshape",
+    "compositions",
+    "plan",
+    "within_noise",
+]
 
 # The K2.6 family: AR, EAGLE-3, DFlash and DDTree at three budgets (32 is the profile's own).
 DEFAULT_TYPES: tuple[str, ...] = (
@@ -77,6 +93,11 @@ MIXED_POLICIES = ("goodput/latency", "goodput/throughput")
 # (prefix affinity), and goodput's latency objective the best of specroute's; the evaluation runs
 # all of them (`specroute eval --fleet homogeneous`).
 HOMOGENEOUS_POLICIES = ("goodput/latency", "sglang/cache_aware")
+# Seeds every short-listed fleet is simulated on, its score their mean: one seed's sample of a
+# phase (a session mix, a burst or none) moves a fleet's score by more than the gaps between the
+# best K2.6 fleets, and every fleet draws the same arrivals on a seed (common random numbers).
+SEEDS = 3
+TIE_FLOOR = 0.005  # score gaps below this share are ties whatever the seeds say
 
 
 class PhaseFigures(msgspec.Struct, kw_only=True):
@@ -93,13 +114,16 @@ class PhaseFigures(msgspec.Struct, kw_only=True):
 class FleetFigures(msgspec.Struct, kw_only=True):
     fleet: str
     policy: str
-    score: float  # span-weighted over phases
+    score: float  # span-weighted over phases, the mean over the plan's seeds
     fluid: float  # the fluid model's figure (mean request tok/s of an ideal split)
     homogeneous: bool
     phases: dict[str, PhaseFigures] = {}
     margin: float = 0.0  # score / the best homogeneous fleet's score - 1
     policies_tried: dict[str, float] = {}  # policy -> score
-    slo_parity: bool = True  # its worst phase's SLO attainment is within SLO_PARITY of the best homogeneous's
+    seed_scores: list[float] = []  # its score on each of the plan's seeds (same arrivals for every fleet)
+    # its worst phase's SLO attainment is within SLO_PARITY of the most reliable homogeneous fleet's
+    slo_parity: bool = True
+    tie: bool = False  # within the seeds' noise of the winner's score (or the winner itself)
 
     @property
     def worst_slo(self) -> float:
@@ -128,6 +152,7 @@ class Reshape(msgspec.Struct, kw_only=True):
 class PlanResult(msgspec.Struct, kw_only=True):
     servers: int
     seed: int
+    seeds: list[int]  # the seeds every simulated fleet's score is a mean over
     traffic: str
     objective: str
     slo: SLO
@@ -172,7 +197,7 @@ class Exhaustive(msgspec.Struct, kw_only=True):
     best_score: float
     gap: float  # pick / best - 1
     leaders: dict[str, float]  # fleet -> mean score over the fresh seeds
-    scores: dict[str, float]  # every composition's score on the plan's seed
+    scores: dict[str, float]  # every composition meeting the SLO parity: its mean score over the plan's seeds
 
 
 class _Task(msgspec.Struct, frozen=True):
@@ -228,6 +253,21 @@ def _phase_score(m: PhaseMetrics, objective: str) -> float:
     return m.goodput_rps if objective == "goodput" else m.slo_request_tok_s
 
 
+def _mean_phase(runs: Sequence[PhaseMetrics], objective: str) -> PhaseFigures:
+    """One phase's figures as their means over seeds (tails included: a mean of p99s)."""
+    k = len(runs)
+    return PhaseFigures(
+        score=sum(_phase_score(m, objective) for m in runs) / k,
+        request_tok_s=sum(m.mean_request_tok_s for m in runs) / k,
+        slo_attainment=sum(m.slo_attainment for m in runs) / k,
+        goodput_rps=sum(m.goodput_rps for m in runs) / k,
+        ttft_p99_ms=sum(m.p99_ttft_ms for m in runs) / k,
+        e2e_p99_s=sum(m.p99_e2e_s for m in runs) / k,
+        shed=round(sum(m.shed for m in runs) / k),
+        arrived=round(sum(m.arrived for m in runs) / k),
+    )
+
+
 class _Planner:
     def __init__(
         self,
@@ -241,6 +281,7 @@ class _Planner:
         seed: int,
         log: Callable[[str], None],
         jobs: int = 1,
+        seeds: int = 1,
     ) -> None:
         if not 1 <= n <= MAX_SERVERS:
             raise FleetError(f"--servers must be between 1 and {MAX_SERVERS}, got {n}")
@@ -248,6 +289,8 @@ class _Planner:
             raise ValueError(f"objective is tok_s or goodput, not {objective!r}")
         if not types:
             raise FleetError("no server types to plan over")
+        if seeds < 1:
+            raise ValueError(f"seeds is at least 1, not {seeds}")
         self.types = [parse_member(t) for t in types]
         if any(t.count != 1 for t in self.types):
             raise FleetError("plan's server types take no count (the planner chooses counts)")
@@ -259,6 +302,7 @@ class _Planner:
         self.slo = slo
         self.objective = objective
         self.seed = seed
+        self.seeds = [seed + k for k in range(seeds)]
         self.log = log
         base = traffic.scenario
         self.phases = [msgspec.structs.replace(p, duration_s=sample_length(p, sample_s)) for p in base.phases]
@@ -311,49 +355,48 @@ class _Planner:
         return map_in_processes(_run, tasks, self.jobs)
 
     def figures_all(
-        self, fleets: Sequence[tuple[tuple[int, ...], float]], seed: int | None = None
+        self, fleets: Sequence[tuple[tuple[int, ...], float]], seeds: Sequence[int] | None = None
     ) -> dict[tuple[int, ...], FleetFigures]:
-        """Simulate each fleet under each of its candidate policies (in parallel) and keep the best."""
-        jobs: list[tuple[tuple[int, ...], str]] = []
+        """Simulate each fleet under each of its candidate policies (in parallel) on each of
+        `seeds` (the plan's unless given) and keep the best policy; a figure is its mean over the
+        seeds, every fleet drawing the same arrivals and sessions on a seed (common random numbers)."""
+        seeds = self.seeds if seeds is None else list(seeds)
+        jobs: list[tuple[tuple[int, ...], str, int]] = []
         for counts, _ in fleets:
             homogeneous = sum(1 for k in counts if k) == 1
-            jobs += [(counts, pol) for pol in (HOMOGENEOUS_POLICIES if homogeneous else MIXED_POLICIES)]
-        results = self.run_all([self.task(c, pol, seed=seed) for c, pol in jobs])
-        tried: dict[tuple[int, ...], dict[str, tuple[float, list[PhaseMetrics]]]] = {}
-        for (counts, pol), ms in zip(jobs, results, strict=True):
-            tried.setdefault(counts, {})[pol] = (self.weighted([_phase_score(m, self.objective) for m in ms]), ms)
+            for pol in HOMOGENEOUS_POLICIES if homogeneous else MIXED_POLICIES:
+                jobs += [(counts, pol, sd) for sd in seeds]
+        results = self.run_all([self.task(c, pol, seed=sd) for c, pol, sd in jobs])
+        runs: dict[tuple[int, ...], dict[str, list[list[PhaseMetrics]]]] = {}
+        for (counts, pol, _), ms in zip(jobs, results, strict=True):
+            runs.setdefault(counts, {}).setdefault(pol, []).append(ms)
+        tried: dict[tuple[int, ...], dict[str, tuple[float, list[PhaseFigures], list[float]]]] = {}
+        for counts, by_policy in runs.items():
+            for pol, per_seed in by_policy.items():
+                scores = [self.weighted([_phase_score(m, self.objective) for m in ms]) for ms in per_seed]
+                phases = [_mean_phase([ms[i] for ms in per_seed], self.objective) for i in range(len(self.phases))]
+                tried.setdefault(counts, {})[pol] = (sum(scores) / len(scores), phases, scores)
         out = {}
         for counts, fluid in fleets:
             # the best score among the policies whose worst phase meets the SLO about as often as
             # the fleet's best policy at that (a faster average bought with starved requests loses)
-            worst = {pol: min(m.slo_attainment for m in ms) for pol, (_, ms) in tried[counts].items()}
+            worst = {pol: min(ph.slo_attainment for ph in phs) for pol, (_, phs, _) in tried[counts].items()}
             fair = {pol: v for pol, v in tried[counts].items() if worst[pol] >= max(worst.values()) - SLO_PARITY}
-            policy, (score, ms) = max(fair.items(), key=lambda kv: kv[1][0])
+            policy, (score, phases, scores) = max(fair.items(), key=lambda kv: kv[1][0])
             label = _label(self.types, counts)
             self.log(
                 f"  simulated {label}: best {policy} {score:.2f} "
-                f"({', '.join(f'{p} {s:.1f}' for p, (s, _) in tried[counts].items())})"
+                f"({', '.join(f'{p} {s:.1f}' for p, (s, _, _) in tried[counts].items())})"
             )
             out[counts] = FleetFigures(
                 fleet=label,
                 policy=policy,
                 score=score,
+                seed_scores=[round(x, 3) for x in scores],
                 fluid=fluid,
                 homogeneous=sum(1 for k in counts if k) == 1,
-                policies_tried={p: round(s, 3) for p, (s, _) in tried[counts].items()},
-                phases={
-                    ph.name: PhaseFigures(
-                        score=_phase_score(m, self.objective),
-                        request_tok_s=m.mean_request_tok_s,
-                        slo_attainment=m.slo_attainment,
-                        goodput_rps=m.goodput_rps,
-                        ttft_p99_ms=m.p99_ttft_ms,
-                        e2e_p99_s=m.p99_e2e_s,
-                        shed=m.shed,
-                        arrived=m.arrived,
-                    )
-                    for ph, m in zip(self.phases, ms, strict=True)
-                },
+                policies_tried={p: round(s, 3) for p, (s, _, _) in tried[counts].items()},
+                phases={ph.name: f for ph, f in zip(self.phases, phases, strict=True)},
             )
         return out
 
@@ -456,6 +499,26 @@ CONFIRM_SEEDS = 2
 CONFIRM_LEADERS = 3
 
 
+def _parity_floor(figures: Iterable[FleetFigures]) -> float:
+    """The worst-phase SLO attainment a fleet needs to rank ahead: the most reliable homogeneous
+    fleet's, less SLO_PARITY (homogeneous: a handful of fleets, so the maximum of their noisy
+    figures is not biased upwards as the maximum over a hundred compositions would be)."""
+    return max(f.worst_slo for f in figures if f.homogeneous) - SLO_PARITY
+
+
+def within_noise(leader: FleetFigures, other: FleetFigures) -> bool:
+    """Whether `other` trails `leader` by no more than the seeds' noise: the mean of their paired
+    differences (the same arrivals on each seed) within two standard errors of zero, or within
+    TIE_FLOOR of the leader's score when the seeds agree too closely to estimate the noise."""
+    diffs = [a - b for a, b in zip(leader.seed_scores, other.seed_scores, strict=True)]
+    mean = sum(diffs) / len(diffs)
+    spread = 0.0
+    if len(diffs) > 1:
+        var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+        spread = 2.0 * math.sqrt(var / len(diffs))
+    return mean <= max(spread, TIE_FLOOR * leader.score)
+
+
 def _confirm(
     p: _Planner,
     everything: dict[tuple[int, ...], FleetFigures],
@@ -464,11 +527,8 @@ def _confirm(
 ) -> Exhaustive:
     leaders = sorted(everything, key=lambda c: -everything[c].score)[:CONFIRM_LEADERS]
     fleets = list(dict.fromkeys([*leaders, pick]))
-    seeds = [p.seed + 1 + k for k in range(CONFIRM_SEEDS)]
-    means = {c: 0.0 for c in fleets}
-    for s in seeds:
-        for c, f in p.figures_all([(c, fluid[c]) for c in fleets], seed=s).items():
-            means[c] += f.score / len(seeds)
+    seeds = [p.seeds[-1] + 1 + k for k in range(CONFIRM_SEEDS)]
+    means = {c: f.score for c, f in p.figures_all([(c, fluid[c]) for c in fleets], seeds=seeds).items()}
     best = max(fleets, key=lambda c: means[c])
     gap = means[pick] / means[best] - 1 if means[best] > 0 else 0.0
     return Exhaustive(
@@ -501,7 +561,8 @@ def _assumptions(p: _Planner, restart_s: float, sample_s: float) -> list[str]:
             for ph in p.phases
             if ph.duration_s != sample_s
         )
-        + ", weighed by the part of the day it stands for; results are one seed's",
+        + f", weighed by the part of the day it stands for; scores are means over seeds {p.seeds}, every fleet "
+        "drawing the same arrivals on a seed",
         f"score: span-weighted mean request decode tok/s, a request missing the SLO ({p.slo.label}: shed, "
         "unfinished or late) counting 0"
         if p.objective == "tok_s"
@@ -527,6 +588,7 @@ def plan(
     homogeneous: int = 2,
     sample_s: float = 90.0,
     seed: int = 0,
+    seeds: int = SEEDS,
     restart_s: float = RESTART_S,
     exhaustive: bool = False,
     jobs: int | None = None,
@@ -535,15 +597,34 @@ def plan(
     t0 = time.perf_counter()
     jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
     p = _Planner(
-        n, traffic, slo=slo, types=types, objective=objective, sample_s=sample_s, seed=seed, log=log, jobs=jobs
+        n,
+        traffic,
+        slo=slo,
+        types=types,
+        objective=objective,
+        sample_s=sample_s,
+        seed=seed,
+        log=log,
+        jobs=jobs,
+        seeds=seeds,
     )
     combos = compositions(len(p.types), n)
     grids = p.grids()
     fluid_phase = {c: [g.value(c) for g in grids] for c in combos}
     fluid = {c: p.weighted(v) for c, v in fluid_phase.items()}
-    ordered = sorted(combos, key=lambda c: -fluid[c])
+    # The fluid ranking mirrors the simulated one: a fleet whose capacity falls short of a phase's
+    # rate (a speculative server's cap of 48 running requests binds where an AR server's batch
+    # still grows) queues without bound there and misses the SLO, however fast the requests it
+    # serves; so fleets that carry every phase about as fully as the fleet that carries most
+    # come first, each group by its mean request tok/s.
+    headroom = {c: min(g.headroom(c) for g in grids) for c in combos}
+    carried = {c: min(1.0, h) for c, h in headroom.items()}
+    reliable = max(carried.values()) - SLO_PARITY
+    ordered = sorted(combos, key=lambda c: (carried[c] < reliable, -fluid[c]))
     homog = [c for c in ordered if sum(1 for k in c if k) == 1]
     mixed = [c for c in ordered if sum(1 for k in c if k) > 1]
+    # and the homogeneous fleet with the most capacity for the traffic: the safe alternative
+    roomiest = max(homog, key=lambda c: headroom[c])
     # The fluid model's split is domain-blind: it cannot see a server of another type taking the
     # requests that slow the others most (long contexts, overflow at a peak). So the best
     # homogeneous fleet with one server swapped for each other type is simulated too.
@@ -556,41 +637,46 @@ def plan(
                 v[t] -= 1
                 v[o] += 1
                 variants.append(tuple(v))
-    picked = list(dict.fromkeys(homog[:homogeneous] + mixed[:shortlist] + variants))
+    picked = list(dict.fromkeys([*homog[:homogeneous], roomiest, *mixed[:shortlist], *variants]))
     log(
         f"fluid model: {len(combos)} compositions of {n} servers over {len(p.types)} types; "
         f"simulating {len(picked)}: " + ", ".join(_label(p.types, c) for c in picked)
     )
     figures = p.figures_all([(c, fluid[c]) for c in picked])
-    best_h = max((f for f in figures.values() if f.homogeneous), key=lambda f: f.score)
-    floor = best_h.worst_slo - SLO_PARITY
+    # fleets that meet the SLO in their worst phase about as often as the most reliable homogeneous
+    # fleet simulated (a user's real alternative) first: a higher mean bought with more misses
+    # (queues past the servers' caps) is not a better fleet
+    floor = _parity_floor(figures.values())
+    for f in figures.values():
+        f.slo_parity = f.worst_slo >= floor
+    ranked = sorted(figures.values(), key=lambda f: (not f.slo_parity, -f.score))
+    best_h = next(f for f in ranked if f.homogeneous)
     for f in figures.values():
         f.margin = f.score / best_h.score - 1 if best_h.score > 0 else 0.0
-        f.slo_parity = f.worst_slo >= floor
-    # fleets that meet the SLO in their worst phase about as often as the best homogeneous fleet
-    # first: a higher mean bought with more misses is not a better fleet
-    ranked = sorted(figures.values(), key=lambda f: (not f.slo_parity, -f.score))
+        f.tie = f is ranked[0] or (f.slo_parity and within_noise(ranked[0], f))
     winner_counts = next(c for c, f in figures.items() if f is ranked[0])
     reshape = p.reshape(winner_counts, ranked[0], fluid_phase, restart_s) if len(p.phases) > 1 else None
     fresh = None
     if ranked[0] is not best_h:
         homog_counts = next(c for c, f in figures.items() if f is best_h)
-        seeds = [seed + 1 + k for k in range(CONFIRM_SEEDS)]
-        pairs = [p.scores_on([(winner_counts, ranked[0].policy), (homog_counts, best_h.policy)], s) for s in seeds]
-        fresh = FreshSeeds(seeds=seeds, margins=[round(w / h - 1, 4) if h > 0 else 0.0 for w, h in pairs])
+        fresh_seeds = [p.seeds[-1] + 1 + k for k in range(CONFIRM_SEEDS)]
+        pairs = [
+            p.scores_on([(winner_counts, ranked[0].policy), (homog_counts, best_h.policy)], s) for s in fresh_seeds
+        ]
+        fresh = FreshSeeds(seeds=fresh_seeds, margins=[round(w / h - 1, 4) if h > 0 else 0.0 for w, h in pairs])
     exhaustive_best = None
     check: Exhaustive | None = None
     if exhaustive:
         log(f"exhaustive: simulating all {len(combos)} compositions")
         everything = {**p.figures_all([(c, fluid[c]) for c in combos if c not in figures]), **figures}
-        for f in everything.values():
-            f.slo_parity = f.worst_slo >= floor
-        everything = {c: f for c, f in everything.items() if f.slo_parity}  # the same rule as the ranking
+        floor = _parity_floor(everything.values())  # the same rule as the ranking
+        everything = {c: f for c, f in everything.items() if f.worst_slo >= floor}
         exhaustive_best = max(everything.values(), key=lambda f: f.score)
         check = _confirm(p, everything, winner_counts, fluid)
     return PlanResult(
         servers=n,
         seed=seed,
+        seeds=p.seeds,
         traffic=traffic.name,
         objective=objective,
         slo=slo,

@@ -353,7 +353,8 @@ def test_errors_mid_sweep_stop_it_and_keep_the_measurements(tmp_path):
 def test_plan_and_eval_take_the_fitted_profiles_on_a_trace_and_a_file(fitted, tmp_path):
     _, out, _ = fitted
     trace = TRACE_SLICE
-    res = plan(2, load_traffic(f"trace:{trace}"), types=sorted(str(p) for p in out.glob("*.toml")), jobs=1)
+    types = sorted(str(p) for p in out.glob("*.toml"))
+    res = plan(2, load_traffic(f"trace:{trace}"), types=types, seeds=1, jobs=1)
     assert res.ranked and all(str(out) in f.fleet for f in res.ranked)
     traffic_file = tmp_path / "short.jsonl"
     traffic_file.write_text('{"name": "steady", "minutes": 30, "rate": 1.5, "sample_s": 20}\n')

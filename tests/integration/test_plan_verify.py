@@ -24,7 +24,7 @@ def test_verify_runs_both_fleets_over_http_and_reports_the_ratio(tmp_path, capsy
     path.write_text("".join(json.dumps(r) + "\n" for r in TRAFFIC))
     out = tmp_path / "out"
     args = ["--servers", "2", "--traffic", str(path), "--types", ",".join(TYPES), "--sample-s", "30"]
-    args += ["--jobs", "1", "--verify", "--verify-time-scale", "0.1", "--output", str(out)]
+    args += ["--jobs", "1", "--seeds", "1", "--verify", "--verify-time-scale", "0.1", "--output", str(out)]
     code = main(args)
     printed = capsys.readouterr().out
     assert code in (0, 1), printed  # 1: the ratios disagree (reported, not this test's verdict)

@@ -116,7 +116,7 @@ def test_eval_cli_runs_a_trace_and_refuses_a_bad_one(tmp_path: Path, capsys) -> 
 def test_plan_cli_plans_for_a_trace(tmp_path: Path, capsys) -> None:
     argv = [
         "--servers", "2", "--traffic", f"trace:{TRACE_SLICE}", "--trace-window", "0:30", "--trace-speedup", "0.5",
-        "--types", "k26-ar,k26-dflash", "--jobs", "1", "--output", str(tmp_path),
+        "--types", "k26-ar,k26-dflash", "--jobs", "1", "--seeds", "1", "--output", str(tmp_path),
     ]  # fmt: skip
     assert plan_main(argv) == 0
     out = capsys.readouterr().out
