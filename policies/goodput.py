@@ -143,6 +143,12 @@ class Goodput:
         # KV tokens (prompt + expected output) of a typical request, an EWMA over the decisions:
         # what the requests a backend runs hold besides this one (`policies.cost.kv_bound`)
         self._typical_tokens = 0.0
+        # expected output tokens of a typical request, the same EWMA: how long the requests a full
+        # backend runs take to free their slots (`policies.cost`)
+        self._typical_out = 0.0
+        # per backend: seconds a request holds its slot there (decode, first to last token), an EWMA
+        # over its finished requests: a full backend frees its `cap` slots once per that time
+        self._slot_s: dict[str, float] = {}
 
     # ---------------------------------------------------------------------- decide
 
@@ -198,6 +204,8 @@ class Goodput:
         size = (prompt + out) * k
         typical = self._typical_tokens
         self._typical_tokens = size if not typical else typical + _TYPICAL_ALPHA * (size - typical)
+        drain_out = self._typical_out
+        self._typical_out = out if not drain_out else drain_out + _TYPICAL_ALPHA * (out - drain_out)
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
         estimates = self.estimates
@@ -206,6 +214,7 @@ class Goodput:
             tpot_slo = self.tpot_slo_s
         scored: list[_Scored] = []
         backends = estimates.backends
+        slot_s = self._slot_s
         for v in candidates:
             if not v.healthy:
                 continue
@@ -251,6 +260,8 @@ class Goodput:
                     pending_pairs,
                     tpot_slo,
                     kv_bound(v.kv_tokens, size, typical),
+                    drain_out,
+                    slot_s.get(v.spec.name, 0.0),
                 )
             else:
                 cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
@@ -387,6 +398,8 @@ class Goodput:
                 pending_pairs=v.pending_pairs,
                 tpot_slo_s=math.inf if own_only else self.tpot_slo_s,
                 cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens),
+                typical_out=self._typical_out,
+                life_s=self._slot_s.get(v.spec.name, 0.0),
             )
         return -throughput_gain(est, cell, load, uncached, out, sequences=request.sequences, pairs=pairs)
 
@@ -395,6 +408,14 @@ class Goodput:
     def observe(self, outcome: Outcome) -> None:
         self.estimates.observe(outcome)
         self.lengths.observe(outcome)
+        held = outcome.decode_s
+        if held is not None and held > 0 and outcome.error is None and math.isfinite(held):
+            name = outcome.backend
+            last = self._slot_s.get(name)
+            if last is not None:
+                self._slot_s[name] = last + _TYPICAL_ALPHA * (held - last)
+            elif name in self.estimates.backends:  # bounded: only backends the policy knows
+                self._slot_s[name] = held
 
     def seed(self, backend: BackendSpec, measurement: Measurement) -> None:
         """Replace what the strategy's prior says about `backend` with a measurement of it
