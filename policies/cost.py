@@ -168,16 +168,43 @@ def own_and_imposed_s(
 
 
 def throughput_gain(
-    est: CostModel, c: int, load: int, uncached: int, out: float, *, sequences: int = 1, pairs: float = 0.0
+    est: CostModel,
+    c: int,
+    load: int,
+    uncached: int,
+    out: float,
+    *,
+    sequences: int = 1,
+    pairs: float = 0.0,
+    cap: int = 0,
+    typical_out: float = 0.0,
+    life_s: float = 0.0,
+    pending: int = 0,
+    pending_pairs: float = 0.0,
 ) -> float:
     """Tok/s the backend's aggregate gains with one more request (of `sequences`), less what its
-    prefill costs the running ones, spread over the request's decode time."""
+    prefill costs the running ones, spread over the request's decode time. `cap`, `typical_out`
+    and `life_s` as for `own_and_imposed_s`: on a full backend (its KV pool's bound included) the
+    request adds nothing while it waits, and runs at its own rate only for the part of its life
+    past the wait."""
     acc = est.accept_at(c)
-    cap = est.max_running
+    if not cap or cap > est.max_running:
+        cap = est.max_running
     n1 = load + sequences
     after = acc * (n1 if n1 < cap else cap) / est.step_s(n1)
     before = acc * (load if load < cap else cap) / est.step_s(load) if load > 0 else 0.0
     gain = after - before
+    # its tokens come only after the prompts queued there are prefilled and, on a full backend, a
+    # slot frees: less the tokens it does not make meanwhile, spread over its decode as the tokens
+    # its prefill takes from the running ones are (below)
+    delay = est.prefill_stall_s(pending, pending_pairs) if pending or pending_pairs else 0.0
+    if n1 > cap:
+        life = life_s if life_s > 0 else (typical_out if typical_out > 0 else out) * est.step_s(cap) / acc
+        delay += (n1 - cap) / cap * life
+    if delay > 0:
+        step = est.step_s(n1 if n1 < cap else cap)
+        decode = out * step / acc
+        gain -= acc / step * delay / (decode if decode > 0 else 1.0)
     if load and uncached:
         decode = out * est.step_s(n1) / acc
         gain -= before * est.prefill_stall_s(uncached, pairs) / (decode if decode > 0 else 1.0)

@@ -264,7 +264,20 @@ class Goodput:
                     slot_s.get(v.spec.name, 0.0),
                 )
             else:
-                cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
+                cost = -throughput_gain(
+                    guess,
+                    cell,
+                    load,
+                    uncached,
+                    out,
+                    sequences=k,
+                    pairs=pairs,
+                    cap=kv_bound(v.kv_tokens, size, typical),
+                    typical_out=drain_out,
+                    life_s=slot_s.get(v.spec.name, 0.0),
+                    pending=v.pending_prefill,
+                    pending_pairs=v.pending_pairs,
+                )
             seen = est.seen[d]
             cost -= (cost if cost > 0 else -cost) * bonus_table[seen if seen < top else top]
             scored.append(_Scored(v, est, cost, load, uncached, held))
@@ -401,7 +414,20 @@ class Goodput:
                 typical_out=self._typical_out,
                 life_s=self._slot_s.get(v.spec.name, 0.0),
             )
-        return -throughput_gain(est, cell, load, uncached, out, sequences=request.sequences, pairs=pairs)
+        return -throughput_gain(
+            est,
+            cell,
+            load,
+            uncached,
+            out,
+            sequences=request.sequences,
+            pairs=pairs,
+            cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens),
+            typical_out=self._typical_out,
+            life_s=self._slot_s.get(v.spec.name, 0.0),
+            pending=v.pending_prefill,
+            pending_pairs=v.pending_pairs,
+        )
 
     # ------------------------------------------------------------------- learn
 

@@ -116,3 +116,20 @@ def test_the_ttft_slo_costs_nothing_at_the_slo_and_a_lost_request_past_twice_it(
     assert cost(20.0, edge / 2) == pytest.approx(cost(20.0, None) + edge / 2 + met)  # past twice it: all
     quarter = edge / 1.25  # past it by a quarter of the SLO: a quarter of the lost request
     assert cost(20.0, quarter) == pytest.approx(cost(20.0, None) + (edge - quarter) + 0.25 * (quarter + 10.0))
+
+
+def test_the_throughput_objective_counts_no_tokens_from_a_request_waiting_for_kv():
+    """An AR server whose KV pool (270k tokens) holds ~170 requests like this one, with 200 on it,
+    adds nothing for it while it waits; a DFlash server with room adds its tokens now."""
+    policy = Goodput("throughput", seed=1, epsilon=0.0, bonus=0.0)
+    request = RequestFeatures(model="m", domain=Domain.CHAT, temperature=0.0, prompt_tokens=1000, max_tokens=600)
+    dflash = _view("dflash", Strategy.DFLASH, 48, 47)
+    ar = _view("ar", Strategy.AR, 2048, 170, 30)
+    ar.kv_tokens = dflash.kv_tokens = 270_000
+    policy.choose(request, [dflash, ar])  # registers both
+    for _ in range(20):
+        _finish(policy, "dflash", tokens=600, passes=150, step_s=0.050)
+        _finish(policy, "ar", tokens=600, passes=600, step_s=0.040)
+    assert policy.choose(request, [dflash, ar]).backend.name == "dflash"
+    ar.reported_running, ar.reported_waiting = 100, 0  # room: one more sequence adds a whole one
+    assert policy.choose(request, [dflash, ar]).backend.name == "ar"
