@@ -134,12 +134,17 @@ def own_and_imposed_s(
     ttft = 1.5 * step + stall if load else est.prefill_s(uncached, pairs)
     if pending or pending_pairs:
         ttft += est.prefill_stall_s(pending, pending_pairs)
-    if not cap or cap > est.max_running:
-        cap = est.max_running
-    if n1 > cap:
+    slots = est.max_running
+    queued = n1 > slots  # past its max_running_requests: it waits in the server's queue for a slot
+    if not cap or cap > slots:
+        cap = slots
+    if queued:
         # the requests ahead of it free `cap` slots per typical life: it waits for `n1 - cap` of them
         life = life_s if life_s > 0 else (typical_out if typical_out > 0 else out) * est.step_s(cap) / acc
         ttft += (n1 - cap) / cap * life
+    elif n1 > cap:
+        # the KV pool binds first: it waits for room, which the requests like it free (kv_bound)
+        ttft += (n1 - cap) / cap * decode
     cost = ttft_weight * ttft + decode
     over = ttft - ttft_slo_s
     if over > 0:
@@ -149,7 +154,7 @@ def own_and_imposed_s(
     if tpot > tpot_slo_s:
         cost += slo_weight * out * (tpot - tpot_slo_s)
         lost = 1.0
-    elif over > 0:
+    elif over > 0 and queued:
         lost = over / ttft_slo_s if over < ttft_slo_s else 1.0
     if lost:
         # lost to goodput: as much again as a request that just made the SLO takes (docstring)
@@ -160,7 +165,7 @@ def own_and_imposed_s(
         slower = step - est.step_s(load)
         passes = out / acc  # passes this request shares with others (see the module docstring)
         cost += externality * running * (stall + passes * (slower if slower > 0 else 0.0))
-        if n1 > cap:
+        if queued:
             # the requests queued behind it (as many as wait ahead of it now, in steady state) each
             # wait its decode's share of the cap longer
             cost += externality * (n1 - cap) * decode / cap

@@ -79,8 +79,6 @@ def test_a_kv_pool_full_of_long_contexts_queues_before_max_running():
     args = (est, cell, 5, 2_000, 500.0, 0.0)  # 5 running, 2k uncached, 500 out, own time only
     unbounded = own_and_imposed_s(*args)
     bounded = own_and_imposed_s(*args, cap=kv_bound(259_000, 70_500))
-    # three run at a time, each for the decode of a request like this one at that batch: this one
-    # waits for three of them to finish
-    life = 500.0 * est.step_s(3) / est.accept_at(cell)
-    assert bounded == pytest.approx(unbounded + (6 - 3) / 3 * life)
+    decode = 500.0 * est.step_s(6) / est.accept_at(cell)
+    assert bounded == pytest.approx(unbounded + (6 - 3) / 3 * decode)
     assert own_and_imposed_s(*args, cap=kv_bound(259_000, 13_000)) == pytest.approx(unbounded)
