@@ -10,31 +10,36 @@ hold:
                                                           then its prefill rides in the next one
          + prefill_stall_s(pending)                       behind the prompts queued before it
          + (load + 1 - cap) x life / cap                  if the backend is full: waiting for a slot
+                                                          (x decode instead of life where only the KV
+                                                          pool is full)
     own  = ttft_weight x ttft + decode,   decode = out x step_s(load + 1) / accept(c)
          + slo_weight x (ttft - ttft_slo_s)               for the part of a TTFT beyond the SLO
          + slo_weight x out x (tpot - tpot_slo_s)         for a decode slower than the TPOT SLO,
                                                           tpot = step_s(load + 1) / accept(c)
          + slo_weight x lost x met                        the request lost to goodput (below)
 
-**Waiting for a slot.** A full backend (`load + 1 > cap`) admits the request once `load + 1 - cap`
-of the requests ahead of it have finished. Its `cap` slots free once per `life`, the time a
-request holds its slot there: each place in the queue waits `life / cap`. `life` is measured
-(`life_s`: the decode seconds of the requests that finished there lately), else predicted for a
-typical request, `typical_out x step_s(cap) / accept(c)`. It is not this request's own decode: a
-short answer queued behind 40 long ones waits for them (priced by its own length, it waited a
-quarter of what it was predicted to, and the speculative servers of a mixed fleet kept queues of
-15 s while the AR server beside them had room).
+**Waiting for a slot.** Past its `max_running_requests` (`load + 1 > max_running`) a backend
+admits the request once `load + 1 - cap` of the requests ahead of it have finished. Its `cap`
+slots free once per `life`, the time a request holds its slot there: each place in the queue waits
+`life / cap`. `life` is measured (`life_s`: the decode seconds of the requests that finished there
+lately), else predicted for a typical request, `typical_out x step_s(cap) / accept(c)`. It is not
+this request's own decode: a short answer queued behind 40 long ones waits for them (priced by its
+own length, it waited a quarter of what it was predicted to, and the speculative servers of a
+mixed fleet kept queues of 15 s while the AR server beside them had room). Where the KV pool binds
+first (`kv_bound` below `max_running`) the request waits for room, which requests like it free,
+not for a slot: there it waits `(load + 1 - cap) / cap x decode`, its own decode's share.
 
 **Lost to goodput.** A request past either SLO counts 0 to goodput however small the overrun, so
 besides the overrun's seconds it costs `met = ttft_slo_s + out x tpot_slo_s`, the time a request
-that just made both takes (the same for every candidate: where the request is lost on all of them,
-the choice is the one it would be without the SLO). `lost` is 1 past the TPOT SLO; past the TTFT
-SLO it grows from 0 at the SLO to 1 at twice it, `(ttft - ttft_slo_s) / ttft_slo_s`, because a
-predicted TTFT is uncertain by about the SLO itself near capacity (a step at the SLO moved long
-prompts whose prediction sat on the edge, and lengthened the Mooncake trace's e2e tail).
-Without that a short answer could go to a busy AR backend whose e2e looks cheapest while every
-token comes late, or queue behind a speculative server's cap while an AR server would serve it
-within the SLO.
+that just made both takes (the same for every candidate). `lost` is 1 past the TPOT SLO. Past the
+TTFT SLO on a backend whose slots are all taken it grows from 0 at the SLO to 1 at twice it,
+`(ttft - ttft_slo_s) / ttft_slo_s`: a predicted TTFT is uncertain by about the SLO itself near
+capacity, and a step at the SLO moves requests whose prediction sits on the edge. A TTFT past the
+SLO elsewhere (a long prompt's own prefill, a KV pool full of long contexts) is priced by the
+second only: such a request is late on most candidates, and pricing it as lost sent long prompts
+to the AR server of a mixed pool and lengthened the Mooncake trace's e2e tail. Without the term a
+short answer could go to a busy AR backend whose e2e looks cheapest while every token comes late,
+or queue behind a speculative server's cap while an AR server would serve it within the SLO.
 
 where a prefill's time counts its tokens and its attention's causal (query, key) pairs
 (`policies.prefill`): a prompt's last tokens attend to everything before them, cached or not.
@@ -46,13 +51,13 @@ Time it imposes on the `n = min(load, cap)` requests running there, and on those
 
     imposed = n x (prefill_stall_s(uncached)              its prefill tokens ride in their passes
                    + passes x (step_s(load + 1) - step_s(load)))   and every shared pass is slower
-            + (load + 1 - cap) x decode / cap             if full: it holds a slot for its decode
+            + (load + 1 - cap) x decode / cap             past max_running: it holds a slot for its decode
 
 with `passes = out / accept(c)`, the passes this request decodes for. Over its life it shares
 passes with the requests running now (each for about half of them, on average) and with those
 that arrive while it runs: in steady state as many again (Little's law), also for about half.
 So it slows about `n` requests by `passes` passes' worth, twice the count of those present now.
-On a full backend it also takes a slot the requests queued behind it wait for, as many as wait
+Past `max_running` it also takes a slot the requests queued behind it wait for, as many as wait
 ahead of it now in steady state: each of them waits its decode's share of the cap longer.
 
 The latency objective minimizes `own + externality x imposed`: with weight 1 that is the increase
