@@ -1,22 +1,45 @@
 """What one more request costs a backend: the goodput policy's cost model.
 
-Own time of a request of acceptance cell `c` sent to a backend holding `load` requests, `pending`
-prompt tokens of earlier requests not yet prefilled there (SGLang prefills first come, first
-served) and `uncached` tokens of its own prompt that the radix cache does not hold:
+Own time of a request of acceptance cell `c` sent to a backend holding `load` requests (running
+and waiting), `pending` prompt tokens of earlier requests not yet prefilled there (SGLang prefills
+first come, first served) and `uncached` tokens of its own prompt that the radix cache does not
+hold:
 
     ttft = step_s(1) + prefill_stall_s(uncached)          idle: a forward pass of its own
          | 1.5 step_s(load + 1) + prefill_stall_s(uncached)   busy: the rest of the current pass,
                                                           then its prefill rides in the next one
          + prefill_stall_s(pending)                       behind the prompts queued before it
-         + (load + 1 - cap) / cap x decode                if the backend is full: waiting for a slot
+         + (load + 1 - cap) x life / cap                  if the backend is full: waiting for a slot
+                                                          (x decode instead of life where only the KV
+                                                          pool is full)
     own  = ttft_weight x ttft + decode,   decode = out x step_s(load + 1) / accept(c)
          + slo_weight x (ttft - ttft_slo_s)               for the part of a TTFT beyond the SLO
-         + slo_weight x (ttft + decode + out x (tpot - tpot_slo_s))   if its decode is slower than
-                                                          the TPOT SLO, tpot = step_s(load + 1) / accept(c)
+         + slo_weight x out x (tpot - tpot_slo_s)         for a decode slower than the TPOT SLO,
+                                                          tpot = step_s(load + 1) / accept(c)
+         + slo_weight x lost x met                        the request lost to goodput (below)
 
-A TTFT past its SLO is priced by the second; a TPOT past its SLO loses the request whatever the
-overrun (goodput counts it 0), so it costs the request's own time once more: without that a short
-answer could go to a busy AR backend whose e2e looks cheapest while every token comes late.
+**Waiting for a slot.** Past its `max_running_requests` (`load + 1 > max_running`) a backend
+admits the request once `load + 1 - cap` of the requests ahead of it have finished. Its `cap`
+slots free once per `life`, the time a request holds its slot there: each place in the queue waits
+`life / cap`. `life` is measured (`life_s`: the decode seconds of the requests that finished there
+lately), else predicted for a typical request, `typical_out x step_s(cap) / accept(c)`. It is not
+this request's own decode: a short answer queued behind 40 long ones waits for them (priced by its
+own length, it waited a quarter of what it was predicted to, and the speculative servers of a
+mixed fleet kept queues of 15 s while the AR server beside them had room). Where the KV pool binds
+first (`kv_bound` below `max_running`) the request waits for room, which requests like it free,
+not for a slot: there it waits `(load + 1 - cap) / cap x decode`, its own decode's share.
+
+**Lost to goodput.** A request past either SLO counts 0 to goodput however small the overrun, so
+besides the overrun's seconds it costs `met = ttft_slo_s + out x tpot_slo_s`, the time a request
+that just made both takes (the same for every candidate). `lost` is 1 past the TPOT SLO. Past the
+TTFT SLO on a backend whose slots are all taken it grows from 0 at the SLO to 1 at twice it,
+`(ttft - ttft_slo_s) / ttft_slo_s`: a predicted TTFT is uncertain by about the SLO itself near
+capacity, and a step at the SLO moves requests whose prediction sits on the edge. A TTFT past the
+SLO elsewhere (a long prompt's own prefill, a KV pool full of long contexts) is priced by the
+second only: such a request is late on most candidates, and pricing it as lost sent long prompts
+to the AR server of a mixed pool and lengthened the Mooncake trace's e2e tail. Without the term a
+short answer could go to a busy AR backend whose e2e looks cheapest while every token comes late,
+or queue behind a speculative server's cap while an AR server would serve it within the SLO.
 
 where a prefill's time counts its tokens and its attention's causal (query, key) pairs
 (`policies.prefill`): a prompt's last tokens attend to everything before them, cached or not.
@@ -24,15 +47,18 @@ where a prefill's time counts its tokens and its attention's causal (query, key)
 A request of `k` sequences (`n` > 1, a completions batch) decodes them side by side: `load + 1`
 above becomes `load + k`, its prefill is done once, and it is one request's own time.
 
-Time it imposes on the `n = min(load, cap)` requests running there:
+Time it imposes on the `n = min(load, cap)` requests running there, and on those queued behind it:
 
     imposed = n x (prefill_stall_s(uncached)              its prefill tokens ride in their passes
                    + passes x (step_s(load + 1) - step_s(load)))   and every shared pass is slower
+            + (load + 1 - cap) x decode / cap             past max_running: it holds a slot for its decode
 
 with `passes = out / accept(c)`, the passes this request decodes for. Over its life it shares
 passes with the requests running now (each for about half of them, on average) and with those
 that arrive while it runs: in steady state as many again (Little's law), also for about half.
 So it slows about `n` requests by `passes` passes' worth, twice the count of those present now.
+Past `max_running` it also takes a slot the requests queued behind it wait for, as many as wait
+ahead of it now in steady state: each of them waits its decode's share of the cap longer.
 
 The latency objective minimizes `own + externality x imposed`: with weight 1 that is the increase
 of the summed completion time of every request in the pool, so per-request choices add up to the
@@ -47,6 +73,8 @@ from __future__ import annotations
 from typing import Protocol
 
 __all__ = ["CostModel", "kv_bound", "own_and_imposed_s", "throughput_gain"]
+
+_INF = float("inf")
 
 
 class CostModel(Protocol):
@@ -90,12 +118,17 @@ def own_and_imposed_s(
     pending_pairs: float = 0.0,
     tpot_slo_s: float = float("inf"),
     cap: int = 0,
+    typical_out: float = 0.0,
+    life_s: float = 0.0,
 ) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
     what it adds to the requests running beside it. `pairs` and `pending_pairs` are the causal
     attention pairs of `uncached` and of `pending` (`policies.prefill.causal_pairs`). It runs for
     every candidate of every decision: arguments by position. `cap`: the requests the backend
-    can run at once if fewer than its `max_running` (its KV pool's bound, `kv_bound`)."""
+    can run at once if fewer than its `max_running` (its KV pool's bound, `kv_bound`).
+    `life_s`: seconds a request holds a slot of this backend, as measured (0: not measured, then
+    predicted from `typical_out`, a typical request's expected output, or else this one's `out`);
+    a full backend frees `cap` slots per `life_s`."""
     acc = est.accept_at(c)
     n1 = load + sequences
     step = est.step_s(n1)
@@ -106,37 +139,82 @@ def own_and_imposed_s(
     ttft = 1.5 * step + stall if load else est.prefill_s(uncached, pairs)
     if pending or pending_pairs:
         ttft += est.prefill_stall_s(pending, pending_pairs)
-    if not cap or cap > est.max_running:
-        cap = est.max_running
-    if n1 > cap:
+    slots = est.max_running
+    queued = n1 > slots  # past its max_running_requests: it waits in the server's queue for a slot
+    if not cap or cap > slots:
+        cap = slots
+    if queued:
+        # the requests ahead of it free `cap` slots per typical life: it waits for `n1 - cap` of them
+        life = life_s if life_s > 0 else (typical_out if typical_out > 0 else out) * est.step_s(cap) / acc
+        ttft += (n1 - cap) / cap * life
+    elif n1 > cap:
+        # the KV pool binds first: it waits for room, which the requests like it free (kv_bound)
         ttft += (n1 - cap) / cap * decode
     cost = ttft_weight * ttft + decode
-    if ttft > ttft_slo_s:
-        cost += slo_weight * (ttft - ttft_slo_s)
+    over = ttft - ttft_slo_s
+    if over > 0:
+        cost += slo_weight * over
     tpot = step / acc
+    lost = 0.0
     if tpot > tpot_slo_s:
-        # past its TPOT SLO a request is lost to goodput however small the overrun: its own time
-        # once more, plus the overrun's seconds
-        cost += slo_weight * (ttft + decode + out * (tpot - tpot_slo_s))
+        cost += slo_weight * out * (tpot - tpot_slo_s)
+        lost = 1.0
+    elif over > 0 and queued:
+        lost = over / ttft_slo_s if over < ttft_slo_s else 1.0
+    if lost:
+        # lost to goodput: as much again as a request that just made the SLO takes (docstring)
+        met = ttft_slo_s if ttft_slo_s < _INF else 0.0
+        cost += lost * slo_weight * (met + (out * tpot_slo_s if tpot_slo_s < _INF else decode))
     if externality and load:
         running = load if load < cap else cap
         slower = step - est.step_s(load)
         passes = out / acc  # passes this request shares with others (see the module docstring)
         cost += externality * running * (stall + passes * (slower if slower > 0 else 0.0))
+        if queued:
+            # the requests queued behind it (as many as wait ahead of it now, in steady state) each
+            # wait its decode's share of the cap longer
+            cost += externality * (n1 - cap) * decode / cap
     return cost
 
 
 def throughput_gain(
-    est: CostModel, c: int, load: int, uncached: int, out: float, *, sequences: int = 1, pairs: float = 0.0
+    est: CostModel,
+    c: int,
+    load: int,
+    uncached: int,
+    out: float,
+    *,
+    sequences: int = 1,
+    pairs: float = 0.0,
+    cap: int = 0,
+    typical_out: float = 0.0,
+    life_s: float = 0.0,
+    pending: int = 0,
+    pending_pairs: float = 0.0,
 ) -> float:
     """Tok/s the backend's aggregate gains with one more request (of `sequences`), less what its
-    prefill costs the running ones, spread over the request's decode time."""
+    prefill costs the running ones, spread over the request's decode time. `cap`, `typical_out`
+    and `life_s` as for `own_and_imposed_s`: on a full backend (its KV pool's bound included) the
+    request adds nothing while it waits, and runs at its own rate only for the part of its life
+    past the wait."""
     acc = est.accept_at(c)
-    cap = est.max_running
+    if not cap or cap > est.max_running:
+        cap = est.max_running
     n1 = load + sequences
     after = acc * (n1 if n1 < cap else cap) / est.step_s(n1)
     before = acc * (load if load < cap else cap) / est.step_s(load) if load > 0 else 0.0
     gain = after - before
+    # its tokens come only after the prompts queued there are prefilled and, on a full backend, a
+    # slot frees: less the tokens it does not make meanwhile, spread over its decode as the tokens
+    # its prefill takes from the running ones are (below)
+    delay = est.prefill_stall_s(pending, pending_pairs) if pending or pending_pairs else 0.0
+    if n1 > cap:
+        life = life_s if life_s > 0 else (typical_out if typical_out > 0 else out) * est.step_s(cap) / acc
+        delay += (n1 - cap) / cap * life
+    if delay > 0:
+        step = est.step_s(n1 if n1 < cap else cap)
+        decode = out * step / acc
+        gain -= acc / step * delay / (decode if decode > 0 else 1.0)
     if load and uncached:
         decode = out * est.step_s(n1) / acc
         gain -= before * est.prefill_stall_s(uncached, pairs) / (decode if decode > 0 else 1.0)

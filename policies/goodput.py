@@ -156,6 +156,12 @@ class Goodput:
         self._typical_tokens = 0.0
         # a history's answer key -> the backend that answered it: who generated the text after it
         self._answered: dict[int, str] = {}
+        # expected output tokens of a typical request, the same EWMA: how long the requests a full
+        # backend runs take to free their slots (`policies.cost`)
+        self._typical_out = 0.0
+        # per backend: seconds a request holds its slot there (decode, first to last token), an EWMA
+        # over its finished requests: a full backend frees its `cap` slots once per that time
+        self._slot_s: dict[str, float] = {}
 
     # ---------------------------------------------------------------------- decide
 
@@ -227,6 +233,8 @@ class Goodput:
         size = (prompt + out) * k
         typical = self._typical_tokens
         self._typical_tokens = size if not typical else typical + _TYPICAL_ALPHA * (size - typical)
+        drain_out = self._typical_out
+        self._typical_out = out if not drain_out else drain_out + _TYPICAL_ALPHA * (out - drain_out)
         bonus_table = self._bonus
         top = _BONUS_TABLE - 1
         estimates = self.estimates
@@ -236,6 +244,7 @@ class Goodput:
         scored: list[_Scored] = []
         backends = estimates.backends
         plain, copy_cell, source = cells
+        slot_s = self._slot_s
         for v in candidates:
             if not v.healthy:
                 continue
@@ -282,9 +291,24 @@ class Goodput:
                     pending_pairs,
                     tpot_slo,
                     kv_bound(v.kv_tokens, size, typical),
+                    drain_out,
+                    slot_s.get(v.spec.name, 0.0),
                 )
             else:
-                cost = -throughput_gain(guess, cell, load, uncached, out, sequences=k, pairs=pairs)
+                cost = -throughput_gain(
+                    guess,
+                    cell,
+                    load,
+                    uncached,
+                    out,
+                    sequences=k,
+                    pairs=pairs,
+                    cap=kv_bound(v.kv_tokens, size, typical),
+                    typical_out=drain_out,
+                    life_s=slot_s.get(v.spec.name, 0.0),
+                    pending=v.pending_prefill,
+                    pending_pairs=v.pending_pairs,
+                )
             seen = est.seen[d]
             cost -= (cost if cost > 0 else -cost) * bonus_table[seen if seen < top else top]
             scored.append(_Scored(v, est, cost, load, uncached, held, cell))
@@ -422,8 +446,23 @@ class Goodput:
                 pending_pairs=v.pending_pairs,
                 tpot_slo_s=math.inf if own_only else self.tpot_slo_s,
                 cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens),
+                typical_out=self._typical_out,
+                life_s=self._slot_s.get(v.spec.name, 0.0),
             )
-        return -throughput_gain(est, cell, load, uncached, out, sequences=request.sequences, pairs=pairs)
+        return -throughput_gain(
+            est,
+            cell,
+            load,
+            uncached,
+            out,
+            sequences=request.sequences,
+            pairs=pairs,
+            cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens),
+            typical_out=self._typical_out,
+            life_s=self._slot_s.get(v.spec.name, 0.0),
+            pending=v.pending_prefill,
+            pending_pairs=v.pending_pairs,
+        )
 
     # ------------------------------------------------------------------- learn
 
@@ -434,6 +473,14 @@ class Goodput:
             self._remember_answer(f.prompt_key, outcome.backend)  # a pinned request's too
         self.estimates.observe(outcome, copy=copy)
         self.lengths.observe(outcome)
+        held = outcome.decode_s
+        if held is not None and held > 0 and outcome.error is None and math.isfinite(held):
+            name = outcome.backend
+            last = self._slot_s.get(name)
+            if last is not None:
+                self._slot_s[name] = last + _TYPICAL_ALPHA * (held - last)
+            elif name in self.estimates.backends:  # bounded: only backends the policy knows
+                self._slot_s[name] = held
 
     def seed(self, backend: BackendSpec, measurement: Measurement) -> None:
         """Replace what the strategy's prior says about `backend` with a measurement of it

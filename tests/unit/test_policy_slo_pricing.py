@@ -1,5 +1,6 @@
-"""The goodput policy prices the TPOT SLO as well as TTFT and e2e, and its priors follow the
-evidence: a long context moves a request off a short-trained EAGLE-3 head."""
+"""The goodput policy prices the TPOT SLO as well as TTFT and e2e, and the queue past a server's
+cap at the slot life measured there; its priors follow the evidence: a long context moves a
+request off a short-trained EAGLE-3 head."""
 
 import pytest
 
@@ -82,3 +83,115 @@ def test_a_kv_pool_full_of_long_contexts_queues_before_max_running():
     decode = 500.0 * est.step_s(6) / est.accept_at(cell)
     assert bounded == pytest.approx(unbounded + (6 - 3) / 3 * decode)
     assert own_and_imposed_s(*args, cap=kv_bound(259_000, 13_000)) == pytest.approx(unbounded)
+
+
+# Load above a speculative server's cap goes to an AR server with room, when the queue behind the
+# cap would break the TTFT SLO and the AR server would not: the wait is priced at the slot life
+# the full server shows (its requests' decode seconds), not at the new request's own decode.
+
+
+def _reported(name: str, strategy: Strategy, cap: int, running: int, waiting: int = 0) -> BackendView:
+    """Another gateway's requests: the server reports them, none of them is ours."""
+    return _view(
+        name, strategy, max_running=cap, reported_running=running, reported_waiting=waiting, reported_inflight=0
+    )
+
+
+SHORT = RequestFeatures(model="m", domain=Domain.CHAT, temperature=0.0, prompt_tokens=500, max_tokens=100)
+
+
+def _pool(running: int, waiting: int) -> tuple[Goodput, list[BackendView]]:
+    """A DFlash server (cap 48, 4 tokens a pass at 50 ms) whose requests hold their slot ~20 s
+    (1,600 tokens each), beside an AR server (40 ms a token, 2,048 slots) running as many."""
+    policy = Goodput(seed=1, epsilon=0.0, bonus=0.0, ttft_slo_s=10.0, tpot_slo_s=0.1)
+    dflash = _reported("dflash", Strategy.DFLASH, 48, running, waiting)
+    ar = _reported("ar", Strategy.AR, 2048, running)
+    policy.choose(SHORT, [dflash, ar])  # registers both
+    _teach(policy, "dflash", step_s=0.050, accept=4.0, tokens=1600)
+    _teach(policy, "ar", step_s=0.040, accept=None, tokens=100)
+    return policy, [dflash, ar]
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "chosen"),
+    [
+        (20, 0, "dflash"),  # room: 4 tokens a pass beat the AR server's one
+        (48, 1, "dflash"),  # full, but the second place in its queue waits ~1 s
+        (48, 40, "ar"),  # 41 ahead, 48 slots freed per ~20 s: ~17 s, past the 10 s SLO
+    ],
+)
+def test_a_short_answer_overflows_to_ar_only_when_the_queue_behind_the_cap_breaks_the_slo(running, waiting, chosen):
+    policy, views = _pool(running, waiting)
+    assert policy.choose(SHORT, views).backend.name == chosen
+
+
+def test_the_queue_is_paced_by_the_slot_life_measured_there_not_by_the_request():
+    """The same queue costs a 100-token answer as long a wait as it costs a 1,600-token one: its
+    place in line frees when the requests ahead finish, whatever its own length."""
+    est = Estimates().register("dflash", Strategy.DFLASH)
+    cell = cell_of(2, 0.0, 500)
+    args = (est, cell, 88, 500, 100.0, 0.0)  # 88 on a server of 48 slots, own time only
+
+    def wait(life_s: float) -> float:
+        return own_and_imposed_s(*args, cap=48, life_s=life_s) - own_and_imposed_s(*args, cap=48, life_s=1e-9)
+
+    assert wait(20.0) == pytest.approx((89 - 48) / 48 * 20.0)
+    # unmeasured: a typical request's decode at the full batch, not this one's
+    typical = own_and_imposed_s(*args, cap=48, typical_out=1600.0) - own_and_imposed_s(*args, cap=48, life_s=1e-9)
+    assert typical == pytest.approx((89 - 48) / 48 * 1600.0 * est.step_s(48) / est.accept_at(cell))
+
+
+def test_a_queued_request_charges_the_requests_that_will_queue_behind_it():
+    """On a full server it holds a slot for its decode while as many requests as wait ahead of it
+    now wait behind it: a long answer costs them more than a short one."""
+    est = Estimates().register("dflash", Strategy.DFLASH)
+    cell = cell_of(2, 0.0, 500)
+
+    def imposed(out: float, load: int) -> float:
+        return own_and_imposed_s(est, cell, load, 0, out, 1.0, cap=48, life_s=20.0) - own_and_imposed_s(
+            est, cell, load, 0, out, 0.0, cap=48, life_s=20.0
+        )
+
+    # beyond the cap the batch stays at 48: only the queue behind it is charged, by its decode
+    decode = 1600.0 * est.step_s(49) / est.accept_at(cell)
+    assert imposed(1600.0, 68) - imposed(1600.0, 48) == pytest.approx((69 - 48 - 1) * decode / 48)
+    assert imposed(1600.0, 68) > imposed(100.0, 68)
+
+
+def test_the_ttft_slo_costs_nothing_at_the_slo_and_a_lost_request_past_twice_it():
+    """Past the TTFT SLO the request is priced as lost to goodput: from nothing at the SLO (a
+    prediction on the edge does not jump) to the time of a request that just made the SLO at twice it."""
+    est = Estimates().register("dflash", Strategy.DFLASH)
+    cell = cell_of(2, 0.0, 500)
+
+    def cost(life_s: float, slo: float | None) -> float:
+        ttft_slo = slo if slo is not None else float("inf")
+        return own_and_imposed_s(
+            est, cell, 88, 500, 100.0, 0.0, 1.0, 0, ttft_slo, 1.0, cap=48, life_s=life_s, tpot_slo_s=0.1
+        )
+
+    def ttft(life_s: float) -> float:  # the predicted TTFT there, without any SLO pricing
+        return cost(life_s, None) - 100.0 * est.step_s(89) / est.accept_at(cell)
+
+    edge = ttft(20.0)
+    assert cost(20.0, edge) == pytest.approx(cost(20.0, None))  # at the SLO: nothing
+    met = edge / 2 + 100.0 * 0.1  # the time a request that just made a TTFT SLO of edge / 2 takes
+    assert cost(20.0, edge / 2) == pytest.approx(cost(20.0, None) + edge / 2 + met)  # past twice it: all
+    quarter = edge / 1.25  # past it by a quarter of the SLO: a quarter of the lost request
+    assert cost(20.0, quarter) == pytest.approx(cost(20.0, None) + (edge - quarter) + 0.25 * (quarter + 10.0))
+
+
+def test_the_throughput_objective_counts_no_tokens_from_a_request_waiting_for_kv():
+    """An AR server whose KV pool (270k tokens) holds ~170 requests like this one, with 200 on it,
+    adds nothing for it while it waits; a DFlash server with room adds its tokens now."""
+    policy = Goodput("throughput", seed=1, epsilon=0.0, bonus=0.0)
+    request = RequestFeatures(model="m", domain=Domain.CHAT, temperature=0.0, prompt_tokens=1000, max_tokens=600)
+    dflash = _reported("dflash", Strategy.DFLASH, 48, 47)
+    ar = _reported("ar", Strategy.AR, 2048, 170, 30)
+    ar.kv_tokens = dflash.kv_tokens = 270_000
+    policy.choose(request, [dflash, ar])  # registers both
+    _teach(policy, "dflash", step_s=0.050, accept=4.0, tokens=600)
+    _teach(policy, "ar", step_s=0.040, accept=None, tokens=600)
+    assert policy.choose(request, [dflash, ar]).backend.name == "dflash"
+    ar.reported_running, ar.reported_waiting = 100, 0  # room: one more sequence adds a whole one
+    assert policy.choose(request, [dflash, ar]).backend.name == "ar"
