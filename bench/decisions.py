@@ -13,6 +13,7 @@ settled), start-up and warm-up excluded. Cache misses are not in it (docs/perfor
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -33,8 +34,13 @@ def count(row: str, backends: int = 16, iterations: int = 3000, warmup: int = 30
             out = Path(tmp) / f"callgrind.{n}"
             bench = [sys.executable, "-m", "bench.choose", "--only", row, "--backends", str(backends)]
             bench += ["--warmup", str(warmup), "--iterations", str(n), "--runs", "1"]
+            # a fixed hash seed: the two runs' start-up (imports, dict layouts) then costs the same, so
+            # their difference is the decisions alone
             subprocess.run(
-                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *bench], check=True, capture_output=True
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *bench],
+                check=True,
+                capture_output=True,
+                env={**os.environ, "PYTHONHASHSEED": "0"},
             )
             totals.append(total_instructions(out))
     return (totals[1] - totals[0]) // iterations
