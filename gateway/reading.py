@@ -25,7 +25,7 @@ from policies.copy import conversation_keys
 from policies.prefix import namespace, text_blocks, token_blocks
 from policies.simple import Pinned
 
-__all__ = ["CHARS_PER_TOKEN", "POLICY_HEADER", "RequestReader", "prefix_chain"]
+__all__ = ["CHARS_PER_TOKEN", "POLICY_HEADER", "RequestReader", "prefix_keys"]
 
 POLICY_HEADER = "x-specroute-policy"
 CHARS_PER_TOKEN = 4  # the gateway does not tokenize: its prompt-size estimate
@@ -209,15 +209,11 @@ class RequestReader:
         return self.policies[model]
 
 
-def prefix_chain(parsed: ParsedRequest, adapter: str | None) -> tuple[int, ...]:
-    """The request's hash chain of prefix blocks (policies.prefix), in SGLang's radix cache
-    namespace: a prefix cached under another adapter, extra_key or cache_salt is no hit."""
-    return prefix_keys(parsed, adapter)[0]
-
-
 def prefix_keys(parsed: ParsedRequest, adapter: str | None) -> tuple[tuple[int, ...], int, int]:
-    """The request's prefix chain (`prefix_chain`), and for a message history its answer key and
-    the key of the request whose answer a copy-heavy turn asks back (policies.copy; 0: none)."""
+    """The request's hash chain of prefix blocks (policies.prefix), in SGLang's radix cache
+    namespace: a prefix cached under another adapter, extra_key or cache_salt is no hit; and for
+    a message history its answer key and the key of the request whose answer a copy-heavy turn
+    asks back (policies.copy; 0: none)."""
     seed = 0
     lora, extra_key, salt = adapter or parsed.lora_path, parsed.extra_key, parsed.cache_salt
     if parsed.kind == "responses":

@@ -82,7 +82,7 @@ def _size(m: HistoryMessage) -> int:
 
 
 def conversation_keys(messages: Sequence[HistoryMessage], seed: int = 0) -> tuple[tuple[int, ...], int, int]:
-    """A history's prefix chain (`policies.prefix.history_blocks`), its answer key
+    """A history's prefix chain (`policies.prefix.text_blocks` of `render_history`), its answer key
     (`RequestFeatures.prompt_key`) and, for a copy-heavy turn, the answer key of the request whose
     answer it asks back (`RequestFeatures.copy_of`; 0: none). That request's history was this one's
     messages before the source answer, rendered alike: its key comes from this chain and the

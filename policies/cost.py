@@ -102,6 +102,14 @@ def kv_bound(kv_tokens: int | None, request_tokens: float, typical_tokens: float
     return 1 + int(room // typical) if room > 0 else 1
 
 
+def _slot_life(est: CostModel, cap: int, acc: float, out: float, typical_out: float, life_s: float) -> float:
+    """Seconds a request holds a slot of a full backend: as measured there (`life_s`), else a
+    typical request's decode at the cap (`typical_out` tokens, or this one's `out` before any)."""
+    if life_s > 0:
+        return life_s
+    return (typical_out if typical_out > 0 else out) * est.step_s(cap) / acc
+
+
 def own_and_imposed_s(
     est: CostModel,
     c: int,
@@ -145,8 +153,7 @@ def own_and_imposed_s(
         cap = slots
     if queued:
         # the requests ahead of it free `cap` slots per typical life: it waits for `n1 - cap` of them
-        life = life_s if life_s > 0 else (typical_out if typical_out > 0 else out) * est.step_s(cap) / acc
-        ttft += (n1 - cap) / cap * life
+        ttft += (n1 - cap) / cap * _slot_life(est, cap, acc, out, typical_out, life_s)
     elif n1 > cap:
         # the KV pool binds first: it waits for room, which the requests like it free (kv_bound)
         ttft += (n1 - cap) / cap * decode
@@ -209,8 +216,7 @@ def throughput_gain(
     # its prefill takes from the running ones are (below)
     delay = est.prefill_stall_s(pending, pending_pairs) if pending or pending_pairs else 0.0
     if n1 > cap:
-        life = life_s if life_s > 0 else (typical_out if typical_out > 0 else out) * est.step_s(cap) / acc
-        delay += (n1 - cap) / cap * life
+        delay += (n1 - cap) / cap * _slot_life(est, cap, acc, out, typical_out, life_s)
     if delay > 0:
         step = est.step_s(n1 if n1 < cap else cap)
         decode = out * step / acc

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -74,6 +74,18 @@ _TYPICAL_ALPHA = 0.02  # EWMA weight of one request in the typical request's KV 
 # Histories whose backend is remembered for a later copy-heavy turn (one entry a request, an int
 # and a shared name: ~6 MB at most); a conversation idle past that many requests is not traced.
 _ANSWERED = 65536
+
+
+class _Cells(NamedTuple):
+    """A request's acceptance cells: `plain` everywhere, `copy` on `source`, the backend that
+    generated the answer a copy-heavy turn asks back (None: not such a turn, or not known)."""
+
+    plain: int
+    copy: int
+    source: str | None
+
+    def on(self, backend: str) -> int:
+        return self.copy if backend == self.source else self.plain
 
 
 class _Scored(msgspec.Struct, gc=False):
@@ -171,7 +183,7 @@ class Goodput:
         d = DOMAIN_INDEX.get(request.domain, 2)
         cell = cell_of(d, request.temperature, request.prompt_tokens)
         source = self.source_of(request)
-        cells = (cell, cell_of(d, request.temperature, request.prompt_tokens, True) if source else cell, source)
+        cells = _Cells(cell, cell_of(d, request.temperature, request.prompt_tokens, True) if source else cell, source)
         out = self.lengths.expected(request)
         prefixes = self.prefixes
         chain = tracked(request.prefix) if prefixes is not None else ()
@@ -219,7 +231,7 @@ class Goodput:
         request: RequestFeatures,
         candidates: Sequence[BackendView],
         d: int,
-        cells: tuple[int, int, str | None],
+        cells: _Cells,
         out: float,
         depths: dict[str, int] | None,
     ) -> list[_Scored]:
@@ -243,8 +255,8 @@ class Goodput:
             tpot_slo = self.tpot_slo_s
         scored: list[_Scored] = []
         backends = estimates.backends
-        plain, copy_cell, source = cells
         slot_s = self._slot_s
+        plain, copy_cell, source = cells
         for v in candidates:
             if not v.healthy:
                 continue
@@ -263,7 +275,7 @@ class Goodput:
                 est.note_report(acc, v.reported_running)
             if v.decode_moments is not est.last_moments or v.prefill_counters is not est.last_prefill_counters:
                 est.note_counters(v.decode_moments, v.prefill_counters, v.prefilled_at_report)
-            cell = copy_cell if v.spec.name == source else plain
+            cell = copy_cell if v.spec.name == source else plain  # cells.on, inlined in the hot loop
             held = depths.get(v.spec.name, 0) if depths else 0
             uncached = prompt
             if held:
@@ -320,7 +332,7 @@ class Goodput:
         candidates: Sequence[BackendView],
         scored: list[_Scored],
         d: int,
-        cells: tuple[int, int, str | None],
+        cells: _Cells,
         out: float,
     ) -> tuple[_Scored, str]:
         """The least cost, ties broken at random; then exploration, else hysteresis (the module
@@ -357,14 +369,12 @@ class Goodput:
         self._incumbent[d] = best.view.spec.name
         return best, "best"
 
-    def _rescored(
-        self, v: BackendView, est: BackendEstimate, request: RequestFeatures, cells: tuple[int, int, str | None]
-    ) -> _Scored:
+    def _rescored(self, v: BackendView, est: BackendEstimate, request: RequestFeatures, cells: _Cells) -> _Scored:
         """A pick other than the least cost, with its load and uncached prompt read afresh."""
         uncached = self._uncached(v, request)
         prompt = request.prompt_tokens
         held = (prompt - uncached) // TRACKED_TOKENS if uncached < prompt else 0
-        cell = cells[1] if v.spec.name == cells[2] else cells[0]
+        cell = cells.on(v.spec.name)
         return _Scored(v, est, 0.0, view_load(v), uncached, held, cell)
 
     def _uncached(self, v: BackendView, request: RequestFeatures) -> int:
@@ -375,7 +385,7 @@ class Goodput:
 
     def _explore(
         self,
-        cells: tuple[int, int, str | None],
+        cells: _Cells,
         out: float,
         request: RequestFeatures,
         candidates: Sequence[BackendView],
@@ -402,7 +412,7 @@ class Goodput:
             if est.last_chosen > stale:
                 continue
             load, uncached = view_load(v), self._uncached(v, request)
-            cell = cells[1] if v.spec.name == cells[2] else cells[0]
+            cell = cells.on(v.spec.name)
             if self._cost(est, cell, load, uncached, out, v, request) > ceiling:
                 continue
             if self._cost(est, cell, load, uncached, out, v, request, own_only=True) > e2e_ceiling:
@@ -429,6 +439,8 @@ class Goodput:
         if not est.observed:
             est = self.estimates.stand_in(est)
         pairs = causal_pairs(request.prompt_tokens, uncached)
+        cap = kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens)
+        life_s = self._slot_s.get(v.spec.name, 0.0)
         if own_only or self._latency:
             return own_and_imposed_s(
                 est,
@@ -445,9 +457,9 @@ class Goodput:
                 pairs=pairs,
                 pending_pairs=v.pending_pairs,
                 tpot_slo_s=math.inf if own_only else self.tpot_slo_s,
-                cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens),
+                cap=cap,
                 typical_out=self._typical_out,
-                life_s=self._slot_s.get(v.spec.name, 0.0),
+                life_s=life_s,
             )
         return -throughput_gain(
             est,
@@ -457,9 +469,9 @@ class Goodput:
             out,
             sequences=request.sequences,
             pairs=pairs,
-            cap=kv_bound(v.kv_tokens, (request.prompt_tokens + out) * request.sequences, self._typical_tokens),
+            cap=cap,
             typical_out=self._typical_out,
-            life_s=self._slot_s.get(v.spec.name, 0.0),
+            life_s=life_s,
             pending=v.pending_prefill,
             pending_pairs=v.pending_pairs,
         )

@@ -113,11 +113,6 @@ def answer_key(rendered: str, chain: Sequence[int], seed: int = 0) -> int:
     return key or 1
 
 
-def history_blocks(messages: Iterable[HistoryMessage], seed: int = 0) -> tuple[int, ...]:
-    """The hash chain of a history's blocks, messages as the gateway reads them."""
-    return text_blocks(render_history(messages), seed)
-
-
 def render_history(messages: Iterable[HistoryMessage]) -> str:
     """Role, text content and tool calls of each message, in order, up to `MAX_BLOCKS` blocks."""
     limit = MAX_BLOCKS * BLOCK_CHARS

@@ -72,8 +72,11 @@ def test_model_cards_give_the_context_length_and_the_adapters():
 def test_prefixes_are_tracked_per_radix_cache_namespace():
     """SGLang keys its radix cache by adapter, extra_key and cache_salt too: the same history under
     another of them shares no prefix; with none of them the chain is the plain one."""
-    from gateway.reading import prefix_chain
+    from gateway.reading import prefix_keys
     from policies.prefix import message_blocks
+
+    def prefix_chain(parsed, adapter):
+        return prefix_keys(parsed, adapter)[0]
 
     fields = {"messages": [{"role": "user", "content": "x" * 2000}]}
     base = prefix_chain(parse(_chat(**fields), "chat"), None)
