@@ -217,11 +217,7 @@ class DiscoveredEntry:
             )
             wanted = wanted[:MAX_MEMBERS]
         joined = [a for a in wanted if a not in self.members]
-        left = [a for a in self.members if a not in set(wanted)]
-        for address in left:
-            name = self.members.pop(address)
-            log.warning("backends entry %s: %s left %s: %s drains", self.entry.name, address, self.host, name)
-            await self.discovery.leave(name)
+        left = [(a, self.members.pop(a)) for a in list(self.members) if a not in set(wanted)]
         for address in joined:
             member = member_entry(self.entry, address)
             self.members[address] = member.name
@@ -233,17 +229,22 @@ class DiscoveredEntry:
                 member.name,
             )
             self.discovery.join(member)
+        # why the model may be left with no backend is said before the last member leaves the pool:
+        # a request that finds the pool empty must find the reason with it
         if self.members:
             self._set_problem(None)
-            return
-        if self.problem != _NO_ADDRESS_PROBLEM:  # logged once, as it starts
-            log.error(
-                "backends entry %s: DNS name %s resolves to no address: model %s has no backend from it",
-                self.entry.name,
-                self.host,
-                self.entry.model,
-            )
-        self._set_problem(_NO_ADDRESS_PROBLEM)
+        else:
+            if self.problem != _NO_ADDRESS_PROBLEM:  # logged once, as it starts
+                log.error(
+                    "backends entry %s: DNS name %s resolves to no address: model %s has no backend from it",
+                    self.entry.name,
+                    self.host,
+                    self.entry.model,
+                )
+            self._set_problem(_NO_ADDRESS_PROBLEM)
+        for address, name in left:
+            log.warning("backends entry %s: %s left %s: %s drains", self.entry.name, address, self.host, name)
+            await self.discovery.leave(name)
 
     def _set_problem(self, problem: str | None) -> None:
         self.problem = problem
