@@ -134,8 +134,9 @@ bench-trace: install
 
 # Routing on the Mooncake trace and the agentic shape on the virtual clock: specroute on plan's fleet
 # against the best homogeneous fleet behind SGLang's router and every single strategy (docs/evaluation.md).
+# MOONCAKE_TRACE=path/to/conversation_trace.jsonl: the whole trace (the committed slice without it).
 bench-fleets: install
-	$(BIN)/python -m bench.fleet_routing
+	$(BIN)/python -m bench.fleet_routing $(if $(MOONCAKE_TRACE),--trace $(MOONCAKE_TRACE))
 
 # specroute against SGLang's router and LiteLLM on fresh twins (docs/routing.md); the peers install
 # into their own .venv-bench/ virtualenvs on first use, never into the project's.
