@@ -23,7 +23,9 @@
    the SLO's TTFT) counts 0: speed from starving some requests in a queue, or from shedding them,
    is not speed; with `objective="goodput"`, of the requests/s that met the SLO.
    The margin is over the best homogeneous fleet with its best policy. Fleets whose paired
-   per-seed gap to the winner is within the seeds' noise (`within_noise`) are marked as ties.
+   per-seed gap to the winner is within the seeds' noise (`within_noise`) are marked as ties, and
+   the best homogeneous fleet, when it is one of them, ranks first: a mix has to beat it by more
+   than the seeds' noise to be worth running two kinds of server.
 4. Reshape: for each phase, the composition the fluid model ranks best *for that phase alone* is
    simulated on it, and so is the winner, both on the requests the phase gets in the whole
    traffic's run; where it beats the day's winner, the schedule switches. The switches cost
@@ -506,6 +508,25 @@ def _parity_floor(figures: Iterable[FleetFigures]) -> float:
     return max(f.worst_slo for f in figures if f.homogeneous) - SLO_PARITY
 
 
+def rank_fleets(figures: list[FleetFigures]) -> tuple[list[FleetFigures], FleetFigures]:
+    """The simulated fleets in plan order, and the best homogeneous one (step 3 of the module
+    docstring); sets each one's `slo_parity`, `margin` and `tie`. Needs a homogeneous fleet."""
+    floor = _parity_floor(figures)
+    for f in figures:
+        f.slo_parity = f.worst_slo >= floor
+    ranked = sorted(figures, key=lambda f: (not f.slo_parity, -f.score))
+    best_h = next(f for f in ranked if f.homogeneous)
+    for f in figures:
+        f.margin = f.score / best_h.score - 1 if best_h.score > 0 else 0.0
+        f.tie = f is ranked[0] or (f.slo_parity and within_noise(ranked[0], f))
+    if best_h.tie and ranked[0] is not best_h:
+        # a mix that the seeds cannot tell from the best homogeneous fleet is not worth running two
+        # kinds of server: the homogeneous fleet leads the ties
+        ranked.remove(best_h)
+        ranked.insert(0, best_h)
+    return ranked, best_h
+
+
 def within_noise(leader: FleetFigures, other: FleetFigures) -> bool:
     """Whether `other` trails `leader` by no more than the seeds' noise: the mean of their paired
     differences (the same arrivals on each seed) within two standard errors of zero, or within
@@ -646,14 +667,7 @@ def plan(
     # fleets that meet the SLO in their worst phase about as often as the most reliable homogeneous
     # fleet simulated (a user's real alternative) first: a higher mean bought with more misses
     # (queues past the servers' caps) is not a better fleet
-    floor = _parity_floor(figures.values())
-    for f in figures.values():
-        f.slo_parity = f.worst_slo >= floor
-    ranked = sorted(figures.values(), key=lambda f: (not f.slo_parity, -f.score))
-    best_h = next(f for f in ranked if f.homogeneous)
-    for f in figures.values():
-        f.margin = f.score / best_h.score - 1 if best_h.score > 0 else 0.0
-        f.tie = f is ranked[0] or (f.slo_parity and within_noise(ranked[0], f))
+    ranked, best_h = rank_fleets(list(figures.values()))
     winner_counts = next(c for c, f in figures.items() if f is ranked[0])
     reshape = p.reshape(winner_counts, ranked[0], fluid_phase, restart_s) if len(p.phases) > 1 else None
     fresh = None

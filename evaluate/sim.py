@@ -56,7 +56,7 @@ from evaluate.peers import LoadSnapshot
 from evaluate.scenarios import Phase, Scenario
 from evaluate.sources import TraceSource
 from evaluate.workload import Mix, Session, Turn, draw_session, single_request
-from policies.base import BackendView, Domain, NoCandidate, Outcome, Policy, RequestFeatures
+from policies.base import BackendView, Domain, NoCandidate, Outcome, Policy, RequestFeatures, Resident
 from policies.prefill import causal_pairs
 from twin.domain import prompt_key
 from twin.engine import Engine, QueueFull, SimRequest
@@ -127,7 +127,7 @@ class RunResult(msgspec.Struct, kw_only=True):
 
 
 class _Backend:
-    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change", "waiting_tokens", "prefilling")
+    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change", "waiting_tokens", "prefilling", "expected")
 
     def __init__(self, name: str, engine: Engine, view: BackendView) -> None:
         self.name = name
@@ -140,6 +140,7 @@ class _Backend:
         # rid -> the tokens the decision expected to be prefilled and their causal pairs, until its
         # first token (the gateway's BackendView.pending_prefill and pending_pairs are their sums)
         self.prefilling: dict[str, tuple[int, float]] = {}
+        self.expected = 0.0  # the output tokens the last decision for it expected
 
     def prefill_started(self, rid: str, tokens: int, prompt_tokens: int) -> None:
         pairs = causal_pairs(prompt_tokens, tokens)
@@ -161,6 +162,26 @@ class _Flight(msgspec.Struct, kw_only=True):
     sim: SimRequest
     turn: Turn
     stream: _Stream
+    resident: Resident
+    progress: _Progress
+
+
+class _Progress:
+    """A request's stream as a gateway would read it (`policies.base.StreamProgress`): one chunk
+    per engine step that gave it tokens."""
+
+    __slots__ = ("t_first", "t_last", "generated")
+
+    def __init__(self) -> None:
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.generated = 0
+
+    def chunk(self, now: float) -> None:
+        if self.t_first is None:
+            self.t_first = now
+        self.t_last = now
+        self.generated += 1
 
 
 class _Stream:
@@ -382,6 +403,7 @@ def simulate(
             )
             return b, None, decision.reason, 0  # None: the backend answered 503 (queue full)
         pf = decision.prefill_tokens
+        b.expected = decision.expected_tokens or float(features.max_tokens or 0)  # as the gateway's Attempt
         return b, sim_req, decision.reason, turn.prompt_tokens if pf is None else pf
 
     def send(stream: _Stream) -> None:
@@ -440,6 +462,9 @@ def simulate(
         b.view.inflight += 1
         b.waiting_tokens[str(rid)] = turn.prompt_tokens
         b.prefill_started(str(rid), prefill, features.prompt_tokens)
+        progress = _Progress()
+        resident = Resident(progress, b.expected)
+        b.view.residents.add(resident)
         inflight[str(rid)] = _Flight(
             rec=rec,
             features=features,
@@ -449,6 +474,8 @@ def simulate(
             sim=sim_req,
             turn=turn,
             stream=stream,
+            resident=resident,
+            progress=progress,
         )
         kick(b)
 
@@ -457,6 +484,7 @@ def simulate(
         touch(b)
         mean_load = (b.integral - f.integral_at_dispatch) / (now - rec.t_send) if now > rec.t_send else None
         b.view.inflight -= 1
+        b.view.residents.discard(f.resident)
         verify_ct = f.sim.verify_ct or None  # SGLang reports it on speculative servers
         rec.verify_ct = verify_ct or 0
         rec.cached_tokens = f.sim.cached_tokens
@@ -499,6 +527,7 @@ def simulate(
             f.backend.waiting_tokens.pop(str(f.rec.rid), None)
             touch(f.backend)
             f.backend.view.inflight -= 1
+            f.backend.view.residents.discard(f.resident)
             f.rec.status = "unfinished"
             failed.append(f.rec)
         inflight.clear()
@@ -523,6 +552,7 @@ def simulate(
                     continue
                 rec = f.rec
                 rec.tokens += em.n_tokens
+                f.progress.chunk(now)
                 if rec.t_first < 0:
                     rec.t_first = now
                     b.waiting_tokens.pop(em.rid, None)

@@ -4,7 +4,9 @@ back exactly once, on exit, however the attempt ends (answered, refused, failed,
 - the lease on its backend (the request counts as in flight there from dispatch to exit);
 - its upstream response: released to the connection pool when it was read to the end, closed
   otherwise, which makes SGLang abort the request (a client that left, a broken stream);
-- its prompt, counted as pending prefill on the backend until its first token.
+- its prompt, counted as pending prefill on the backend until its first token;
+- its place among the backend's residents (`BackendView.residents`), the running requests whose
+  TPOT another request's prefill could push past the SLO.
 
 It tells what happened the ordinary way: `post` returns the answer or raises, and so does the
 block it runs in; the proxy decides what follows. One that fails before anything reached the client
@@ -33,7 +35,7 @@ from gateway.pool import Backend
 from gateway.request import REQUEST_ID_HEADER, Request
 from gateway.tracing import Tracing
 from gateway.via import LOOP_STATUS, VIA_ENTRY, forwarded_via
-from policies import Decision
+from policies import Decision, Resident
 from policies.prefill import causal_pairs
 
 log = logging.getLogger("specroute.proxy")
@@ -90,6 +92,7 @@ class Attempt:
         "_area0",
         "_prefill",
         "_pairs",
+        "_resident",
     )
 
     def __init__(
@@ -125,6 +128,12 @@ class Attempt:
         self._prefill = prompt if tokens is None else tokens
         self._pairs = causal_pairs(prompt, self._prefill)
         backend.view.prefill_queued(self._prefill, self._pairs)
+        # A request of several sequences streams their chunks interleaved: no pace to read from them.
+        self._resident: Resident | None = None
+        if req.parsed.sequences == 1:
+            expected = self.decision.expected_tokens or float(req.features.max_tokens or 0)
+            self._resident = Resident(self.result, expected)
+            backend.view.residents.add(self._resident)
         self._area0 = backend.inflight_area(now)
         return self
 
@@ -240,6 +249,8 @@ class Attempt:
         area = self.backend.inflight_area(now) - self._area0
         self.req.mean_inflight = area / span if span > 0 else float(self.req.inflight)
         self.first_token()
+        if self._resident is not None:
+            self.backend.view.residents.discard(self._resident)
         self.lease.release()
         if self.lease.probe:  # a verdict (success, failure) moves the circuit on as well
             self.backend.circuit.probe_ended()

@@ -23,6 +23,7 @@ class Result(msgspec.Struct, kw_only=True):
     t_first: float | None = None  # first chunk with generated output of any kind
     t_first_answer: float | None = None  # first content, tool call or text
     t_last: float | None = None  # last chunk with generated output
+    generated: int = 0  # chunks with generated output so far (a decode or verify pass each)
     usage: Usage | None = None
     sglext: Any = None  # the raw `sglext` object, read once the token count is known
     spec: SpecStats | None = None

@@ -76,6 +76,7 @@ class ClockedRelay:
         if answer and r.t_first_answer is None:
             r.t_first_answer = now
         r.t_last = now
+        r.generated += 1
 
 
 class SseRelay(ClockedRelay):

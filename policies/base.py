@@ -41,6 +41,33 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True):
     copy_of: int = 0
 
 
+class StreamProgress(Protocol):
+    """How far a running request's stream has come, as its caller reads it: when its first and
+    latest generated chunks arrived (in the caller's seconds; None before the first) and how many
+    chunks carried output. One chunk is one decode or verify pass (SGLang streams each pass's
+    tokens together)."""
+
+    @property
+    def t_first(self) -> float | None: ...
+
+    @property
+    def t_last(self) -> float | None: ...
+
+    @property
+    def generated(self) -> int: ...
+
+
+class Resident:
+    """A request running on a backend, for the TPOT it would lose to another request's prefill:
+    its stream's progress and the output tokens it was expected to produce in all."""
+
+    __slots__ = ("progress", "expected_tokens")
+
+    def __init__(self, progress: StreamProgress, expected_tokens: float) -> None:
+        self.progress = progress
+        self.expected_tokens = expected_tokens
+
+
 class BackendView(msgspec.Struct, kw_only=True):
     """A policy's read-only view of one candidate backend at decision time.
 
@@ -68,6 +95,9 @@ class BackendView(msgspec.Struct, kw_only=True):
     # SGLang prefills first come, first served: a new request's first token waits for them.
     pending_prefill: int = 0
     pending_pairs: float = 0.0  # their attention's causal pairs (`policies.prefill.causal_pairs`)
+    # This gateway's requests running here (dispatch to end; caller-kept): how close each one's
+    # TPOT is to the SLO, which another request's prefill riding in their passes could push past it.
+    residents: set[Resident] = msgspec.field(default_factory=set)
     # Prompt tokens, their causal pairs and the prompts of this gateway's requests here that have
     # been prefilled, over the backend's life (caller-kept, counted at each first token), and their
     # values when `prefill_counters` was last polled (None if a prompt of ours was pending then):
@@ -147,6 +177,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     # None: the whole prompt. The caller counts them in `BackendView.pending_prefill` until the
     # request's first token.
     prefill_tokens: int | None = None
+    # Output tokens the policy expects the request to produce (each sequence's); 0: no estimate.
+    # The caller keeps it with the request among the backend's `residents`.
+    expected_tokens: float = 0.0
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -53,12 +53,26 @@ Time it imposes on the `n = min(load, cap)` requests running there, and on those
                    + passes x (step_s(load + 1) - step_s(load)))   and every shared pass is slower
             + (load + 1 - cap) x decode / cap             past max_running: it holds a slot for its decode
 
-with `passes = out / accept(c)`, the passes this request decodes for. Over its life it shares
+with `passes = out / accept(c)`, the passes this request decodes for. Under a TPOT SLO its prefill
+also costs the running requests it pushes past it (below). Over its life it shares
 passes with the requests running now (each for about half of them, on average) and with those
 that arrive while it runs: in steady state as many again (Little's law), also for about half.
 So it slows about `n` requests by `passes` passes' worth, twice the count of those present now.
 Past `max_running` it also takes a slot the requests queued behind it wait for, as many as wait
 ahead of it now in steady state: each of them waits its decode's share of the cap longer.
+
+**Residents pushed past the TPOT SLO.** Each request running there (`BackendView.residents`)
+has decoded at a pace of `tpot_now` seconds a token so far (its stream's chunks; a speculative
+server's chunk is a verify pass, `accept(c)` tokens); at that pace it ends with that TPOT, and
+this request's prefill adds `stall / (expected - 1)` to it. Those for which that crosses the SLO
+are lost to goodput, each costing `met` as above:
+
+    imposed += slo_weight x met x #{residents: tpot_now <= tpot_slo_s < tpot_now + stall / (expected - 1)}
+
+Summed seconds alone send a long prompt where the fewest requests run, and a decode-heavy request
+away from a server whose passes read long contexts: the long prompts gather on one server and its
+residents miss the TPOT SLO while the others' have room (the Azure trace on four AR servers,
+docs/evaluation.md). The count holds the stall against each resident's own slack instead.
 
 The latency objective minimizes `own + externality x imposed`: with weight 1 that is the increase
 of the summed completion time of every request in the pool, so per-request choices add up to the
@@ -70,7 +84,10 @@ The estimate objects only need `accept_at`, `step_s`, `max_running`, `prefill_s`
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
+
+from policies.base import Resident
 
 __all__ = ["CostModel", "kv_bound", "own_and_imposed_s", "throughput_gain"]
 
@@ -128,6 +145,7 @@ def own_and_imposed_s(
     cap: int = 0,
     typical_out: float = 0.0,
     life_s: float = 0.0,
+    residents: Collection[Resident] = (),
 ) -> float:
     """Predicted seconds: this request's own TTFT (x `ttft_weight`) + decode, plus `externality` x
     what it adds to the requests running beside it. `pairs` and `pending_pairs` are the causal
@@ -136,7 +154,8 @@ def own_and_imposed_s(
     can run at once if fewer than its `max_running` (its KV pool's bound, `kv_bound`).
     `life_s`: seconds a request holds a slot of this backend, as measured (0: not measured, then
     predicted from `typical_out`, a typical request's expected output, or else this one's `out`);
-    a full backend frees `cap` slots per `life_s`."""
+    a full backend frees `cap` slots per `life_s`. `residents`: the requests running there, for the
+    ones its prefill would push past the TPOT SLO."""
     acc = est.accept_at(c)
     n1 = load + sequences
     step = est.step_s(n1)
@@ -181,7 +200,33 @@ def own_and_imposed_s(
             # the requests queued behind it (as many as wait ahead of it now, in steady state) each
             # wait its decode's share of the cap longer
             cost += externality * (n1 - cap) * decode / cap
+        if residents and stall > 0 and tpot_slo_s < _INF:
+            pushed = _pushed_past(residents, stall, acc, tpot_slo_s)
+            if pushed:
+                typical = typical_out if typical_out > 0 else out
+                met = (ttft_slo_s if ttft_slo_s < _INF else 0.0) + typical * tpot_slo_s
+                cost += externality * slo_weight * pushed * met
     return cost
+
+
+def _pushed_past(residents: Collection[Resident], stall: float, acc: float, tpot_slo_s: float) -> int:
+    """How many of `residents` a prefill holding their passes up `stall` seconds pushes past
+    `tpot_slo_s`: each ends at the pace it has kept so far (chunks of `acc` tokens), plus the stall
+    spread over its expected tokens (the module docstring)."""
+    pushed = 0
+    for r in residents:
+        p = r.progress
+        chunks = p.generated
+        t_first, t_last = p.t_first, p.t_last
+        if chunks < 2 or t_first is None or t_last is None:
+            continue  # not decoding yet, or not streamed: no pace to hold against the SLO
+        tokens = chunks * acc
+        # past what was expected of it (or nothing was): as many tokens again, the median guess
+        expected = r.expected_tokens if r.expected_tokens > tokens else 2.0 * tokens
+        tpot = (t_last - t_first) / ((chunks - 1) * acc)
+        if tpot <= tpot_slo_s < tpot + stall / (expected - 1.0):
+            pushed += 1
+    return pushed
 
 
 def throughput_gain(

@@ -211,6 +211,7 @@ class Goodput:
             backend=best.view,
             score=predicted,
             prefill_tokens=best.uncached,
+            expected_tokens=out,
             reason=f"goodput/{self.objective} {reason}: {predicted:.1f} tok/s at load {after}{cached}{copy}",
         )
 
@@ -305,6 +306,7 @@ class Goodput:
                     kv_bound(v.kv_tokens, size, typical),
                     drain_out,
                     slot_s.get(v.spec.name, 0.0),
+                    v.residents,
                 )
             else:
                 cost = -throughput_gain(
@@ -460,6 +462,7 @@ class Goodput:
                 cap=cap,
                 typical_out=self._typical_out,
                 life_s=life_s,
+                residents=() if own_only else v.residents,
             )
         return -throughput_gain(
             est,
@@ -523,6 +526,8 @@ class Goodput:
             entry["pending_pairs"] = v.pending_pairs
             entry["prefilled_tokens"] = v.prefilled_tokens
             entry["prefilled_prompts"] = v.prefilled_prompts
+            entry["residents"] = len(v.residents)
+            entry["residents_decoding"] = sum(1 for r in v.residents if r.progress.generated >= 2)
             entry["predicted_tok_s"] = {dom.value: round(est.rate(i, load + 1), 1) for i, dom in enumerate(DOMAINS)}
         if self.prefixes is not None:
             for name, blocks in self.prefixes.describe().items():

@@ -292,3 +292,42 @@ def test_the_gateway_counts_a_prompt_pending_until_its_first_token_and_passes_th
 
         assert wait_until(windows, timeout=30, interval=1.0)
         assert "prefill_ms_per_mpair" in entry()  # /admin/backends shows the learned pair cost
+
+
+def test_a_streaming_request_is_a_resident_of_its_backend_until_it_ends(tmp_path, twin_factory):
+    """The gateway keeps each running request among its backend's residents, with the chunks its
+    stream has carried (`BackendView.residents`): the goodput policy holds another request's prefill
+    against their TPOT. A stream is one from dispatch to its end; a non-streamed request is one too,
+    with no chunks to read a pace from."""
+    url = twin_factory("k26-ar", "--time-scale", "1.0")  # ~40 ms a token: a 200-token answer lasts seconds
+    backends = [{"name": "a", "url": url, "model": "kimi-k2.6", "strategy": "ar"}]
+    with gateway(tmp_path, backends, env={"SPECROUTE_MEASURE_BACKENDS": "0"}) as gw:
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
+        done = threading.Event()
+        ask = [{"role": "user", "content": "Tell me about the sea."}]
+
+        def send(stream: bool) -> None:
+            if stream:
+                for _ in client.chat.completions.create(model="kimi-k2.6", messages=ask, max_tokens=200, stream=True):
+                    pass
+            else:
+                client.chat.completions.create(model="kimi-k2.6", messages=ask, max_tokens=200)
+            done.set()
+
+        def entry() -> dict:
+            return get_json(f"{gw}/admin/backends")["policies"]["kimi-k2.6"]["backends"]["a"]
+
+        for stream in (True, False):
+            done.clear()
+            t = threading.Thread(target=send, args=(stream,))
+            t.start()
+            try:
+                assert wait_until(lambda: entry().get("residents") == 1, timeout=30)
+                if stream:
+                    assert wait_until(lambda: entry()["residents_decoding"] == 1, timeout=30)
+                else:
+                    assert entry()["residents_decoding"] == 0  # no chunks: no pace
+                assert done.wait(60)
+                assert wait_until(lambda: entry()["residents"] == 0, timeout=10)
+            finally:
+                t.join(60)

@@ -13,8 +13,10 @@ from evaluate.plan import (
     BURST_CYCLES,
     FleetFigures,
     FreshSeeds,
+    PhaseFigures,
     compositions,
     plan,
+    rank_fleets,
     sample_length,
     within_noise,
 )
@@ -100,6 +102,43 @@ def test_fleets_within_the_seeds_noise_of_the_winner_are_ties():
     assert not within_noise(leader, fleet([95.0, 85.0, 105.0]))  # 5 behind on every seed: no noise
     assert within_noise(leader, fleet([99.8, 89.8, 109.8]))  # 0.2%: below any gap worth a pick
     assert within_noise(leader, fleet([100.0, 90.0, 110.0]))
+
+
+def test_the_best_homogeneous_fleet_leads_the_mixes_it_ties_with():
+    """A mix ahead by less than the seeds' noise is not worth two kinds of server: the best
+    homogeneous fleet ranks first. Ahead by more on every seed, the mix leads."""
+
+    def fleet(name, scores, homogeneous):
+        return FleetFigures(
+            fleet=name,
+            policy="p",
+            score=sum(scores) / len(scores),
+            fluid=0.0,
+            homogeneous=homogeneous,
+            seed_scores=scores,
+            phases={"x": PhaseFigures(**_PHASE)},
+        )
+
+    homog = fleet("4xa", [100.0, 90.0, 110.0], True)
+    other = fleet("4xb", [80.0, 70.0, 90.0], True)
+    close = fleet("a,3xb", [101.0, 91.5, 110.0], False)  # 0.8% ahead, behind on no seed but noisy
+    ranked, best = rank_fleets([close, other, homog])
+    assert best is homog and [f.fleet for f in ranked] == ["4xa", "a,3xb", "4xb"] and close.tie
+    clear = fleet("a,3xb", [106.0, 96.0, 116.0], False)  # 6 ahead on every seed
+    ranked, best = rank_fleets([clear, other, fleet("4xa", [100.0, 90.0, 110.0], True)])
+    assert [f.fleet for f in ranked][:2] == ["a,3xb", "4xa"] and not ranked[1].tie
+
+
+_PHASE = {
+    "score": 1.0,
+    "request_tok_s": 1.0,
+    "slo_attainment": 0.95,
+    "goodput_rps": 1.0,
+    "ttft_p99_ms": 1.0,
+    "e2e_p99_s": 1.0,
+    "shed": 0,
+    "arrived": 1,
+}
 
 
 def test_a_margin_that_changes_sign_on_fresh_seeds_is_printed_as_a_tie(tmp_path):

@@ -5,7 +5,7 @@ request off a short-trained EAGLE-3 head."""
 import pytest
 
 from backends import BackendSpec, Strategy
-from policies import BackendView, Domain, Goodput, Outcome, RequestFeatures
+from policies import BackendView, Domain, Goodput, Outcome, RequestFeatures, Resident
 from policies.cost import kv_bound, own_and_imposed_s
 from policies.estimates import Estimates
 from policies.priors import DEFAULT_PRIORS, LONG_CONTEXT_TOKENS, cell_of, cell_priors
@@ -195,3 +195,65 @@ def test_the_throughput_objective_counts_no_tokens_from_a_request_waiting_for_kv
     assert policy.choose(request, [dflash, ar]).backend.name == "dflash"
     ar.reported_running, ar.reported_waiting = 100, 0  # room: one more sequence adds a whole one
     assert policy.choose(request, [dflash, ar]).backend.name == "ar"
+
+
+class _Stream:
+    """A running request's stream as the gateway reads it (`policies.base.StreamProgress`)."""
+
+    def __init__(self, chunks: int, tpot_s: float) -> None:
+        self.generated = chunks
+        self.t_first = 100.0
+        self.t_last = 100.0 + (chunks - 1) * tpot_s
+
+
+def _residents(n: int, tpot_s: float, *, chunks: int = 100, expected: float = 400.0) -> set[Resident]:
+    return {Resident(_Stream(chunks, tpot_s), expected) for _ in range(n)}
+
+
+def _imposed(residents: set[Resident], uncached: int = 4_000, tpot_slo_s: float = 0.1) -> float:
+    est = Estimates().register("ar", Strategy.AR)
+    cell = cell_of(2, 0.6, uncached)
+    # 40 running, a 4k-token prompt, 40 tokens out; TTFT SLO 10 s, TPOT SLO as given
+    return own_and_imposed_s(
+        est, cell, 40, uncached, 40.0, 1.0, 1.0, 0, 10.0, 1.0, tpot_slo_s=tpot_slo_s, residents=residents
+    )
+
+
+def test_a_prefill_costs_the_residents_it_pushes_past_the_tpot_slo():
+    """A 4k-token prompt stalls the running requests' passes ~0.45 s: spread over 400 tokens,
+    about 1.1 ms a token. Residents decoding at 99.5 ms a token are pushed past a 100 ms SLO, each
+    a request lost to goodput; at 60 ms they keep it, and a resident that has not streamed two
+    chunks yet, or without a TPOT SLO, counts nothing."""
+    nothing = _imposed(set())
+    far = _imposed(_residents(10, 0.060))
+    edge = _imposed(_residents(10, 0.0995))
+    assert far == nothing
+    assert edge > nothing + 10 * 10.0  # at least the TTFT SLO's worth for each of the ten
+    assert _imposed(_residents(10, 0.0995, chunks=1)) == nothing
+    assert _imposed(_residents(10, 0.0995), tpot_slo_s=float("inf")) == _imposed(set(), tpot_slo_s=float("inf"))
+    # a resident already past the SLO is lost either way; a short prompt barely moves the edge ones
+    assert _imposed(_residents(10, 0.150)) == nothing
+    assert _imposed(_residents(10, 0.0995), uncached=10) == _imposed(set(), uncached=10)
+
+
+def test_a_resident_past_its_expected_length_is_given_as_many_tokens_again():
+    """Expected 50 tokens, 100 streamed: it is assumed to run to 200, so a 0.45 s stall adds
+    ~2.3 ms a token to it, not 0.45 s over the 1 token its expectation had left."""
+    nothing = _imposed(set())
+    assert _imposed(_residents(5, 0.0990, expected=50.0)) > nothing  # within 2.3 ms of the SLO
+    assert _imposed(_residents(5, 0.0950, expected=50.0)) == nothing  # 5 ms below: not pushed
+
+
+def test_a_long_prompt_goes_where_no_resident_is_at_the_tpot_edge():
+    """Two identical AR servers with as many requests each: on one, ten of them decode just under
+    a 100 ms TPOT SLO; a 4k-token prompt goes to the other, a short one anywhere."""
+    policy = Goodput(seed=3, epsilon=0.0, bonus=0.0, hysteresis=0.0, ttft_slo_s=10.0, tpot_slo_s=0.1)
+    edge = _view("edge", inflight=40, residents=_residents(10, 0.0995))
+    room = _view("room", inflight=40, residents=_residents(10, 0.060))
+    long = RequestFeatures(model="m", domain=Domain.CHAT, temperature=0.6, prompt_tokens=4_000, max_tokens=40)
+    for _ in range(5):
+        assert policy.choose(long, [edge, room]).backend.name == "room"
+        assert policy.choose(long, [room, edge]).backend.name == "room"
+    decision = policy.choose(long, [edge, room])
+    assert decision.expected_tokens == pytest.approx(40.0)  # kept with the request among the residents
+    assert policy.describe([edge, room])["backends"]["edge"]["residents_decoding"] == 10
