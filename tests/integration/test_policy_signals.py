@@ -307,11 +307,15 @@ def test_a_streaming_request_is_a_resident_of_its_backend_until_it_ends(tmp_path
         ask = [{"role": "user", "content": "Tell me about the sea."}]
 
         def send(stream: bool) -> None:
+            # all 200 tokens, whatever answer length the twin's profile gives this prompt
+            extra = {"ignore_eos": True}
             if stream:
-                for _ in client.chat.completions.create(model="kimi-k2.6", messages=ask, max_tokens=200, stream=True):
+                for _ in client.chat.completions.create(
+                    model="kimi-k2.6", messages=ask, max_tokens=200, stream=True, extra_body=extra
+                ):
                     pass
             else:
-                client.chat.completions.create(model="kimi-k2.6", messages=ask, max_tokens=200)
+                client.chat.completions.create(model="kimi-k2.6", messages=ask, max_tokens=200, extra_body=extra)
             done.set()
 
         def entry() -> dict:
