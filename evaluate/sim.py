@@ -127,7 +127,7 @@ class RunResult(msgspec.Struct, kw_only=True):
 
 
 class _Backend:
-    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change", "waiting_tokens", "prefilling", "expected")
+    __slots__ = ("name", "engine", "view", "busy", "integral", "t_change", "waiting_tokens", "prefilling")
 
     def __init__(self, name: str, engine: Engine, view: BackendView) -> None:
         self.name = name
@@ -140,7 +140,6 @@ class _Backend:
         # rid -> the tokens the decision expected to be prefilled and their causal pairs, until its
         # first token (the gateway's BackendView.pending_prefill and pending_pairs are their sums)
         self.prefilling: dict[str, tuple[int, float]] = {}
-        self.expected = 0.0  # the output tokens the last decision for it expected
 
     def prefill_started(self, rid: str, tokens: int, prompt_tokens: int) -> None:
         pairs = causal_pairs(prompt_tokens, tokens)
@@ -368,7 +367,7 @@ def simulate(
 
     def dispatch(
         features: RequestFeatures, turn: Turn, rid: int, exclude: str | None
-    ) -> tuple[_Backend, SimRequest | None, str, int] | None:
+    ) -> tuple[_Backend, SimRequest | None, str, int, float] | None:
         pool = views if exclude is None else [v for v in views if v.spec.name != exclude]
         if not pool:
             return None
@@ -401,10 +400,9 @@ def simulate(
                     features=features,
                 )
             )
-            return b, None, decision.reason, 0  # None: the backend answered 503 (queue full)
+            return b, None, decision.reason, 0, 0.0  # None: the backend answered 503 (queue full)
         pf = decision.prefill_tokens
-        b.expected = decision.expected_tokens or float(features.max_tokens or 0)  # as the gateway's Attempt
-        return b, sim_req, decision.reason, turn.prompt_tokens if pf is None else pf
+        return b, sim_req, decision.reason, turn.prompt_tokens if pf is None else pf, decision.expected_tokens
 
     def send(stream: _Stream) -> None:
         """The stream's next turn goes out now."""
@@ -454,7 +452,7 @@ def simulate(
             failed.append(rec)
             end_stream(stream)
             return
-        b, sim_req, reason, prefill = got
+        b, sim_req, reason, prefill, expected = got
         assert sim_req is not None  # checked above (a tuple item's check does not narrow the unpacking)
         rec.backend = b.name
         rec.reason = reason
@@ -463,7 +461,7 @@ def simulate(
         b.waiting_tokens[str(rid)] = turn.prompt_tokens
         b.prefill_started(str(rid), prefill, features.prompt_tokens)
         progress = _Progress()
-        resident = Resident(progress, b.expected)
+        resident = Resident(progress, expected, features.max_tokens)  # as the gateway's Attempt
         b.view.residents.add(resident)
         inflight[str(rid)] = _Flight(
             rec=rec,

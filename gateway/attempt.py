@@ -131,8 +131,7 @@ class Attempt:
         # A request of several sequences streams their chunks interleaved: no pace to read from them.
         self._resident: Resident | None = None
         if req.parsed.sequences == 1:
-            expected = self.decision.expected_tokens or float(req.features.max_tokens or 0)
-            self._resident = Resident(self.result, expected)
+            self._resident = Resident(self.result, self.decision.expected_tokens, req.features.max_tokens)
             backend.view.residents.add(self._resident)
         self._area0 = backend.inflight_area(now)
         return self

@@ -217,7 +217,10 @@ class DiscoveredEntry:
             )
             wanted = wanted[:MAX_MEMBERS]
         joined = [a for a in wanted if a not in self.members]
-        left = [(a, self.members.pop(a)) for a in list(self.members) if a not in set(wanted)]
+        staying = set(wanted)
+        left = [(a, name) for a, name in self.members.items() if a not in staying]
+        for address, _ in left:
+            del self.members[address]
         for address in joined:
             member = member_entry(self.entry, address)
             self.members[address] = member.name

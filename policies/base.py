@@ -41,6 +41,10 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True):
     copy_of: int = 0
 
 
+# Chunks a stream must have carried before its pace (seconds between chunks) can be read.
+PACE_CHUNKS = 2
+
+
 class StreamProgress(Protocol):
     """How far a running request's stream has come, as its caller reads it: when its first and
     latest generated chunks arrived (in the caller's seconds; None before the first) and how many
@@ -59,13 +63,19 @@ class StreamProgress(Protocol):
 
 class Resident:
     """A request running on a backend, for the TPOT it would lose to another request's prefill:
-    its stream's progress and the output tokens it was expected to produce in all."""
+    its stream's progress and the output tokens it was expected to produce in all, as its decision
+    expected them (`Decision.expected_tokens`), else its `max_tokens`, else 0 (unknown)."""
 
     __slots__ = ("progress", "expected_tokens")
 
-    def __init__(self, progress: StreamProgress, expected_tokens: float) -> None:
+    def __init__(self, progress: StreamProgress, expected_tokens: float, max_tokens: int | None = None) -> None:
         self.progress = progress
-        self.expected_tokens = expected_tokens
+        self.expected_tokens = expected_tokens or float(max_tokens or 0)
+
+    @property
+    def decoding(self) -> bool:
+        """Its stream has carried the two chunks a pace is read from."""
+        return self.progress.generated >= PACE_CHUNKS
 
 
 class BackendView(msgspec.Struct, kw_only=True):

@@ -87,7 +87,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol
 
-from policies.base import Resident
+from policies.base import PACE_CHUNKS, Resident
 
 __all__ = ["CostModel", "kv_bound", "own_and_imposed_s", "throughput_gain"]
 
@@ -189,8 +189,7 @@ def own_and_imposed_s(
         lost = over / ttft_slo_s if over < ttft_slo_s else 1.0
     if lost:
         # lost to goodput: as much again as a request that just made the SLO takes (docstring)
-        met = ttft_slo_s if ttft_slo_s < _INF else 0.0
-        cost += lost * slo_weight * (met + (out * tpot_slo_s if tpot_slo_s < _INF else decode))
+        cost += lost * slo_weight * _met_s(ttft_slo_s, tpot_slo_s, out, decode)
     if externality and load:
         running = load if load < cap else cap
         slower = step - est.step_s(load)
@@ -204,9 +203,14 @@ def own_and_imposed_s(
             pushed = _pushed_past(residents, stall, acc, tpot_slo_s)
             if pushed:
                 typical = typical_out if typical_out > 0 else out
-                met = (ttft_slo_s if ttft_slo_s < _INF else 0.0) + typical * tpot_slo_s
-                cost += externality * slo_weight * pushed * met
+                cost += externality * slo_weight * pushed * _met_s(ttft_slo_s, tpot_slo_s, typical, 0.0)
     return cost
+
+
+def _met_s(ttft_slo_s: float, tpot_slo_s: float, tokens: float, decode: float) -> float:
+    """`met`: the seconds a request of `tokens` output that just made both SLOs takes (`decode`,
+    its predicted decode, where there is no TPOT SLO; no TTFT SLO counts nothing)."""
+    return (ttft_slo_s if ttft_slo_s < _INF else 0.0) + (tokens * tpot_slo_s if tpot_slo_s < _INF else decode)
 
 
 def _pushed_past(residents: Collection[Resident], stall: float, acc: float, tpot_slo_s: float) -> int:
@@ -218,7 +222,7 @@ def _pushed_past(residents: Collection[Resident], stall: float, acc: float, tpot
         p = r.progress
         chunks = p.generated
         t_first, t_last = p.t_first, p.t_last
-        if chunks < 2 or t_first is None or t_last is None:
+        if chunks < PACE_CHUNKS or t_first is None or t_last is None:
             continue  # not decoding yet, or not streamed: no pace to hold against the SLO
         tokens = chunks * acc
         # past what was expected of it (or nothing was): as many tokens again, the median guess

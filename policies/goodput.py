@@ -527,7 +527,7 @@ class Goodput:
             entry["prefilled_tokens"] = v.prefilled_tokens
             entry["prefilled_prompts"] = v.prefilled_prompts
             entry["residents"] = len(v.residents)
-            entry["residents_decoding"] = sum(1 for r in v.residents if r.progress.generated >= 2)
+            entry["residents_decoding"] = sum(1 for r in v.residents if r.decoding)
             entry["predicted_tok_s"] = {dom.value: round(est.rate(i, load + 1), 1) for i, dom in enumerate(DOMAINS)}
         if self.prefixes is not None:
             for name, blocks in self.prefixes.describe().items():
